@@ -1,0 +1,1 @@
+"""The protocol-neutral middle: messages, outcomes, routing."""

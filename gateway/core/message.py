@@ -1,0 +1,157 @@
+"""The canonical message and the outcome of delivering it.
+
+Every protocol maps its own envelope to a `Message` on the way in and from one
+on the way out; routes carry `Outcome` values back to the sender's adapter,
+which turns them into the protocol's own acknowledgement (see DESIGN.md,
+"Outcomes travel back").
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Final
+
+import attrs
+
+__all__ = [
+    "HeaderValue",
+    "Message",
+    "Outcome",
+    "Status",
+    "new_message_id",
+    "worst",
+]
+
+HeaderValue = str | bytes | int | float | bool
+"""What a header may hold: the common ground of AMQP properties and the rest."""
+
+_EMPTY_HEADERS: Final[Mapping[str, HeaderValue]] = MappingProxyType({})
+
+# Message ids are unique per process run without the cost of uuid4 per message:
+# a random per-process prefix plus a counter.
+_ID_PREFIX: Final = os.urandom(6).hex()
+_id_counter = itertools.count(1)
+
+
+def new_message_id() -> str:
+    """Return a fresh message id, unique within and across gateway runs."""
+    return f"{_ID_PREFIX}-{next(_id_counter)}"
+
+
+def _freeze_headers(value: Mapping[str, HeaderValue]) -> Mapping[str, HeaderValue]:
+    if not value:
+        return _EMPTY_HEADERS
+    if isinstance(value, MappingProxyType):
+        return value
+    return MappingProxyType(dict(value))
+
+
+@attrs.frozen(kw_only=True)
+class Message:
+    """One message in flight, independent of any wire format.
+
+    Attributes:
+        body: The payload, as bytes; never decoded by the core.
+        address: Where it is going on the current hop: a topic, stream, sink,
+            feed or resource name. Routes match on it and may rewrite it.
+        id: Unique id; protocols that carry one (QMQP, AMQP message-id) keep it.
+        sender: Who sent it (SSMP peer id, envelope sender, identity), if known.
+        recipients: Envelope recipients (QMQP), empty where the protocol has none.
+        headers: Extra properties (AMQP application properties, protocol verbs).
+        timestamp: Arrival time in seconds since the epoch, from the adapter's clock.
+    """
+
+    body: bytes
+    address: str
+    id: str = attrs.field(factory=new_message_id)
+    sender: str | None = None
+    recipients: tuple[str, ...] = ()
+    headers: Mapping[str, HeaderValue] = attrs.field(
+        default=_EMPTY_HEADERS, converter=_freeze_headers, hash=False
+    )
+    timestamp: float = 0.0
+
+    def with_address(self, address: str) -> Message:
+        """Return this message bound for another address (same id and body)."""
+        return attrs.evolve(self, address=address)
+
+
+class Status(enum.Enum):
+    """How a delivery ended, from best to worst."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"
+    REJECTED = "rejected"
+
+
+_SEVERITY: Final = {Status.ACCEPTED: 0, Status.RETRY: 1, Status.REJECTED: 2}
+
+
+@attrs.frozen
+class Outcome:
+    """The result of delivering a message, carried back to its sender.
+
+    Attributes:
+        status: Accepted, retry later (temporary) or rejected (permanent).
+        reason: A sentence a person can act on; empty when accepted.
+        code: The destination protocol's own code, when it gave one.
+    """
+
+    status: Status
+    reason: str = ""
+    code: str | None = None
+
+    @classmethod
+    def accepted(cls, reason: str = "") -> Outcome:
+        """Return an accepted outcome."""
+        return _ACCEPTED if not reason else cls(Status.ACCEPTED, reason)
+
+    @classmethod
+    def retry(cls, reason: str, code: str | None = None) -> Outcome:
+        """Return a temporary failure: the sender may try again later."""
+        return cls(Status.RETRY, reason, code)
+
+    @classmethod
+    def rejected(cls, reason: str, code: str | None = None) -> Outcome:
+        """Return a permanent failure: trying again will not help."""
+        return cls(Status.REJECTED, reason, code)
+
+    @property
+    def is_accepted(self) -> bool:
+        """Whether the destination took responsibility for the message."""
+        return self.status is Status.ACCEPTED
+
+
+_ACCEPTED: Final = Outcome(Status.ACCEPTED)
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """Combine the outcomes of one message's deliveries into one.
+
+    The sender learns the worst of them: accepted only if every route accepted,
+    rejected if any route rejected. Reasons of equally bad outcomes are joined
+    so that the sender learns each of them.
+
+    Args:
+        outcomes: The outcomes of all routes the message took.
+
+    Returns:
+        The combined outcome; accepted when there were none.
+    """
+    result: Outcome | None = None
+    reasons: list[str] = []
+    for outcome in outcomes:
+        if result is None or _SEVERITY[outcome.status] > _SEVERITY[result.status]:
+            result = outcome
+            reasons = [outcome.reason] if outcome.reason else []
+        elif outcome.status is result.status and outcome.reason:
+            reasons.append(outcome.reason)
+    if result is None:
+        return _ACCEPTED
+    if len(reasons) > 1:
+        return Outcome(result.status, "; ".join(reasons), result.code)
+    return result

@@ -1,0 +1,258 @@
+"""Routes, the route table and the router.
+
+A route takes messages that arrive at one endpoint (a listener or upstream,
+by config name) on addresses matching a pattern, and delivers them to another
+endpoint, on an address built from a template. Each route hands messages on
+through an `IRouteDelivery`: `DirectDelivery` answers with the destination's
+own outcome; the durable log (issue 4) supplies another implementation, so
+any route can become durable without the router or the adapters changing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.interfaces import IDestination, IRouteDelivery
+from gateway.core.message import Message, Outcome, worst
+from gateway.metrics import GatewayMetrics
+
+__all__ = [
+    "BoundRoute",
+    "DirectDelivery",
+    "Route",
+    "RouteTable",
+    "Router",
+    "bind_routes",
+]
+
+DEFAULT_ROUTE_TIMEOUT_SECONDS: Final = 30.0
+MAX_MATCH_CACHE_ENTRIES: Final = 65536
+"""Distinct (source, address) pairs remembered; past it the cache starts afresh."""
+
+
+@attrs.frozen
+class Route:
+    """One route, as configured (one file in ``etc/routes/``).
+
+    Attributes:
+        name: The route's name (its file name without ``.toml``).
+        source: The listener or upstream messages arrive at.
+        pattern: Which source addresses the route takes.
+        destination: The listener or upstream it delivers to.
+        target: How the destination address is built; None keeps the address.
+        durable: Whether messages go through the embedded log (issue 4).
+        timeout_seconds: How long a delivery may take before the sender is
+            told to retry later.
+    """
+
+    name: str
+    source: str
+    pattern: AddressPattern
+    destination: str
+    target: AddressTemplate | None = None
+    durable: bool = False
+    timeout_seconds: float = DEFAULT_ROUTE_TIMEOUT_SECONDS
+
+    def destination_address(self, address: str, captures: tuple[str, ...]) -> str:
+        """Return the address a message on ``address`` is delivered to."""
+        if self.target is None:
+            return address
+        return self.target.expand(address, captures)
+
+
+@implementer(IRouteDelivery)
+@attrs.frozen
+class DirectDelivery:
+    """Deliver straight to the destination and answer with its outcome."""
+
+    destination: IDestination
+    _log: Logger = attrs.field(factory=Logger, eq=False, repr=False)
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Hand the message to the destination."""
+        d: Deferred[Outcome] = self.destination.deliver(message)
+        return d.addErrback(self._failed, message)
+
+    def _failed(self, failure: Failure, message: Message) -> Outcome:
+        if isinstance(failure.value, CancelledError):
+            return failure  # type: ignore[return-value]  # the router's time-out handles it
+        self._log.failure(
+            "delivery of {message_id} to {destination} failed unexpectedly",
+            failure,
+            message_id=message.id,
+            destination=self.destination.name,
+        )
+        return Outcome.retry(f"internal error delivering to {self.destination.name}")
+
+
+@attrs.frozen
+class BoundRoute:
+    """A route together with the delivery that carries its messages."""
+
+    route: Route
+    delivery: IRouteDelivery
+
+
+Match = tuple[BoundRoute, tuple[str, ...]]
+
+
+class RouteTable:
+    """An immutable set of routes with a cache of address matches.
+
+    Matching is cached per (source, address) so that the hot path of a busy
+    topic costs one dictionary lookup.
+    """
+
+    def __init__(self, routes: Iterable[BoundRoute] = ()) -> None:
+        self.routes: tuple[BoundRoute, ...] = tuple(routes)
+        self._by_source: dict[str, tuple[BoundRoute, ...]] = {}
+        for bound in self.routes:
+            self._by_source[bound.route.source] = (
+                *self._by_source.get(bound.route.source, ()),
+                bound,
+            )
+        self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
+
+    def sources(self) -> frozenset[str]:
+        """Return the endpoints some route takes messages from."""
+        return frozenset(self._by_source)
+
+    def match(self, source: str, address: str) -> tuple[Match, ...]:
+        """Return the routes (with wildcard captures) a message takes."""
+        key = (source, address)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        matches: list[Match] = []
+        for bound in self._by_source.get(source, ()):
+            captures = bound.route.pattern.match(address)
+            if captures is not None:
+                matches.append((bound, captures))
+        if len(self._cache) >= MAX_MATCH_CACHE_ENTRIES:
+            self._cache.clear()
+        result = self._cache[key] = tuple(matches)
+        return result
+
+
+def bind_routes(
+    routes: Iterable[Route],
+    destinations: Mapping[str, IDestination],
+    durable: Callable[[Route, IDestination], IRouteDelivery] | None = None,
+) -> RouteTable:
+    """Build a route table, giving each route its delivery.
+
+    Args:
+        routes: The configured routes (already validated).
+        destinations: Every listener's and upstream's destination, by name.
+        durable: Builds the delivery for a durable route; None until the
+            embedded log exists, in which case durable routes are refused.
+
+    Raises:
+        ValueError: A route names an unknown destination, or is durable and
+            no durable delivery is available.
+    """
+    bound: list[BoundRoute] = []
+    for route in routes:
+        destination = destinations.get(route.destination)
+        if destination is None:
+            raise ValueError(f"route {route.name}: no destination named {route.destination!r}")
+        if route.durable:
+            if durable is None:
+                raise ValueError(f"route {route.name}: durable routes need the embedded log")
+            delivery = durable(route, destination)
+        else:
+            delivery = DirectDelivery(destination)
+        bound.append(BoundRoute(route, delivery))
+    return RouteTable(bound)
+
+
+class Router:
+    """Dispatches inbound messages along the routes that match them.
+
+    Adapters ask `has_routes` on their hot path (one cached lookup) and call
+    `dispatch` only when a route applies. The table can be replaced at any
+    time (SIGHUP reload); messages already dispatched finish on the old one.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        table: RouteTable,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.table = table
+        self._clock = clock
+        self._metrics = metrics
+
+    def replace_table(self, table: RouteTable) -> None:
+        """Use a new route table for messages dispatched from now on."""
+        self.table = table
+
+    def has_routes(self, source: str, address: str) -> bool:
+        """Whether any route takes messages from ``source`` on ``address``."""
+        return bool(self.table.match(source, address))
+
+    def dispatch(self, source: str, message: Message) -> Deferred[Outcome] | None:
+        """Deliver a message along every route that takes it.
+
+        Args:
+            source: The listener or upstream it arrived at.
+            message: The message, with its source-side address.
+
+        Returns:
+            None when no route takes it (the adapter decides what that means
+            for its protocol), else a Deferred that fires with the combined
+            outcome: accepted only if every route accepted.
+        """
+        matches = self.table.match(source, message.address)
+        if not matches:
+            return None
+        if len(matches) == 1:
+            bound, captures = matches[0]
+            return self._deliver(bound, captures, message)
+        results = [self._deliver(bound, captures, message) for bound, captures in matches]
+        combined: Deferred[list[Outcome]] = gatherResults(results)
+        return combined.addCallback(worst)
+
+    def _deliver(
+        self, bound: BoundRoute, captures: tuple[str, ...], message: Message
+    ) -> Deferred[Outcome]:
+        route = bound.route
+        address = route.destination_address(message.address, captures)
+        translated = message if address == message.address else message.with_address(address)
+        started = self._clock.seconds()
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.route_messages.labels(route.name).inc()
+            metrics.route_bytes.labels(route.name).inc(len(message.body))
+            metrics.route_in_flight.labels(route.name).inc()
+        d = bound.delivery.deliver(translated)
+        if not d.called:
+            d.addTimeout(
+                route.timeout_seconds,
+                self._clock,
+                onTimeoutCancel=lambda _result, timeout: Outcome.retry(
+                    f"route {route.name}: no outcome from {route.destination}"
+                    f" within {timeout:g} seconds"
+                ),
+            )
+
+        def finished(outcome: Outcome) -> Outcome:
+            if metrics is not None:
+                metrics.route_in_flight.labels(route.name).dec()
+                metrics.route_outcomes.labels(route.name, outcome.status.value).inc()
+                metrics.route_latency.labels(route.name).observe(self._clock.seconds() - started)
+            return outcome
+
+        return d.addCallback(finished)

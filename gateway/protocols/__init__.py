@@ -1,0 +1,1 @@
+"""Thin Twisted adapters: feed a codec, dispatch its events to the core."""
