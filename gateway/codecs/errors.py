@@ -38,7 +38,24 @@ class ProtocolError(Exception):
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer sent something its spec forbids."""
+    """The peer sent something its spec forbids.
+
+    Stream codecs decode many events from one chunk of input; when a later
+    part of the chunk is bad, the events completed before it are carried in
+    ``events`` so that the adapter handles them, in order, before the error.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        where: str | None = None,
+        reply: bytes | None = None,
+        kind: str = "malformed",
+        events: list[object] | None = None,
+    ) -> None:
+        super().__init__(reason, where=where, reply=reply, kind=kind)
+        self.events: list[object] = events if events is not None else []
 
 
 class LocalProtocolError(ProtocolError):
