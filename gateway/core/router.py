@@ -121,10 +121,11 @@ class RouteTable:
                 bound,
             )
         self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
+        self._sources = frozenset(self._by_source)
 
     def sources(self) -> frozenset[str]:
         """Return the endpoints some route takes messages from."""
-        return frozenset(self._by_source)
+        return self._sources
 
     def match(self, source: str, address: str) -> tuple[Match, ...]:
         """Return the routes (with wildcard captures) a message takes."""

@@ -1,0 +1,200 @@
+"""The SSMP hub: who is connected, who subscribes to what, and fan-out.
+
+One hub per SSMP listener. It knows peers by identity and topics by name,
+forwards MCAST, UCAST and BCAST lines, sends presence events in a safe order,
+and is the listener's `IDestination`: routes deliver into it as MCAST events
+to the topic's subscribers.
+
+Output is batched: forwarding only queues bytes on each recipient
+(`HubPeer.queue`); the hub then writes each recipient's batch with one
+transport write (`Hub.flush`). The server protocol flushes at the end of each
+``dataReceived``; anything else that queues (route deliveries, outcomes
+arriving later) calls `Hub.schedule_flush`, which flushes once on the next
+reactor turn.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from zope.interface import implementer
+
+from gateway.codecs import ssmp
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
+from gateway.protocols.ssmp.mapping import event_line
+
+__all__ = ["Hub", "HubPeer"]
+
+
+class HubPeer(Protocol):
+    """What the hub needs of a connected, logged-in peer."""
+
+    identity: bytes
+    topics: dict[bytes, bool]
+    """Topics the peer subscribes to, with its PRESENCE flag."""
+
+    def queue(self, data: bytes) -> None:
+        """Queue bytes for the peer; they are written at the next flush."""
+
+    def flush(self) -> None:
+        """Write what is queued."""
+
+    def evict(self, reason: str) -> None:
+        """Close the connection because another took its identity."""
+
+
+@implementer(IDestination)
+class Hub:
+    """Peers and topics of one SSMP listener.
+
+    Args:
+        name: The listener's name (routes refer to it).
+        clock: For scheduling flushes outside ``dataReceived``.
+    """
+
+    def __init__(self, name: str, clock: IReactorTime) -> None:
+        self.name = name
+        self._clock = clock
+        self.peers: dict[bytes, HubPeer] = {}
+        self.topics: dict[bytes, dict[HubPeer, bool]] = {}
+        self._dirty: list[HubPeer] = []
+        self._flush_call: IDelayedCall | None = None
+
+    # --- output batching -------------------------------------------------
+
+    def mark_dirty(self, peer: HubPeer) -> None:
+        """Remember that ``peer`` has queued output (called once per batch)."""
+        self._dirty.append(peer)
+
+    def flush(self) -> None:
+        """Write every peer's queued output, one write per peer."""
+        if self._flush_call is not None:
+            if self._flush_call.active():
+                self._flush_call.cancel()
+            self._flush_call = None
+        dirty = self._dirty
+        while dirty:
+            self._dirty = []
+            for peer in dirty:
+                peer.flush()
+            dirty = self._dirty  # a flush may disconnect a peer and queue presence events
+
+    def schedule_flush(self) -> None:
+        """Flush on the next reactor turn, once however often it is asked."""
+        if self._flush_call is None:
+            self._flush_call = self._clock.callLater(0, self.flush)
+
+    # --- connections -------------------------------------------------------
+
+    def attach(self, peer: HubPeer) -> None:
+        """Register a peer that has logged in.
+
+        Spec, "Named connections": upon successful login the server MUST
+        close any previous connection that used the same identifier.
+        Anonymous peers are not registered: nobody can address them.
+        """
+        if peer.identity == ssmp.ANONYMOUS:
+            return
+        previous = self.peers.get(peer.identity)
+        if previous is not None and previous is not peer:
+            self.detach(previous)
+            previous.evict("the same identity logged in on another connection")
+        self.peers[peer.identity] = peer
+
+    def detach(self, peer: HubPeer) -> None:
+        """Forget a peer whose connection ended, telling presence subscribers.
+
+        Spec, "Closing connections": the server MUST send UNSUBSCRIBE events
+        for all topics the client was subscribed to, whatever the reason.
+        """
+        if self.peers.get(peer.identity) is peer:
+            del self.peers[peer.identity]
+        for topic in list(peer.topics):
+            self.unsubscribe(peer, topic)
+
+    # --- subscriptions -------------------------------------------------------
+
+    def subscribe(self, peer: HubPeer, topic: bytes, presence: bool) -> bool:
+        """Subscribe a peer; False if it already was (the caller answers 409).
+
+        Presence subscribers of the topic learn of the newcomer; a newcomer
+        asking for PRESENCE gets the initial batch of current subscribers.
+        """
+        if topic in peer.topics:
+            return False
+        subscribers = self.topics.get(topic)
+        if subscribers is None:
+            subscribers = self.topics[topic] = {}
+        event = _presence_event(peer.identity, topic, presence)
+        batch: list[bytes] = []
+        for other, wants_presence in subscribers.items():
+            if wants_presence:
+                other.queue(event)
+            if presence:
+                batch.append(_presence_event(other.identity, topic, wants_presence))
+        subscribers[peer] = presence
+        peer.topics[topic] = presence
+        if batch:
+            peer.queue(b"".join(batch))
+        return True
+
+    def unsubscribe(self, peer: HubPeer, topic: bytes) -> bool:
+        """Unsubscribe a peer; False if it was not subscribed (404)."""
+        if peer.topics.pop(topic, None) is None:
+            return False
+        subscribers = self.topics[topic]
+        del subscribers[peer]
+        if not subscribers:
+            del self.topics[topic]
+            return True
+        event = b"000 " + peer.identity + b" UNSUBSCRIBE " + topic + b"\n"
+        for other, wants_presence in subscribers.items():
+            if wants_presence:
+                other.queue(event)
+        return True
+
+    # --- forwarding ------------------------------------------------------------
+
+    def mcast(self, sender: HubPeer | None, topic: bytes, event: bytes) -> None:
+        """Queue an MCAST event for every subscriber of ``topic`` but its sender."""
+        subscribers = self.topics.get(topic)
+        if subscribers is not None:
+            for peer in subscribers:
+                if peer is not sender:
+                    peer.queue(event)
+
+    def bcast(self, sender: HubPeer, event: bytes) -> None:
+        """Queue a BCAST event once for every peer sharing a topic with the sender."""
+        seen: set[HubPeer] = {sender}
+        for topic in sender.topics:
+            for peer in self.topics[topic]:
+                if peer not in seen:
+                    seen.add(peer)
+                    peer.queue(event)
+
+    # --- IDestination ------------------------------------------------------------
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Deliver a routed message as an MCAST event to the topic's subscribers.
+
+        SSMP delivery is best effort: the outcome is accepted once the event
+        is queued for every current subscriber, even if there are none (the
+        spec's MCAST never answers 404). Bodies SSMP cannot carry (empty,
+        containing LF, too long) are rejected.
+        """
+        encoded = event_line(message)
+        if isinstance(encoded, Outcome):
+            return succeed(encoded)
+        topic, line = encoded
+        self.mcast(None, topic, line)
+        if self._dirty:
+            self.schedule_flush()
+        return succeed(Outcome.accepted())
+
+
+def _presence_event(identity: bytes, topic: bytes, presence: bool) -> bytes:
+    tail = b" PRESENCE\n" if presence else b"\n"
+    return b"000 " + identity + b" SUBSCRIBE " + topic + tail

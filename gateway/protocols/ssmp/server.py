@@ -1,0 +1,627 @@
+"""The SSMP server role: one connection to the hub.
+
+A thin adapter over `gateway.codecs.ssmp`: it feeds the codec, applies the
+spec's rules for each request (login first, schemes, 405/404/409/501), hands
+forwarding to the `Hub` and MCASTs with matching routes to the `Router`, and
+keeps responses in request order even when a route answers later.
+
+Flow control (README, "Flow control"): each connection is a push producer on
+its own transport. When the transport's buffer fills (the peer reads slower
+than we write), we stop reading the peer's requests and start counting what
+we still queue for it; past ``max_backlog_bytes`` the peer is disconnected as
+a slow consumer, counted and logged. Publishers are never slowed down by a
+slow subscriber, and order and at-most-once delivery hold for everyone else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Final, cast
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    ISSLTransport,
+    ITCPTransport,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.codecs import ssmp
+from gateway.core.auth import Secrets
+from gateway.core.message import Outcome, Status
+from gateway.core.router import Router
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.ssmp.hub import Hub
+from gateway.protocols.ssmp.mapping import message_from_mcast
+from gateway.protocols.ssmp.settings import SSMPListenerSettings
+from gateway.tls import peer_identities
+
+__all__ = ["SSMPServerFactory", "SSMPServerProtocol", "cert_identity_matches", "outcome_response"]
+
+OK: Final = b"200\n"
+PONG_EVENT: Final = b"000 . PONG\n"
+PING_EVENT: Final = b"000 . PING\n"
+
+
+def cert_identity_matches(identity: str, names: frozenset[str]) -> bool:
+    """Whether a LOGIN identifier is allowed by a client certificate's names.
+
+    Spec, "Client certificate": LOGIN MUST succeed for any identifier matching
+    the Common Name or a Subject Alternative Name, and MAY for such a name
+    followed by ``/`` and one or more ID characters (several connections with
+    one certificate).
+    """
+    if identity in names:
+        return True
+    return any(identity.startswith(name + "/") and len(identity) > len(name) + 1 for name in names)
+
+
+def outcome_response(outcome: Outcome) -> bytes:
+    """Map a route outcome to the SSMP response line for the publisher.
+
+    Accepted is 200. SSMP has no code for "try again later"; a temporary
+    failure is answered 400 with a payload starting ``retry:`` so that a
+    person (or a client that looks) can tell it from a permanent rejection.
+    """
+    if outcome.status is Status.ACCEPTED:
+        return OK
+    if outcome.status is Status.RETRY:
+        return ssmp.response_line(400, f"retry: {outcome.reason}")
+    return ssmp.response_line(400, f"rejected: {outcome.reason}")
+
+
+class _Pending:
+    """A response slot waiting for a route outcome."""
+
+    __slots__ = ("line",)
+
+    def __init__(self) -> None:
+        self.line: bytes | None = None
+
+
+@implementer(IPushProducer)
+class SSMPServerProtocol(Protocol):
+    """One peer connected to the hub."""
+
+    _log = Logger()
+
+    def __init__(self, factory: SSMPServerFactory) -> None:
+        self.factory = factory
+        self.hub = factory.hub
+        self.identity = b""
+        self.topics: dict[bytes, bool] = {}
+        self._codec = ssmp.SSMPCodec(ssmp.Role.SERVER)
+        self._out: list[bytes] = []
+        self._out_lines = 0
+        self._pending: deque[bytes | _Pending] = deque()
+        self._logged_in = False
+        self._finishing = False
+        self._closing = False
+        self._reading_paused = False
+        self._congested = False
+        self._backlog = 0
+        self._last_heard = 0.0
+        self._mcast_prefix = b""
+        self._ucast_prefix = b""
+        self._timer: IDelayedCall | None = None
+        self._awaiting_pong = False
+
+    # --- connection life ----------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Start the login time-out and register as the transport's producer."""
+        assert self.transport is not None
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self.factory.connection_opened(self)
+        clock = self.factory.clock
+        self._last_heard = clock.seconds()
+        self._timer = clock.callLater(
+            self.factory.settings.login_timeout_seconds, self._login_timed_out
+        )
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Unsubscribe from everything (presence events) and cancel timers."""
+        self._closing = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self._logged_in:
+            self.hub.detach(self)
+            self.hub.schedule_flush()
+        self._out.clear()
+        self.factory.connection_closed(self)
+
+    def _finish(self) -> None:
+        """Read no more requests; close once every pending response is written.
+
+        Used after CLOSE, a 400 and a 401. Responses still waiting for a
+        route outcome get it first, so that their senders learn the truth;
+        the route time-out bounds the wait.
+        """
+        self._finishing = True
+        self._pause_reading()
+        if not self._pending:
+            self._close()
+
+    def _close(self) -> None:
+        """Write what is queued, then close."""
+        if self._closing:
+            return
+        self._closing = True
+        self.flush()
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def evict(self, reason: str) -> None:
+        """Close because the identity logged in again elsewhere."""
+        self._log.info(
+            "{listener}: closing older connection of {identity}: {reason}",
+            listener=self.factory.name,
+            identity=self.identity.decode("ascii"),
+            reason=reason,
+        )
+        self._logged_in = False  # the hub has already detached it
+        self._close()
+
+    # --- output -------------------------------------------------------------
+
+    def queue(self, data: bytes) -> None:
+        """Queue bytes for this peer (see `Hub.flush`)."""
+        if self._closing:
+            return
+        out = self._out
+        if not out:
+            self.hub.mark_dirty(self)
+        out.append(data)
+        self._out_lines += 1
+
+    def flush(self) -> None:
+        """Write everything queued in one write."""
+        out = self._out
+        if not out or self.transport is None:
+            return
+        data = b"".join(out) if len(out) > 1 else out[0]
+        out.clear()
+        self.factory.count_out(self._out_lines, len(data))
+        self._out_lines = 0
+        if self._congested:
+            self._backlog += len(data)
+            if self._backlog > self.factory.settings.max_backlog_bytes:
+                self._slow_consumer()
+                return
+        self.transport.write(data)
+
+    def _slow_consumer(self) -> None:
+        self._log.warn(
+            "{listener}: disconnecting {identity}, a slow consumer with {backlog} bytes"
+            " undelivered (limit {limit})",
+            listener=self.factory.name,
+            identity=self.identity.decode("ascii"),
+            backlog=self._backlog,
+            limit=self.factory.settings.max_backlog_bytes,
+        )
+        self.factory.count_slow_consumer()
+        self._closing = True
+        self._out.clear()
+        assert self.transport is not None
+        cast(ITCPTransport, self.transport).abortConnection()
+
+    # --- IPushProducer: the transport tells us when the peer is slow ----------
+
+    def pauseProducing(self) -> None:
+        """The peer is not keeping up: stop reading it and count the backlog."""
+        self._congested = True
+        self._backlog = 0
+        self._pause_reading()
+
+    def resumeProducing(self) -> None:
+        """The peer caught up."""
+        self._congested = False
+        self._backlog = 0
+        if len(self._pending) < self.factory.settings.max_pending_replies:
+            self._resume_reading()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; connectionLost does the cleanup."""
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and not self._closing and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # --- input ----------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode and handle every complete request, then flush the batch."""
+        if self._finishing or self._closing:
+            return
+        self._last_heard = self.factory.clock.seconds()
+        error: ssmp.SSMPError | None = None
+        try:
+            lines = self._codec.receive_data(data)
+        except ssmp.SSMPError as exc:
+            error = exc
+            lines = exc.events  # type: ignore[assignment]
+        self.factory.count_in(len(lines), len(data))
+        handlers = self._handlers
+        for line in lines:
+            handlers[type(line)](self, line)
+            if self._finishing:
+                break
+        if error is not None and not self._finishing:
+            self._protocol_error(error)
+        self.hub.flush()
+
+    def _protocol_error(self, error: ssmp.SSMPError) -> None:
+        self.factory.count_error(error.kind)
+        self._log.warn(
+            "{listener}: bad input from {peer}: {reason}; answering 400 and closing",
+            listener=self.factory.name,
+            peer=self._peer_name(),
+            reason=error.reason,
+        )
+        self._respond(error.reply or ssmp.response_line(400))
+        self._finish()
+
+    def _peer_name(self) -> str:
+        if self.identity:
+            return self.identity.decode("ascii")
+        assert self.transport is not None
+        peer = self.transport.getPeer()
+        return str(getattr(peer, "host", peer))
+
+    # --- responses in request order -----------------------------------------------
+
+    def _respond(self, line: bytes) -> None:
+        if self._pending:
+            self._pending.append(line)
+        else:
+            self.queue(line)
+
+    def _respond_later(self, outcome: Deferred[Outcome]) -> None:
+        slot = _Pending()
+        self._pending.append(slot)
+        if len(self._pending) >= self.factory.settings.max_pending_replies:
+            self._pause_reading()
+        outcome.addCallback(self._outcome_arrived, slot)
+        outcome.addErrback(self._outcome_failed, slot)
+
+    def _outcome_arrived(self, outcome: Outcome, slot: _Pending) -> None:
+        slot.line = outcome_response(outcome)
+        pending = self._pending
+        while pending:
+            head = pending[0]
+            if isinstance(head, bytes):
+                self.queue(head)
+            elif head.line is not None:
+                self.queue(head.line)
+            else:
+                break
+            pending.popleft()
+        if self._closing:
+            return
+        if self._finishing:
+            if not pending:
+                self._close()
+            return
+        self.hub.schedule_flush()
+        if not self._congested and len(pending) < self.factory.settings.max_pending_replies:
+            self._resume_reading()
+
+    def _outcome_failed(self, failure: Failure, slot: _Pending) -> None:
+        self._log.failure("{listener}: route outcome failed", failure, listener=self.factory.name)
+        self._outcome_arrived(Outcome.retry("internal error"), slot)
+
+    # --- timers -----------------------------------------------------------------------
+
+    def _login_timed_out(self) -> None:
+        # Spec, "Login": no request after a reasonable period: close without a response.
+        self._timer = None
+        self._log.info(
+            "{listener}: no LOGIN from {peer} within {seconds} s; closing",
+            listener=self.factory.name,
+            peer=self._peer_name(),
+            seconds=self.factory.settings.login_timeout_seconds,
+        )
+        self.factory.count_error("login-timeout")
+        self._closing = True
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def _arm_idle_timer(self, delay: float) -> None:
+        self._timer = self.factory.clock.callLater(delay, self._idle_check)
+
+    def _idle_check(self) -> None:
+        settings = self.factory.settings
+        now = self.factory.clock.seconds()
+        quiet = now - self._last_heard
+        if self._awaiting_pong:
+            if quiet >= settings.pong_timeout_seconds:
+                self._timer = None
+                self._log.info(
+                    "{listener}: no PONG from {peer} within {seconds} s; closing",
+                    listener=self.factory.name,
+                    peer=self._peer_name(),
+                    seconds=settings.pong_timeout_seconds,
+                )
+                self.factory.count_error("pong-timeout")
+                self._close()
+                return
+            self._awaiting_pong = False
+        if quiet >= settings.ping_interval_seconds:
+            # Spec, "Server-initiated": PING after a period without requests.
+            self._awaiting_pong = True
+            self.queue(PING_EVENT)
+            self.flush()
+            self._arm_idle_timer(settings.pong_timeout_seconds)
+            return
+        self._arm_idle_timer(settings.ping_interval_seconds - quiet)
+
+    # --- requests -----------------------------------------------------------------------
+
+    def _on_login(self, login: ssmp.Login) -> None:
+        if self._logged_in:
+            self._respond(ssmp.response_line(405, "already logged in"))
+            return
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        offered = self.factory.schemes_for(self._is_tls())
+        scheme = login.scheme.decode("ascii")
+        identity = login.identity.decode("ascii")
+        why = self._authenticate(identity, scheme, login.credential, offered)
+        if why is not None:
+            self._log.info(
+                "{listener}: LOGIN {identity} {scheme} from {peer} refused: {why}",
+                listener=self.factory.name,
+                identity=identity,
+                scheme=scheme,
+                peer=self._peer_name(),
+                why=why,
+            )
+            self.factory.count_error("unauthorized")
+            # Spec: 401 with a space-separated list of supported schemes, then close.
+            self._respond(ssmp.response_line(401, " ".join(sorted(offered))))
+            self._finish()
+            return
+        self.identity = login.identity
+        self._logged_in = True
+        self._mcast_prefix = b"000 " + login.identity + b" MCAST "
+        self._ucast_prefix = b"000 " + login.identity + b" UCAST "
+        self._respond(OK)
+        self.hub.attach(self)
+        self._arm_idle_timer(self.factory.settings.ping_interval_seconds)
+
+    def _is_tls(self) -> bool:
+        return ISSLTransport.providedBy(self.transport)
+
+    def _authenticate(
+        self, identity: str, scheme: str, credential: bytes | None, offered: frozenset[str]
+    ) -> str | None:
+        """Return None if the login is good, else why not (for the log only)."""
+        if identity == ".":
+            return None if self.factory.settings.anonymous else "anonymous login is disabled"
+        if scheme not in offered:
+            return f"scheme {scheme!r} is not offered here"
+        if scheme == "open":
+            return None  # Spec: the server MUST ignore the credential.
+        if scheme == "secret":
+            if self.factory.secrets.verify(identity, credential):
+                return None
+            return "wrong or missing secret"
+        if scheme == "cert":
+            names = peer_identities(self.transport)
+            if not names:
+                return "no client certificate"
+            if cert_identity_matches(identity, names):
+                return None
+            return f"certificate names {sorted(names)} do not include {identity!r}"
+        return f"scheme {scheme!r} is not implemented"  # pragma: no cover
+
+    def _on_close(self, line: ssmp.Close) -> None:
+        # Spec, "Closing connections": reply 200 and immediately close. Requests
+        # before it that still wait for a route outcome are answered first.
+        self._respond(OK)
+        self._finish()
+
+    def _on_ping(self, line: ssmp.Ping) -> None:
+        # Spec, "Client-initiated": answer with a PONG event from the anonymous id.
+        self.queue(PONG_EVENT)
+
+    def _on_pong(self, line: ssmp.Pong) -> None:
+        # Spec: servers MUST NOT send any message in response to a PONG.
+        self._awaiting_pong = False
+
+    def _on_subscribe(self, line: ssmp.Subscribe) -> None:
+        if self.identity == ssmp.ANONYMOUS:
+            self._respond(ssmp.response_line(405, "anonymous peers cannot SUBSCRIBE"))
+        elif line.topic in self.topics:
+            self._respond(ssmp.response_line(409, "already subscribed"))
+        else:
+            self._respond(OK)
+            self.hub.subscribe(self, line.topic, line.presence)
+
+    def _on_unsubscribe(self, line: ssmp.Unsubscribe) -> None:
+        if self.identity == ssmp.ANONYMOUS:
+            self._respond(ssmp.response_line(405, "anonymous peers cannot UNSUBSCRIBE"))
+        elif self.hub.unsubscribe(self, line.topic):
+            self._respond(OK)
+        else:
+            self._respond(ssmp.response_line(404, "not subscribed"))
+
+    def _on_mcast(self, line: ssmp.Mcast) -> None:
+        topic = line.topic
+        payload = line.payload
+        prefix = self._mcast_prefix
+        # The forwarded event must itself fit SSMP's limit.
+        if len(prefix) + len(topic) + len(payload) + 2 > ssmp.MAX_LINE_BYTES:
+            self._respond(_TOO_LONG_TO_FORWARD)
+            return
+        self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
+        factory = self.factory
+        if factory.routed:
+            outcome = factory.router.dispatch(
+                factory.name,
+                message_from_mcast(self.identity, topic, payload, factory.clock.seconds()),
+            )
+            if outcome is not None:
+                self._respond_later(outcome)
+                return
+        self._respond(OK)
+
+    def _on_ucast(self, line: ssmp.Ucast) -> None:
+        to = line.to
+        if to == ssmp.ANONYMOUS:
+            self._respond(ssmp.response_line(405, "anonymous peers cannot receive UCAST"))
+            return
+        target = self.hub.peers.get(to)
+        if target is None:
+            self._respond(ssmp.response_line(404, "no such peer"))
+            return
+        prefix = self._ucast_prefix
+        if len(prefix) + len(to) + len(line.payload) + 2 > ssmp.MAX_LINE_BYTES:
+            self._respond(_TOO_LONG_TO_FORWARD)
+            return
+        target.queue(prefix + to + b" " + line.payload + b"\n")
+        self._respond(OK)
+
+    def _on_bcast(self, line: ssmp.Bcast) -> None:
+        if self.identity == ssmp.ANONYMOUS:
+            self._respond(ssmp.response_line(405, "anonymous peers cannot BCAST"))
+            return
+        event = b"000 " + self.identity + b" BCAST " + line.payload + b"\n"
+        if len(event) > ssmp.MAX_LINE_BYTES:
+            self._respond(_TOO_LONG_TO_FORWARD)
+            return
+        self.hub.bcast(self, event)
+        self._respond(OK)
+
+    def _on_compat(self, line: ssmp.Compat) -> None:
+        # Spec, "Forward compatibility": unrecognized verb, 501.
+        verb = line.verb.decode("ascii")
+        self._respond(ssmp.response_line(501, f"{verb} is not implemented"))
+
+    _handlers: Final[dict[type, Callable[[SSMPServerProtocol, ssmp.Line], None]]] = {
+        ssmp.Mcast: _on_mcast,  # type: ignore[dict-item]
+        ssmp.Ucast: _on_ucast,  # type: ignore[dict-item]
+        ssmp.Bcast: _on_bcast,  # type: ignore[dict-item]
+        ssmp.Subscribe: _on_subscribe,  # type: ignore[dict-item]
+        ssmp.Unsubscribe: _on_unsubscribe,  # type: ignore[dict-item]
+        ssmp.Ping: _on_ping,  # type: ignore[dict-item]
+        ssmp.Pong: _on_pong,  # type: ignore[dict-item]
+        ssmp.Close: _on_close,  # type: ignore[dict-item]
+        ssmp.Login: _on_login,  # type: ignore[dict-item]
+        ssmp.Compat: _on_compat,  # type: ignore[dict-item]
+    }
+
+
+_TOO_LONG_TO_FORWARD: Final = ssmp.response_line(
+    400, f"too long to forward: the event would pass the {ssmp.MAX_LINE_BYTES}-byte limit"
+)
+
+
+class SSMPServerFactory(Factory):
+    """Builds hub connections for one SSMP listener.
+
+    Args:
+        name: The listener's name.
+        settings: Its validated settings.
+        hub: Its hub (also its route destination).
+        router: Where MCASTs with matching routes go.
+        secrets: For the ``secret`` scheme.
+        clock: Timers and timestamps.
+        metrics: Counters, or None in tests that do not look.
+    """
+
+    protocol = SSMPServerProtocol
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: SSMPListenerSettings,
+        hub: Hub,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.hub = hub
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self.connections: set[SSMPServerProtocol] = set()
+        self._offered_plain = frozenset(settings.schemes - {"cert"})
+        self._offered_tls = frozenset(settings.schemes | {"cert"})
+        self._metrics = metrics
+        if metrics is not None:
+            self._m_open = metrics.connections.labels(name, "ssmp")
+            self._m_opened = metrics.connections_total.labels(name, "ssmp")
+            self._m_in = metrics.messages_in.labels(name)
+            self._m_out = metrics.messages_out.labels(name)
+            self._m_bytes_in = metrics.bytes_in.labels(name)
+            self._m_bytes_out = metrics.bytes_out.labels(name)
+            self._m_slow = metrics.slow_consumers.labels(name)
+
+    @property
+    def routed(self) -> bool:
+        """Whether any route takes messages from this listener."""
+        return self.name in self.router.table.sources()
+
+    def buildProtocol(self, addr: object) -> SSMPServerProtocol:
+        """Build a connection."""
+        return SSMPServerProtocol(self)
+
+    def schemes_for(self, tls: bool) -> frozenset[str]:
+        """Login schemes offered on a plain or a TLS connection."""
+        return self._offered_tls if tls else self._offered_plain
+
+    def connection_opened(self, connection: SSMPServerProtocol) -> None:
+        """Count a new connection."""
+        self.connections.add(connection)
+        if self._metrics is not None:
+            self._m_open.inc()
+            self._m_opened.inc()
+
+    def connection_closed(self, connection: SSMPServerProtocol) -> None:
+        """Count a closed connection."""
+        self.connections.discard(connection)
+        if self._metrics is not None:
+            self._m_open.dec()
+
+    def count_in(self, lines: int, size: int) -> None:
+        """Count received lines and bytes (once per batch)."""
+        if self._metrics is not None:
+            self._m_in.inc(lines)
+            self._m_bytes_in.inc(size)
+
+    def count_out(self, lines: int, size: int) -> None:
+        """Count sent lines and bytes (once per flush)."""
+        if self._metrics is not None:
+            self._m_out.inc(lines)
+            self._m_bytes_out.inc(size)
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error of some kind."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
+
+    def count_slow_consumer(self) -> None:
+        """Count a slow-consumer disconnect."""
+        if self._metrics is not None:
+            self._m_slow.inc()
