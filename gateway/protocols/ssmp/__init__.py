@@ -1,0 +1,1 @@
+"""SSMP in both roles: the hub (server) and the upstream (client)."""
