@@ -1,0 +1,666 @@
+"""Configuration: TOML files in, frozen validated objects out.
+
+The main file (``etc/gateway.toml``) names listeners, upstreams and the admin
+endpoint; each route is a file of its own (``etc/routes/*.toml``); secrets
+live in a separate file. Everything is checked before anything listens, and
+every problem found is reported at once, naming the file, the key and what
+is wrong (`ConfigError`). Nothing else in the gateway reads configuration.
+
+Protocol-specific settings are validated by one function per protocol
+(`_LISTENER_SETTINGS`, `_UPSTREAM_SETTINGS`); a new protocol adds its entry.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import attrs
+from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.internet.testing import MemoryReactor
+
+from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
+from gateway.core.auth import Secrets
+from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
+from gateway.protocols.ssmp.settings import (
+    DEFAULT_MAX_BACKLOG_BYTES,
+    LOGIN_SCHEMES,
+    SSMPListenerSettings,
+    SSMPUpstreamSettings,
+)
+
+__all__ = [
+    "DEFAULT_CONFIG_NAME",
+    "AdminConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "GatewayConfig",
+    "ListenerConfig",
+    "UpstreamConfig",
+    "load_config",
+    "load_default_config",
+    "load_routes",
+    "reload_routes",
+]
+
+DEFAULT_CONFIG_NAME: Final = "<embedded default>"
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+_TLS_SERVER_PREFIXES: Final = ("mtls:", "ssl:")
+
+T = TypeVar("T")
+
+
+# --- errors ------------------------------------------------------------------
+
+
+@attrs.frozen
+class ConfigProblem:
+    """One thing wrong with the configuration.
+
+    Attributes:
+        file: The file it is in.
+        key: The dotted key path (``listeners.hub.endpoint``), or ``-`` for
+            the file as a whole.
+        reason: What is wrong, and if possible what would be right.
+    """
+
+    file: str
+    key: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.reason}"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; ``problems`` says every reason."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        super().__init__("\n".join(map(str, problems)))
+        self.problems = problems
+
+
+# --- frozen configuration ---------------------------------------------------------
+
+
+@attrs.frozen
+class ListenerConfig:
+    """A listener: a protocol served on an endpoint.
+
+    Attributes:
+        name: Its name, used by routes.
+        protocol: ``ssmp`` (more protocols arrive with their issues).
+        endpoint: A Twisted server endpoint string (``tcp:``, ``mtls:``...).
+        settings: The protocol's own settings object.
+    """
+
+    name: str
+    protocol: str
+    endpoint: str
+    settings: Any
+
+    @property
+    def tls(self) -> bool:
+        """Whether the endpoint terminates TLS."""
+        return self.endpoint.startswith(_TLS_SERVER_PREFIXES)
+
+
+@attrs.frozen
+class UpstreamConfig:
+    """An upstream: a server the gateway connects to.
+
+    Attributes:
+        name: Its name, used by routes.
+        protocol: ``ssmp`` (more protocols arrive with their issues).
+        endpoint: A Twisted client endpoint string (``tcp:``, ``tls:``...).
+        settings: The protocol's own settings object.
+    """
+
+    name: str
+    protocol: str
+    endpoint: str
+    settings: Any
+
+
+@attrs.frozen
+class AdminConfig:
+    """The admin HTTP endpoint; ``endpoint`` None disables it."""
+
+    endpoint: str | None = "tcp:8790:interface=127.0.0.1"
+
+
+@attrs.frozen
+class GatewayConfig:
+    """The whole validated configuration.
+
+    Attributes:
+        source: The main file's path, or `DEFAULT_CONFIG_NAME`.
+        listeners: Listeners in file order.
+        upstreams: Upstreams in file order.
+        routes: Routes, sorted by name.
+        admin: The admin endpoint.
+        secrets: The secrets file's contents (empty without one).
+        data_dir: Where the gateway keeps state (the durable log, issue 4).
+        routes_dir: The directory route files were read from, if any.
+        secrets_path: The secrets file, if any.
+    """
+
+    source: str
+    listeners: tuple[ListenerConfig, ...]
+    upstreams: tuple[UpstreamConfig, ...]
+    routes: tuple[Route, ...]
+    admin: AdminConfig
+    secrets: Secrets = attrs.field(factory=Secrets, repr=False)
+    data_dir: Path = Path("var")
+    routes_dir: Path | None = None
+    secrets_path: Path | None = None
+
+    def endpoint_names(self) -> dict[str, str]:
+        """Every listener and upstream name, with its protocol."""
+        names = {listener.name: listener.protocol for listener in self.listeners}
+        names.update({upstream.name: upstream.protocol for upstream in self.upstreams})
+        return names
+
+    def summary(self) -> str:
+        """One line saying what the configuration contains."""
+
+        def names(items: tuple[ListenerConfig, ...] | tuple[UpstreamConfig, ...]) -> str:
+            return ", ".join(f"{item.name} ({item.protocol})" for item in items) or "none"
+
+        return (
+            f"{self.source}: OK: {len(self.listeners)} listener(s) [{names(self.listeners)}],"
+            f" {len(self.upstreams)} upstream(s) [{names(self.upstreams)}],"
+            f" {len(self.routes)} route(s),"
+            f" admin {'on ' + self.admin.endpoint if self.admin.endpoint else 'off'}"
+        )
+
+
+# --- reading typed values with their key path ---------------------------------------
+
+
+_REQUIRED: Final = object()
+
+
+class _Section:
+    """A TOML table being read: typed getters that record problems by key path."""
+
+    def __init__(
+        self, file: str, path: str, table: Mapping[str, Any], problems: list[ConfigProblem]
+    ) -> None:
+        self.file = file
+        self.path = path
+        self.table = table
+        self.problems = problems
+        self._seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def problem(self, name: str | None, reason: str) -> None:
+        key = self.key(name) if name is not None else (self.path or "-")
+        self.problems.append(ConfigProblem(self.file, key, reason))
+
+    def _get(self, name: str, default: object, kind: type | tuple[type, ...], what: str) -> Any:
+        self._seen.add(name)
+        if name not in self.table:
+            if default is _REQUIRED:
+                self.problem(name, f"is required ({what})")
+            return default
+        value = self.table[name]
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            self.problem(name, f"must be {what}, not a boolean")
+            return default
+        if not isinstance(value, kind):
+            self.problem(name, f"must be {what}, not {_describe(value)}")
+            return default
+        return value
+
+    def string(self, name: str, default: object = _REQUIRED) -> Any:
+        value = self._get(name, default, str, "a string")
+        if isinstance(value, str) and not value and default is _REQUIRED:
+            self.problem(name, "must not be empty")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        return bool(self._get(name, default, bool, "true or false"))
+
+    def number(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        value = self._get(name, default, (int, float), "a number")
+        if value is not default and value < minimum:
+            self.problem(name, f"must be at least {minimum:g}, not {value}")
+            return default
+        return float(value)
+
+    def positive(self, name: str, default: float) -> float:
+        value = self._get(name, default, (int, float), "a number")
+        if value is not default and value <= 0:
+            self.problem(name, f"must be greater than 0, not {value}")
+            return default
+        return float(value)
+
+    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
+        value = self._get(name, default, int, "a whole number")
+        if value is not default and value < minimum:
+            self.problem(name, f"must be at least {minimum}, not {value}")
+            return default
+        return int(value)
+
+    def strings(self, name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        value = self._get(name, list(default), list, "a list of strings")
+        bad = [item for item in value if not isinstance(item, str)]
+        if bad:
+            self.problem(name, f"must hold only strings, not {_describe(bad[0])}")
+            return default
+        return tuple(value)
+
+    def choice(self, name: str, choices: frozenset[str], default: object = _REQUIRED) -> Any:
+        value = self.string(name, default)
+        if isinstance(value, str) and value not in choices:
+            self.problem(name, f"must be one of {', '.join(sorted(choices))}, not {value!r}")
+            return default if default is not _REQUIRED else None
+        return value
+
+    def table_items(self, name: str) -> Iterator[tuple[str, _Section]]:
+        tables = self._get(name, {}, dict, "a table")
+        for child, table in tables.items():
+            path = self.key(f"{name}.{child}")
+            if not isinstance(table, dict):
+                self.problems.append(
+                    ConfigProblem(self.file, path, f"must be a table, not {_describe(table)}")
+                )
+                continue
+            yield child, _Section(self.file, path, table, self.problems)
+
+    def section(self, name: str) -> _Section:
+        table = self._get(name, {}, dict, "a table")
+        return _Section(self.file, self.key(name), table, self.problems)
+
+    def done(self) -> None:
+        """Report keys nobody asked for: typos, mostly."""
+        for name in self.table:
+            if name in self._seen:
+                continue
+            close = difflib.get_close_matches(name, sorted(self._seen), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            known = ", ".join(sorted(self._seen)) or "none"
+            self.problem(name, f"unknown key{hint} (known here: {known})")
+
+
+def _describe(value: object) -> str:
+    kind = {
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        list: "a list",
+        dict: "a table",
+    }
+    return f"{kind.get(type(value), type(value).__name__)} ({value!r})"
+
+
+# --- protocol settings ---------------------------------------------------------------
+
+
+def _ssmp_listener(section: _Section, tls: bool) -> SSMPListenerSettings:
+    schemes = frozenset(section.strings("schemes", ("secret",)))
+    for scheme in sorted(schemes - LOGIN_SCHEMES):
+        section.problem(
+            "schemes",
+            f"unknown scheme {scheme!r}; SSMP schemes are {', '.join(sorted(LOGIN_SCHEMES))}",
+        )
+    if "cert" in schemes and not tls:
+        section.problem(
+            "schemes", "'cert' needs a TLS endpoint (mtls:...); TLS listeners always offer it"
+        )
+    return SSMPListenerSettings(
+        schemes=frozenset(schemes & LOGIN_SCHEMES),
+        anonymous=section.boolean("anonymous", False),
+        login_timeout_seconds=section.positive("login_timeout_seconds", 10.0),
+        ping_interval_seconds=section.positive("ping_interval_seconds", 30.0),
+        pong_timeout_seconds=section.positive("pong_timeout_seconds", 30.0),
+        max_backlog_bytes=section.integer(
+            "max_backlog_bytes", DEFAULT_MAX_BACKLOG_BYTES, minimum=65536
+        ),
+        max_pending_replies=section.integer("max_pending_replies", 1000, minimum=1),
+    )
+
+
+def _ssmp_upstream(section: _Section) -> SSMPUpstreamSettings:
+    identity = section.string("identity")
+    if isinstance(identity, str) and identity and not _is_ssmp_id(identity):
+        section.problem("identity", f"{identity!r} is not a valid SSMP identifier")
+    topics = section.strings("subscribe")
+    for topic in topics:
+        if not _is_ssmp_id(topic):
+            section.problem("subscribe", f"{topic!r} is not a valid SSMP topic")
+    return SSMPUpstreamSettings(
+        identity=identity if isinstance(identity, str) else "",
+        scheme=section.choice("scheme", frozenset({"secret", "cert", "open"}), "secret"),
+        subscribe=topics,
+        presence=section.boolean("presence", False),
+        ping_interval_seconds=section.positive("ping_interval_seconds", 30.0),
+        pong_timeout_seconds=section.positive("pong_timeout_seconds", 30.0),
+        max_line_bytes=section.integer("max_line_bytes", 1024, minimum=1024),
+        max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
+    )
+
+
+def _is_ssmp_id(value: str) -> bool:
+    from gateway.codecs.ssmp import is_valid_id
+
+    return value.isascii() and is_valid_id(value.encode("ascii"))
+
+
+_LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
+    "ssmp": _ssmp_listener,
+}
+_UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
+    "ssmp": _ssmp_upstream,
+}
+
+
+# --- endpoints --------------------------------------------------------------------------
+
+
+def _check_server_endpoint(section: _Section, name: str, description: str) -> None:
+    try:
+        serverFromString(MemoryReactor(), description)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        section.problem(name, f"bad server endpoint {description!r}: {_exc_text(exc)}")
+
+
+def _check_client_endpoint(section: _Section, name: str, description: str) -> None:
+    try:
+        clientFromString(MemoryReactor(), description)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        section.problem(name, f"bad client endpoint {description!r}: {_exc_text(exc)}")
+
+
+def _exc_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, TypeError) and "unexpected keyword" in text:
+        return f"unknown parameter ({text})"
+    return text
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def _read_toml(path: Path, problems: list[ConfigProblem]) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        problems.append(ConfigProblem(str(path), "-", "file not found"))
+    except OSError as exc:
+        problems.append(ConfigProblem(str(path), "-", f"cannot read: {exc.strerror}"))
+    except tomllib.TOMLDecodeError as exc:
+        problems.append(ConfigProblem(str(path), "-", f"not valid TOML: {exc}"))
+    return None
+
+
+def _load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
+    data = _read_toml(path, problems)
+    if data is None:
+        return Secrets()
+    root = _Section(str(path), "", data, problems)
+    groups: dict[str, dict[str, bytes]] = {}
+    for group in ("logins", "upstreams"):
+        section = root.section(group)
+        values: dict[str, bytes] = {}
+        for key in section.table:
+            value = section.string(key)
+            if isinstance(value, str):
+                values[key] = value.encode("utf-8")
+        groups[group] = values
+    root.done()
+    return Secrets(logins=groups["logins"], upstreams=groups["upstreams"])
+
+
+def _route_from(path: Path, data: dict[str, Any], problems: list[ConfigProblem]) -> Route | None:
+    section = _Section(str(path), "", data, problems)
+    before = len(problems)
+    name = path.stem
+    section.string("description", "")
+    source = section.string("from")
+    destination = section.string("to")
+    match = section.string("match")
+    address = section.string("address", None)
+    durable = section.boolean("durable", False)
+    timeout = section.positive("timeout_seconds", DEFAULT_ROUTE_TIMEOUT_SECONDS)
+    section.done()
+    pattern: AddressPattern | None = None
+    target: AddressTemplate | None = None
+    if isinstance(match, str) and match:
+        try:
+            pattern = AddressPattern(match)
+        except PatternError as exc:
+            section.problem("match", str(exc))
+    if isinstance(address, str):
+        try:
+            target = AddressTemplate(address)
+            if pattern is not None:
+                target.check_against(pattern)
+        except PatternError as exc:
+            section.problem("address", str(exc))
+    if durable:
+        section.problem(
+            "durable",
+            "durable routes need the embedded log, which this version does not have yet;"
+            " remove the key or set it to false",
+        )
+    if len(problems) > before or pattern is None:
+        return None
+    return Route(
+        name=name,
+        source=source,
+        pattern=pattern,
+        destination=destination,
+        target=target,
+        durable=durable,
+        timeout_seconds=timeout,
+    )
+
+
+def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[Route, ...]:
+    """Read every ``*.toml`` route file of a directory, in name order."""
+    if not directory.is_dir():
+        problems.append(ConfigProblem(str(directory), "-", "routes directory not found"))
+        return ()
+    routes: list[Route] = []
+    for path in sorted(directory.glob("*.toml")):
+        if not _NAME.match(path.stem):
+            problems.append(
+                ConfigProblem(str(path), "-", "a route file name must be letters, digits, _.-")
+            )
+            continue
+        data = _read_toml(path, problems)
+        if data is not None:
+            route = _route_from(path, data, problems)
+            if route is not None:
+                routes.append(route)
+    return tuple(routes)
+
+
+def _check_routes(
+    routes: tuple[Route, ...],
+    endpoints: Mapping[str, str],
+    routes_dir: Path | None,
+    problems: list[ConfigProblem],
+) -> None:
+    known = ", ".join(sorted(endpoints)) or "none"
+    for route in routes:
+        file = str(routes_dir / f"{route.name}.toml") if routes_dir else route.name
+        for key, name in (("from", route.source), ("to", route.destination)):
+            if name not in endpoints:
+                problems.append(
+                    ConfigProblem(
+                        file, key, f"no listener or upstream named {name!r} (known: {known})"
+                    )
+                )
+        if route.source == route.destination:
+            problems.append(
+                ConfigProblem(file, "to", "a route must not deliver back to where it takes from")
+            )
+
+
+def _parse_main(
+    file: str,
+    data: dict[str, Any],
+    base: Path,
+    problems: list[ConfigProblem],
+) -> GatewayConfig:
+    root = _Section(file, "", data, problems)
+    gateway = root.section("gateway")
+    data_dir = base / gateway.string("data_dir", "var")
+    routes_name = gateway.string("routes", None)
+    secrets_name = gateway.string("secrets", None)
+    gateway.done()
+
+    admin_section = root.section("admin")
+    admin_endpoint = admin_section.string("endpoint", AdminConfig().endpoint)
+    if admin_section.boolean("enabled", True) and isinstance(admin_endpoint, str):
+        _check_server_endpoint(admin_section, "endpoint", admin_endpoint)
+        admin = AdminConfig(admin_endpoint)
+    else:
+        admin = AdminConfig(None)
+    admin_section.done()
+
+    names: set[str] = set()
+    listeners: list[ListenerConfig] = []
+    for name, section in root.table_items("listeners"):
+        listener = _listener(name, section, names)
+        if listener is not None:
+            listeners.append(listener)
+    upstreams: list[UpstreamConfig] = []
+    for name, section in root.table_items("upstreams"):
+        upstream = _upstream(name, section, names)
+        if upstream is not None:
+            upstreams.append(upstream)
+    root.done()
+
+    secrets_path = base / secrets_name if isinstance(secrets_name, str) else None
+    secrets = _load_secrets(secrets_path, problems) if secrets_path else Secrets()
+    for upstream in upstreams:
+        scheme = getattr(upstream.settings, "scheme", None)
+        if scheme == "secret" and secrets.credential_for(upstream.name) is None:
+            where = str(secrets_path) if secrets_path else file
+            problems.append(
+                ConfigProblem(
+                    where,
+                    f"upstreams.{upstream.name}",
+                    "upstream logs in with scheme 'secret' but no secret is configured for it"
+                    + ("" if secrets_path else " (and gateway.secrets names no secrets file)"),
+                )
+            )
+
+    routes_dir = base / routes_name if isinstance(routes_name, str) else None
+    routes = load_routes(routes_dir, problems) if routes_dir else ()
+    config = GatewayConfig(
+        source=file,
+        listeners=tuple(listeners),
+        upstreams=tuple(upstreams),
+        routes=routes,
+        admin=admin,
+        secrets=secrets,
+        data_dir=data_dir,
+        routes_dir=routes_dir,
+        secrets_path=secrets_path,
+    )
+    _check_routes(routes, config.endpoint_names(), routes_dir, problems)
+    return config
+
+
+def _endpoint_head(
+    section: _Section, name: str, names: set[str], protocols: frozenset[str]
+) -> tuple[str, str] | None:
+    if not _NAME.match(name):
+        section.problem(None, "a name must be letters, digits, _ . - (and start with one)")
+    if name in names:
+        section.problem(None, f"name {name!r} is used twice; listeners and upstreams share names")
+    names.add(name)
+    protocol = section.choice("protocol", protocols)
+    endpoint = section.string("endpoint")
+    if not isinstance(protocol, str) or not isinstance(endpoint, str):
+        return None
+    return protocol, endpoint
+
+
+def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig | None:
+    head = _endpoint_head(section, name, names, frozenset(_LISTENER_SETTINGS))
+    if head is None:
+        section.done()
+        return None
+    protocol, endpoint = head
+    _check_server_endpoint(section, "endpoint", endpoint)
+    tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
+    settings = _LISTENER_SETTINGS[protocol](section, tls)
+    section.done()
+    return ListenerConfig(name=name, protocol=protocol, endpoint=endpoint, settings=settings)
+
+
+def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:
+    head = _endpoint_head(section, name, names, frozenset(_UPSTREAM_SETTINGS))
+    if head is None:
+        section.done()
+        return None
+    protocol, endpoint = head
+    _check_client_endpoint(section, "endpoint", endpoint)
+    settings = _UPSTREAM_SETTINGS[protocol](section)
+    section.done()
+    return UpstreamConfig(name=name, protocol=protocol, endpoint=endpoint, settings=settings)
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+
+def load_config(path: Path) -> GatewayConfig:
+    """Read and validate a main config file, its route files and secrets.
+
+    Relative paths in the file (``data_dir``, ``routes``, ``secrets``) are
+    relative to the file's directory.
+
+    Raises:
+        ConfigError: With every problem found.
+    """
+    problems: list[ConfigProblem] = []
+    data = _read_toml(path, problems)
+    if data is None:
+        raise ConfigError(problems)
+    config = _parse_main(str(path), data, path.parent, problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def load_default_config() -> GatewayConfig:
+    """Return the embedded default: everything on loopback, nothing external.
+
+    Raises:
+        ConfigError: Never for the shipped file; tests make sure of it.
+    """
+    text = resources.files("gateway").joinpath("default.toml").read_text("utf-8")
+    problems: list[ConfigProblem] = []
+    config = _parse_main(DEFAULT_CONFIG_NAME, tomllib.loads(text), Path.cwd(), problems)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def reload_routes(config: GatewayConfig) -> tuple[Route, ...]:
+    """Re-read the route files of a running configuration (SIGHUP).
+
+    Raises:
+        ConfigError: The new routes are invalid; the caller keeps the old ones.
+    """
+    problems: list[ConfigProblem] = []
+    routes = load_routes(config.routes_dir, problems) if config.routes_dir else ()
+    _check_routes(routes, config.endpoint_names(), config.routes_dir, problems)
+    if problems:
+        raise ConfigError(problems)
+    return routes
