@@ -1,0 +1,308 @@
+"""The one place where configuration becomes a running gateway.
+
+`build_gateway` turns a validated `GatewayConfig` and a reactor into a
+`GatewayService` (a `MultiService`): one `ListenerService` per listener,
+one client service per upstream, the admin site, and the router that joins
+them. Only `makeService` (the twistd entry point) touches the global reactor.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IProtocolFactory,
+    IReactorCore,
+    IStreamServerEndpoint,
+)
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.python.failure import Failure
+
+from gateway.admin import HealthReport, make_admin_site
+from gateway.config import (
+    DEFAULT_CONFIG_NAME,
+    ConfigError,
+    GatewayConfig,
+    ListenerConfig,
+    UpstreamConfig,
+    load_config,
+    load_default_config,
+    reload_routes,
+)
+from gateway.core.interfaces import IDestination
+from gateway.core.router import Router, RouteTable, bind_routes
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.ssmp.client import SSMPUpstream
+from gateway.protocols.ssmp.hub import Hub
+from gateway.protocols.ssmp.server import SSMPServerFactory
+
+__all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
+
+
+class ListenerService(Service):
+    """Listens on one endpoint while running; knows the address it got.
+
+    Like Twisted's `StreamServerEndpointService`, but it reports the bound
+    address (port 0 in tests) and a Deferred that fires once listening.
+    """
+
+    _log = Logger()
+
+    def __init__(self, name: str, endpoint: IStreamServerEndpoint, factory: IProtocolFactory):
+        self.setName(name)
+        self.endpoint = endpoint
+        self.factory = factory
+        self.port: IListeningPort | None = None
+        self.listening: Deferred[IListeningPort] | None = None
+
+    def startService(self) -> None:
+        """Start listening."""
+        super().startService()
+        self.listening = self.endpoint.listen(self.factory)
+        self.listening.addCallback(self._listening)
+
+    def _listening(self, port: IListeningPort) -> IListeningPort:
+        self.port = port
+        return port
+
+    def stopService(self) -> Deferred[None] | None:
+        """Stop listening (open connections are closed by the reactor on exit)."""
+        super().stopService()
+        if self.port is not None:
+            port, self.port = self.port, None
+            return port.stopListening()  # type: ignore[no-any-return]
+        if self.listening is not None and not self.listening.called:
+            self.listening.cancel()
+        return None
+
+    @property
+    def address(self) -> str | None:
+        """``host:port`` listened on, or None while not listening."""
+        if self.port is None:
+            return None
+        host = self.port.getHost()
+        return f"{getattr(host, 'host', host)}:{getattr(host, 'port', '')}"
+
+
+@attrs.define
+class _Endpoint:
+    """What the assembly keeps of each listener or upstream."""
+
+    name: str
+    destination: IDestination
+    service: IService
+    healthy: Callable[[], bool]
+    upstream: bool
+
+
+class GatewayService(MultiService):
+    """The running gateway: listeners, upstreams, admin and the router."""
+
+    _log = Logger()
+
+    def __init__(
+        self, config: GatewayConfig, reactor: Any, metrics: GatewayMetrics, router: Router
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.reactor = reactor
+        self.metrics = metrics
+        self.router = router
+        self.endpoints: dict[str, _Endpoint] = {}
+        self.admin: ListenerService | None = None
+
+    def startService(self) -> None:
+        """Start everything; log one ``ready`` line once every listener listens."""
+        super().startService()
+        self.when_listening().addCallbacks(self._ready, self._failed)
+
+    def listeners(self) -> dict[str, ListenerService]:
+        """Every listener service (admin included), by name."""
+        return {svc.name: svc for svc in self if isinstance(svc, ListenerService)}
+
+    def when_listening(self) -> Deferred[dict[str, str]]:
+        """Fire with ``{name: "host:port"}`` once all listeners listen."""
+        services = list(self.listeners().values())
+        waits = [svc.listening for svc in services if svc.listening is not None]
+        done: Deferred[Any] = DeferredList(waits, fireOnOneErrback=True, consumeErrors=True)
+        return done.addCallback(lambda _: {svc.name: svc.address or "?" for svc in services})
+
+    def _ready(self, addresses: dict[str, str]) -> None:
+        text = " ".join(f"{name}={address}" for name, address in addresses.items())
+        self._log.info("msggateway ready: {addresses}", addresses=text, listening=addresses)
+
+    def _failed(self, failure: Failure) -> None:
+        error = failure.value
+        inner = getattr(error, "subFailure", None)
+        reason = inner.getErrorMessage() if inner is not None else failure.getErrorMessage()
+        self._log.critical("msggateway cannot start: a listener failed: {reason}", reason=reason)
+        if IReactorCore.providedBy(self.reactor) and self.reactor.running:
+            self.reactor.stop()
+
+    def health(self) -> HealthReport:
+        """What /healthz reports."""
+        listening = {name: svc.port is not None for name, svc in self.listeners().items()}
+        upstreams = {
+            name: endpoint.healthy()
+            for name, endpoint in self.endpoints.items()
+            if endpoint.upstream
+        }
+        return HealthReport(ok=all(listening.values()), listeners=listening, upstreams=upstreams)
+
+    def reload(self) -> bool:
+        """Re-read route files and swap the route table; connections stay up.
+
+        Returns:
+            Whether the new routes were taken; on any problem the old routes
+            stay and every problem is logged.
+        """
+        try:
+            routes = reload_routes(self.config)
+            table = bind_routes(routes, self._destinations())
+        except (ConfigError, ValueError) as exc:
+            self._log.error("reload refused, keeping the old routes:\n{problems}", problems=exc)
+            return False
+        self.router.replace_table(table)
+        self._log.info("reload: {count} route(s) in effect", count=len(routes))
+        return True
+
+    def _destinations(self) -> Mapping[str, IDestination]:
+        return {name: endpoint.destination for name, endpoint in self.endpoints.items()}
+
+
+# --- per-protocol builders ------------------------------------------------------------
+
+
+def _ssmp_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    hub = Hub(config.name, gateway.reactor)
+    factory = SSMPServerFactory(
+        name=config.name,
+        settings=config.settings,
+        hub=hub,
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, hub
+
+
+def _ssmp_upstream(
+    gateway: GatewayService, config: UpstreamConfig
+) -> tuple[IService, IDestination, Callable[[], bool]]:
+    def route_topics() -> list[str]:
+        # Exact topics of routes from this upstream are subscribed to as well.
+        return [
+            bound.route.pattern.text
+            for bound in gateway.router.table.routes
+            if bound.route.source == config.name and bound.route.pattern.is_exact
+        ]
+
+    upstream = SSMPUpstream(
+        name=config.name,
+        settings=config.settings,
+        endpoint=clientFromString(gateway.reactor, config.endpoint),
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        topics=route_topics,
+        metrics=gateway.metrics,
+    )
+    return upstream.service, upstream, lambda: upstream.connected
+
+
+_LISTENERS: dict[
+    str, Callable[[GatewayService, ListenerConfig], tuple[IProtocolFactory, IDestination]]
+] = {"ssmp": _ssmp_listener}
+_UPSTREAMS: dict[
+    str,
+    Callable[[GatewayService, UpstreamConfig], tuple[IService, IDestination, Callable[[], bool]]],
+] = {"ssmp": _ssmp_upstream}
+
+
+def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
+    """Build the gateway's service tree; nothing listens until it starts.
+
+    Args:
+        config: The validated configuration.
+        reactor: The reactor to listen, connect and keep time with.
+    """
+    metrics = GatewayMetrics()
+    router = Router(RouteTable(), reactor, metrics)
+    gateway = GatewayService(config, reactor, metrics, router)
+    for listener in config.listeners:
+        factory, destination = _LISTENERS[listener.protocol](gateway, listener)
+        service = ListenerService(
+            listener.name, serverFromString(reactor, listener.endpoint), factory
+        )
+        service.setServiceParent(gateway)
+        gateway.endpoints[listener.name] = _Endpoint(
+            listener.name, destination, service, lambda: True, upstream=False
+        )
+    for upstream in config.upstreams:
+        client, destination, healthy = _UPSTREAMS[upstream.protocol](gateway, upstream)
+        client.setServiceParent(gateway)
+        gateway.endpoints[upstream.name] = _Endpoint(
+            upstream.name, destination, client, healthy, upstream=True
+        )
+    router.replace_table(bind_routes(config.routes, gateway._destinations()))
+    if config.admin.endpoint is not None:
+        site = make_admin_site(metrics=metrics, router=router, health=gateway.health)
+        gateway.admin = ListenerService(
+            "admin", serverFromString(reactor, config.admin.endpoint), site
+        )
+        gateway.admin.setServiceParent(gateway)
+    return gateway
+
+
+# --- twistd ------------------------------------------------------------------------------------
+
+
+class Options(usage.Options):
+    """Command-line options of ``twistd msggateway``."""
+
+    optParameters = [
+        ["config", "c", None, "Main configuration file (default: the embedded loopback default)."],
+    ]
+
+    def postOptions(self) -> None:
+        """Load and validate the configuration before anything starts."""
+        path = self["config"]
+        try:
+            self.gateway_config = load_config(Path(path)) if path else load_default_config()
+        except ConfigError as exc:
+            raise usage.UsageError(
+                "invalid configuration:\n" + "\n".join(f"  {p}" for p in exc.problems)
+            ) from None
+
+
+def makeService(options: Options) -> GatewayService:
+    """Build the gateway for twistd, on the global reactor."""
+    from twisted.internet import reactor
+
+    config: GatewayConfig = options.gateway_config
+    gateway = build_gateway(config, reactor)
+    if config.source != DEFAULT_CONFIG_NAME and hasattr(signal, "SIGHUP"):
+
+        def on_hangup(signum: int, frame: object) -> None:
+            reactor.callFromThread(gateway.reload)
+
+        signal.signal(signal.SIGHUP, on_hangup)
+    Logger().info(
+        "msggateway starting with {summary} (Python {python})",
+        summary=config.summary(),
+        python=sys.version.split()[0],
+    )
+    return gateway
