@@ -80,7 +80,7 @@ class ListenerService(Service):
         super().stopService()
         if self.port is not None:
             port, self.port = self.port, None
-            return port.stopListening()  # type: ignore[no-any-return]
+            return port.stopListening()
         if self.listening is not None and not self.listening.called:
             self.listening.cancel()
         return None
@@ -128,14 +128,18 @@ class GatewayService(MultiService):
 
     def listeners(self) -> dict[str, ListenerService]:
         """Every listener service (admin included), by name."""
-        return {svc.name: svc for svc in self if isinstance(svc, ListenerService)}
+        return {str(svc.name): svc for svc in self if isinstance(svc, ListenerService)}
 
     def when_listening(self) -> Deferred[dict[str, str]]:
         """Fire with ``{name: "host:port"}`` once all listeners listen."""
         services = list(self.listeners().values())
         waits = [svc.listening for svc in services if svc.listening is not None]
         done: Deferred[Any] = DeferredList(waits, fireOnOneErrback=True, consumeErrors=True)
-        return done.addCallback(lambda _: {svc.name: svc.address or "?" for svc in services})
+
+        def addresses(_: object) -> dict[str, str]:
+            return {str(svc.name): svc.address or "?" for svc in services}
+
+        return done.addCallback(addresses)
 
     def _ready(self, addresses: dict[str, str]) -> None:
         text = " ".join(f"{name}={address}" for name, address in addresses.items())
@@ -157,7 +161,7 @@ class GatewayService(MultiService):
             for name, endpoint in self.endpoints.items()
             if endpoint.upstream
         }
-        return HealthReport(ok=all(listening.values()), listeners=listening, upstreams=upstreams)
+        return HealthReport(listeners=listening, upstreams=upstreams)
 
     def reload(self) -> bool:
         """Re-read route files and swap the route table; connections stay up.
@@ -259,7 +263,9 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         )
     router.replace_table(bind_routes(config.routes, gateway._destinations()))
     if config.admin.endpoint is not None:
-        site = make_admin_site(metrics=metrics, router=router, health=gateway.health)
+        site = make_admin_site(
+            metrics=metrics, router=router, health=gateway.health, reactor=reactor
+        )
         gateway.admin = ListenerService(
             "admin", serverFromString(reactor, config.admin.endpoint), site
         )
@@ -290,7 +296,9 @@ class Options(usage.Options):
 
 def makeService(options: Options) -> GatewayService:
     """Build the gateway for twistd, on the global reactor."""
-    from twisted.internet import reactor
+    from twisted.internet import reactor as _reactor
+
+    reactor: Any = _reactor
 
     config: GatewayConfig = options.gateway_config
     gateway = build_gateway(config, reactor)
