@@ -29,7 +29,7 @@ class LineSplitter:
 
     ``max_line_bytes`` counts the delimiter, as SSMP's 1,024-byte limit does.
     A line is refused as soon as it is known to pass the cap: a partial line
-    longer than the cap minus one (no room left for the delimiter) fails at
+    that can no longer end, delimiter included, within the cap fails at
     once, without waiting for its delimiter. The buffer never holds more than
     ``max_line_bytes - 1`` bytes between calls.
     """
@@ -67,7 +67,9 @@ class LineSplitter:
                 if len(line) > limit:
                     self._tail = b""
                     raise LineTooLongError(lines[:index], len(line) + len(self._delimiter))
-        if len(tail) > limit:
+        # The tail may run past the content limit only with the first bytes
+        # of a multi-byte delimiter (``\r`` of ``\r\n``): it can still end in time.
+        if len(tail) > limit and not self._delimiter.startswith(tail[limit:]):
             self._tail = b""
             raise LineTooLongError(lines, len(tail) + 1)
         self._tail = tail

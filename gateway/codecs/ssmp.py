@@ -482,10 +482,11 @@ class SSMPCodec:
             1,024; a client talking to a lax server may allow more.
     """
 
-    __slots__ = ("_error", "_logged_in", "_role", "_splitter")
+    __slots__ = ("_error", "_logged_in", "_max_line_bytes", "_role", "_splitter")
 
     def __init__(self, role: Role, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._role = role
+        self._max_line_bytes = max_line_bytes
         self._splitter = LineSplitter(max_line_bytes)
         self._logged_in = False
         self._error: SSMPError | None = None
@@ -515,7 +516,7 @@ class SSMPCodec:
             lines = self._decode(exc.complete)
             self._fail(
                 _MalformedError(
-                    f"line of {exc.length}+ bytes is over the {MAX_LINE_BYTES}-byte limit",
+                    f"line of {exc.length}+ bytes is over the {self._max_line_bytes}-byte limit",
                     "line-too-long",
                 ),
                 lines,
@@ -551,9 +552,12 @@ class SSMPCodec:
         """Report the end of the byte stream.
 
         Raises:
-            SSMPError: The stream ended in the middle of a line.
+            SSMPError: The stream ended in the middle of a line, or the codec
+                is dead after an earlier error.
         """
-        if self._error is None and self._splitter.pending:
+        if self._error is not None:
+            raise self._error
+        if self._splitter.pending:
             self._fail(_MalformedError("connection ended inside a line", "truncated"), [])
 
     def send(self, line: Line) -> bytes:

@@ -1,0 +1,1 @@
+"""msggateway tests, mirroring the gateway package (STYLE.md, section 7)."""

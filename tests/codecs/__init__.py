@@ -1,0 +1,1 @@
+"""Tests of the sans-IO codecs in gateway.codecs."""

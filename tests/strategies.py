@@ -1,0 +1,267 @@
+"""Hypothesis strategies for protocol values, shared by codec and router tests.
+
+SSMP (../shared/specs/ssmp.txt, "Grammar"): every strategy yields values that
+`gateway.codecs.ssmp.encode` accepts and that decode back to themselves, so
+one line is one canonical wire form. Strategies that produce a line take a
+``budget``: the most bytes its encoding may take before the LF (1,023 by
+default, the spec's 1,024-byte limit less the LF).
+"""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import strategies as st
+
+from gateway.codecs import ssmp
+
+__all__ = [
+    "SSMP_ID_ALPHABET",
+    "SSMP_KNOWN_VERBS",
+    "SSMP_MAX_CONTENT_BYTES",
+    "ssmp_bcasts",
+    "ssmp_client_lines",
+    "ssmp_compats",
+    "ssmp_events",
+    "ssmp_forwardables",
+    "ssmp_ids",
+    "ssmp_lines",
+    "ssmp_logins",
+    "ssmp_mcasts",
+    "ssmp_payloads",
+    "ssmp_requests",
+    "ssmp_responses",
+    "ssmp_server_lines",
+    "ssmp_sessions",
+    "ssmp_subscribes",
+    "ssmp_ucasts",
+    "ssmp_unknown_verbs",
+    "ssmp_unsubscribes",
+]
+
+SSMP_MAX_CONTENT_BYTES = ssmp.MAX_LINE_BYTES - 1
+"""Longest encoded line before its LF: 1,023 bytes."""
+
+SSMP_ID_ALPHABET = (string.ascii_letters + string.digits + ".:@/_-+=~").encode("ascii")
+"""The spec's ``ID`` characters: letters, digits and ``.:@/_-+=~``."""
+
+SSMP_KNOWN_VERBS = frozenset(
+    {
+        b"LOGIN",
+        b"CLOSE",
+        b"PING",
+        b"PONG",
+        b"SUBSCRIBE",
+        b"UNSUBSCRIBE",
+        b"UCAST",
+        b"MCAST",
+        b"BCAST",
+    }
+)
+"""Verbs with their own production; a `ssmp.Compat` line never uses them."""
+
+_ID_CHARS = st.sampled_from([bytes([c]) for c in SSMP_ID_ALPHABET])
+_SCHEMES = st.sampled_from([b"cert", b"secret", b"open"])
+
+
+def ssmp_ids(*, max_size: int = 24, anonymous: bool = True) -> st.SearchStrategy[bytes]:
+    """Valid identifiers (``1*ID``): peers, topics, schemes, event sources.
+
+    Args:
+        max_size: Most characters.
+        anonymous: Whether to include the reserved ``.`` (about one draw in
+            four), which hubs treat apart; drawn ids may still be ``.`` rarely.
+    """
+    drawn = st.lists(_ID_CHARS, min_size=1, max_size=max_size).map(b"".join)
+    if not anonymous:
+        return drawn.filter(lambda ident: ident != ssmp.ANONYMOUS)
+    return st.one_of(drawn, drawn, drawn, st.just(ssmp.ANONYMOUS))
+
+
+def ssmp_payloads(*, max_size: int = SSMP_MAX_CONTENT_BYTES) -> st.SearchStrategy[bytes]:
+    r"""Payloads: one to ``max_size`` bytes of anything but LF.
+
+    Mixes short arbitrary bytes (``\x00``, ``\r``, ``\xff``, spaces
+    included), space-heavy text, and long runs up to exactly ``max_size`` so
+    the line limit is reached.
+
+    Args:
+        max_size: Most bytes; at least 1.
+    """
+    if max_size < 1:
+        raise ValueError("a payload needs at least one byte")
+    short = st.binary(min_size=1, max_size=min(max_size, 48)).filter(lambda b: b"\n" not in b)
+    spaced = (
+        st.lists(
+            st.sampled_from([b" ", b"\x00", b"\r", b"\xff", b"a", b"\xc3\xa9"]),
+            min_size=1,
+            max_size=16,
+        )
+        .map(b"".join)
+        .filter(lambda b: len(b) <= max_size)
+    )
+    unit = st.binary(min_size=1, max_size=4).filter(lambda b: b"\n" not in b)
+    size = st.one_of(st.just(max_size), st.integers(min_value=1, max_value=max_size))
+    long = st.builds(lambda u, n: (u * n)[:n], unit, size)
+    return st.one_of(short, spaced, long)
+
+
+def _remaining(budget: int, *parts: bytes) -> int:
+    """Payload bytes left once ``parts`` and one separator after each are spent."""
+    return budget - sum(len(part) + 1 for part in parts)
+
+
+def ssmp_unknown_verbs() -> st.SearchStrategy[bytes]:
+    """Verbs (``1*UPALPHA``) that SSMP 1.0 does not define."""
+    return (
+        st.text(alphabet=string.ascii_uppercase, min_size=1, max_size=12)
+        .map(lambda text: text.encode("ascii"))
+        .filter(lambda verb: verb not in SSMP_KNOWN_VERBS)
+    )
+
+
+def _compat_payload_is_canonical(payload: bytes) -> bool:
+    """Whether ``verb SP payload`` decodes with no id.
+
+    Spec ambiguity (see ssmp._parse_compat): a first word that is an id is
+    read as the id, so payload-only lines exist only when it is not.
+    """
+    first, sep, after = payload.partition(b" ")
+    return not (ssmp.is_valid_id(first) and (not sep or after))
+
+
+@st.composite
+def ssmp_compats(draw: st.DrawFn, *, budget: int = SSMP_MAX_CONTENT_BYTES) -> ssmp.Compat:
+    """`ssmp.Compat` lines, each in the one shape that decodes back to it."""
+    verb = draw(ssmp_unknown_verbs())
+    shape = draw(st.sampled_from(["verb", "id", "id+payload", "payload"]))
+    if shape == "verb":
+        return ssmp.Compat(verb=verb)
+    if shape == "payload":
+        payload = draw(
+            ssmp_payloads(max_size=_remaining(budget, verb)).filter(_compat_payload_is_canonical)
+        )
+        return ssmp.Compat(verb=verb, payload=payload)
+    ident = draw(ssmp_ids())
+    if shape == "id":
+        return ssmp.Compat(verb=verb, id=ident)
+    payload = draw(ssmp_payloads(max_size=_remaining(budget, verb, ident)))
+    return ssmp.Compat(verb=verb, id=ident, payload=payload)
+
+
+@st.composite
+def ssmp_logins(draw: st.DrawFn, *, budget: int = SSMP_MAX_CONTENT_BYTES) -> ssmp.Login:
+    """``LOGIN <id> <scheme> [<credential>]`` requests."""
+    identity = draw(ssmp_ids())
+    scheme = draw(st.one_of(_SCHEMES, ssmp_ids()))
+    credential = draw(
+        st.none() | ssmp_payloads(max_size=_remaining(budget, b"LOGIN", identity, scheme))
+    )
+    return ssmp.Login(identity=identity, scheme=scheme, credential=credential)
+
+
+def ssmp_subscribes() -> st.SearchStrategy[ssmp.Subscribe]:
+    """``SUBSCRIBE <topic> [PRESENCE]``."""
+    return st.builds(ssmp.Subscribe, topic=ssmp_ids(), presence=st.booleans())
+
+
+def ssmp_unsubscribes() -> st.SearchStrategy[ssmp.Unsubscribe]:
+    """``UNSUBSCRIBE <topic>``."""
+    return st.builds(ssmp.Unsubscribe, topic=ssmp_ids())
+
+
+@st.composite
+def ssmp_ucasts(draw: st.DrawFn, *, budget: int = SSMP_MAX_CONTENT_BYTES) -> ssmp.Ucast:
+    """``UCAST <to> <payload>``."""
+    to = draw(ssmp_ids())
+    payload = draw(ssmp_payloads(max_size=_remaining(budget, b"UCAST", to)))
+    return ssmp.Ucast(to=to, payload=payload)
+
+
+@st.composite
+def ssmp_mcasts(draw: st.DrawFn, *, budget: int = SSMP_MAX_CONTENT_BYTES) -> ssmp.Mcast:
+    """``MCAST <topic> <payload>``."""
+    topic = draw(ssmp_ids())
+    payload = draw(ssmp_payloads(max_size=_remaining(budget, b"MCAST", topic)))
+    return ssmp.Mcast(topic=topic, payload=payload)
+
+
+def ssmp_bcasts(*, budget: int = SSMP_MAX_CONTENT_BYTES) -> st.SearchStrategy[ssmp.Bcast]:
+    """``BCAST <payload>``."""
+    return st.builds(ssmp.Bcast, payload=ssmp_payloads(max_size=_remaining(budget, b"BCAST")))
+
+
+def ssmp_forwardables(
+    *, budget: int = SSMP_MAX_CONTENT_BYTES
+) -> st.SearchStrategy[ssmp.Forwardable]:
+    """Every forwardable message: SUBSCRIBE, UNSUBSCRIBE, UCAST, MCAST, BCAST, compat."""
+    return st.one_of(
+        ssmp_subscribes(),
+        ssmp_unsubscribes(),
+        ssmp_ucasts(budget=budget),
+        ssmp_mcasts(budget=budget),
+        ssmp_bcasts(budget=budget),
+        ssmp_compats(budget=budget),
+    )
+
+
+def ssmp_requests(
+    *, budget: int = SSMP_MAX_CONTENT_BYTES, login: bool = True
+) -> st.SearchStrategy[ssmp.Request]:
+    """Every request a client sends: LOGIN, CLOSE, PING, PONG and the forwardables.
+
+    Args:
+        budget: Most encoded bytes before the LF.
+        login: Whether LOGIN is among them (a server reads it only first,
+            or answers 405 later).
+    """
+    simple: st.SearchStrategy[ssmp.Request] = st.sampled_from(
+        [ssmp.Close(), ssmp.Ping(), ssmp.Pong()]
+    )
+    others: st.SearchStrategy[ssmp.Request] = st.one_of(simple, ssmp_forwardables(budget=budget))
+    return st.one_of(ssmp_logins(budget=budget), others) if login else others
+
+
+def ssmp_responses(*, budget: int = SSMP_MAX_CONTENT_BYTES) -> st.SearchStrategy[ssmp.Response]:
+    """``<code> [<payload>]`` with codes 001 to 999 (000 marks an event)."""
+    common = st.sampled_from([200, 400, 401, 404, 405, 409, 501])
+    code = st.one_of(common, st.integers(min_value=1, max_value=999))
+    payload = st.none() | ssmp_payloads(max_size=budget - 4)
+    return st.builds(ssmp.Response, code=code, payload=payload)
+
+
+@st.composite
+def ssmp_events(draw: st.DrawFn, *, budget: int = SSMP_MAX_CONTENT_BYTES) -> ssmp.Event:
+    """``000 <source> <message>``: each forwardable, PING or PONG."""
+    source = draw(ssmp_ids())
+    left = _remaining(budget, b"000", source)
+    beats: st.SearchStrategy[ssmp.Ping | ssmp.Pong] = st.sampled_from([ssmp.Ping(), ssmp.Pong()])
+    message = draw(st.one_of(beats, ssmp_forwardables(budget=left)))
+    return ssmp.Event(source=source, message=message)
+
+
+def ssmp_server_lines(
+    *, budget: int = SSMP_MAX_CONTENT_BYTES
+) -> st.SearchStrategy[ssmp.Response | ssmp.Event]:
+    """What a server sends and a client-role codec decodes: responses and events."""
+    return st.one_of(ssmp_responses(budget=budget), ssmp_events(budget=budget))
+
+
+def ssmp_client_lines(*, budget: int = SSMP_MAX_CONTENT_BYTES) -> st.SearchStrategy[ssmp.Request]:
+    """What a client sends and a server-role codec decodes: every request."""
+    return ssmp_requests(budget=budget)
+
+
+def ssmp_lines(*, budget: int = SSMP_MAX_CONTENT_BYTES) -> st.SearchStrategy[ssmp.Line]:
+    """Any SSMP line, of either direction."""
+    return st.one_of(ssmp_client_lines(budget=budget), ssmp_server_lines(budget=budget))
+
+
+def ssmp_sessions(*, max_requests: int = 8) -> st.SearchStrategy[list[ssmp.Request]]:
+    """A client's requests in a legal order: LOGIN first, then any requests.
+
+    Later requests may include LOGIN too, which a server decodes and answers
+    with 405.
+    """
+    rest = st.lists(ssmp_requests(), max_size=max_requests)
+    return st.builds(lambda first, more: [first, *more], ssmp_logins(), rest)
