@@ -1,0 +1,308 @@
+"""Start real gateway processes and talk to them with plain sockets.
+
+`GatewayProcess` writes a configuration into a directory, starts ``twistd
+msggateway`` on it, and waits for the ``msggateway ready:`` log line, which
+names the address of every listener (tests listen on port 0). Waiting is
+event-driven: blocking reads with deadlines, never sleeps.
+
+`LineClient` is a blocking line-oriented socket client (optionally TLS) with a
+deadline on every read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Final
+
+__all__ = ["GatewayProcess", "GatewayStartError", "LineClient", "twistd_path"]
+
+START_TIMEOUT_SECONDS: Final = 30.0
+READ_TIMEOUT_SECONDS: Final = 10.0
+_READY: Final = re.compile(r"msggateway ready: (.*)$")
+
+
+def twistd_path() -> str:
+    """The twistd next to the running Python (the project's virtualenv)."""
+    return str(Path(sys.executable).with_name("twistd"))
+
+
+class GatewayStartError(Exception):
+    """The gateway exited or did not become ready; the message holds its log."""
+
+
+class GatewayProcess:
+    """One ``twistd msggateway`` process with its own configuration directory.
+
+    Args:
+        directory: Where the configuration and the process's files go.
+        config: The main file's TOML text.
+        routes: Route file name (without ``.toml``) to TOML text.
+        secrets: The secrets file's TOML text, if any.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: str,
+        routes: dict[str, str] | None = None,
+        secrets: str | None = None,
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "routes").mkdir(exist_ok=True)
+        for name, text in (routes or {}).items():
+            (directory / "routes" / f"{name}.toml").write_text(text)
+        if secrets is not None:
+            (directory / "secrets.toml").write_text(secrets)
+        self.config_path = directory / "gateway.toml"
+        self.config_path.write_text(config)
+        self.addresses: dict[str, tuple[str, int]] = {}
+        self._output: list[str] = []
+        self._lock = threading.Condition()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._drain: threading.Thread | None = None
+        self._ended = False
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        assert self._process is not None
+        return self._process.pid
+
+    def output(self) -> str:
+        """Everything the gateway has logged so far."""
+        with self._lock:
+            return "".join(self._output)
+
+    def start(self, timeout: float = START_TIMEOUT_SECONDS) -> GatewayProcess:
+        """Start the process and wait until every listener listens.
+
+        Raises:
+            GatewayStartError: It exited or did not get ready in time.
+        """
+        command = [
+            twistd_path(),
+            "--nodaemon",
+            "--pidfile=",
+            "--logfile=-",
+            "msggateway",
+            "--config",
+            str(self.config_path),
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self._process = subprocess.Popen(
+            command,
+            cwd=self.directory,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        assert self._process.stdout is not None
+        stream = self._process.stdout
+        deadline = time.monotonic() + timeout
+        pending = b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(stream, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.stop()
+                    raise GatewayStartError(f"not ready in {timeout} s:\n{self.output()}")
+                if not selector.select(left):
+                    continue
+                chunk = os.read(stream.fileno(), 65536)
+                if not chunk:
+                    self._process.wait()
+                    raise GatewayStartError(
+                        f"exited with {self._process.returncode}:\n{self.output()}"
+                    )
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    line = raw.decode("utf-8", "replace")
+                    with self._lock:
+                        self._output.append(line + "\n")
+                    found = _READY.search(line)
+                    if found:
+                        self._parse_ready(found.group(1))
+                        with self._lock:
+                            self._output.append(pending.decode("utf-8", "replace"))
+                        self._drain = threading.Thread(target=self._drain_output, daemon=True)
+                        self._drain.start()
+                        return self
+
+    def _parse_ready(self, text: str) -> None:
+        for item in text.split():
+            name, _, address = item.partition("=")
+            host, _, port = address.rpartition(":")
+            self.addresses[name] = (host, int(port))
+
+    def _drain_output(self) -> None:
+        # Keep reading so that the gateway never blocks on a full pipe.
+        assert self._process is not None and self._process.stdout is not None
+        for raw in iter(self._process.stdout.readline, b""):
+            with self._lock:
+                self._output.append(raw.decode("utf-8", "replace"))
+                self._lock.notify_all()
+        with self._lock:
+            self._ended = True
+            self._lock.notify_all()
+
+    def address(self, name: str) -> tuple[str, int]:
+        """Where a listener listens."""
+        return self.addresses[name]
+
+    def wait_for_log(self, pattern: str, timeout: float = READ_TIMEOUT_SECONDS) -> str:
+        """Return the first log line matching ``pattern``, waiting for it.
+
+        The drain thread notifies on every line it captures; this waits on
+        that condition, bounded by ``timeout``.
+        """
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                for line in "".join(self._output).splitlines():
+                    if regex.search(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    break
+                self._lock.wait(left)
+        raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
+
+    def signal(self, signum: int) -> None:
+        """Send a signal to the process."""
+        assert self._process is not None
+        self._process.send_signal(signum)
+
+    def stop(self) -> int | None:
+        """Stop the process (SIGTERM, then SIGKILL after 10 s); return its status."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._drain is not None:
+            self._drain.join(5)
+        if process.stdout is not None:
+            process.stdout.close()
+        return process.returncode
+
+
+class LineClient:
+    """A blocking LF-line client with a deadline on every read.
+
+    Args:
+        address: ``(host, port)``.
+        context: An `ssl.SSLContext` for TLS, or None for plain TCP.
+        server_hostname: The name to check the server certificate against.
+        timeout: Seconds any single read may wait.
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        context: ssl.SSLContext | None = None,
+        server_hostname: str = "localhost",
+        timeout: float = READ_TIMEOUT_SECONDS,
+    ) -> None:
+        raw = socket.create_connection(address, timeout=timeout)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock: socket.socket = (
+            context.wrap_socket(raw, server_hostname=server_hostname) if context else raw
+        )
+        self.sock.settimeout(timeout)
+        self._buffer = b""
+
+    def send(self, *lines: bytes | str) -> None:
+        """Send lines, adding the LF each one needs."""
+        data = b"".join(
+            (line.encode() if isinstance(line, str) else line) + b"\n" for line in lines
+        )
+        self.sock.sendall(data)
+
+    def send_raw(self, data: bytes) -> None:
+        """Send bytes as they are."""
+        self.sock.sendall(data)
+
+    def read_line(self) -> bytes:
+        """Return the next line without its LF.
+
+        Raises:
+            EOFError: The server closed the connection first.
+            TimeoutError: Nothing complete arrived in time.
+        """
+        while b"\n" not in self._buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError(f"connection closed; unterminated: {self._buffer!r}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def read_lines(self, count: int) -> list[bytes]:
+        """Return the next ``count`` lines."""
+        return [self.read_line() for _ in range(count)]
+
+    def expect(self, expected: bytes | str) -> bytes:
+        """Read one line and check it equals ``expected``."""
+        want = expected.encode() if isinstance(expected, str) else expected
+        line = self.read_line()
+        assert line == want, f"expected {want!r}, got {line!r}"
+        return line
+
+    def expect_code(self, code: int) -> bytes:
+        """Read one line and check it is a response with ``code``."""
+        line = self.read_line()
+        assert line[:3] == b"%03d" % code and line[3:4] in (b"", b" "), (
+            f"expected a {code} response, got {line!r}"
+        )
+        return line
+
+    def expect_closed(self) -> bytes:
+        """Wait for the server to close; return any bytes that came before."""
+        data = self._buffer
+        self._buffer = b""
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except (ConnectionResetError, ssl.SSLError):
+                return data
+            if not chunk:
+                return data
+            data += chunk
+
+    def sync(self) -> None:
+        """Round-trip a PING so that everything sent before it was handled.
+
+        SSMP answers in order on one connection: once ``000 . PONG`` arrives,
+        any line the server sent in reply to earlier requests came first.
+        """
+        self.send("PING")
+        self.expect("000 . PONG")
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def __enter__(self) -> LineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
