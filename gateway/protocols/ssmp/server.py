@@ -157,6 +157,8 @@ class SSMPServerProtocol(Protocol):
         self._closing = True
         self.flush()
         assert self.transport is not None
+        # A TLS transport waits for its producer to go away before it shuts down.
+        cast(IConsumer, self.transport).unregisterProducer()
         self.transport.loseConnection()
 
     def evict(self, reason: str) -> None:
@@ -336,9 +338,7 @@ class SSMPServerProtocol(Protocol):
             seconds=self.factory.settings.login_timeout_seconds,
         )
         self.factory.count_error("login-timeout")
-        self._closing = True
-        assert self.transport is not None
-        self.transport.loseConnection()
+        self._close()
 
     def _arm_idle_timer(self, delay: float) -> None:
         self._timer = self.factory.clock.callLater(delay, self._idle_check)
