@@ -34,6 +34,7 @@ from gateway.core.router import Router
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.mapping import mcast_request, message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
+from gateway.protocols.tcp import disable_nagle
 
 __all__ = ["SSMPClientProtocol", "SSMPUpstream"]
 
@@ -68,6 +69,7 @@ class SSMPClientProtocol(Protocol):
 
     def connectionMade(self) -> None:
         """Log in."""
+        disable_nagle(self.transport)
         upstream = self.upstream
         settings = upstream.settings
         credential: bytes | None = None

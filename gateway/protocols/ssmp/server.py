@@ -41,6 +41,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
+from gateway.protocols.tcp import disable_nagle
 from gateway.tls import peer_identities
 
 __all__ = ["SSMPServerFactory", "SSMPServerProtocol", "cert_identity_matches", "outcome_response"]
@@ -118,6 +119,7 @@ class SSMPServerProtocol(Protocol):
     def connectionMade(self) -> None:
         """Start the login time-out and register as the transport's producer."""
         assert self.transport is not None
+        disable_nagle(self.transport)
         cast(IConsumer, self.transport).registerProducer(self, True)
         self.factory.connection_opened(self)
         clock = self.factory.clock
