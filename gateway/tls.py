@@ -1,0 +1,607 @@
+r"""TLS listeners with client-certificate verification, and certificate identities.
+
+Twisted's ``ssl:`` server endpoint cannot verify client certificates, and
+Twisted already owns ``tls:``; every TLS listener of the gateway is therefore
+an ``mtls:`` endpoint string, parsed here (the plugin that makes
+`twisted.internet.endpoints.serverFromString` find it is
+``twisted/plugins/msggateway_endpoints.py``)::
+
+    mtls:8788:interface=0.0.0.0:certKey=/etc/gw/server.pem:privateKey=/etc/gw/server.key
+        :caCerts=/etc/gw/clients-ca.pem:verify=required
+
+(one line in practice). Parameters, all optional except the port and a
+certificate with its key:
+
+``port`` (or the first positional parameter)
+    TCP port, ``0`` to ``65535``; ``0`` picks a free one.
+``interface``
+    The IP address to listen on; default ``127.0.0.1``. This deliberately
+    differs from ``ssl:`` and ``tcp:`` (all interfaces): a listener that other
+    hosts can reach is something an operator writes down, as ``0.0.0.0`` (all
+    IPv4 interfaces) or ``\:\:`` (all interfaces; colons are escaped in
+    endpoint strings).
+``backlog``
+    Listen queue length; default ``50``.
+``certKey``
+    PEM file with the server certificate first, optionally followed by its
+    intermediate certificates and, without ``privateKey``, by its key.
+``privateKey``
+    PEM file with the unencrypted private key; default: read from
+    ``certKey``. As with ``ssl:``, ``privateKey`` alone means that file holds
+    both certificate and key.
+``extraCertChain``
+    PEM file with intermediate certificates to send after the server's own.
+``caCerts``
+    PEM file with one or more CA certificates, or a directory whose ``*.pem``
+    files hold them: the CAs that sign acceptable client certificates.
+``verify``
+    ``required`` (a client must present a certificate signed by one of
+    ``caCerts``), ``optional`` (a client may present none, but one it
+    presents must be valid) or ``none`` (none is asked for). Default:
+    ``required`` with ``caCerts``, else ``none``. ``required`` and
+    ``optional`` need ``caCerts``; ``none`` refuses it, as it would be
+    silently ignored.
+``minimumTLS``
+    ``1.2`` (default) or ``1.3``. Older versions are insecure and refused.
+``ciphers``
+    An OpenSSL cipher string for TLS 1.2; default: Twisted's safe defaults.
+    TLS 1.3 suites are OpenSSL's (all of them AEAD) and not affected.
+
+Every file is read and checked when the string is parsed, so configuration
+checks (``msggateway check-config``) report a bad one before anything
+listens; every problem is a `ValueError` naming the parameter, the file and
+what is wrong (all problems of one string at once, separated by ``; ``).
+
+`peer_identities` reads the names a verified client certificate vouches for:
+its subject Common Names and its Subject Alternative Names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final, ParamSpec, TypeVar
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.x509.oid import NameOID
+from OpenSSL import SSL, crypto
+from twisted.internet.endpoints import SSL4ServerEndpoint
+from twisted.internet.interfaces import (
+    IAcceptableCiphers,
+    IReactorCore,
+    IReactorSSL,
+    ISSLTransport,
+    IStreamServerEndpoint,
+    IStreamServerEndpointStringParser,
+)
+from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+
+__all__ = [
+    "DEFAULT_BACKLOG",
+    "DEFAULT_INTERFACE",
+    "DEFAULT_MINIMUM_TLS",
+    "MINIMUM_TLS_VERSIONS",
+    "VERIFY_MODES",
+    "MTLSServerParser",
+    "parse_mtls_server",
+    "peer_identities",
+    "server_tls_options",
+]
+
+VERIFY_MODES: Final = ("required", "optional", "none")
+"""The values of ``verify``."""
+
+MINIMUM_TLS_VERSIONS: Final[Mapping[str, object]] = {
+    "1.2": TLSVersion.TLSv1_2,
+    "1.3": TLSVersion.TLSv1_3,
+}
+"""The values of ``minimumTLS`` and the Twisted `TLSVersion` each stands for."""
+
+DEFAULT_MINIMUM_TLS: Final = "1.2"
+DEFAULT_INTERFACE: Final = "127.0.0.1"
+DEFAULT_BACKLOG: Final = 50
+
+_INSECURE_TLS_VERSIONS: Final = frozenset({"1.0", "1.1"})
+_MAX_PORT: Final = 65535
+_PEM_CERTIFICATE: Final = b"-----BEGIN CERTIFICATE-----"
+_PEM_PRIVATE_KEY: Final = b"PRIVATE KEY-----"
+# Endpoint-string parameter (Twisted's ``ssl:`` spelling) -> keyword of
+# `parse_mtls_server`.
+_PARAMETERS: Final[Mapping[str, str]] = {
+    "port": "port",
+    "interface": "interface",
+    "backlog": "backlog",
+    "certKey": "cert_key",
+    "privateKey": "private_key",
+    "extraCertChain": "extra_cert_chain",
+    "caCerts": "ca_certs",
+    "verify": "verify",
+    "minimumTLS": "minimum_tls",
+    "ciphers": "ciphers",
+}
+
+_PathArg = str | os.PathLike[str]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+# The private keys pyOpenSSL can hand to OpenSSL for a server certificate.
+_PrivateKey = (
+    rsa.RSAPrivateKey
+    | ec.EllipticCurvePrivateKey
+    | ed25519.Ed25519PrivateKey
+    | ed448.Ed448PrivateKey
+    | dsa.DSAPrivateKey
+)
+
+
+# --- the endpoint -------------------------------------------------------------------------
+
+
+@implementer(IPlugin, IStreamServerEndpointStringParser)
+class MTLSServerParser:
+    """The ``mtls:`` server endpoint string parser.
+
+    Twisted discovers the lazy twin of this class in
+    ``twisted/plugins/msggateway_endpoints.py``; this one can be used directly.
+    """
+
+    prefix = "mtls"
+
+    def parseStreamServer(
+        self, reactor: IReactorCore, *args: object, **kwargs: object
+    ) -> IStreamServerEndpoint:
+        """Build the endpoint an ``mtls:`` string describes.
+
+        Args:
+            reactor: The reactor the endpoint listens with; it must provide
+                `IReactorSSL`, as every reactor with TLS support does.
+            *args: Positional parameters: at most one, the port.
+            **kwargs: Named parameters, spelled as in the module docstring.
+
+        Returns:
+            An SSL server endpoint; nothing listens until it is used.
+
+        Raises:
+            ValueError: A parameter is unknown, repeated or wrong.
+        """
+        port, options = _endpoint_arguments(args, kwargs)
+        return parse_mtls_server(IReactorSSL(reactor), port, **options)
+
+
+def parse_mtls_server(
+    reactor: IReactorSSL,
+    port: str | int | None = None,
+    *,
+    interface: str = DEFAULT_INTERFACE,
+    backlog: str | int = DEFAULT_BACKLOG,
+    cert_key: _PathArg | None = None,
+    private_key: _PathArg | None = None,
+    extra_cert_chain: _PathArg | None = None,
+    ca_certs: _PathArg | None = None,
+    verify: str | None = None,
+    minimum_tls: str = DEFAULT_MINIMUM_TLS,
+    ciphers: str | None = None,
+) -> IStreamServerEndpoint:
+    """Build a TLS server endpoint from ``mtls:`` parameters.
+
+    Each keyword is the snake_case twin of the endpoint-string parameter
+    described in the module docstring (``cert_key`` is ``certKey``); error
+    messages use the endpoint-string names, which are what operators write.
+
+    Args:
+        reactor: The reactor the endpoint listens with.
+        port: TCP port (``0`` for any free one).
+        interface: IP address to listen on.
+        backlog: Listen queue length.
+        cert_key: See ``certKey``.
+        private_key: See ``privateKey``.
+        extra_cert_chain: See ``extraCertChain``.
+        ca_certs: See ``caCerts``.
+        verify: See ``verify``.
+        minimum_tls: See ``minimumTLS``.
+        ciphers: See ``ciphers``.
+
+    Returns:
+        An `SSL4ServerEndpoint` (IPv6 too: Twisted picks the address family
+        from the interface); nothing listens until it is used.
+
+    Raises:
+        ValueError: Every problem found, each naming its parameter.
+    """
+    problems: list[str] = []
+    port_number = _attempt(problems, _port, port)
+    backlog_size = _attempt(problems, _positive_int, "backlog", backlog)
+    address = _attempt(problems, _interface, interface)
+    options = _attempt(
+        problems,
+        server_tls_options,
+        cert_key=cert_key,
+        private_key=private_key,
+        extra_cert_chain=extra_cert_chain,
+        ca_certs=ca_certs,
+        verify=verify,
+        minimum_tls=minimum_tls,
+        ciphers=ciphers,
+    )
+    _raise_problems(problems)
+    assert port_number is not None
+    assert backlog_size is not None
+    assert address is not None
+    assert options is not None
+    return SSL4ServerEndpoint(
+        reactor, port_number, options, backlog=backlog_size, interface=address
+    )
+
+
+def server_tls_options(
+    *,
+    cert_key: _PathArg | None = None,
+    private_key: _PathArg | None = None,
+    extra_cert_chain: _PathArg | None = None,
+    ca_certs: _PathArg | None = None,
+    verify: str | None = None,
+    minimum_tls: str = DEFAULT_MINIMUM_TLS,
+    ciphers: str | None = None,
+) -> CertificateOptions:
+    """Read and check the TLS files and settings of a server.
+
+    Args:
+        cert_key: See ``certKey`` in the module docstring.
+        private_key: See ``privateKey``.
+        extra_cert_chain: See ``extraCertChain``.
+        ca_certs: See ``caCerts``.
+        verify: See ``verify``.
+        minimum_tls: See ``minimumTLS``.
+        ciphers: See ``ciphers``.
+
+    Returns:
+        Twisted server TLS options with the certificate, its chain, the
+        client CAs and the verification mode.
+
+    Raises:
+        ValueError: Every problem found, each naming its parameter.
+    """
+    problems: list[str] = []
+    mode = _attempt(problems, _verify_mode, verify, ca_certs)
+    version = _attempt(problems, _minimum_tls, minimum_tls)
+    acceptable = _attempt(problems, _acceptable_ciphers, ciphers)
+    identity = _attempt(problems, _server_identity, cert_key, private_key)
+    extra: list[x509.Certificate] | None = []
+    if extra_cert_chain is not None:
+        extra = _attempt(problems, _load_certificates, "extraCertChain", extra_cert_chain)
+    client_cas: list[x509.Certificate] | None = []
+    if ca_certs is not None and mode != "none":
+        client_cas = _attempt(problems, _load_ca_certificates, ca_certs)
+    _raise_problems(problems)
+    assert identity is not None
+    assert extra is not None
+    assert client_cas is not None
+    key, chain = identity
+    chain = chain + extra
+    try:
+        options = CertificateOptions(
+            privateKey=crypto.PKey.from_cryptography_key(key),
+            certificate=crypto.X509.from_cryptography(chain[0]),
+            extraCertChain=[crypto.X509.from_cryptography(c) for c in chain[1:]] or None,
+            verify=mode != "none",
+            caCerts=[crypto.X509.from_cryptography(c) for c in client_cas] or None,
+            requireCertificate=mode == "required",
+            raiseMinimumTo=version,
+            acceptableCiphers=acceptable,
+        )
+        # Build the OpenSSL context now rather than at the first connection,
+        # so that what OpenSSL alone refuses is reported here too.
+        options.getContext()
+    except (ValueError, SSL.Error) as exc:
+        # Everything else was checked above: it is the cipher list that
+        # leaves nothing usable (only TLS 1.3 suites, say, which OpenSSL
+        # configures apart).
+        raise ValueError(
+            f"ciphers: {ciphers!r} leaves no usable cipher for the TLS versions allowed"
+        ) from exc
+    return options
+
+
+def _endpoint_arguments(
+    args: tuple[object, ...], kwargs: Mapping[str, object]
+) -> tuple[str | None, dict[str, str]]:
+    """Map endpoint-string parameters to `parse_mtls_server` arguments."""
+    problems: list[str] = []
+    options: dict[str, str] = {}
+    unknown: list[str] = []
+    for name, value in kwargs.items():
+        keyword = _PARAMETERS.get(name)
+        if keyword is None:
+            close = difflib.get_close_matches(name, list(_PARAMETERS), n=1, cutoff=0.6)
+            unknown.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+        else:
+            options[keyword] = _text(value)
+    if unknown:
+        problems.append(
+            f"unknown parameter {', '.join(unknown)}; known: {', '.join(sorted(_PARAMETERS))}"
+        )
+    if len(args) > 1:
+        problems.append(
+            "at most one positional parameter (the port) is allowed, got "
+            f"{len(args)}: {', '.join(repr(_text(arg)) for arg in args)}"
+        )
+    if args and "port" in options:
+        problems.append("port: given twice (positional and port=)")
+    port = options.pop("port", None)
+    if args:
+        port = _text(args[0])
+    _raise_problems(problems)
+    return port, options
+
+
+def _raise_problems(problems: list[str]) -> None:
+    """Raise one `ValueError` listing every problem (each once), if there are any."""
+    if problems:
+        raise ValueError("; ".join(dict.fromkeys(problems)))
+
+
+def _text(value: object) -> str:
+    # serverFromString hands over bytes when it was given a bytes description.
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _attempt(
+    problems: list[str], check: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+) -> _T | None:
+    """Run ``check``; on `ValueError` note its message and return None."""
+    try:
+        return check(*args, **kwargs)
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None
+
+
+# --- plain parameters ---------------------------------------------------------------------
+
+
+def _port(port: str | int | None) -> int:
+    if port is None or port == "":
+        raise ValueError("port: missing (mtls:PORT:... or port=PORT; 0 picks a free port)")
+    number = _integer("port", port)
+    if not 0 <= number <= _MAX_PORT:
+        raise ValueError(f"port: {number} is not between 0 and {_MAX_PORT}")
+    return number
+
+
+def _positive_int(name: str, value: str | int) -> int:
+    number = _integer(name, value)
+    if number < 1:
+        raise ValueError(f"{name}: {number} is not a positive number")
+    return number
+
+
+def _integer(name: str, value: str | int) -> int:
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    if not text.isdecimal():
+        raise ValueError(f"{name}: {value!r} is not a whole number")
+    return int(text)
+
+
+def _interface(interface: str) -> str:
+    try:
+        return str(ipaddress.ip_address(interface))
+    except ValueError:
+        raise ValueError(
+            f"interface: {interface!r} is not an IP address (0.0.0.0 is every IPv4 "
+            "interface, \\:\\: every interface, 127.0.0.1 loopback only)"
+        ) from None
+
+
+def _verify_mode(verify: str | None, ca_certs: _PathArg | None) -> str:
+    if verify is None:
+        return "none" if ca_certs is None else "required"
+    mode = verify.strip().lower()
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify: {verify!r} is not one of {', '.join(VERIFY_MODES)}")
+    if mode != "none" and ca_certs is None:
+        raise ValueError(
+            f"verify: {mode} needs caCerts (the CA certificates that sign client certificates)"
+        )
+    if mode == "none" and ca_certs is not None:
+        raise ValueError(
+            "verify: none would ignore caCerts; use verify=required or verify=optional, "
+            "or drop caCerts"
+        )
+    return mode
+
+
+def _minimum_tls(minimum_tls: str) -> object:
+    text = minimum_tls.strip()
+    version = MINIMUM_TLS_VERSIONS.get(text)
+    if version is not None:
+        return version
+    choices = " or ".join(MINIMUM_TLS_VERSIONS)
+    if text in _INSECURE_TLS_VERSIONS:
+        raise ValueError(f"minimumTLS: TLS {text} is insecure and not supported; use {choices}")
+    raise ValueError(f"minimumTLS: {minimum_tls!r} is not {choices}")
+
+
+def _acceptable_ciphers(ciphers: str | None) -> IAcceptableCiphers | None:
+    if ciphers is None:
+        return None
+    try:
+        # What Twisted does too, but Twisted turns "matches nothing" into an
+        # empty list that only fails later, without naming the parameter.
+        SSL.Context(SSL.TLS_METHOD).set_cipher_list(ciphers.encode("ascii"))
+    except UnicodeEncodeError:
+        raise ValueError(f"ciphers: {ciphers!r} is not ASCII") from None
+    except SSL.Error:
+        raise ValueError(
+            f"ciphers: {ciphers!r} matches no TLS 1.2 cipher this OpenSSL supports"
+        ) from None
+    acceptable: IAcceptableCiphers = AcceptableCiphers.fromOpenSSLCipherString(ciphers)
+    return acceptable
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def _server_identity(
+    cert_key: _PathArg | None, private_key: _PathArg | None
+) -> tuple[_PrivateKey, list[x509.Certificate]]:
+    """Load the server key and its certificate chain, leaf first."""
+    if cert_key is None and private_key is None:
+        raise ValueError(
+            "certKey: missing (the server certificate, PEM; its key goes in privateKey "
+            "or in the same file)"
+        )
+    certificate_path = cert_key if cert_key is not None else private_key
+    key_path = private_key if private_key is not None else cert_key
+    assert certificate_path is not None
+    assert key_path is not None
+    certificate_param = "certKey" if cert_key is not None else "privateKey"
+    key_param = "privateKey" if private_key is not None else "certKey"
+    problems: list[str] = []
+    chain = _attempt(problems, _load_certificates, certificate_param, certificate_path)
+    key = _attempt(problems, _load_private_key, key_param, key_path)
+    _raise_problems(problems)
+    assert chain is not None
+    assert key is not None
+    if _public_der(chain[0].public_key()) != _public_der(key.public_key()):
+        raise ValueError(
+            f"{key_param}: {os.fspath(key_path)}: this key does not belong to the certificate "
+            f"in {certificate_param} {os.fspath(certificate_path)} (their public keys differ)"
+        )
+    return key, chain
+
+
+def _public_der(public_key: CertificatePublicKeyTypes) -> bytes:
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _read(param: str, path: _PathArg) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{param}: {os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _load_certificates(param: str, path: _PathArg) -> list[x509.Certificate]:
+    """Load every certificate of a PEM file, in file order."""
+    data = _read(param, path)
+    if _PEM_CERTIFICATE not in data:
+        raise ValueError(
+            f"{param}: {os.fspath(path)}: holds no PEM certificate "
+            f"(no {_PEM_CERTIFICATE.decode()} line)"
+        )
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError as exc:
+        raise ValueError(f"{param}: {os.fspath(path)}: bad PEM certificate ({exc})") from exc
+
+
+def _load_ca_certificates(path: _PathArg) -> list[x509.Certificate]:
+    """Load the CA certificates of a PEM file or of a directory's ``*.pem`` files."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return _load_certificates("caCerts", path)
+    files = sorted(
+        child for child in directory.iterdir() if child.suffix.lower() == ".pem" and child.is_file()
+    )
+    if not files:
+        raise ValueError(f"caCerts: {os.fspath(path)}: directory holds no *.pem file")
+    certificates: list[x509.Certificate] = []
+    for file in files:
+        certificates.extend(_load_certificates("caCerts", file))
+    # The same CA in two files is harmless; hand OpenSSL each once.
+    return list(dict.fromkeys(certificates))
+
+
+def _load_private_key(param: str, path: _PathArg) -> _PrivateKey:
+    data = _read(param, path)
+    where = f"{param}: {os.fspath(path)}"
+    if _PEM_PRIVATE_KEY not in data:
+        raise ValueError(
+            f"{where}: holds no PEM private key "
+            f"(no -----BEGIN ... {_PEM_PRIVATE_KEY.decode()} line)"
+        )
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError as exc:
+        raise ValueError(
+            f"{where}: the key is encrypted; the gateway needs it unencrypted ({exc})"
+        ) from exc
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise ValueError(f"{where}: bad PEM private key ({exc})") from exc
+    if not isinstance(key, _PrivateKey):
+        raise ValueError(f"{where}: unsupported key type {type(key).__name__} for a TLS server")
+    return key
+
+
+# --- identities ---------------------------------------------------------------------------
+
+
+def peer_identities(transport: object) -> frozenset[str]:
+    """Return the names the peer's certificate vouches for.
+
+    The names are the subject Common Names and the Subject Alternative Names
+    of types DNS, RFC 822 (e-mail), URI and IP address (in text form). On an
+    ``mtls:`` listener with ``verify`` ``required`` or ``optional`` a
+    certificate is there only if it verified against ``caCerts``; TLS
+    verifies it during the handshake, so call this from
+    ``handshakeCompleted`` or once data has arrived.
+
+    Args:
+        transport: A protocol's transport, TLS or not.
+
+    Returns:
+        The names, or an empty set for a transport without TLS, without a
+        peer certificate (yet), or with a certificate nothing can be read
+        from. Parts of an odd certificate that cannot be decoded are
+        skipped; this never raises for a certificate.
+    """
+    tls = ISSLTransport(transport, None)
+    if tls is None:
+        return frozenset()
+    peer = tls.getPeerCertificate()
+    if isinstance(peer, crypto.X509):
+        try:
+            peer = peer.to_cryptography()
+        except ValueError:
+            return frozenset()
+    if not isinstance(peer, x509.Certificate):
+        return frozenset()
+    return _certificate_names(peer)
+
+
+def _certificate_names(certificate: x509.Certificate) -> frozenset[str]:
+    names: set[str] = set()
+    try:
+        for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
+            if isinstance(attribute.value, str):
+                names.add(attribute.value)
+    except ValueError:
+        pass  # An undecodable subject: the SANs may still be readable.
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (
+        x509.ExtensionNotFound,
+        x509.DuplicateExtension,
+        x509.UnsupportedGeneralNameType,
+        ValueError,
+    ):
+        san = None
+    if san is not None:
+        names.update(san.get_values_for_type(x509.DNSName))
+        names.update(san.get_values_for_type(x509.RFC822Name))
+        names.update(san.get_values_for_type(x509.UniformResourceIdentifier))
+        names.update(str(address) for address in san.get_values_for_type(x509.IPAddress))
+    names.discard("")
+    return frozenset(names)
