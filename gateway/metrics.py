@@ -7,16 +7,60 @@ integers and add them here once per batch; see `gateway.protocols.ssmp`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "TrafficCounters"]
 
 _LATENCY_BUCKETS_SECONDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+class TrafficCounters:
+    """Messages and bytes in and out of one listener or upstream, as plain ints.
+
+    The hot path adds to these attributes directly (no lock, no label
+    lookup); `GatewayMetrics` exposes them as Prometheus counters when
+    scraped. The reactor thread is the only writer.
+    """
+
+    __slots__ = ("bytes_in", "bytes_out", "messages_in", "messages_out")
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.messages_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+
+_TRAFFIC: Final = (
+    ("msggateway_messages_received", "Protocol messages received from peers.", "messages_in"),
+    ("msggateway_messages_sent", "Protocol messages sent to peers.", "messages_out"),
+    ("msggateway_received_bytes", "Bytes received from peers.", "bytes_in"),
+    ("msggateway_sent_bytes", "Bytes sent to peers.", "bytes_out"),
+)
+
+
+class _TrafficCollector(Collector):
+    """Reads every endpoint's `TrafficCounters` at scrape time."""
+
+    def __init__(self, traffic: dict[str, TrafficCounters]) -> None:
+        self._traffic = traffic
+
+    def collect(self) -> Iterator[Metric]:
+        for name, documentation, attribute in _TRAFFIC:
+            family = CounterMetricFamily(
+                name, documentation + " Per listener or upstream.", labels=["endpoint"]
+            )
+            for endpoint, counters in sorted(self._traffic.items()):
+                family.add_metric([endpoint], getattr(counters, attribute))
+            yield family
 
 
 class GatewayMetrics:
@@ -37,30 +81,8 @@ class GatewayMetrics:
             ["endpoint", "protocol"],
             registry=r,
         )
-        self.messages_in = Counter(
-            "msggateway_messages_received",
-            "Protocol messages received from peers, per listener or upstream.",
-            ["endpoint"],
-            registry=r,
-        )
-        self.messages_out = Counter(
-            "msggateway_messages_sent",
-            "Protocol messages sent to peers, per listener or upstream.",
-            ["endpoint"],
-            registry=r,
-        )
-        self.bytes_in = Counter(
-            "msggateway_received_bytes",
-            "Bytes received from peers, per listener or upstream.",
-            ["endpoint"],
-            registry=r,
-        )
-        self.bytes_out = Counter(
-            "msggateway_sent_bytes",
-            "Bytes sent to peers, per listener or upstream.",
-            ["endpoint"],
-            registry=r,
-        )
+        self._traffic: dict[str, TrafficCounters] = {}
+        r.register(_TrafficCollector(self._traffic))
         self.protocol_errors = Counter(
             "msggateway_protocol_errors",
             "Bad input from peers, by kind, per listener or upstream.",
@@ -110,3 +132,10 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+
+    def traffic(self, endpoint: str) -> TrafficCounters:
+        """Return the traffic counters of a listener or upstream (made on first use)."""
+        counters = self._traffic.get(endpoint)
+        if counters is None:
+            counters = self._traffic[endpoint] = TrafficCounters()
+        return counters

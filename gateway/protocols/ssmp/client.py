@@ -31,7 +31,7 @@ from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.ssmp.mapping import mcast_request, message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
 from gateway.protocols.tcp import disable_nagle
@@ -301,6 +301,7 @@ class SSMPUpstream:
         self.clock = clock
         self._topics = topics
         self._metrics = metrics
+        self._traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._connection: SSMPClientProtocol | None = None
         self._in_flight = 0
         self.service = ClientService(
@@ -406,15 +407,13 @@ class SSMPUpstream:
 
     def count_in(self, lines: int, size: int) -> None:
         """Count received lines and bytes."""
-        if self._metrics is not None:
-            self._metrics.messages_in.labels(self.name).inc(lines)
-            self._metrics.bytes_in.labels(self.name).inc(size)
+        self._traffic.messages_in += lines
+        self._traffic.bytes_in += size
 
     def count_out(self, data: bytes) -> None:
         """Count a sent line."""
-        if self._metrics is not None:
-            self._metrics.messages_out.labels(self.name).inc()
-            self._metrics.bytes_out.labels(self.name).inc(len(data))
+        self._traffic.messages_out += 1
+        self._traffic.bytes_out += len(data)
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error or dropped event."""

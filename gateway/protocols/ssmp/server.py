@@ -37,7 +37,7 @@ from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.message import Outcome, Status
 from gateway.core.router import Router
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
@@ -413,10 +413,11 @@ class SSMPServerProtocol(Protocol):
         self, identity: str, scheme: str, credential: bytes | None, offered: frozenset[str]
     ) -> str | None:
         """Return None if the login is good, else why not (for the log only)."""
-        if identity == ".":
-            return None if self.factory.settings.anonymous else "anonymous login is disabled"
+        # Spec, "Login": an unsupported scheme gets 401, for the anonymous id too.
         if scheme not in offered:
             return f"scheme {scheme!r} is not offered here"
+        if identity == ".":
+            return None if self.factory.settings.anonymous else "anonymous login is disabled"
         if scheme == "open":
             return None  # Spec: the server MUST ignore the credential.
         if scheme == "secret":
@@ -571,13 +572,10 @@ class SSMPServerFactory(Factory):
         self._offered_plain = frozenset(settings.schemes - {"cert"})
         self._offered_tls = frozenset(settings.schemes | {"cert"})
         self._metrics = metrics
+        self._traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         if metrics is not None:
             self._m_open = metrics.connections.labels(name, "ssmp")
             self._m_opened = metrics.connections_total.labels(name, "ssmp")
-            self._m_in = metrics.messages_in.labels(name)
-            self._m_out = metrics.messages_out.labels(name)
-            self._m_bytes_in = metrics.bytes_in.labels(name)
-            self._m_bytes_out = metrics.bytes_out.labels(name)
             self._m_slow = metrics.slow_consumers.labels(name)
 
     @property
@@ -608,15 +606,15 @@ class SSMPServerFactory(Factory):
 
     def count_in(self, lines: int, size: int) -> None:
         """Count received lines and bytes (once per batch)."""
-        if self._metrics is not None:
-            self._m_in.inc(lines)
-            self._m_bytes_in.inc(size)
+        traffic = self._traffic
+        traffic.messages_in += lines
+        traffic.bytes_in += size
 
     def count_out(self, lines: int, size: int) -> None:
         """Count sent lines and bytes (once per flush)."""
-        if self._metrics is not None:
-            self._m_out.inc(lines)
-            self._m_bytes_out.inc(size)
+        traffic = self._traffic
+        traffic.messages_out += lines
+        traffic.bytes_out += size
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""

@@ -1,0 +1,1 @@
+"""Benchmarks: slow measurements that never run in the timed test suite."""
