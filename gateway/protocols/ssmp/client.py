@@ -256,6 +256,8 @@ class SSMPClientProtocol(Protocol):
 
 
 class _ClientFactory(Factory):
+    noisy = False  # the upstream logs its own connection events
+
     def __init__(self, upstream: SSMPUpstream) -> None:
         self.upstream = upstream
 
@@ -391,6 +393,11 @@ class SSMPUpstream:
         self._in_flight -= 1
         if self._in_flight < self.settings.max_in_flight // 2 + 1:
             connection.resume_reading()
+            current = self._connection
+            if current is not None and current is not connection:
+                # The count includes a lost connection's messages: the one that
+                # replaced it may have been paused by them, and must resume too.
+                current.resume_reading()
         if isinstance(outcome, Failure):
             self._log.failure("upstream {upstream}: routing failed", outcome, upstream=self.name)
         elif not outcome.is_accepted:

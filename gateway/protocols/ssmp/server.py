@@ -549,6 +549,7 @@ class SSMPServerFactory(Factory):
     """
 
     protocol = SSMPServerProtocol
+    noisy = False  # the service logs one "ready" line for every listener
     _log = Logger()
 
     def __init__(
