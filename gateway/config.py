@@ -594,7 +594,8 @@ def _endpoint_head(
 def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig | None:
     head = _endpoint_head(section, name, names, frozenset(_LISTENER_SETTINGS))
     if head is None:
-        section.done()
+        # No section.done(): without protocol and endpoint the protocol's own
+        # settings were never read, and calling them unknown keys would mislead.
         return None
     protocol, endpoint = head
     _check_server_endpoint(section, "endpoint", endpoint)
@@ -607,7 +608,8 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
 def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:
     head = _endpoint_head(section, name, names, frozenset(_UPSTREAM_SETTINGS))
     if head is None:
-        section.done()
+        # No section.done(): without protocol and endpoint the protocol's own
+        # settings were never read, and calling them unknown keys would mislead.
         return None
     protocol, endpoint = head
     _check_client_endpoint(section, "endpoint", endpoint)

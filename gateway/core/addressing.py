@@ -110,7 +110,8 @@ class AddressTemplate:
             raise PatternError("a destination address must not be empty")
         fields = tuple(_FIELD.findall(self.text))
         for field in fields:
-            if field != "address" and not field.isdigit():
+            # ASCII only: str.isdigit() also accepts "²", which int() then refuses.
+            if field != "address" and not (field.isascii() and field.isdigit()):
                 raise PatternError(
                     f"unknown field {{{field}}}: use {{address}} or {{1}}, {{2}}, ..."
                 )

@@ -152,6 +152,7 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
             reasons.append(outcome.reason)
     if result is None:
         return _ACCEPTED
-    if len(reasons) > 1:
-        return Outcome(result.status, "; ".join(reasons), result.code)
+    joined = "; ".join(reasons)
+    if joined != result.reason:  # also when only a later equal outcome had a reason
+        return Outcome(result.status, joined, result.code)
     return result

@@ -1,0 +1,1 @@
+"""Tests of the core: messages and outcomes, addressing, routing and secrets."""

@@ -1,0 +1,559 @@
+"""Tests for `gateway.core.router`: route tables, dispatch, time-outs and metrics.
+
+Destinations here are small real implementations of `IDestination`; time is a
+`twisted.internet.task.Clock` and metrics a real `GatewayMetrics`.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import pytest
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.interfaces import IDestination, IRouteDelivery
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import (
+    MAX_MATCH_CACHE_ENTRIES,
+    BoundRoute,
+    DirectDelivery,
+    Route,
+    Router,
+    RouteTable,
+    bind_routes,
+)
+from gateway.metrics import GatewayMetrics
+
+T = TypeVar("T")
+
+
+# --- destinations ---------------------------------------------------------------------
+
+
+@implementer(IDestination)
+class _AnsweringDestination:
+    """A destination that answers every message at once with a fixed outcome."""
+
+    def __init__(self, name: str, outcome: Outcome | None = None) -> None:
+        self.name = name
+        self.outcome = outcome or Outcome.accepted()
+        self.received: list[Message] = []
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Keep the message and answer with the fixed outcome."""
+        self.received.append(message)
+        return succeed(self.outcome)
+
+
+@implementer(IDestination)
+class _HeldDestination:
+    """A destination whose outcomes the test decides, one message at a time."""
+
+    def __init__(self, name: str, *, cancellable: bool = True) -> None:
+        self.name = name
+        self.cancellable = cancellable
+        self.held: list[tuple[Message, Deferred[Outcome]]] = []
+        self.cancelled: list[Message] = []
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Keep the message; if cancellable, remember when the router gives up on it."""
+        d: Deferred[Outcome] = Deferred(
+            (lambda _: self.cancelled.append(message)) if self.cancellable else None
+        )
+        self.held.append((message, d))
+        return d
+
+    def answer(self, index: int, outcome: Outcome) -> None:
+        """Fire the outcome of the ``index``-th held message."""
+        self.held[index][1].callback(outcome)
+
+
+@implementer(IDestination)
+class _BrokenDestination:
+    """A destination with a bug: every delivery fails with an exception."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Fail, as a buggy adapter would."""
+        return fail(RuntimeError("disk on fire"))
+
+
+@implementer(IRouteDelivery)
+class _LoggedDelivery:
+    """A stand-in for the durable log: accepts once "committed", remembers what."""
+
+    def __init__(self, route: Route, destination: IDestination) -> None:
+        self.route = route
+        self.destination = destination
+        self.committed: list[Message] = []
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Commit the message (in memory) and accept it."""
+        self.committed.append(message)
+        return succeed(Outcome.accepted("committed"))
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def _route(
+    name: str,
+    match: str,
+    *,
+    source: str = "hub",
+    destination: str = "central",
+    address: str | None = None,
+    timeout: float = 10.0,
+    durable: bool = False,
+) -> Route:
+    """Return a route; the defaults take messages from ``hub`` to ``central``."""
+    return Route(
+        name=name,
+        source=source,
+        pattern=AddressPattern(match),
+        destination=destination,
+        target=AddressTemplate(address) if address is not None else None,
+        durable=durable,
+        timeout_seconds=timeout,
+    )
+
+
+def _router(
+    routes: list[Route], *destinations: IDestination
+) -> tuple[Router, Clock, GatewayMetrics]:
+    """Return a router over routes bound to destinations, with its clock and metrics."""
+    clock = Clock()
+    metrics = GatewayMetrics()
+    table = bind_routes(routes, {d.name: d for d in destinations})
+    return Router(table, clock, metrics), clock, metrics
+
+
+def _dispatch(
+    router: Router, address: str, body: bytes = b"23C", source: str = "hub"
+) -> Deferred[Outcome]:
+    """Dispatch a message that some route must take."""
+    d = router.dispatch(source, Message(body=body, address=address))
+    assert d is not None, f"no route takes {address} from {source}"
+    return d
+
+
+def _result(d: Deferred[T]) -> T:
+    """Return what an already fired Deferred fired with, or raise its failure."""
+    results: list[T] = []
+    failures: list[Failure] = []
+    d.addCallbacks(results.append, failures.append)
+    if failures:
+        failures[0].raiseException()
+    assert results, "the Deferred has not fired"
+    return results[0]
+
+
+def _sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    """Return one sample of the metrics registry; 0 if it was never counted."""
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+# --- interfaces ---------------------------------------------------------------------
+
+
+def test_fakes_and_direct_delivery_provide_their_interfaces() -> None:
+    """The test destinations and both deliveries really implement the interfaces."""
+    for destination in (
+        _AnsweringDestination("a"),
+        _HeldDestination("b"),
+        _BrokenDestination("c"),
+    ):
+        assert verifyObject(IDestination, destination)
+    assert verifyObject(IRouteDelivery, DirectDelivery(_AnsweringDestination("a")))
+    assert verifyObject(
+        IRouteDelivery, _LoggedDelivery(_route("r", "x"), _AnsweringDestination("a"))
+    )
+
+
+# --- matching and translation -----------------------------------------------------------
+
+
+def test_no_matching_route_gives_none() -> None:
+    """A message no route takes is not delivered; dispatch answers None."""
+    central = _AnsweringDestination("central")
+    router, _, _ = _router([_route("weather", "weather.#")], central)
+    assert not router.has_routes("hub", "news.today")
+    assert router.dispatch("hub", Message(body=b"", address="news.today")) is None
+    assert central.received == []
+
+
+def test_routes_belong_to_their_source() -> None:
+    """A route takes messages only from the endpoint it names as ``from``."""
+    central = _AnsweringDestination("central")
+    hub = _AnsweringDestination("hub")
+    routes = [
+        _route("weather-out", "weather.#"),
+        _route("alerts-in", "alerts", source="central", destination="hub"),
+    ]
+    router, _, _ = _router(routes, central, hub)
+    assert router.table.sources() == frozenset({"hub", "central"})
+    assert router.has_routes("hub", "weather.paris")
+    assert not router.has_routes("central", "weather.paris")
+    assert router.dispatch("central", Message(body=b"", address="weather.paris")) is None
+    assert not router.has_routes("hub", "alerts")
+
+    assert _result(_dispatch(router, "alerts", source="central")).is_accepted
+    assert [m.address for m in hub.received] == ["alerts"]
+    assert central.received == []
+
+
+def test_address_is_translated_through_the_template() -> None:
+    """The destination receives the templated address; id and body are unchanged."""
+    central = _AnsweringDestination("central")
+    router, _, _ = _router([_route("archive", "weather.*.#", address="archive.{1}[{2}]")], central)
+    message = Message(body=b"23C", address="weather.fr.paris.east", sender="alice")
+    d = router.dispatch("hub", message)
+    assert d is not None
+    assert _result(d) == Outcome.accepted()
+    [delivered] = central.received
+    assert delivered.address == "archive.fr[paris.east]"
+    assert delivered.with_address(message.address) == message
+
+
+def test_address_is_kept_without_a_template() -> None:
+    """A route without ``address`` delivers on the source address."""
+    central = _AnsweringDestination("central")
+    router, _, _ = _router([_route("weather", "weather.#")], central)
+    message = Message(body=b"23C", address="weather.paris")
+    assert router.dispatch("hub", message) is not None
+    assert central.received == [message]
+
+
+def test_destination_outcome_is_the_answer() -> None:
+    """With one route, the sender gets exactly the destination's outcome."""
+    refused = Outcome.rejected("no such topic", "404")
+    router, _, _ = _router(
+        [_route("weather", "weather.#")], _AnsweringDestination("central", refused)
+    )
+    assert _result(_dispatch(router, "weather.paris")) == refused
+
+
+# --- several routes -------------------------------------------------------------------------
+
+
+def test_several_routes_all_get_the_message() -> None:
+    """A message matching several routes is delivered along each of them."""
+    central = _AnsweringDestination("central")
+    archive = _AnsweringDestination("archive")
+    routes = [
+        _route("weather", "weather.#"),
+        _route("archive", "weather.*", destination="archive", address="old.{1}"),
+    ]
+    router, _, _ = _router(routes, central, archive)
+    assert _result(_dispatch(router, "weather.paris")) == Outcome.accepted()
+    assert [m.address for m in central.received] == ["weather.paris"]
+    assert [m.address for m in archive.received] == ["old.paris"]
+
+
+def test_several_routes_answer_the_worst_outcome() -> None:
+    """The combined outcome waits for every route and is the worst of them."""
+    central = _HeldDestination("central")
+    archive = _HeldDestination("archive")
+    mirror = _HeldDestination("mirror")
+    routes = [
+        _route("a-central", "weather.#"),
+        _route("b-archive", "weather.#", destination="archive"),
+        _route("c-mirror", "weather.#", destination="mirror"),
+    ]
+    router, _, _ = _router(routes, central, archive, mirror)
+    d = _dispatch(router, "weather.paris")
+    central.answer(0, Outcome.retry("central busy"))
+    archive.answer(0, Outcome.accepted())
+    assert not d.called
+    mirror.answer(0, Outcome.retry("mirror busy"))
+    assert _result(d) == Outcome(Status.RETRY, "central busy; mirror busy")
+
+
+def test_a_rejection_on_one_route_rejects_the_message() -> None:
+    """Accepted only if every route accepted: one rejection is the answer."""
+    routes = [
+        _route("weather", "weather.#"),
+        _route("archive", "weather.#", destination="archive"),
+    ]
+    router, _, _ = _router(
+        routes,
+        _AnsweringDestination("central"),
+        _AnsweringDestination("archive", Outcome.rejected("disk full")),
+    )
+    assert _result(_dispatch(router, "weather.paris")) == Outcome.rejected("disk full")
+
+
+# --- time-out -------------------------------------------------------------------------
+
+
+def test_timeout_answers_retry_naming_route_and_destination() -> None:
+    """No outcome within ``timeout_seconds``: retry, saying which route and where."""
+    central = _HeldDestination("central")
+    router, clock, _ = _router([_route("weather", "weather.#", timeout=5)], central)
+    d = _dispatch(router, "weather.paris")
+    clock.advance(4.9)
+    assert not d.called
+    clock.advance(0.1)
+    outcome = _result(d)
+    assert outcome.status is Status.RETRY
+    assert "route weather" in outcome.reason
+    assert "central" in outcome.reason
+    assert "5 seconds" in outcome.reason
+    assert central.cancelled == [central.held[0][0]]
+
+
+def test_outcome_after_the_timeout_is_ignored() -> None:
+    """A destination that cannot cancel and answers after the time-out changes nothing."""
+    central = _HeldDestination("central", cancellable=False)
+    router, clock, _ = _router([_route("weather", "weather.#", timeout=5)], central)
+    d = _dispatch(router, "weather.paris")
+    clock.advance(5)
+    central.answer(0, Outcome.accepted())
+    assert _result(d).status is Status.RETRY
+
+
+def test_timely_outcome_cancels_the_timer() -> None:
+    """An outcome in time leaves no timer behind; a synchronous one never starts one."""
+    central = _HeldDestination("central")
+    router, clock, _ = _router([_route("weather", "weather.#", timeout=5)], central)
+    d = _dispatch(router, "weather.paris")
+    assert len(clock.getDelayedCalls()) == 1
+    central.answer(0, Outcome.accepted())
+    assert clock.getDelayedCalls() == []
+    assert _result(d) == Outcome.accepted()
+
+    answering, answering_clock, _ = _router(
+        [_route("weather", "weather.#")], _AnsweringDestination("central")
+    )
+    _dispatch(answering, "weather.paris")
+    assert answering_clock.getDelayedCalls() == []
+
+
+def test_timeout_of_one_route_among_several() -> None:
+    """A route that times out makes the combined outcome retry with its reason."""
+    routes = [
+        _route("fast", "weather.#", destination="archive"),
+        _route("slow", "weather.#", timeout=2),
+    ]
+    router, clock, _ = _router(
+        routes, _AnsweringDestination("archive"), _HeldDestination("central")
+    )
+    d = _dispatch(router, "weather.paris")
+    clock.advance(2)
+    outcome = _result(d)
+    assert outcome.status is Status.RETRY
+    assert "route slow" in outcome.reason
+
+
+# --- DirectDelivery ---------------------------------------------------------------------
+
+
+def test_unexpected_failure_becomes_retry_and_is_logged() -> None:
+    """A destination's exception is logged with its traceback and answered with retry."""
+    broken = _BrokenDestination("central")
+    message = Message(body=b"", address="weather.paris")
+    with capturedLogs() as events:
+        outcome = _result(DirectDelivery(broken).deliver(message))
+    assert outcome == Outcome.retry("internal error delivering to central")
+    [event] = [e for e in events if "log_failure" in e]
+    assert event["log_failure"].check(RuntimeError)
+    assert event["message_id"] == message.id
+    assert event["destination"] == "central"
+
+
+def test_unexpected_failure_through_the_router() -> None:
+    """Through the router the sender gets retry at once, not a time-out later."""
+    router, clock, metrics = _router(
+        [_route("weather", "weather.#")], _BrokenDestination("central")
+    )
+    with capturedLogs() as events:
+        outcome = _result(_dispatch(router, "weather.paris"))
+    assert outcome == Outcome.retry("internal error delivering to central")
+    assert any("log_failure" in e for e in events)
+    assert clock.getDelayedCalls() == []
+    assert _sample(metrics, "msggateway_route_in_flight", route="weather") == 0
+
+
+def test_cancellation_passes_through_direct_delivery() -> None:
+    """Cancelling a delivery is not an internal error: CancelledError goes on, unlogged."""
+    central = _HeldDestination("central")
+    with capturedLogs() as events:
+        d = DirectDelivery(central).deliver(Message(body=b"", address="x"))
+        d.cancel()
+        with pytest.raises(CancelledError):
+            _result(d)
+    assert [e for e in events if "log_failure" in e] == []
+
+
+def test_timeout_is_not_logged_as_a_failure() -> None:
+    """A time-out answers with the time-out reason and logs no failure."""
+    router, clock, _ = _router(
+        [_route("weather", "weather.#", timeout=1)], _HeldDestination("central")
+    )
+    with capturedLogs() as events:
+        d = _dispatch(router, "weather.paris")
+        clock.advance(1)
+    assert "no outcome from central" in _result(d).reason
+    assert [e for e in events if "log_failure" in e] == []
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+
+def test_metrics_count_messages_outcomes_latency_and_in_flight() -> None:
+    """Each route counts messages, bytes, outcomes by status and latency; in flight returns to 0."""
+    central = _HeldDestination("central")
+    router, clock, metrics = _router([_route("weather", "weather.#", timeout=10)], central)
+    first = _dispatch(router, "weather.paris", b"12345")
+    second = _dispatch(router, "weather.lyon", b"123")
+    third = _dispatch(router, "weather.nice", b"")
+    assert _sample(metrics, "msggateway_route_in_flight", route="weather") == 3
+    assert _sample(metrics, "msggateway_route_messages_total", route="weather") == 3
+    assert _sample(metrics, "msggateway_route_bytes_total", route="weather") == 8
+
+    clock.advance(2)
+    central.answer(0, Outcome.accepted())
+    central.answer(1, Outcome.rejected("no"))
+    assert _sample(metrics, "msggateway_route_in_flight", route="weather") == 1
+    clock.advance(8)  # the third times out
+    for d in (first, second, third):
+        _result(d)
+
+    assert _sample(metrics, "msggateway_route_in_flight", route="weather") == 0
+    for status in ("accepted", "rejected", "retry"):
+        assert (
+            _sample(metrics, "msggateway_route_outcomes_total", route="weather", outcome=status)
+            == 1
+        )
+    assert _sample(metrics, "msggateway_route_latency_seconds_count", route="weather") == 3
+    assert _sample(metrics, "msggateway_route_latency_seconds_sum", route="weather") == 14.0
+
+
+def test_router_works_without_metrics() -> None:
+    """Metrics are optional: a router without them still delivers."""
+    table = bind_routes(
+        [_route("weather", "weather.#")], {"central": _AnsweringDestination("central")}
+    )
+    router = Router(table, Clock())
+    assert _result(_dispatch(router, "weather.paris")).is_accepted
+
+
+# --- replacing the table ----------------------------------------------------------------
+
+
+def test_replace_table_applies_to_new_messages() -> None:
+    """After `replace_table` new messages follow the new routes; earlier ones finish."""
+    old_central = _HeldDestination("central")
+    router, _, _ = _router([_route("weather", "weather.#")], old_central)
+    earlier = _dispatch(router, "weather.paris")
+
+    new_central = _AnsweringDestination("central")
+    router.replace_table(bind_routes([_route("news", "news.*")], {"central": new_central}))
+    assert router.dispatch("hub", Message(body=b"", address="weather.lyon")) is None
+    assert _result(_dispatch(router, "news.today")).is_accepted
+    assert [m.address for m in new_central.received] == ["news.today"]
+
+    old_central.answer(0, Outcome.accepted())
+    assert _result(earlier).is_accepted
+    assert len(old_central.held) == 1
+
+
+# --- the match cache ---------------------------------------------------------------------
+
+
+def _table() -> RouteTable:
+    """Return a table with overlapping routes from two sources."""
+    destination = _AnsweringDestination("central")
+    return bind_routes(
+        [
+            _route("all-weather", "weather.#"),
+            _route("city", "weather.*"),
+            _route("paris", "weather.paris"),
+            _route("alerts", "alerts", source="other"),
+        ],
+        {"central": destination},
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "address", "names"),
+    [
+        ("hub", "weather.paris", ["all-weather", "city", "paris"]),
+        ("hub", "weather.lyon", ["all-weather", "city"]),
+        ("hub", "weather", ["all-weather"]),
+        ("hub", "news", []),
+        ("other", "weather.paris", []),
+        ("other", "alerts", ["alerts"]),
+    ],
+)
+def test_match_cache_gives_the_same_results(source: str, address: str, names: list[str]) -> None:
+    """A cached match equals the first one, in route order, with its captures."""
+    table = _table()
+    first = table.match(source, address)
+    second = table.match(source, address)
+    assert first == second
+    assert [bound.route.name for bound, _ in first] == names
+    assert [bound.route.name for bound, _ in _table().match(source, address)] == names
+
+
+def test_match_cache_is_bounded() -> None:
+    """Past `MAX_MATCH_CACHE_ENTRIES` distinct addresses the cache starts afresh."""
+    table = _table()
+    for i in range(MAX_MATCH_CACHE_ENTRIES + 10):
+        table.match("hub", f"weather.{i}")
+    # Private, but the bound is the point of this test: full at MAX entries,
+    # cleared on the next new one, so the last 10 addresses are all it holds.
+    assert len(table._cache) == 10
+    [(bound, captures), _] = table.match("hub", "weather.1")
+    assert bound.route.name == "all-weather"
+    assert captures == ("1",)
+
+
+# --- bind_routes -----------------------------------------------------------------------
+
+
+def test_bind_routes_unknown_destination() -> None:
+    """A route to a destination nobody provides is refused, naming both."""
+    with pytest.raises(ValueError, match=r"route weather: no destination named 'nowhere'"):
+        bind_routes([_route("weather", "weather.#", destination="nowhere")], {})
+
+
+def test_bind_routes_durable_without_durable_delivery() -> None:
+    """Durable routes are refused while no durable delivery exists."""
+    with pytest.raises(ValueError, match=r"route weather: durable routes need the embedded log"):
+        bind_routes(
+            [_route("weather", "weather.#", durable=True)],
+            {"central": _AnsweringDestination("central")},
+        )
+
+
+def test_bind_routes_gives_each_route_its_delivery() -> None:
+    """Plain routes deliver directly; durable ones through the durable delivery."""
+    central = _AnsweringDestination("central")
+    made: list[_LoggedDelivery] = []
+
+    def durable(route: Route, destination: IDestination) -> IRouteDelivery:
+        made.append(_LoggedDelivery(route, destination))
+        return made[-1]
+
+    plain = _route("plain", "weather.#")
+    kept = _route("kept", "orders", durable=True)
+    table = bind_routes([plain, kept], {"central": central}, durable)
+    assert table.routes[0] == BoundRoute(plain, DirectDelivery(central))
+    assert table.routes[1] == BoundRoute(kept, made[0])
+    assert made[0].route == kept
+    assert made[0].destination is central
+
+    router = Router(table, Clock())
+    assert _result(_dispatch(router, "orders")) == Outcome.accepted("committed")
+    assert [m.address for m in made[0].committed] == ["orders"]
+    assert central.received == []

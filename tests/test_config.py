@@ -1,0 +1,721 @@
+"""Tests for `gateway.config`: TOML files in, frozen validated objects out.
+
+Every configuration is written into pytest's ``tmp_path``; the embedded
+default and the repository's example in ``etc/`` are checked as shipped.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import MemoryReactor
+
+from gateway.config import (
+    DEFAULT_CONFIG_NAME,
+    AdminConfig,
+    ConfigError,
+    ConfigProblem,
+    GatewayConfig,
+    ListenerConfig,
+    UpstreamConfig,
+    load_config,
+    load_default_config,
+    reload_routes,
+)
+from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.auth import Secrets
+from gateway.core.router import Route
+from gateway.protocols.ssmp.settings import SSMPListenerSettings, SSMPUpstreamSettings
+
+REPOSITORY = Path(__file__).parents[1]
+
+HUB = """
+    [listeners.hub]
+    protocol = "ssmp"
+    endpoint = "tcp:0:interface=127.0.0.1"
+"""
+"""A minimal valid listener, for tests that break something else."""
+
+CENTRAL = """
+    [upstreams.central]
+    protocol = "ssmp"
+    endpoint = "tcp:host=127.0.0.1:port=9787"
+    identity = "gateway-1"
+    scheme = "open"
+"""
+"""A minimal valid upstream that needs no secret."""
+
+
+def _write(path: Path, text: str) -> Path:
+    """Write dedented text to a file, creating its directory; return the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def _problems(path: Path) -> list[ConfigProblem]:
+    """Load a config that must be invalid; return every problem reported."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == "\n".join(map(str, caught.value.problems))
+    return caught.value.problems
+
+
+def _the_problem(
+    problems: list[ConfigProblem], file: Path, key: str, *fragments: str
+) -> ConfigProblem:
+    """Return the one problem reported for ``file`` and ``key``; check its reason."""
+    found = [p for p in problems if p.file == str(file) and p.key == key]
+    assert len(found) == 1, f"expected one problem at {file}: {key}, got {problems}"
+    for fragment in fragments:
+        assert fragment in found[0].reason, found[0]
+    return found[0]
+
+
+def _only_problem(path: Path, key: str, *fragments: str, file: Path | None = None) -> None:
+    """Load an invalid config and check that it has exactly this one problem."""
+    problems = _problems(path)
+    assert len(problems) == 1, problems
+    _the_problem(problems, file or path, key, *fragments)
+
+
+def _full_tree(directory: Path) -> Path:
+    """Write a complete valid configuration; return its main file."""
+    _write(
+        directory / "secrets.toml",
+        """
+        [logins]
+        alice = "a-secret"
+        "*" = "shared"
+        [upstreams]
+        central = "gw-secret"
+        """,
+    )
+    _write(
+        directory / "routes" / "weather-to-central.toml",
+        """
+        description = "local weather to the central hub"
+        from = "hub"
+        match = "weather.#"
+        to = "central"
+        address = "central.{1}"
+        timeout_seconds = 5
+        """,
+    )
+    _write(
+        directory / "routes" / "alerts-from-central.toml",
+        """
+        from = "central"
+        match = "alerts"
+        to = "hub"
+        """,
+    )
+    _write(directory / "routes" / "README.txt", "not a route: only *.toml files are\n")
+    return _write(
+        directory / "gateway.toml",
+        """
+        [gateway]
+        data_dir = "state"
+        routes = "routes"
+        secrets = "secrets.toml"
+
+        [admin]
+        endpoint = "tcp:0:interface=127.0.0.1"
+
+        [listeners.hub]
+        protocol = "ssmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        schemes = ["secret", "open"]
+        anonymous = true
+        login_timeout_seconds = 5
+        ping_interval_seconds = 20.5
+        pong_timeout_seconds = 10
+        max_backlog_bytes = 65536
+        max_pending_replies = 10
+
+        [listeners.side]
+        protocol = "ssmp"
+        endpoint = "tcp:0"
+
+        [upstreams.central]
+        protocol = "ssmp"
+        endpoint = "tcp:host=127.0.0.1:port=9787"
+        identity = "gateway-1"
+        subscribe = ["news", "sports"]
+        presence = true
+        ping_interval_seconds = 15
+        max_in_flight = 5
+        """,
+    )
+
+
+# --- valid configurations ----------------------------------------------------------------
+
+
+def test_full_config_loads_into_frozen_objects(tmp_path: Path) -> None:
+    """Every section becomes its frozen object; relative paths follow the main file."""
+    main = _full_tree(tmp_path / "conf")
+    config = load_config(main)
+    assert config.source == str(main)
+    assert config.listeners == (
+        ListenerConfig(
+            name="hub",
+            protocol="ssmp",
+            endpoint="tcp:0:interface=127.0.0.1",
+            settings=SSMPListenerSettings(
+                schemes=frozenset({"secret", "open"}),
+                anonymous=True,
+                login_timeout_seconds=5.0,
+                ping_interval_seconds=20.5,
+                pong_timeout_seconds=10.0,
+                max_backlog_bytes=65536,
+                max_pending_replies=10,
+            ),
+        ),
+        ListenerConfig(
+            name="side", protocol="ssmp", endpoint="tcp:0", settings=SSMPListenerSettings()
+        ),
+    )
+    assert config.upstreams == (
+        UpstreamConfig(
+            name="central",
+            protocol="ssmp",
+            endpoint="tcp:host=127.0.0.1:port=9787",
+            settings=SSMPUpstreamSettings(
+                identity="gateway-1",
+                scheme="secret",
+                subscribe=("news", "sports"),
+                presence=True,
+                ping_interval_seconds=15.0,
+                max_in_flight=5,
+            ),
+        ),
+    )
+    assert config.routes == (
+        Route(
+            name="alerts-from-central",
+            source="central",
+            pattern=AddressPattern("alerts"),
+            destination="hub",
+        ),
+        Route(
+            name="weather-to-central",
+            source="hub",
+            pattern=AddressPattern("weather.#"),
+            destination="central",
+            target=AddressTemplate("central.{1}"),
+            timeout_seconds=5.0,
+        ),
+    )
+    assert config.admin == AdminConfig("tcp:0:interface=127.0.0.1")
+    assert config.secrets == Secrets(
+        logins={"alice": b"a-secret", "*": b"shared"}, upstreams={"central": b"gw-secret"}
+    )
+    assert config.secrets.verify("carol", b"shared")
+    assert config.data_dir == tmp_path / "conf" / "state"
+    assert config.routes_dir == tmp_path / "conf" / "routes"
+    assert config.secrets_path == tmp_path / "conf" / "secrets.toml"
+    assert config.endpoint_names() == {"hub": "ssmp", "side": "ssmp", "central": "ssmp"}
+
+
+def test_config_objects_are_frozen(tmp_path: Path) -> None:
+    """A loaded configuration cannot be changed in place; loading twice gives equal values."""
+    main = _full_tree(tmp_path)
+    config = load_config(main)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.listeners = ()  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.listeners[0].endpoint = "tcp:1"  # type: ignore[misc]
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.routes[0].timeout_seconds = 1  # type: ignore[misc]
+    assert load_config(main) == config
+
+
+def test_minimal_config_uses_defaults(tmp_path: Path) -> None:
+    """Without optional sections: admin on loopback 8790, no routes, no secrets."""
+    config = load_config(_write(tmp_path / "gateway.toml", HUB))
+    assert config.admin == AdminConfig("tcp:8790:interface=127.0.0.1")
+    assert config.upstreams == ()
+    assert config.routes == ()
+    assert config.routes_dir is None
+    assert config.secrets_path is None
+    assert config.secrets == Secrets()
+    assert config.data_dir == tmp_path / "var"
+    assert config.listeners[0].settings == SSMPListenerSettings()
+
+
+def test_admin_can_be_disabled(tmp_path: Path) -> None:
+    """``enabled = false`` turns the admin endpoint off."""
+    main = _write(tmp_path / "gateway.toml", HUB + "\n[admin]\nenabled = false\n")
+    config = load_config(main)
+    assert config.admin == AdminConfig(None)
+    assert config.summary().endswith("admin off")
+
+
+def test_embedded_default_listens_on_loopback() -> None:
+    """The default: SSMP on 127.0.0.1:8787 with open login and anonymous, admin on 8790."""
+    config = load_default_config()
+    assert config.source == DEFAULT_CONFIG_NAME
+    assert config.upstreams == ()
+    assert config.routes == ()
+    [listener] = config.listeners
+    assert listener.protocol == "ssmp"
+    assert not listener.tls
+    assert listener.settings.schemes == frozenset({"open"})
+    assert listener.settings.anonymous
+
+    reactor = MemoryReactor()
+    for endpoint in (listener.endpoint, config.admin.endpoint):
+        assert endpoint is not None
+        serverFromString(reactor, endpoint).listen(Factory.forProtocol(Protocol))
+    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
+        (8787, "127.0.0.1"),
+        (8790, "127.0.0.1"),
+    ]
+
+
+def test_repository_example_is_valid() -> None:
+    """``etc/gateway.toml``, the example operators start from, loads without problems."""
+    config = load_config(REPOSITORY / "etc" / "gateway.toml")
+    assert [listener.name for listener in config.listeners] == ["hub"]
+    assert [upstream.name for upstream in config.upstreams] == ["central"]
+    assert [route.name for route in config.routes] == [
+        "alerts-from-central",
+        "weather-to-central",
+    ]
+    assert config.secrets.credential_for("central") is not None
+
+
+def test_summary_is_one_line(tmp_path: Path) -> None:
+    """`GatewayConfig.summary` names the source and counts everything, on one line."""
+    config = load_config(_full_tree(tmp_path))
+    summary = config.summary()
+    assert "\n" not in summary
+    assert summary == (
+        f"{tmp_path / 'gateway.toml'}: OK: 2 listener(s) [hub (ssmp), side (ssmp)],"
+        " 1 upstream(s) [central (ssmp)], 2 route(s), admin on tcp:0:interface=127.0.0.1"
+    )
+    empty = GatewayConfig("x", (), (), (), AdminConfig(None))
+    assert empty.summary() == (
+        "x: OK: 0 listener(s) [none], 0 upstream(s) [none], 0 route(s), admin off"
+    )
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    """A main file that does not exist is reported as such."""
+    _only_problem(tmp_path / "nowhere.toml", "-", "file not found")
+
+
+def test_toml_syntax_error(tmp_path: Path) -> None:
+    """A TOML syntax error is reported with the parser's line and column."""
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nroutes "routes"\n')
+    _only_problem(main, "-", "not valid TOML", "line 2")
+
+
+def test_missing_secrets_file(tmp_path: Path) -> None:
+    """A secrets file named but absent is reported under its own path."""
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nsecrets = "secrets.toml"\n' + HUB)
+    _only_problem(main, "-", "file not found", file=tmp_path / "secrets.toml")
+
+
+def test_missing_routes_directory(tmp_path: Path) -> None:
+    """A routes directory named but absent is reported."""
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nroutes = "routes"\n' + HUB)
+    _only_problem(main, "-", "routes directory not found", file=tmp_path / "routes")
+
+
+# --- keys and types -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "hint"),
+    [
+        (HUB + 'endpiont = "tcp:1"\n', "listeners.hub.endpiont", "did you mean 'endpoint'?"),
+        (HUB + "schemas = []\n", "listeners.hub.schemas", "did you mean 'schemes'?"),
+        (HUB.replace("[listeners.hub]", "[listener.hub]"), "listener", "did you mean 'listeners'?"),
+        ('[gateway]\nroute = "routes"\n' + HUB, "gateway.route", "did you mean 'routes'?"),
+        ("[admin]\nendpoints = 'tcp:0'\n" + HUB, "admin.endpoints", "did you mean 'endpoint'?"),
+    ],
+)
+def test_unknown_key_suggests_the_known_one(tmp_path: Path, text: str, key: str, hint: str) -> None:
+    """A misspelt key is reported with the closest known key and the list of known ones."""
+    problems = _problems(_write(tmp_path / "gateway.toml", text))
+    problem = _the_problem(problems, tmp_path / "gateway.toml", key, "unknown key", hint)
+    assert "known here:" in problem.reason
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "reason"),
+    [
+        (
+            'login_timeout_seconds = "10"',
+            "login_timeout_seconds",
+            "must be a number, not a string ('10')",
+        ),
+        (
+            "ping_interval_seconds = true",
+            "ping_interval_seconds",
+            "must be a number, not a boolean",
+        ),
+        ("max_backlog_bytes = true", "max_backlog_bytes", "must be a whole number, not a boolean"),
+        ('max_backlog_bytes = "4MiB"', "max_backlog_bytes", "must be a whole number, not a string"),
+        ("max_pending_replies = 1.5", "max_pending_replies", "must be a whole number"),
+        ('anonymous = "yes"', "anonymous", "must be true or false, not a string ('yes')"),
+        ('schemes = "open"', "schemes", "must be a list of strings, not a string"),
+        ("schemes = [1]", "schemes", "must hold only strings, not a number (1)"),
+        ("endpoint = 8787", "endpoint", "must be a string, not a number (8787)"),
+    ],
+)
+def test_wrong_types(tmp_path: Path, setting: str, key: str, reason: str) -> None:
+    """A value of the wrong type is reported with what was expected and what was found."""
+    if key == "endpoint":
+        text = '[listeners.hub]\nprotocol = "ssmp"\n' + setting + "\n"
+    else:
+        text = HUB + setting + "\n"
+    main = _write(tmp_path / "gateway.toml", text)
+    _only_problem(main, f"listeners.hub.{key}", reason)
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "reason"),
+    [
+        ("login_timeout_seconds = 0", "login_timeout_seconds", "must be greater than 0, not 0"),
+        ("login_timeout_seconds = -1", "login_timeout_seconds", "must be greater than 0, not -1"),
+        ("ping_interval_seconds = -0.5", "ping_interval_seconds", "must be greater than 0"),
+        ("pong_timeout_seconds = 0.0", "pong_timeout_seconds", "must be greater than 0"),
+        ("max_backlog_bytes = 1024", "max_backlog_bytes", "must be at least 65536, not 1024"),
+        ("max_pending_replies = 0", "max_pending_replies", "must be at least 1, not 0"),
+    ],
+)
+def test_out_of_range_numbers(tmp_path: Path, setting: str, key: str, reason: str) -> None:
+    """Zero or negative time-outs and too small limits are refused with the bound."""
+    main = _write(tmp_path / "gateway.toml", HUB + setting + "\n")
+    _only_problem(main, f"listeners.hub.{key}", reason)
+
+
+def test_required_keys(tmp_path: Path) -> None:
+    """A listener without protocol or endpoint says which is required."""
+    main = _write(tmp_path / "gateway.toml", "[listeners.hub]\n")
+    problems = _problems(main)
+    assert len(problems) == 2, problems
+    _the_problem(problems, main, "listeners.hub.protocol", "is required")
+    _the_problem(problems, main, "listeners.hub.endpoint", "is required (a string)")
+
+
+def test_unknown_protocol(tmp_path: Path) -> None:
+    """An unknown protocol lists the known ones, without blaming its other keys."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
+    )
+    _only_problem(main, "listeners.hub.protocol", "must be one of ssmp, not 'smtp'")
+
+
+def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> None:
+    """Without an endpoint, the protocol's own settings are not called unknown keys."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        '[listeners.hub]\nprotocol = "ssmp"\nschemes = ["open"]\nanonymous = true\n',
+    )
+    _only_problem(main, "listeners.hub.endpoint", "is required")
+
+
+@pytest.mark.parametrize(
+    ("section", "endpoint", "reason"),
+    [
+        ("listeners.hub", "tcp:notaport", "bad server endpoint 'tcp:notaport': invalid literal"),
+        ("listeners.hub", "tcp:8787:bogus=1", "unknown parameter"),
+        ("upstreams.central", "tcp:host=x:port=abc", "bad client endpoint 'tcp:host=x:port=abc'"),
+        ("upstreams.central", "tcp:host=x:port=1:bogus=2", "unknown parameter"),
+    ],
+)
+def test_bad_endpoint_strings(tmp_path: Path, section: str, endpoint: str, reason: str) -> None:
+    """An endpoint string Twisted cannot parse is reported with Twisted's reason."""
+    if section.startswith("listeners"):
+        text = HUB.replace("tcp:0:interface=127.0.0.1", endpoint) + CENTRAL
+    else:
+        text = HUB + CENTRAL.replace("tcp:host=127.0.0.1:port=9787", endpoint)
+    main = _write(tmp_path / "gateway.toml", text)
+    _only_problem(main, f"{section}.endpoint", reason)
+
+
+def test_bad_admin_endpoint(tmp_path: Path) -> None:
+    """The admin endpoint is checked like a listener's."""
+    main = _write(tmp_path / "gateway.toml", '[admin]\nendpoint = "tcp:http"\n' + HUB)
+    _only_problem(main, "admin.endpoint", "bad server endpoint 'tcp:http'")
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def test_duplicate_names_across_listeners_and_upstreams(tmp_path: Path) -> None:
+    """Listeners and upstreams share one namespace: routes must know which is meant."""
+    main = _write(tmp_path / "gateway.toml", HUB + CENTRAL.replace("central", "hub"))
+    _only_problem(main, "upstreams.hub", "'hub' is used twice")
+
+
+@pytest.mark.parametrize("name", ["bad name", "-hub", ".hub", "hüb", "a/b"])
+def test_invalid_names(tmp_path: Path, name: str) -> None:
+    """Names are letters, digits, ``_ . -`` and start with a letter or digit."""
+    main = _write(tmp_path / "gateway.toml", HUB.replace("hub", f'"{name}"'))
+    _only_problem(main, f"listeners.{name}", "a name must be letters, digits")
+
+
+# --- SSMP settings ---------------------------------------------------------------------------
+
+
+def test_unknown_ssmp_scheme(tmp_path: Path) -> None:
+    """A login scheme SSMP does not have is named, with the ones it has."""
+    main = _write(tmp_path / "gateway.toml", HUB + 'schemes = ["secret", "kerberos"]\n')
+    _only_problem(main, "listeners.hub.schemes", "unknown scheme 'kerberos'", "cert, open, secret")
+
+
+def test_cert_scheme_needs_tls(tmp_path: Path) -> None:
+    """``cert`` on a plain tcp listener is refused: there is no certificate to read."""
+    main = _write(tmp_path / "gateway.toml", HUB + 'schemes = ["cert"]\n')
+    _only_problem(main, "listeners.hub.schemes", "'cert' needs a TLS endpoint")
+
+
+@pytest.mark.parametrize(
+    ("setting", "key", "reason"),
+    [
+        ('identity = "bad id"', "identity", "'bad id' is not a valid SSMP identifier"),
+        ('subscribe = ["ok", "not ok"]', "subscribe", "'not ok' is not a valid SSMP topic"),
+        ('scheme = "kerberos"', "scheme", "must be one of cert, open, secret, not 'kerberos'"),
+        ("max_line_bytes = 100", "max_line_bytes", "must be at least 1024"),
+    ],
+)
+def test_bad_upstream_settings(tmp_path: Path, setting: str, key: str, reason: str) -> None:
+    """SSMP upstream settings are checked against the spec's identifiers and limits."""
+    line = {"identity": 'identity = "gateway-1"', "scheme": 'scheme = "open"'}.get(key)
+    text = CENTRAL.replace(line, setting) if line else CENTRAL + setting + "\n"
+    main = _write(tmp_path / "gateway.toml", HUB + text)
+    # An unknown scheme falls back to the default ("secret"), which may add a
+    # second problem about the missing secret; the one checked here must be there.
+    _the_problem(_problems(main), main, f"upstreams.central.{key}", reason)
+
+
+def test_upstream_secret_missing_from_secrets_file(tmp_path: Path) -> None:
+    """Scheme ``secret`` without a secret names the secrets file and the key to add."""
+    secrets = _write(tmp_path / "secrets.toml", '[upstreams]\nelsewhere = "x"\n')
+    main = _write(
+        tmp_path / "gateway.toml",
+        '[gateway]\nsecrets = "secrets.toml"\n' + HUB + CENTRAL.replace('"open"', '"secret"'),
+    )
+    _only_problem(main, "upstreams.central", "scheme 'secret'", "no secret", file=secrets)
+
+
+def test_upstream_secret_without_secrets_file(tmp_path: Path) -> None:
+    """Without any secrets file the problem says that ``gateway.secrets`` is missing."""
+    main = _write(tmp_path / "gateway.toml", HUB + CENTRAL.replace('scheme = "open"', ""))
+    _only_problem(main, "upstreams.central", "no secret", "gateway.secrets names no secrets file")
+
+
+def test_bad_secrets_file(tmp_path: Path) -> None:
+    """Secrets must be strings, and only ``logins`` and ``upstreams`` are known."""
+    secrets = _write(tmp_path / "secrets.toml", "[logins]\nalice = 1234\n[login]\nbob = 'x'\n")
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nsecrets = "secrets.toml"\n' + HUB)
+    problems = _problems(main)
+    assert len(problems) == 2, problems
+    _the_problem(problems, secrets, "logins.alice", "must be a string, not a number")
+    _the_problem(problems, secrets, "login", "unknown key", "did you mean 'logins'?")
+
+
+# --- routes ----------------------------------------------------------------------------------
+
+
+def _with_route(tmp_path: Path, route: str, name: str = "r") -> tuple[Path, Path]:
+    """Write a valid main file with ``hub`` and ``central`` plus one route file."""
+    route_file = _write(tmp_path / "routes" / f"{name}.toml", route)
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nroutes = "routes"\n' + HUB + CENTRAL)
+    return main, route_file
+
+
+@pytest.mark.parametrize("key", ["from", "to"])
+def test_route_to_unknown_endpoint_lists_the_known(tmp_path: Path, key: str) -> None:
+    """A route naming a listener or upstream that does not exist lists those that do."""
+    ends = {"from": "hub", "to": "central"} | {key: "nowhere"}
+    main, route = _with_route(
+        tmp_path, f'from = "{ends["from"]}"\nto = "{ends["to"]}"\nmatch = "a"\n'
+    )
+    _only_problem(
+        main,
+        key,
+        "no listener or upstream named 'nowhere'",
+        "(known: central, hub)",
+        file=route,
+    )
+
+
+def test_route_to_itself(tmp_path: Path) -> None:
+    """A route must not deliver back to the endpoint it takes from."""
+    main, route = _with_route(tmp_path, 'from = "hub"\nto = "hub"\nmatch = "a"\n')
+    _only_problem(main, "to", "must not deliver back", file=route)
+
+
+@pytest.mark.parametrize(
+    ("match", "reason"),
+    [
+        ("weather.*paris", "must stand alone between dots"),
+        ("weather..paris", "empty word"),
+        ("", "must not be empty"),
+    ],
+)
+def test_bad_match_pattern(tmp_path: Path, match: str, reason: str) -> None:
+    """A pattern that cannot work is reported under ``match`` with the reason."""
+    main, route = _with_route(tmp_path, f'from = "hub"\nto = "central"\nmatch = "{match}"\n')
+    _only_problem(main, "match", reason, file=route)
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("{2}", "{2} refers to a wildcard that pattern 'weather.*' does not have (it has 1)"),
+        ("{foo}", "unknown field {foo}"),
+        ("{²}", "unknown field"),
+        ("{1", "unmatched brace"),
+        ("", "must not be empty"),
+    ],
+)
+def test_bad_address_template(tmp_path: Path, address: str, reason: str) -> None:
+    """A destination template that cannot be expanded is reported under ``address``."""
+    main, route = _with_route(
+        tmp_path, f'from = "hub"\nto = "central"\nmatch = "weather.*"\naddress = "{address}"\n'
+    )
+    _only_problem(main, "address", reason, file=route)
+
+
+def test_durable_routes_are_refused(tmp_path: Path) -> None:
+    """``durable = true`` is refused until the embedded log exists, saying so."""
+    main, route = _with_route(
+        tmp_path, 'from = "hub"\nto = "central"\nmatch = "a"\ndurable = true\n'
+    )
+    _only_problem(main, "durable", "embedded log", "set it to false", file=route)
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", '"10"'])
+def test_bad_route_timeout(tmp_path: Path, timeout: str) -> None:
+    """A route's time-out must be a number greater than zero."""
+    main, route = _with_route(
+        tmp_path, f'from = "hub"\nto = "central"\nmatch = "a"\ntimeout_seconds = {timeout}\n'
+    )
+    _only_problem(main, "timeout_seconds", "must be", file=route)
+
+
+def test_route_missing_keys_and_typos(tmp_path: Path) -> None:
+    """A route without ``from``/``match`` and with a misspelt key gets all three reported."""
+    main, route = _with_route(tmp_path, 'to = "central"\nmatc = "a"\n')
+    problems = _problems(main)
+    assert len(problems) == 3, problems
+    _the_problem(problems, route, "from", "is required")
+    _the_problem(problems, route, "match", "is required")
+    _the_problem(problems, route, "matc", "did you mean 'match'?")
+
+
+@pytest.mark.parametrize("name", ["bad name", "-weather", "wëather"])
+def test_route_file_with_bad_name(tmp_path: Path, name: str) -> None:
+    """A route's name is its file name, so the file name must be a valid name."""
+    main, route = _with_route(tmp_path, 'from = "hub"\nto = "central"\nmatch = "a"\n', name)
+    _only_problem(main, "-", "route file name must be letters, digits", file=route)
+
+
+def test_route_with_toml_error(tmp_path: Path) -> None:
+    """A route file that is not TOML is reported under its own path."""
+    main, route = _with_route(tmp_path, "from = \n")
+    _only_problem(main, "-", "not valid TOML", file=route)
+
+
+def test_all_problems_are_reported_together(tmp_path: Path) -> None:
+    """Every problem of every file is reported at once, not just the first."""
+    _write(tmp_path / "routes" / "bad.toml", 'from = "hub"\nto = "hub"\nmatch = "a..b"\n')
+    _write(tmp_path / "routes" / "worse.toml", 'from = "ghost"\nto = "central"\nmatch = "a"\n')
+    main = _write(
+        tmp_path / "gateway.toml",
+        """
+        [gateway]
+        routes = "routes"
+        colour = "blue"
+
+        [listeners.hub]
+        protocol = "ssmp"
+        endpoint = "tcp:notaport"
+        login_timeout_seconds = -1
+        schemes = ["cert"]
+
+        [upstreams.central]
+        protocol = "ssmp"
+        endpoint = "tcp:host=127.0.0.1:port=9787"
+        identity = "gateway-1"
+        scheme = "open"
+        ping_interval_seconds = false
+        """,
+    )
+    problems = _problems(main)
+    where = {(Path(p.file).name, p.key) for p in problems}
+    assert where == {
+        ("gateway.toml", "gateway.colour"),
+        ("gateway.toml", "listeners.hub.endpoint"),
+        ("gateway.toml", "listeners.hub.login_timeout_seconds"),
+        ("gateway.toml", "listeners.hub.schemes"),
+        ("gateway.toml", "upstreams.central.ping_interval_seconds"),
+        ("bad.toml", "match"),
+        ("worse.toml", "from"),
+    }
+    assert len(problems) == len(where)
+
+
+def test_problem_text_is_file_key_reason() -> None:
+    """A problem prints as ``file: key: reason``; the error joins them by lines."""
+    first = ConfigProblem("a.toml", "listeners.hub.endpoint", "is required (a string)")
+    second = ConfigProblem("b.toml", "-", "file not found")
+    assert str(first) == "a.toml: listeners.hub.endpoint: is required (a string)"
+    assert str(ConfigError([first, second])) == f"{first}\n{second}"
+
+
+# --- reload -----------------------------------------------------------------------------------
+
+
+def test_reload_routes_returns_the_new_routes(tmp_path: Path) -> None:
+    """`reload_routes` reads the route files again, added and removed ones included."""
+    config = load_config(_full_tree(tmp_path))
+    (tmp_path / "routes" / "alerts-from-central.toml").unlink()
+    _write(tmp_path / "routes" / "news.toml", 'from = "side"\nto = "central"\nmatch = "news.*"\n')
+    routes = reload_routes(config)
+    assert [route.name for route in routes] == ["news", "weather-to-central"]
+    assert routes[0] == Route(
+        name="news", source="side", pattern=AddressPattern("news.*"), destination="central"
+    )
+
+
+def test_reload_routes_refuses_an_invalid_set(tmp_path: Path) -> None:
+    """Invalid route files raise `ConfigError` with every problem; nothing is returned."""
+    config = load_config(_full_tree(tmp_path))
+    broken = _write(
+        tmp_path / "routes" / "broken.toml", 'from = "hub"\nto = "ghost"\nmatch = "a"\n'
+    )
+    bad = _write(tmp_path / "routes" / "bad.toml", 'from = "hub"\nto = "central"\n')
+    with pytest.raises(ConfigError) as caught:
+        reload_routes(config)
+    problems = caught.value.problems
+    assert len(problems) == 2, problems
+    _the_problem(problems, broken, "to", "no listener or upstream named 'ghost'")
+    _the_problem(problems, bad, "match", "is required")
+
+
+def test_reload_routes_without_routes_directory(tmp_path: Path) -> None:
+    """A config without a routes directory reloads to no routes; a vanished one is an error."""
+    assert reload_routes(load_config(_write(tmp_path / "plain.toml", HUB))) == ()
+    config = load_config(_full_tree(tmp_path / "full"))
+    for path in (tmp_path / "full" / "routes").iterdir():
+        path.unlink()
+    (tmp_path / "full" / "routes").rmdir()
+    with pytest.raises(ConfigError, match="routes directory not found"):
+        reload_routes(config)
