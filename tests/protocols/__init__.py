@@ -1,0 +1,1 @@
+"""Tests of the Twisted protocol adapters in gateway.protocols, in memory."""
