@@ -137,3 +137,58 @@ def test_optional_certificate(gateway: GatewayProcess, pki: Pki) -> None:
     ) as client:
         client.send("LOGIN alice cert")
         client.expect("200")
+
+
+UPSTREAM_CONFIG = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.secure]
+protocol = "ssmp"
+endpoint = "{endpoint}"
+identity = "alice/bridge"
+scheme = "cert"
+"""
+
+
+def test_upstream_over_tls_with_client_certificate(
+    gateway: GatewayProcess, pki: Pki, tmp_path: Path
+) -> None:
+    """An upstream verifies the server and logs in with its client certificate."""
+    _, port = gateway.address("required")
+    bridge = GatewayProcess(
+        tmp_path,
+        UPSTREAM_CONFIG.format(
+            endpoint=f"tls:host=localhost:port={port}:trustRoots={pki.trust_dir}"
+            f":certificate={pki.alice_cert}:privateKey={pki.alice_key}"
+        ),
+        routes={"in": 'from = "secure"\nmatch = "tls.alerts"\nto = "hub"\n'},
+    ).start()
+    try:
+        bridge.wait_for_log("upstream secure: logged in as alice/bridge")
+        with (
+            LineClient(bridge.address("hub")) as local,
+            LineClient(
+                gateway.address("required"), context(pki, pki.alice_cert, pki.alice_key)
+            ) as remote,
+        ):
+            local.send("LOGIN local open", "SUBSCRIBE tls.alerts")
+            local.expect("200")
+            local.expect("200")
+            remote.send("LOGIN alice/sender cert", "SUBSCRIBE tls.alerts PRESENCE")
+            remote.expect("200")
+            remote.expect("200")
+            remote.expect("000 alice/bridge SUBSCRIBE tls.alerts")  # the bridge is in
+            remote.send("MCAST tls.alerts over tls")
+            remote.expect("200")
+            local.expect("000 alice/sender MCAST tls.alerts over tls")
+    finally:
+        bridge.stop()
