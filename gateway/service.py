@@ -66,10 +66,28 @@ class ListenerService(Service):
         self.listening: Deferred[IListeningPort] | None = None
 
     def startService(self) -> None:
-        """Start listening."""
+        """Start listening.
+
+        Raises:
+            twisted.internet.error.CannotListenError: The endpoint could not
+                listen right away (port in use, bad address). twistd then
+                reports it and exits with a non-zero status instead of
+                running without the listener.
+        """
         super().startService()
-        self.listening = self.endpoint.listen(self.factory)
-        self.listening.addCallback(self._listening)
+        listening = self.endpoint.listen(self.factory).addCallback(self._listening)
+        if listening.called:  # tcp: and mtls: listen synchronously
+            failed: list[Failure] = []
+            listening.addErrback(failed.append)
+            if failed:
+                self.listening = None
+                self._log.critical(
+                    "msggateway cannot start: listener {listener}: {reason}",
+                    listener=self.name,
+                    reason=failed[0].getErrorMessage(),
+                )
+                failed[0].raiseException()
+        self.listening = listening
 
     def _listening(self, port: IListeningPort) -> IListeningPort:
         self.port = port

@@ -8,11 +8,12 @@ dropping connections, and refuses (keeping the old routes) a broken set.
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.harness import GatewayProcess, GatewayStartError, LineClient
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +82,23 @@ def test_route_between_listeners_and_reload(tmp_path: Path) -> None:
             buyer.expect("000 seller MCAST east.books three")
     finally:
         process.stop()
+
+
+def test_port_in_use_stops_startup(tmp_path: Path) -> None:
+    """A listener that cannot listen makes twistd exit non-zero, saying why."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    config = CONFIG.replace(
+        'endpoint = "tcp:0:interface=127.0.0.1"', f'endpoint = "tcp:{port}:interface=127.0.0.1"', 1
+    )
+    try:
+        with pytest.raises(GatewayStartError, match=r"exited with 1") as caught:
+            GatewayProcess(tmp_path, config).start()
+        assert (
+            f"msggateway cannot start: listener east: Couldn't listen on 127.0.0.1:{port}"
+            in str(caught.value)
+        )
+    finally:
+        taken.close()
