@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import attrs
 from twisted.internet.endpoints import clientFromString, serverFromString
@@ -51,8 +51,6 @@ __all__ = [
 DEFAULT_CONFIG_NAME: Final = "<embedded default>"
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 _TLS_SERVER_PREFIXES: Final = ("mtls:", "ssl:")
-
-T = TypeVar("T")
 
 
 # --- errors ------------------------------------------------------------------

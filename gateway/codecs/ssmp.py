@@ -76,8 +76,6 @@ _ID: Final = re.compile(rb"[A-Za-z0-9.:@/_+=~-]+\Z")
 _VERB: Final = re.compile(rb"[A-Z]+\Z")
 _CODE: Final = re.compile(rb"[0-9]{3}\Z")
 
-BAD_REQUEST: Final = b"400"
-
 
 class Role(enum.Enum):
     """Which side of the connection a codec is on."""
