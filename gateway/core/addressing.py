@@ -1,11 +1,14 @@
 """Address patterns and templates for routes.
 
-Addresses are names such as ``weather.paris`` or ``orders``. A pattern is an
-exact name or a topic pattern in the AMQP style, with ``.`` separating words:
-``*`` stands for exactly one word and ``#`` for zero or more words. A template
-builds the destination address from what the pattern matched: ``{address}`` is
-the whole source address and ``{1}``, ``{2}``, ... are the words or word runs
-that the wildcards matched, in order.
+Addresses are names such as ``weather.paris``, ``orders`` or (QMQP
+recipients) ``ops@example.com``. A pattern is an exact name or a topic
+pattern in the AMQP style, with ``.`` and ``@`` separating words: ``*`` stands
+for exactly one word and ``#`` for zero or more words (with the separators
+between them). So ``*@example.com`` takes any single-word local part at
+``example.com`` and ``#@example.com`` any local part. A template builds the
+destination address from what the pattern matched: ``{address}`` is the whole
+source address and ``{1}``, ``{2}``, ... are the words or word runs that the
+wildcards matched, in order.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import attrs
 
 __all__ = ["AddressPattern", "AddressTemplate", "PatternError"]
 
-_WORD_CHARS: Final = re.compile(r"[^.*#]+\Z")
+_WORD_CHARS: Final = re.compile(r"[^.@*#]+\Z")
+_SEPARATORS: Final = re.compile(r"([.@])")
 _FIELD: Final = re.compile(r"\{([^{}]*)\}")
 
 
@@ -25,32 +29,44 @@ class PatternError(ValueError):
     """An address pattern or template that cannot be used, with the reason."""
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def _compile(pattern: str) -> tuple[re.Pattern[str], tuple[bool, ...]]:
     r"""Compile a pattern to a regex matched against ``"." + address``.
 
-    Each word becomes ``\\.word``, ``*`` one captured ``\\.word`` and ``#`` a
-    captured run of zero or more of them; the leading dot is stripped from
-    captures afterwards. This keeps ``#`` correct at either end or in the
+    Each word is taken with the separator before it (the first word with an
+    implied ``.``): a literal word becomes ``\.word`` or ``@word``, ``*`` the
+    separator and one captured word, and ``#`` a captured run of zero or more
+    separator-and-word pairs, whose leading separator is stripped from the
+    capture afterwards. This keeps ``#`` correct at either end or in the
     middle without special cases.
+
+    Returns:
+        The regex, and for each capture whether it is a ``#`` run (whose
+        leading separator is to be stripped).
     """
     if not pattern:
         raise PatternError("an address pattern must not be empty")
+    tokens = _SEPARATORS.split(pattern)
     parts: list[str] = []
-    for word in pattern.split("."):
+    runs: list[bool] = []
+    for index in range(0, len(tokens), 2):
+        separator = tokens[index - 1] if index else "."
+        word = tokens[index]
         if word == "*":
-            parts.append(r"(\.[^.]+)")
+            parts.append(re.escape(separator) + r"([^.@]+)")
+            runs.append(False)
         elif word == "#":
-            parts.append(r"((?:\.[^.]+)*)")
+            parts.append(r"((?:[.@][^.@]+)*)")
+            runs.append(True)
         elif not word:
-            raise PatternError(f"pattern {pattern!r} has an empty word (two dots in a row?)")
+            raise PatternError(f"pattern {pattern!r} has an empty word (two separators in a row?)")
         elif not _WORD_CHARS.match(word):
             raise PatternError(
                 f"word {word!r} of pattern {pattern!r} mixes wildcards with other characters;"
-                " '*' and '#' must stand alone between dots"
+                " '*' and '#' must stand alone between separators (. or @)"
             )
         else:
-            parts.append(re.escape("." + word))
-    return re.compile("".join(parts) + r"\Z")
+            parts.append(re.escape(separator + word))
+    return re.compile("".join(parts) + r"\Z"), tuple(runs)
 
 
 @attrs.frozen
@@ -63,11 +79,13 @@ class AddressPattern:
 
     text: str
     _regex: re.Pattern[str] | None = attrs.field(init=False, eq=False, repr=False)
+    _runs: tuple[bool, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        regex = _compile(self.text)  # validates every pattern, exact or not
+        regex, runs = _compile(self.text)  # validates every pattern, exact or not
         wild = "*" in self.text or "#" in self.text
         object.__setattr__(self, "_regex", regex if wild else None)
+        object.__setattr__(self, "_runs", runs)
 
     @property
     def is_exact(self) -> bool:
@@ -91,7 +109,10 @@ class AddressPattern:
         found = self._regex.match("." + address)
         if found is None:
             return None
-        return tuple(group[1:] for group in found.groups())
+        return tuple(
+            group[1:] if run else group
+            for group, run in zip(found.groups(), self._runs, strict=True)
+        )
 
 
 @attrs.frozen

@@ -118,9 +118,9 @@ def test_hash_at_start_middle_and_alone(
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("a.*b", "'*' and '#' must stand alone between dots"),
-        ("a.#b", "'*' and '#' must stand alone between dots"),
-        ("a..b", "empty word (two dots in a row?)"),
+        ("a.*b", "'*' and '#' must stand alone between separators"),
+        ("a.#b", "'*' and '#' must stand alone between separators"),
+        ("a..b", "empty word (two separators in a row?)"),
         ("a.", "empty word"),
         (".a", "empty word"),
         ("", "must not be empty"),
@@ -246,3 +246,33 @@ def test_hash_captures_the_run_it_replaces(data: st.DataObject, words: list[str]
     pattern = AddressPattern(".".join([*words[:start], "#", *words[end:]]))
     address = ".".join(words)
     assert pattern.match(address) == (".".join(words[start:end]),)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "address", "captures"),
+    [
+        ("*@example.com", "bob@example.com", ("bob",)),
+        ("*@example.com", "bob.smith@example.com", None),
+        ("#@example.com", "bob.smith@example.com", ("bob.smith",)),
+        ("*@*.example.com", "ops@mail.example.com", ("ops", "mail")),
+        ("*@example.com", "bob@mail.example.com", None),
+        ("#", "bob@example.com", ("bob@example.com",)),
+        ("ops@example.com", "ops@example.com", ()),
+        ("alerts.#", "alerts.disk@host1", ("disk@host1",)),
+    ],
+)
+def test_at_sign_separates_words(
+    pattern: str, address: str, captures: tuple[str, ...] | None
+) -> None:
+    """'@' separates words like '.', so recipient addresses match by local part and domain."""
+    assert AddressPattern(pattern).match(address) == captures
+
+
+def test_at_sign_template() -> None:
+    """A recipient's local part can become part of a topic."""
+    pattern = AddressPattern("#@alerts.example.com")
+    template = AddressTemplate("alerts.{1}")
+    template.check_against(pattern)
+    captures = pattern.match("disk.full@alerts.example.com")
+    assert captures is not None
+    assert template.expand("disk.full@alerts.example.com", captures) == "alerts.disk.full"
