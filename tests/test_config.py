@@ -564,7 +564,7 @@ def test_route_to_itself(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("match", "reason"),
     [
-        ("weather.*paris", "must stand alone between dots"),
+        ("weather.*paris", "must stand alone between separators"),
         ("weather..paris", "empty word"),
         ("", "must not be empty"),
     ],

@@ -31,6 +31,7 @@ __all__ = [
     "Route",
     "RouteTable",
     "Router",
+    "Unrouted",
     "bind_routes",
 ]
 
@@ -52,6 +53,11 @@ class Route:
         durable: Whether messages go through the embedded log (issue 4).
         timeout_seconds: How long a delivery may take before the sender is
             told to retry later.
+        match_sender: If set, the route only takes messages whose sender
+            (QMQP envelope sender, SSMP peer id) matches it.
+        recipients: If set, the destination addresses, whatever the source
+            address was (e.g. an SSMP topic's messages become mail to these).
+        envelope_sender: If set, the sender the destination sees.
     """
 
     name: str
@@ -61,6 +67,9 @@ class Route:
     target: AddressTemplate | None = None
     durable: bool = False
     timeout_seconds: float = DEFAULT_ROUTE_TIMEOUT_SECONDS
+    match_sender: AddressPattern | None = None
+    recipients: tuple[str, ...] = ()
+    envelope_sender: str | None = None
 
     def destination_address(self, address: str, captures: tuple[str, ...]) -> str:
         """Return the address a message on ``address`` is delivered to."""
@@ -95,6 +104,17 @@ class DirectDelivery:
 
 
 @attrs.frozen
+class Unrouted:
+    """No route took these addresses; the message went nowhere.
+
+    Attributes:
+        addresses: The source addresses (recipients) without a route.
+    """
+
+    addresses: tuple[str, ...]
+
+
+@attrs.frozen
 class BoundRoute:
     """A route together with the delivery that carries its messages."""
 
@@ -122,13 +142,29 @@ class RouteTable:
             )
         self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
         self._sources = frozenset(self._by_source)
+        self._sender_filters = any(b.route.match_sender is not None for b in self.routes)
 
     def sources(self) -> frozenset[str]:
         """Return the endpoints some route takes messages from."""
         return self._sources
 
-    def match(self, source: str, address: str) -> tuple[Match, ...]:
-        """Return the routes (with wildcard captures) a message takes."""
+    def match(self, source: str, address: str, sender: str | None = None) -> tuple[Match, ...]:
+        """Return the routes (with wildcard captures) a message takes.
+
+        Routes with ``match_sender`` take the message only if its sender
+        matches; the address part is cached, the sender check is not.
+        """
+        found = self._match_address(source, address)
+        if self._sender_filters and found:
+            found = tuple(
+                (bound, captures)
+                for bound, captures in found
+                if bound.route.match_sender is None
+                or (sender is not None and bound.route.match_sender.match(sender) is not None)
+            )
+        return found
+
+    def _match_address(self, source: str, address: str) -> tuple[Match, ...]:
         key = (source, address)
         found = self._cache.get(key)
         if found is not None:
@@ -204,34 +240,61 @@ class Router:
         """Whether any route takes messages from ``source`` on ``address``."""
         return bool(self.table.match(source, address))
 
-    def dispatch(self, source: str, message: Message) -> Deferred[Outcome] | None:
+    def dispatch(self, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
         """Deliver a message along every route that takes it.
+
+        The message is routed by its recipients when it has any (QMQP), else
+        by its address. It is all or nothing: when any recipient has no
+        route, nothing is delivered and the answer is `Unrouted` naming them.
+        Each route delivers once, with the destination addresses of all the
+        recipients it took as the message's recipients.
 
         Args:
             source: The listener or upstream it arrived at.
-            message: The message, with its source-side address.
+            message: The message, with its source-side address(es).
 
         Returns:
-            None when no route takes it (the adapter decides what that means
-            for its protocol), else a Deferred that fires with the combined
-            outcome: accepted only if every route accepted.
+            `Unrouted` when some address has no route (the adapter decides
+            what that means for its protocol), else a Deferred that fires with
+            the combined outcome: accepted only if every route accepted.
         """
-        matches = self.table.match(source, message.address)
-        if not matches:
-            return None
-        if len(matches) == 1:
-            bound, captures = matches[0]
-            return self._deliver(bound, captures, message)
-        results = [self._deliver(bound, captures, message) for bound, captures in matches]
+        table = self.table
+        if not message.recipients:
+            matches = table.match(source, message.address, message.sender)
+            if not matches:
+                return Unrouted((message.address,))
+            if len(matches) == 1:  # the common case, kept short
+                bound, captures = matches[0]
+                destination = bound.route.destination_address(message.address, captures)
+                return self._deliver(bound, message, [destination])
+            plan = {
+                bound: [bound.route.destination_address(message.address, captures)]
+                for bound, captures in matches
+            }
+        else:
+            plan = {}
+            unrouted: list[str] = []
+            for address in message.recipients:
+                matches = table.match(source, address, message.sender)
+                if not matches:
+                    unrouted.append(address)
+                for bound, captures in matches:
+                    plan.setdefault(bound, []).append(
+                        bound.route.destination_address(address, captures)
+                    )
+            if unrouted:
+                return Unrouted(tuple(unrouted))
+        results = [self._deliver(bound, message, addresses) for bound, addresses in plan.items()]
+        if len(results) == 1:
+            return results[0]
         combined: Deferred[list[Outcome]] = gatherResults(results)
         return combined.addCallback(worst)
 
     def _deliver(
-        self, bound: BoundRoute, captures: tuple[str, ...], message: Message
+        self, bound: BoundRoute, message: Message, addresses: list[str]
     ) -> Deferred[Outcome]:
         route = bound.route
-        address = route.destination_address(message.address, captures)
-        translated = message if address == message.address else message.with_address(address)
+        translated = _translate(route, message, addresses)
         started = self._clock.seconds()
         metrics = self._metrics
         if metrics is not None:
@@ -257,3 +320,27 @@ class Router:
             return outcome
 
         return d.addCallback(finished)
+
+
+def _translate(route: Route, message: Message, addresses: list[str]) -> Message:
+    """The message as the route's destination sees it.
+
+    Its address is the first destination address and its recipients all of
+    them (once each), unless the message had no recipients and goes to one
+    address only, in which case it keeps having none.
+    """
+    if route.recipients:
+        destinations: tuple[str, ...] = route.recipients
+    elif len(addresses) == 1:
+        destinations = (addresses[0],)
+    else:
+        destinations = tuple(dict.fromkeys(addresses))
+    sender = route.envelope_sender if route.envelope_sender is not None else message.sender
+    recipients = destinations if (message.recipients or len(destinations) > 1) else ()
+    if (
+        destinations[0] == message.address
+        and recipients == message.recipients
+        and sender == message.sender
+    ):
+        return message
+    return attrs.evolve(message, address=destinations[0], recipients=recipients, sender=sender)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+import attrs
 import pytest
 from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.task import Clock
@@ -26,6 +27,7 @@ from gateway.core.router import (
     Route,
     Router,
     RouteTable,
+    Unrouted,
     bind_routes,
 )
 from gateway.metrics import GatewayMetrics
@@ -141,7 +143,7 @@ def _dispatch(
 ) -> Deferred[Outcome]:
     """Dispatch a message that some route must take."""
     d = router.dispatch(source, Message(body=body, address=address))
-    assert d is not None, f"no route takes {address} from {source}"
+    assert not isinstance(d, Unrouted), f"no route takes {address} from {source}"
     return d
 
 
@@ -183,11 +185,13 @@ def test_fakes_and_direct_delivery_provide_their_interfaces() -> None:
 
 
 def test_no_matching_route_gives_none() -> None:
-    """A message no route takes is not delivered; dispatch answers None."""
+    """A message no route takes is not delivered; dispatch answers Unrouted."""
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     assert not router.has_routes("hub", "news.today")
-    assert router.dispatch("hub", Message(body=b"", address="news.today")) is None
+    assert router.dispatch("hub", Message(body=b"", address="news.today")) == Unrouted(
+        ("news.today",)
+    )
     assert central.received == []
 
 
@@ -203,7 +207,9 @@ def test_routes_belong_to_their_source() -> None:
     assert router.table.sources() == frozenset({"hub", "central"})
     assert router.has_routes("hub", "weather.paris")
     assert not router.has_routes("central", "weather.paris")
-    assert router.dispatch("central", Message(body=b"", address="weather.paris")) is None
+    assert isinstance(
+        router.dispatch("central", Message(body=b"", address="weather.paris")), Unrouted
+    )
     assert not router.has_routes("hub", "alerts")
 
     assert _result(_dispatch(router, "alerts", source="central")).is_accepted
@@ -229,7 +235,7 @@ def test_address_is_kept_without_a_template() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     message = Message(body=b"23C", address="weather.paris")
-    assert router.dispatch("hub", message) is not None
+    assert not isinstance(router.dispatch("hub", message), Unrouted)
     assert central.received == [message]
 
 
@@ -458,7 +464,7 @@ def test_replace_table_applies_to_new_messages() -> None:
 
     new_central = _AnsweringDestination("central")
     router.replace_table(bind_routes([_route("news", "news.*")], {"central": new_central}))
-    assert router.dispatch("hub", Message(body=b"", address="weather.lyon")) is None
+    assert isinstance(router.dispatch("hub", Message(body=b"", address="weather.lyon")), Unrouted)
     assert _result(_dispatch(router, "news.today")).is_accepted
     assert [m.address for m in new_central.received] == ["news.today"]
 
@@ -557,3 +563,85 @@ def test_bind_routes_gives_each_route_its_delivery() -> None:
     assert _result(_dispatch(router, "orders")) == Outcome.accepted("committed")
     assert [m.address for m in made[0].committed] == ["orders"]
     assert central.received == []
+
+
+# --- recipients (QMQP) ------------------------------------------------------------
+
+
+def _mail(*recipients: str, sender: str = "app@example.org") -> Message:
+    """A message routed by its envelope recipients."""
+    return Message(body=b"Subject: hi\n\nhello\n", address=recipients[0],
+                   recipients=recipients, sender=sender)  # fmt: skip
+
+
+def test_recipients_are_routed_each_and_delivered_once_per_route() -> None:
+    """Each recipient is matched; each route delivers once, with its recipients translated."""
+    alerts = _AnsweringDestination("alerts")
+    archive = _AnsweringDestination("archive")
+    router, _, _ = _router(
+        [
+            _route("to-alerts", "#@alerts.example.com", destination="alerts", address="alerts.{1}"),
+            _route("to-archive", "#", destination="archive"),
+        ],
+        alerts,
+        archive,
+    )
+    d = router.dispatch("hub", _mail("disk@alerts.example.com", "cpu@alerts.example.com"))
+    assert not isinstance(d, Unrouted)
+    assert _result(d) == Outcome.accepted()
+    [to_alerts] = alerts.received
+    assert to_alerts.recipients == ("alerts.disk", "alerts.cpu")
+    assert to_alerts.address == "alerts.disk"
+    [to_archive] = archive.received
+    assert to_archive.recipients == ("disk@alerts.example.com", "cpu@alerts.example.com")
+
+
+def test_one_unroutable_recipient_stops_the_whole_message() -> None:
+    """All or nothing: a recipient without a route means no delivery, and says which."""
+    alerts = _AnsweringDestination("alerts")
+    router, _, _ = _router(
+        [_route("to-alerts", "*@alerts.example.com", destination="alerts")], alerts
+    )
+    result = router.dispatch("hub", _mail("disk@alerts.example.com", "bob@elsewhere.org"))
+    assert result == Unrouted(("bob@elsewhere.org",))
+    assert alerts.received == []
+
+
+def test_match_sender_filters_routes() -> None:
+    """A route with match_sender takes only messages from matching senders."""
+    central = _AnsweringDestination("central")
+    route = attrs.evolve(
+        _route("trusted", "#"), match_sender=AddressPattern("#@trusted.example.com")
+    )
+    router, _, _ = _router([route], central)
+    assert isinstance(router.dispatch("hub", _mail("x@y.org", sender="eve@evil.org")), Unrouted)
+    no_sender = attrs.evolve(_mail("x@y.org"), sender=None)
+    assert isinstance(router.dispatch("hub", no_sender), Unrouted)
+    d = router.dispatch("hub", _mail("x@y.org", sender="app@trusted.example.com"))
+    assert not isinstance(d, Unrouted)
+    assert len(central.received) == 1
+
+
+def test_fixed_recipients_and_envelope_sender() -> None:
+    """A route can send a topic's messages as mail to fixed recipients, from a set sender."""
+    mail = _AnsweringDestination("mail")
+    route = attrs.evolve(
+        _route("topic-to-mail", "alerts", destination="mail"),
+        recipients=("ops@example.com", "oncall@example.com"),
+        envelope_sender="gateway@example.com",
+    )
+    router, _, _ = _router([route], mail)
+    _result(_dispatch(router, "alerts"))
+    [sent] = mail.received
+    assert sent.recipients == ("ops@example.com", "oncall@example.com")
+    assert sent.address == "ops@example.com"
+    assert sent.sender == "gateway@example.com"
+
+
+def test_single_address_message_keeps_no_recipients() -> None:
+    """An SSMP-style message (no recipients) to one address stays recipient-less."""
+    central = _AnsweringDestination("central")
+    router, _, _ = _router([_route("w", "weather.*", address="wx.{1}")], central)
+    _result(_dispatch(router, "weather.paris"))
+    [sent] = central.received
+    assert (sent.address, sent.recipients) == ("wx.paris", ())

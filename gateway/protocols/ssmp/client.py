@@ -30,7 +30,7 @@ from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
-from gateway.core.router import Router
+from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.ssmp.mapping import mcast_request, message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
@@ -379,7 +379,7 @@ class SSMPUpstream:
         """Dispatch an MCAST event from the server along the routes from here."""
         message = message_from_mcast(source, topic, payload, self.clock.seconds())
         outcome = self.router.dispatch(self.name, message)
-        if outcome is None:
+        if isinstance(outcome, Unrouted):
             self.count_error("unrouted")
             return
         self._in_flight += 1

@@ -178,18 +178,24 @@ class Hub:
     # --- IDestination ------------------------------------------------------------
 
     def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Deliver a routed message as an MCAST event to the topic's subscribers.
+        """Deliver a routed message as MCAST events to its topics' subscribers.
 
-        SSMP delivery is best effort: the outcome is accepted once the event
-        is queued for every current subscriber, even if there are none (the
+        The topics are the message's recipients (a QMQP message for several
+        recipients that a route mapped to topics), else its address. SSMP
+        delivery is best effort: the outcome is accepted once the event is
+        queued for every current subscriber, even if there are none (the
         spec's MCAST never answers 404). Bodies SSMP cannot carry (empty,
-        containing LF, too long) are rejected.
+        containing LF, too long) and invalid topics are rejected, and then
+        nothing is delivered.
         """
-        encoded = event_line(message)
-        if isinstance(encoded, Outcome):
-            return succeed(encoded)
-        topic, line = encoded
-        self.mcast(None, topic, line)
+        lines: list[tuple[bytes, bytes]] = []
+        for topic in message.recipients or (message.address,):
+            encoded = event_line(message, topic)
+            if isinstance(encoded, Outcome):
+                return succeed(encoded)
+            lines.append(encoded)
+        for topic_bytes, line in lines:
+            self.mcast(None, topic_bytes, line)
         if self._dirty:
             self.schedule_flush()
         return succeed(Outcome.accepted())

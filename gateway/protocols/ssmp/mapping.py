@@ -30,12 +30,12 @@ def message_from_mcast(sender: bytes, topic: bytes, payload: bytes, timestamp: f
     )
 
 
-def _carriable(message: Message) -> tuple[bytes, bytes] | Outcome:
-    topic = message.address.encode("ascii", "replace")
+def _carriable(message: Message, address: str | None = None) -> tuple[bytes, bytes] | Outcome:
+    address = message.address if address is None else address
+    topic = address.encode("ascii", "replace")
     if not ssmp.is_valid_id(topic):
         return Outcome.rejected(
-            f"address {message.address!r} is not a valid SSMP topic"
-            " (letters, digits and .:@/_-+=~ only)"
+            f"address {address!r} is not a valid SSMP topic (letters, digits and .:@/_-+=~ only)"
         )
     body = message.body
     if not body:
@@ -57,8 +57,8 @@ def mcast_request(message: Message) -> bytes | Outcome:
         return Outcome.rejected(f"cannot send over SSMP: {exc.reason}")
 
 
-def event_line(message: Message) -> tuple[bytes, bytes] | Outcome:
-    """Encode a message as the ``000 <sender> MCAST`` event a hub forwards.
+def event_line(message: Message, topic: str) -> tuple[bytes, bytes] | Outcome:
+    """Encode a message as the ``000 <sender> MCAST <topic>`` event a hub forwards.
 
     The sender shown is the message's sender when it is a valid SSMP id (a
     peer on another hub keeps its name across a bridge), else the anonymous
@@ -67,15 +67,16 @@ def event_line(message: Message) -> tuple[bytes, bytes] | Outcome:
     Returns:
         The topic and the encoded event line, or why it cannot be carried.
     """
-    carriable = _carriable(message)
+    carriable = _carriable(message, topic)
     if isinstance(carriable, Outcome):
         return carriable
-    topic, body = carriable
+    encoded_topic, body = carriable
     sender = (message.sender or ".").encode("ascii", "replace")
     if not ssmp.is_valid_id(sender):
         sender = ssmp.ANONYMOUS
+    event = ssmp.Event(source=sender, message=ssmp.Mcast(topic=encoded_topic, payload=body))
     try:
-        line = ssmp.encode(ssmp.Event(source=sender, message=ssmp.Mcast(topic=topic, payload=body)))
+        line = ssmp.encode(event)
     except ssmp.SSMPLocalError as exc:
         return Outcome.rejected(f"cannot deliver over SSMP: {exc.reason}")
-    return topic, line
+    return encoded_topic, line

@@ -36,7 +36,7 @@ from zope.interface import implementer
 from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.message import Outcome, Status
-from gateway.core.router import Router
+from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import message_from_mcast
@@ -479,7 +479,7 @@ class SSMPServerProtocol(Protocol):
                 factory.name,
                 message_from_mcast(self.identity, topic, payload, factory.clock.seconds()),
             )
-            if outcome is not None:
+            if not isinstance(outcome, Unrouted):
                 self._respond_later(outcome)
                 return
         self._respond(OK)
