@@ -27,6 +27,11 @@ from twisted.internet.testing import MemoryReactor
 from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
 from gateway.core.auth import Secrets
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
+from gateway.core.transforms import TRANSFORMS
+from gateway.protocols.qmqp.settings import (
+    DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_QMQP_MAX_MESSAGE_BYTES,
+)
+from gateway.protocols.qmqp.settings import QMQPListenerSettings, QMQPUpstreamSettings
 from gateway.protocols.ssmp.settings import (
     DEFAULT_MAX_BACKLOG_BYTES,
     LOGIN_SCHEMES,
@@ -146,6 +151,7 @@ class GatewayConfig:
         data_dir: Where the gateway keeps state (the durable log, issue 4).
         routes_dir: The directory route files were read from, if any.
         secrets_path: The secrets file, if any.
+        inline_routes: Routes written as ``[routes.NAME]`` in the main file.
     """
 
     source: str
@@ -157,6 +163,7 @@ class GatewayConfig:
     data_dir: Path = Path("var")
     routes_dir: Path | None = None
     secrets_path: Path | None = None
+    inline_routes: tuple[Route, ...] = ()
 
     def endpoint_names(self) -> dict[str, str]:
         """Every listener and upstream name, with its protocol."""
@@ -348,6 +355,31 @@ def _ssmp_upstream(section: _Section) -> SSMPUpstreamSettings:
     )
 
 
+def _qmqp_listener(section: _Section, tls: bool) -> QMQPListenerSettings:
+    return QMQPListenerSettings(
+        require_auth=section.boolean("require_auth", False),
+        max_message_bytes=section.integer(
+            "max_message_bytes", DEFAULT_QMQP_MAX_MESSAGE_BYTES, minimum=1024
+        ),
+        max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
+        max_in_flight_bytes=section.integer("max_in_flight_bytes", 64 * 1024 * 1024, minimum=65536),
+    )
+
+
+def _qmqp_upstream(section: _Section) -> QMQPUpstreamSettings:
+    username = section.string("username", None)
+    return QMQPUpstreamSettings(
+        username=username if isinstance(username, str) else None,
+        auth_success_reply=section.choice("auth_success_reply", frozenset({"1", "0"}), "1"),
+        window=section.integer("window", 100, minimum=1),
+        max_queue=section.integer("max_queue", 10000, minimum=1),
+        max_attempts=section.integer("max_attempts", 5, minimum=1),
+        retry_initial_seconds=section.positive("retry_initial_seconds", 1.0),
+        retry_max_seconds=section.positive("retry_max_seconds", 30.0),
+        max_message_bytes=section.integer("max_message_bytes", 1024 * 1024, minimum=1024),
+    )
+
+
 def _is_ssmp_id(value: str) -> bool:
     from gateway.codecs.ssmp import is_valid_id
 
@@ -356,9 +388,11 @@ def _is_ssmp_id(value: str) -> bool:
 
 _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
     "ssmp": _ssmp_listener,
+    "qmqp": _qmqp_listener,
 }
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,
+    "qmqp": _qmqp_upstream,
 }
 
 
@@ -420,25 +454,44 @@ def _load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
     return Secrets(logins=groups["logins"], upstreams=groups["upstreams"])
 
 
-def _route_from(path: Path, data: dict[str, Any], problems: list[ConfigProblem]) -> Route | None:
-    section = _Section(str(path), "", data, problems)
+def _route_from(
+    file: str, name: str, path: str, data: dict[str, Any], problems: list[ConfigProblem]
+) -> Route | None:
+    """Validate one route: a whole route file (``path`` empty) or a ``[routes.NAME]`` table."""
+    section = _Section(file, path, data, problems)
     before = len(problems)
-    name = path.stem
     section.string("description", "")
     source = section.string("from")
     destination = section.string("to")
     match = section.string("match")
     address = section.string("address", None)
+    match_sender = section.string("match_sender", None)
+    recipients = section.strings("recipients")
+    envelope_sender = section.string("envelope_sender", None)
+    body = section.choice("body", frozenset(TRANSFORMS), "unchanged")
     durable = section.boolean("durable", False)
     timeout = section.positive("timeout_seconds", DEFAULT_ROUTE_TIMEOUT_SECONDS)
     section.done()
     pattern: AddressPattern | None = None
     target: AddressTemplate | None = None
+    sender_pattern: AddressPattern | None = None
     if isinstance(match, str) and match:
         try:
             pattern = AddressPattern(match)
         except PatternError as exc:
             section.problem("match", str(exc))
+    if isinstance(match_sender, str):
+        try:
+            sender_pattern = AddressPattern(match_sender)
+        except PatternError as exc:
+            section.problem("match_sender", str(exc))
+    if recipients and address is not None:
+        section.problem(
+            "recipients", "give either address (a template) or recipients (fixed), not both"
+        )
+    for recipient in recipients:
+        if not recipient or recipient != recipient.strip():
+            section.problem("recipients", f"{recipient!r} is not an address")
     if isinstance(address, str):
         try:
             target = AddressTemplate(address)
@@ -462,6 +515,10 @@ def _route_from(path: Path, data: dict[str, Any], problems: list[ConfigProblem])
         target=target,
         durable=durable,
         timeout_seconds=timeout,
+        match_sender=sender_pattern,
+        recipients=recipients,
+        envelope_sender=envelope_sender if isinstance(envelope_sender, str) else None,
+        body=body if isinstance(body, str) else "unchanged",
     )
 
 
@@ -479,32 +536,37 @@ def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[Route, 
             continue
         data = _read_toml(path, problems)
         if data is not None:
-            route = _route_from(path, data, problems)
+            route = _route_from(str(path), path.stem, "", data, problems)
             if route is not None:
                 routes.append(route)
     return tuple(routes)
 
 
+_UNDELIVERABLE_LISTENERS: Final = {
+    "qmqp": "a QMQP listener (its clients send; nothing is delivered to them)",
+}
+"""Listener protocols that routes cannot deliver to, and why."""
+
+
 def _check_routes(
-    routes: tuple[Route, ...],
-    endpoints: Mapping[str, str],
-    routes_dir: Path | None,
-    problems: list[ConfigProblem],
+    routes: tuple[Route, ...], config: GatewayConfig, problems: list[ConfigProblem]
 ) -> None:
+    endpoints = config.endpoint_names()
+    listeners = {listener.name: listener.protocol for listener in config.listeners}
     known = ", ".join(sorted(endpoints)) or "none"
     for route in routes:
-        file = str(routes_dir / f"{route.name}.toml") if routes_dir else route.name
+        file, prefix = _route_file(config, route)
+        why = _UNDELIVERABLE_LISTENERS.get(listeners.get(route.destination, ""))
+        if why is not None:
+            reason = f"{route.destination!r} is {why}; routes cannot end there"
+            problems.append(ConfigProblem(file, prefix + "to", reason))
         for key, name in (("from", route.source), ("to", route.destination)):
             if name not in endpoints:
-                problems.append(
-                    ConfigProblem(
-                        file, key, f"no listener or upstream named {name!r} (known: {known})"
-                    )
-                )
+                reason = f"no listener or upstream named {name!r} (known: {known})"
+                problems.append(ConfigProblem(file, prefix + key, reason))
         if route.source == route.destination:
-            problems.append(
-                ConfigProblem(file, "to", "a route must not deliver back to where it takes from")
-            )
+            reason = "a route must not deliver back to where it takes from"
+            problems.append(ConfigProblem(file, prefix + "to", reason))
 
 
 def _parse_main(
@@ -540,38 +602,75 @@ def _parse_main(
         upstream = _upstream(name, section, names)
         if upstream is not None:
             upstreams.append(upstream)
+    inline: list[Route] = []
+    for name, section in root.table_items("routes"):
+        route = _route_from(file, name, section.path, dict(section.table), problems)
+        if route is not None:
+            inline.append(route)
     root.done()
 
     secrets_path = base / secrets_name if isinstance(secrets_name, str) else None
     secrets = _load_secrets(secrets_path, problems) if secrets_path else Secrets()
     for upstream in upstreams:
-        scheme = getattr(upstream.settings, "scheme", None)
-        if scheme == "secret" and secrets.credential_for(upstream.name) is None:
+        if getattr(upstream.settings, "scheme", None) == "secret":
+            how = "logs in with scheme 'secret'"
+        elif getattr(upstream.settings, "username", None) is not None:
+            how = f"authenticates as {upstream.settings.username!r}"
+        else:
+            continue
+        if secrets.credential_for(upstream.name) is None:
             where = str(secrets_path) if secrets_path else file
             problems.append(
                 ConfigProblem(
                     where,
                     f"upstreams.{upstream.name}",
-                    "upstream logs in with scheme 'secret' but no secret is configured for it"
+                    f"upstream {how} but no secret is configured for it"
                     + ("" if secrets_path else " (and gateway.secrets names no secrets file)"),
                 )
             )
 
     routes_dir = base / routes_name if isinstance(routes_name, str) else None
-    routes = load_routes(routes_dir, problems) if routes_dir else ()
     config = GatewayConfig(
         source=file,
         listeners=tuple(listeners),
         upstreams=tuple(upstreams),
-        routes=routes,
+        routes=(),
         admin=admin,
         secrets=secrets,
         data_dir=data_dir,
         routes_dir=routes_dir,
         secrets_path=secrets_path,
+        inline_routes=tuple(inline),
     )
-    _check_routes(routes, config.endpoint_names(), routes_dir, problems)
-    return config
+    routes = _all_routes(config, problems)
+    return attrs.evolve(config, routes=routes)
+
+
+def _all_routes(config: GatewayConfig, problems: list[ConfigProblem]) -> tuple[Route, ...]:
+    """The main file's ``[routes.NAME]`` tables plus the route files, checked together."""
+    from_files = load_routes(config.routes_dir, problems) if config.routes_dir else ()
+    inline_names = {route.name for route in config.inline_routes}
+    for route in from_files:
+        if route.name in inline_names:
+            problems.append(
+                ConfigProblem(
+                    _route_file(config, route)[0],
+                    "-",
+                    f"route {route.name!r} is also defined in {config.source} [routes]",
+                )
+            )
+    routes = tuple(sorted((*config.inline_routes, *from_files), key=lambda route: route.name))
+    _check_routes(routes, config, problems)
+    return routes
+
+
+def _route_file(config: GatewayConfig, route: Route) -> tuple[str, str]:
+    """Where a route was written: its file, and the key prefix within it."""
+    if route in config.inline_routes:
+        return config.source, f"routes.{route.name}."
+    if config.routes_dir is not None:
+        return str(config.routes_dir / f"{route.name}.toml"), ""
+    return route.name, ""
 
 
 def _endpoint_head(
@@ -655,12 +754,13 @@ def load_default_config() -> GatewayConfig:
 def reload_routes(config: GatewayConfig) -> tuple[Route, ...]:
     """Re-read the route files of a running configuration (SIGHUP).
 
+    Routes in the main file stay as they were loaded.
+
     Raises:
         ConfigError: The new routes are invalid; the caller keeps the old ones.
     """
     problems: list[ConfigProblem] = []
-    routes = load_routes(config.routes_dir, problems) if config.routes_dir else ()
-    _check_routes(routes, config.endpoint_names(), config.routes_dir, problems)
+    routes = _all_routes(config, problems)
     if problems:
         raise ConfigError(problems)
     return routes

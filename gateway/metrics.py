@@ -126,6 +126,12 @@ class GatewayMetrics:
             ["route"],
             registry=r,
         )
+        self.qmqp_replies = Counter(
+            "msggateway_qmqp_replies",
+            "QMQP replies sent by listeners or received by upstreams, by status K, Z or D.",
+            ["endpoint", "status"],
+            registry=r,
+        )
         self.upstream_up = Gauge(
             "msggateway_upstream_connected",
             "1 when the upstream is connected and logged in, else 0.",

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.interfaces import (
     IListeningPort,
@@ -27,6 +27,7 @@ from twisted.internet.interfaces import (
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from gateway.admin import HealthReport, make_admin_site
 from gateway.config import (
@@ -40,8 +41,11 @@ from gateway.config import (
     reload_routes,
 )
 from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.qmqp.client import QMQPUpstream
+from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.ssmp.client import SSMPUpstream
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.server import SSMPServerFactory
@@ -245,13 +249,56 @@ def _ssmp_upstream(
     return upstream.service, upstream, lambda: upstream.connected
 
 
+def _qmqp_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    factory = QMQPServerFactory(
+        name=config.name,
+        settings=config.settings,
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, _NoDelivery(config.name, "a QMQP listener")
+
+
+def _qmqp_upstream(
+    gateway: GatewayService, config: UpstreamConfig
+) -> tuple[IService, IDestination, Callable[[], bool]]:
+    upstream = QMQPUpstream(
+        name=config.name,
+        settings=config.settings,
+        endpoint=clientFromString(gateway.reactor, config.endpoint),
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return upstream.service, upstream, lambda: upstream.connected
+
+
+@implementer(IDestination)
+class _NoDelivery:
+    """The destination of a listener that cannot be delivered to."""
+
+    def __init__(self, name: str, what: str) -> None:
+        self.name = name
+        self._what = what
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Refuse: nothing on this listener takes routed messages."""
+        return succeed(
+            Outcome.rejected(f"{self.name} is {self._what}, which routes cannot deliver to")
+        )
+
+
 _LISTENERS: dict[
     str, Callable[[GatewayService, ListenerConfig], tuple[IProtocolFactory, IDestination]]
-] = {"ssmp": _ssmp_listener}
+] = {"ssmp": _ssmp_listener, "qmqp": _qmqp_listener}
 _UPSTREAMS: dict[
     str,
     Callable[[GatewayService, UpstreamConfig], tuple[IService, IDestination, Callable[[], bool]]],
-] = {"ssmp": _ssmp_upstream}
+] = {"ssmp": _ssmp_upstream, "qmqp": _qmqp_upstream}
 
 
 def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:

@@ -258,23 +258,26 @@ def test_admin_can_be_disabled(tmp_path: Path) -> None:
 
 
 def test_embedded_default_listens_on_loopback() -> None:
-    """The default: SSMP on 127.0.0.1:8787 with open login and anonymous, admin on 8790."""
+    """The default: SSMP on 8787 (open, anonymous), QMQP on 8628, admin on 8790, loopback."""
     config = load_default_config()
     assert config.source == DEFAULT_CONFIG_NAME
     assert config.upstreams == ()
-    assert config.routes == ()
-    [listener] = config.listeners
-    assert listener.protocol == "ssmp"
-    assert not listener.tls
-    assert listener.settings.schemes == frozenset({"open"})
-    assert listener.settings.anonymous
+    [route] = config.routes
+    assert (route.source, route.destination, route.body) == ("qmqp", "ssmp", "subject")
+    ssmp_listener, qmqp_listener = config.listeners
+    assert ssmp_listener.protocol == "ssmp"
+    assert not ssmp_listener.tls
+    assert ssmp_listener.settings.schemes == frozenset({"open"})
+    assert ssmp_listener.settings.anonymous
+    assert qmqp_listener.protocol == "qmqp"
 
     reactor = MemoryReactor()
-    for endpoint in (listener.endpoint, config.admin.endpoint):
+    for endpoint in (ssmp_listener.endpoint, qmqp_listener.endpoint, config.admin.endpoint):
         assert endpoint is not None
         serverFromString(reactor, endpoint).listen(Factory.forProtocol(Protocol))
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
         (8787, "127.0.0.1"),
+        (8628, "127.0.0.1"),
         (8790, "127.0.0.1"),
     ]
 
@@ -416,7 +419,7 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         tmp_path / "gateway.toml",
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
-    _only_problem(main, "listeners.hub.protocol", "must be one of ssmp, not 'smtp'")
+    _only_problem(main, "listeners.hub.protocol", "must be one of qmqp, ssmp, not 'smtp'")
 
 
 def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> None:

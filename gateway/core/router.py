@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -23,6 +23,7 @@ from zope.interface import implementer
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
+from gateway.core.transforms import TransformError, transform
 from gateway.metrics import GatewayMetrics
 
 __all__ = [
@@ -58,6 +59,7 @@ class Route:
         recipients: If set, the destination addresses, whatever the source
             address was (e.g. an SSMP topic's messages become mail to these).
         envelope_sender: If set, the sender the destination sees.
+        body: How the body is transformed on the way (`gateway.core.transforms`).
     """
 
     name: str
@@ -70,6 +72,7 @@ class Route:
     match_sender: AddressPattern | None = None
     recipients: tuple[str, ...] = ()
     envelope_sender: str | None = None
+    body: str = "unchanged"
 
     def destination_address(self, address: str, captures: tuple[str, ...]) -> str:
         """Return the address a message on ``address`` is delivered to."""
@@ -295,6 +298,12 @@ class Router:
     ) -> Deferred[Outcome]:
         route = bound.route
         translated = _translate(route, message, addresses)
+        if route.body != "unchanged":
+            try:
+                body = transform(route.body, translated, message.address)
+            except TransformError as exc:
+                return succeed(Outcome.rejected(f"route {route.name}: {exc}"))
+            translated = attrs.evolve(translated, body=body)
         started = self._clock.seconds()
         metrics = self._metrics
         if metrics is not None:

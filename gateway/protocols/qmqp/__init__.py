@@ -1,0 +1,1 @@
+"""QMQP streaming in both roles: the listener (server) and the upstream (client)."""

@@ -1,0 +1,318 @@
+"""The QMQP streaming client role: the gateway streaming mail to a server.
+
+`QMQPUpstream` is a route destination. Messages wait in a queue and are
+streamed to the server with at most ``window`` unanswered at a time; replies
+are matched by id and become outcomes: ``K`` accepted, ``D`` rejected, ``Z``
+resent after a growing delay until ``max_attempts``, then "retry later".
+
+The connection comes from Twisted's `ClientService` (reconnect with
+backoff). When it is lost, messages that were sent but never answered go
+back to the front of the queue and are sent again on the next connection;
+each message's outcome fires once, so a message never counts two K's (the
+server may still receive it twice: QMQP has no way to tell).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Final, cast
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.codecs import qmqp
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.qmqp.mapping import block_for, outcome_from_reply, raw
+from gateway.protocols.qmqp.settings import QMQPUpstreamSettings
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["QMQPClientProtocol", "QMQPUpstream"]
+
+RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
+RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
+
+
+class _Job:
+    """One message on its way: its block, its outcome, its attempts."""
+
+    __slots__ = ("attempts", "block", "id", "outcome", "retry_call")
+
+    def __init__(self, block: qmqp.MessageBlock, outcome: Deferred[Outcome]) -> None:
+        self.id = block.id
+        self.block = block
+        self.outcome = outcome
+        self.attempts = 0
+        self.retry_call: IDelayedCall | None = None
+
+
+class QMQPClientProtocol(Protocol):
+    """One connection from the gateway to a QMQP streaming server."""
+
+    _log = Logger()
+
+    def __init__(self, upstream: QMQPUpstream) -> None:
+        self.upstream = upstream
+        self._codec = qmqp.QMQPCodec(
+            qmqp.Role.CLIENT, max_message_bytes=upstream.settings.max_message_bytes
+        )
+        self.ready = False
+        self._closing = False
+
+    def connectionMade(self) -> None:
+        """Authenticate if configured, else start streaming."""
+        disable_nagle(self.transport)
+        settings = self.upstream.settings
+        if settings.username is None:
+            self._ready()
+            return
+        password = self.upstream.secrets.credential_for(self.upstream.name) or b""
+        self.write(
+            self._codec.send(qmqp.AuthBlock(username=raw(settings.username), password=password))
+        )
+
+    def _ready(self) -> None:
+        self.ready = True
+        self.upstream.connection_ready(self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Hand unanswered messages back to the upstream."""
+        self._closing = True
+        self.upstream.connection_lost(self, reason)
+
+    def write(self, data: bytes) -> None:
+        """Write bytes to the server."""
+        assert self.transport is not None
+        self.transport.write(data)
+        self.upstream.traffic.bytes_out += len(data)
+
+    def close(self, why: str) -> None:
+        """Close the connection, saying why in the log."""
+        if self._closing:
+            return
+        self._closing = True
+        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Turn replies into outcomes."""
+        if self._closing:
+            return
+        error: qmqp.QMQPError | None = None
+        try:
+            blocks = self._codec.receive_data(data)
+        except qmqp.QMQPError as exc:
+            error = exc
+            blocks = cast(list[qmqp.Block], exc.events)
+        self.upstream.traffic.bytes_in += len(data)
+        self.upstream.traffic.messages_in += len(blocks)
+        for block in blocks:
+            if isinstance(block, qmqp.ReplyBlock):
+                self.upstream.replied(block)
+            elif isinstance(block, qmqp.AuthReplyBlock):
+                self._on_auth_reply(block)
+            elif isinstance(block, qmqp.DoneBlock):
+                self.close("the server sent its done block")
+            if self._closing:
+                return
+        self.upstream.pump()
+        if error is not None:
+            self.upstream.count_error(error.kind)
+            self.close(f"bad input from the server: {error.reason}")
+
+    def _on_auth_reply(self, block: qmqp.AuthReplyBlock) -> None:
+        # Spec ambiguity: the prose says "1" is success, the example shows
+        # "0"; the codec follows the prose and auth_success_reply can flip it.
+        success = block.success == (self.upstream.settings.auth_success_reply == "1")
+        if self.ready:
+            return
+        if success:
+            self._ready()
+        else:
+            self.upstream.count_error("auth-refused")
+            self.close(f"authentication as {self.upstream.settings.username!r} refused")
+
+
+class _ClientFactory(Factory):
+    noisy = False
+
+    def __init__(self, upstream: QMQPUpstream) -> None:
+        self.upstream = upstream
+
+    def buildProtocol(self, addr: object) -> QMQPClientProtocol:
+        return QMQPClientProtocol(self.upstream)
+
+
+@implementer(IDestination)
+class QMQPUpstream:
+    """A QMQP streaming server the gateway delivers to.
+
+    Args:
+        name: The upstream's config name.
+        settings: Its validated settings.
+        endpoint: Where to connect.
+        secrets: The password for its ``A`` block, if it authenticates.
+        clock: Timers and reconnect delays.
+        metrics: Counters, or None.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: QMQPUpstreamSettings,
+        endpoint: IStreamClientEndpoint,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.secrets = secrets
+        self.clock = clock
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._queue: deque[_Job] = deque()
+        self._sent: dict[bytes, _Job] = {}
+        self._waiting_retry = 0
+        self._ids = itertools.count(1)
+        self._connection: QMQPClientProtocol | None = None
+        self.service = ClientService(
+            endpoint,
+            _ClientFactory(self),
+            retryPolicy=backoffPolicy(
+                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
+                maxDelay=RECONNECT_MAX_DELAY_SECONDS,
+            ),
+            clock=clock,
+        )
+        if metrics is not None:
+            metrics.upstream_up.labels(name).set(0)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the upstream is connected (and authenticated if it must be)."""
+        return self._connection is not None
+
+    @property
+    def unanswered(self) -> int:
+        """Messages queued, sent or waiting to be resent."""
+        return len(self._queue) + len(self._sent) + self._waiting_retry
+
+    # --- IDestination -------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Queue a message; the Deferred fires with the server's answer."""
+        if self.unanswered >= self.settings.max_queue:
+            return succeed(
+                Outcome.retry(f"upstream {self.name}: {self.unanswered} messages queued already")
+            )
+        # Ids only need to be unique per connection; the message id keeps
+        # them readable in the server's logs.
+        block_id = raw(f"{message.id}.{next(self._ids)}")
+        job: _Job
+        outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
+        job = _Job(block_for(message, block_id), outcome)
+        self._queue.append(job)
+        self.pump()
+        return outcome
+
+    def _cancel(self, job: _Job) -> None:
+        # The router gave up (time-out): never send it again. If it is on the
+        # wire, its reply will find no job and be ignored.
+        if job.retry_call is not None and job.retry_call.active():
+            job.retry_call.cancel()
+            self._waiting_retry -= 1
+        try:
+            self._queue.remove(job)
+        except ValueError:
+            self._sent.pop(job.id, None)
+
+    # --- streaming --------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Send queued messages while the window has room."""
+        connection = self._connection
+        if connection is None:
+            return
+        window = self.settings.window
+        queue = self._queue
+        sent = self._sent
+        out: list[bytes] = []
+        while queue and len(sent) < window:
+            job = queue.popleft()
+            job.attempts += 1
+            sent[job.id] = job
+            out.append(qmqp.encode(job.block))
+        if out:
+            self.traffic.messages_out += len(out)
+            connection.write(b"".join(out))
+
+    def replied(self, reply: qmqp.ReplyBlock) -> None:
+        """Turn a reply into its message's outcome (or a resend after Z)."""
+        job = self._sent.pop(reply.id, None)
+        if self._metrics is not None:
+            self._metrics.qmqp_replies.labels(self.name, reply.status.decode("ascii")).inc()
+        if job is None:
+            return  # a message the router gave up on, or an id we never sent
+        if reply.status == qmqp.Z and job.attempts < self.settings.max_attempts:
+            delay = min(
+                self.settings.retry_initial_seconds * 2 ** (job.attempts - 1),
+                self.settings.retry_max_seconds,
+            )
+            self._waiting_retry += 1
+            job.retry_call = self.clock.callLater(delay, self._retry, job)
+            return
+        job.outcome.callback(outcome_from_reply(reply, self.name))
+
+    def _retry(self, job: _Job) -> None:
+        job.retry_call = None
+        self._waiting_retry -= 1
+        self._queue.appendleft(job)
+        self.pump()
+
+    # --- connection state ----------------------------------------------------------------------
+
+    def connection_ready(self, connection: QMQPClientProtocol) -> None:
+        """The connection may carry messages now."""
+        self._connection = connection
+        self._log.info("upstream {upstream}: connected", upstream=self.name)
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(self.name).set(1)
+            self._metrics.connections.labels(self.name, "qmqp").inc()
+            self._metrics.connections_total.labels(self.name, "qmqp").inc()
+        self.pump()
+
+    def connection_lost(self, connection: QMQPClientProtocol, reason: Failure) -> None:
+        """Put unanswered messages back in front of the queue, in order."""
+        if self._connection is not connection:
+            return
+        self._connection = None
+        unanswered = list(self._sent.values())
+        self._sent.clear()
+        self._queue.extendleft(reversed(unanswered))
+        self._log.info(
+            "upstream {upstream}: connection lost ({reason}); {count} message(s) to resend",
+            upstream=self.name,
+            reason=reason.getErrorMessage(),
+            count=len(unanswered),
+        )
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(self.name).set(0)
+            self._metrics.connections.labels(self.name, "qmqp").dec()
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -1,0 +1,351 @@
+"""The QMQP streaming server role: message blocks in, honest replies out.
+
+Blocks are read as they stream in, without waiting for replies. Each message
+is routed by its recipients (all or nothing); its one reply says what the
+routes did (DESIGN.md, "Outcomes travel back"):
+
+* ``K`` only when every route accepted it (direct: the destination accepted;
+  durable: committed to the log, when that exists);
+* ``Z`` for a temporary failure (destination down, queue full, time-out);
+* ``D`` for a permanent one (no route for a recipient, rejected, too large,
+  not authenticated).
+
+Replies go out in completion order with the count of messages still pending.
+On the done block the server answers everything outstanding, sends its own
+done block and closes. Flow control: past ``max_in_flight`` messages (or
+``max_in_flight_bytes``) awaiting outcomes, or when the client does not read
+its replies, the server stops reading until replies complete.
+"""
+
+from __future__ import annotations
+
+from typing import Final, cast
+
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.codecs import qmqp
+from gateway.core.auth import Secrets
+from gateway.core.message import Outcome
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.qmqp.mapping import message_from_block, result_for, text
+from gateway.protocols.qmqp.settings import QMQPListenerSettings
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["QMQPServerFactory", "QMQPServerProtocol"]
+
+_DONE: Final = qmqp.encode(qmqp.DoneBlock())
+RESUME_FRACTION: Final = 0.75
+"""Reading resumes once in-flight work falls to this share of its limits."""
+
+
+@implementer(IPushProducer)
+class QMQPServerProtocol(Protocol):
+    """One QMQP streaming client connected to a listener."""
+
+    _log = Logger()
+
+    def __init__(self, factory: QMQPServerFactory) -> None:
+        self.factory = factory
+        self._codec = qmqp.QMQPCodec(
+            qmqp.Role.SERVER, max_message_bytes=factory.settings.max_message_bytes
+        )
+        self.identity: str | None = None
+        self._outstanding = 0
+        self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._out: list[bytes] = []
+        self._in_batch = False
+        self._flush_call: IDelayedCall | None = None
+        self._done = False
+        self._finishing = False
+        self._closing = False
+        self._reading_paused = False
+        self._congested = False
+
+    # --- connection life -------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Register as the transport's producer (slow readers stop our reading)."""
+        disable_nagle(self.transport)
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self.factory.connection_opened(self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Forget the connection; outcomes still on their way are dropped."""
+        self._closing = True
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        self._out.clear()
+        if self._outstanding and not self._done:
+            self._log.info(
+                "{listener}: client went away with {count} message(s) unanswered",
+                listener=self.factory.name,
+                count=self._outstanding,
+            )
+        self.factory.connection_closed(self)
+
+    def _close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._flush()
+        assert self.transport is not None
+        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
+        self.transport.loseConnection()
+
+    def _finish(self) -> None:
+        """Read nothing more; close once every outstanding message is answered."""
+        self._finishing = True
+        self._pause_reading()
+        self._maybe_finished()
+
+    def _maybe_finished(self) -> None:
+        if self._finishing and self._outstanding == 0 and not self._closing:
+            if self._done:
+                self._out.append(_DONE)  # Spec: the server sends its done block, then closes.
+            self._close()
+
+    # --- output ---------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._in_batch and self._flush_call is None:
+            self._flush_call = self.factory.clock.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if not self._out or self.transport is None:
+            return
+        data = b"".join(self._out)
+        self.factory.traffic.messages_out += len(self._out)
+        self.factory.traffic.bytes_out += len(data)
+        self._out.clear()
+        self.transport.write(data)
+
+    def _reply(self, block_id: bytes, status: bytes, description: bytes) -> None:
+        self._outstanding -= 1
+        reply = qmqp.ReplyBlock(
+            id=block_id, status=status, description=description, pending=self._outstanding
+        )
+        self._send(qmqp.encode(reply))
+        self.factory.count_reply(status)
+        self._maybe_finished()
+
+    # --- IPushProducer: the client does not read its replies -------------------------
+
+    def pauseProducing(self) -> None:
+        """Replies pile up: stop reading new blocks."""
+        self._congested = True
+        self._pause_reading()
+
+    def resumeProducing(self) -> None:
+        """The client reads again."""
+        self._congested = False
+        self._maybe_resume()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; connectionLost cleans up."""
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _maybe_resume(self) -> None:
+        settings = self.factory.settings
+        if (
+            self._reading_paused
+            and not self._congested
+            and not self._finishing
+            and not self._closing
+            and self._in_flight <= settings.max_in_flight * RESUME_FRACTION
+            and self._in_flight_bytes <= settings.max_in_flight_bytes * RESUME_FRACTION
+            and self.transport is not None
+        ):
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _over_limits(self) -> bool:
+        settings: QMQPListenerSettings = self.factory.settings
+        return (
+            self._in_flight >= settings.max_in_flight
+            or self._in_flight_bytes >= settings.max_in_flight_bytes
+        )
+
+    # --- input ------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Handle every complete block, then write the replies that are ready."""
+        if self._finishing or self._closing:
+            return
+        error: qmqp.QMQPError | None = None
+        try:
+            blocks = self._codec.receive_data(data)
+        except qmqp.QMQPError as exc:
+            error = exc
+            blocks = cast(list[qmqp.Block], exc.events)
+        traffic = self.factory.traffic
+        traffic.messages_in += len(blocks)
+        traffic.bytes_in += len(data)
+        # Count every block that will be answered first, so that each reply's
+        # pending count includes the messages that arrived with it.
+        for block in blocks:
+            if isinstance(block, qmqp.MessageBlock | qmqp.InvalidBlock):
+                self._outstanding += 1
+        self._in_batch = True
+        try:
+            for block in blocks:
+                self._handle(block)
+        finally:
+            self._in_batch = False
+        if error is not None and not self._closing:
+            self._protocol_error(error)
+        if self._over_limits():
+            self._pause_reading()
+        self._flush()
+
+    def _handle(self, block: qmqp.Block) -> None:
+        if isinstance(block, qmqp.MessageBlock):
+            self._on_message(block)
+        elif isinstance(block, qmqp.InvalidBlock):
+            self.factory.count_error(block.kind)
+            self._reply(block.id, qmqp.D, block.reason.encode("utf-8", "replace"))
+        elif isinstance(block, qmqp.AuthBlock):
+            self._on_auth(block)
+        elif isinstance(block, qmqp.DoneBlock):
+            self._done = True
+            self._finish()
+
+    def _protocol_error(self, error: qmqp.QMQPError) -> None:
+        self.factory.count_error(error.kind)
+        self._log.warn(
+            "{listener}: bad input, closing once {count} outstanding message(s) are answered:"
+            " {reason}",
+            listener=self.factory.name,
+            count=self._outstanding,
+            reason=error.reason,
+        )
+        self._finish()
+
+    def _on_auth(self, block: qmqp.AuthBlock) -> None:
+        username = text(block.username)
+        success = self.factory.secrets.verify(username, block.password)
+        if success:
+            self.identity = username
+        else:
+            self.factory.count_error("unauthorized")
+            self._log.info(
+                "{listener}: authentication of {username} refused",
+                listener=self.factory.name,
+                username=username,
+            )
+        # Spec ambiguity: "1" is success, as the prose says (see gateway.codecs.qmqp).
+        self._send(qmqp.encode(qmqp.AuthReplyBlock(success=success)))
+
+    def _on_message(self, block: qmqp.MessageBlock) -> None:
+        factory = self.factory
+        if factory.settings.require_auth and self.identity is None:
+            self.factory.count_error("unauthenticated")
+            self._reply(block.id, qmqp.D, b"authentication required: send an A block first")
+            return
+        message = message_from_block(block, factory.clock.seconds())
+        result = factory.router.dispatch(factory.name, message)
+        if isinstance(result, Unrouted):
+            self._reply(
+                block.id,
+                qmqp.D,
+                ("no route for recipient " + ", ".join(result.addresses)).encode(
+                    "utf-8", "surrogateescape"
+                ),
+            )
+            return
+        size = len(block.message)
+        self._in_flight += 1
+        self._in_flight_bytes += size
+        result.addCallbacks(
+            self._completed,
+            self._failed,
+            callbackArgs=(block.id, size),
+            errbackArgs=(block.id, size),
+        )
+
+    def _completed(self, outcome: Outcome, block_id: bytes, size: int) -> None:
+        self._in_flight -= 1
+        self._in_flight_bytes -= size
+        if self._closing:
+            return
+        status, description = result_for(outcome)
+        self._reply(block_id, status, description)
+        self._maybe_resume()
+
+    def _failed(self, failure: Failure, block_id: bytes, size: int) -> None:
+        self._log.failure("{listener}: routing failed", failure, listener=self.factory.name)
+        self._completed(Outcome.retry("internal error"), block_id, size)
+
+
+class QMQPServerFactory(Factory):
+    """Builds connections for one QMQP streaming listener.
+
+    Args:
+        name: The listener's name (the source of its routes).
+        settings: Its validated settings.
+        router: Where messages go.
+        secrets: For ``A`` blocks.
+        clock: Timers and timestamps.
+        metrics: Counters, or None.
+    """
+
+    protocol = QMQPServerProtocol
+    noisy = False
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: QMQPListenerSettings,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self.connections: set[QMQPServerProtocol] = set()
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+
+    def buildProtocol(self, addr: object) -> QMQPServerProtocol:
+        """Build a connection."""
+        return QMQPServerProtocol(self)
+
+    def connection_opened(self, connection: QMQPServerProtocol) -> None:
+        """Count a new connection."""
+        self.connections.add(connection)
+        if self._metrics is not None:
+            self._metrics.connections.labels(self.name, "qmqp").inc()
+            self._metrics.connections_total.labels(self.name, "qmqp").inc()
+
+    def connection_closed(self, connection: QMQPServerProtocol) -> None:
+        """Count a closed connection."""
+        self.connections.discard(connection)
+        if self._metrics is not None:
+            self._metrics.connections.labels(self.name, "qmqp").dec()
+
+    def count_reply(self, status: bytes) -> None:
+        """Count a reply by its status (K, Z or D)."""
+        if self._metrics is not None:
+            self._metrics.qmqp_replies.labels(self.name, status.decode("ascii")).inc()
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error of some kind."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
