@@ -5,6 +5,11 @@ SSMP (../shared/specs/ssmp.txt, "Grammar"): every strategy yields values that
 one line is one canonical wire form. Strategies that produce a line take a
 ``budget``: the most bytes its encoding may take before the LF (1,023 by
 default, the spec's 1,024-byte limit less the LF).
+
+QMQP streaming (../shared/specs/qmqp-streaming.txt): every strategy yields
+blocks that `gateway.codecs.qmqp.encode` accepts and that decode back to
+themselves. Fields are arbitrary bytes (netstrings carry anything), mixed
+with mail-like values so that examples stay readable.
 """
 
 from __future__ import annotations
@@ -13,12 +18,23 @@ import string
 
 from hypothesis import strategies as st
 
-from gateway.codecs import ssmp
+from gateway.codecs import qmqp, ssmp
 
 __all__ = [
     "SSMP_ID_ALPHABET",
     "SSMP_KNOWN_VERBS",
     "SSMP_MAX_CONTENT_BYTES",
+    "qmqp_addresses",
+    "qmqp_auth_blocks",
+    "qmqp_auth_reply_blocks",
+    "qmqp_client_blocks",
+    "qmqp_client_sessions",
+    "qmqp_ids",
+    "qmqp_message_blocks",
+    "qmqp_messages",
+    "qmqp_reply_blocks",
+    "qmqp_server_blocks",
+    "qmqp_server_sessions",
     "ssmp_bcasts",
     "ssmp_client_lines",
     "ssmp_compats",
@@ -265,3 +281,114 @@ def ssmp_sessions(*, max_requests: int = 8) -> st.SearchStrategy[list[ssmp.Reque
     """
     rest = st.lists(ssmp_requests(), max_size=max_requests)
     return st.builds(lambda first, more: [first, *more], ssmp_logins(), rest)
+
+
+# --- QMQP streaming ------------------------------------------------------------
+
+
+def qmqp_ids() -> st.SearchStrategy[bytes]:
+    """Message identifiers: ``msg<n>`` like the spec's, or any bytes (empty included)."""
+    numbered = st.integers(min_value=0, max_value=10**9).map(lambda n: b"msg%d" % n)
+    return st.one_of(numbered, st.binary(max_size=24))
+
+
+def qmqp_addresses() -> st.SearchStrategy[bytes]:
+    """Envelope addresses: mail-like, empty (the null sender) or any bytes."""
+    local = st.text(alphabet=string.ascii_lowercase + string.digits + ".-", min_size=1, max_size=12)
+    domain = st.sampled_from(["example.com", "example.org", "drh.net"])
+    mail = st.builds(lambda user, host: f"{user}@{host}".encode("ascii"), local, domain)
+    return st.one_of(mail, st.just(b""), st.binary(max_size=40))
+
+
+def qmqp_messages(*, max_size: int = 2048) -> st.SearchStrategy[bytes]:
+    r"""Message texts: any bytes (``:``, ``,``, digits, ``\x00`` included), mail-like, or long.
+
+    Args:
+        max_size: Most bytes.
+    """
+    mail = st.builds(
+        lambda subject, body: b"From: a@example.com\nSubject: %b\n\n%b\n" % (subject, body),
+        st.binary(max_size=20).map(lambda b: b.replace(b"\n", b" ")),
+        st.binary(max_size=200),
+    ).filter(lambda m: len(m) <= max_size)
+    framing_like = st.lists(
+        st.sampled_from([b"1:", b"0:,", b":", b",", b"12", b"D", b"M", b"\n"]), max_size=20
+    ).map(b"".join)
+    long = st.builds(
+        lambda unit, n: (unit * n)[:n],
+        st.binary(min_size=1, max_size=8),
+        st.integers(min_value=0, max_value=max_size),
+    )
+    return st.one_of(st.binary(max_size=64), mail, framing_like, long).filter(
+        lambda m: len(m) <= max_size
+    )
+
+
+def qmqp_message_blocks(
+    *, max_recipients: int = 5, max_message_bytes: int = 2048
+) -> st.SearchStrategy[qmqp.MessageBlock]:
+    """`qmqp.MessageBlock` with one to ``max_recipients`` recipients."""
+    return st.builds(
+        qmqp.MessageBlock,
+        id=qmqp_ids(),
+        message=qmqp_messages(max_size=max_message_bytes),
+        sender=qmqp_addresses(),
+        recipients=st.lists(qmqp_addresses(), min_size=1, max_size=max_recipients).map(tuple),
+    )
+
+
+def qmqp_auth_blocks() -> st.SearchStrategy[qmqp.AuthBlock]:
+    """`qmqp.AuthBlock` with any username and password."""
+    text = st.one_of(st.binary(max_size=32), st.just(b"myusername"), st.just(b"the_password"))
+    return st.builds(qmqp.AuthBlock, username=text, password=text)
+
+
+def qmqp_reply_blocks() -> st.SearchStrategy[qmqp.ReplyBlock]:
+    """`qmqp.ReplyBlock`: K, Z or D, any description, any pending count."""
+    description = st.one_of(
+        st.just(b""), st.just(b"ok"), st.binary(max_size=80), st.text(max_size=40).map(str.encode)
+    )
+    most = 10**qmqp.MAX_PENDING_DIGITS - 1
+    pending = st.one_of(
+        st.integers(min_value=0, max_value=1000), st.integers(min_value=0, max_value=most)
+    )
+    return st.builds(
+        qmqp.ReplyBlock,
+        id=qmqp_ids(),
+        status=st.sampled_from([qmqp.K, qmqp.Z, qmqp.D]),
+        description=description,
+        pending=pending,
+    )
+
+
+def qmqp_auth_reply_blocks() -> st.SearchStrategy[qmqp.AuthReplyBlock]:
+    """`qmqp.AuthReplyBlock`, success or failure."""
+    return st.builds(qmqp.AuthReplyBlock, success=st.booleans())
+
+
+def qmqp_client_blocks() -> st.SearchStrategy[qmqp.MessageBlock | qmqp.AuthBlock]:
+    """What a client sends before its done block: mostly messages, sometimes auth."""
+    return st.one_of(qmqp_message_blocks(), qmqp_message_blocks(), qmqp_auth_blocks())
+
+
+def qmqp_server_blocks() -> st.SearchStrategy[qmqp.ReplyBlock | qmqp.AuthReplyBlock]:
+    """What a server sends before its done block: mostly replies, sometimes an auth reply."""
+    return st.one_of(qmqp_reply_blocks(), qmqp_reply_blocks(), qmqp_auth_reply_blocks())
+
+
+def qmqp_client_sessions(*, max_blocks: int = 8) -> st.SearchStrategy[list[qmqp.ClientBlock]]:
+    """A client's blocks in a legal order: any blocks, then (usually) the done block."""
+    return st.builds(
+        lambda blocks, done: [*blocks, qmqp.DONE] if done else blocks,
+        st.lists(qmqp_client_blocks(), max_size=max_blocks),
+        st.booleans(),
+    )
+
+
+def qmqp_server_sessions(*, max_blocks: int = 8) -> st.SearchStrategy[list[qmqp.ServerBlock]]:
+    """A server's blocks in a legal order: any replies, then (usually) the done block."""
+    return st.builds(
+        lambda blocks, done: [*blocks, qmqp.DONE] if done else blocks,
+        st.lists(qmqp_server_blocks(), max_size=max_blocks),
+        st.booleans(),
+    )

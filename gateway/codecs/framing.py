@@ -1,13 +1,29 @@
 """Framing helpers shared by the codecs: one implementation of each.
 
-So far: LF-delimited lines with a hard length cap (SSMP). Netstrings, length
-prefixes and short strings join this module when their protocols arrive;
-codecs compose them instead of writing their own parse loops.
+So far: LF-delimited lines with a hard length cap (SSMP) and netstrings
+(http://cr.yp.to/proto/netstrings.txt; QMQP). Length prefixes and short
+strings join this module when their protocols arrive; codecs compose them
+instead of writing their own parse loops.
 """
 
 from __future__ import annotations
 
-__all__ = ["LineSplitter", "LineTooLongError"]
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "MAX_LENGTH_DIGITS",
+    "LineSplitter",
+    "LineTooLongError",
+    "NetstringError",
+    "NetstringReader",
+    "OversizedNetstring",
+    "encode_netstring",
+    "encode_netstrings",
+    "split_netstrings",
+]
 
 
 class LineTooLongError(Exception):
@@ -74,3 +90,399 @@ class LineSplitter:
             raise LineTooLongError(lines, len(tail) + 1)
         self._tail = tail
         return lines
+
+
+# --- netstrings ----------------------------------------------------------------
+# http://cr.yp.to/proto/netstrings.txt: ``[len] ":" [bytes] ","`` where len is
+# ASCII decimal with no leading zero ("0" itself excepted). QMQP's blocks are
+# netstrings of concatenated netstrings.
+
+MAX_LENGTH_DIGITS: Final = 10
+"""Most digits a netstring length may have.
+
+Ten digits declare up to 9,999,999,999 bytes, far beyond any limit we
+configure (QMQP's default is 32 MiB), so no honest peer needs an eleventh;
+it bounds a partial header at 10 bytes and keeps ``int()`` on peer digits
+trivially cheap. An eleventh digit is refused before the ``:`` arrives.
+"""
+
+_COMMA: Final = 0x2C
+_ZERO: Final = 0x30
+_DIGITS: Final = re.compile(rb"[0-9]*")
+
+
+class NetstringError(Exception):
+    """Bytes that are not a netstring (or not a concatenation of netstrings).
+
+    Attributes:
+        reason: What is wrong, in words.
+        offset: Where: the index of the offending byte in the data given to
+            `split_netstrings`, or in the whole stream fed to a
+            `NetstringReader` (counting from its first byte).
+        kind: A short stable name: ``bad-length`` (no digit where the length
+            starts), ``leading-zero``, ``length-too-long`` (more than
+            `MAX_LENGTH_DIGITS` digits), ``missing-colon``, ``missing-comma``,
+            ``truncated`` (`split_netstrings` only: the data ends inside a
+            netstring) or ``too-large`` (a reader that refuses oversized
+            netstrings).
+        complete: The items completed before the defect, in order: payloads
+            (and `OversizedNetstring` records, from a reader).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        offset: int,
+        kind: str,
+        complete: Sequence[bytes | OversizedNetstring] = (),
+    ) -> None:
+        super().__init__(f"{reason} (at byte {offset})")
+        self.reason = reason
+        self.offset = offset
+        self.kind = kind
+        self.complete = complete
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OversizedNetstring:
+    """A netstring whose declared length passed the reader's limit, skipped.
+
+    Attributes:
+        head: The first bytes of its payload (at most the reader's
+            ``peek_bytes``), enough for a codec to say what the item was.
+        length: Its declared payload length.
+    """
+
+    head: bytes
+    length: int
+
+
+def encode_netstring(data: bytes) -> bytes:
+    """Return ``data`` as one netstring: ``b"5:hello,"``."""
+    return b"%d:%b," % (len(data), data)
+
+
+def encode_netstrings(parts: Iterable[bytes]) -> bytes:
+    """Return the netstring of the concatenated netstrings of ``parts``.
+
+    That is a QMQP block: ``encode_netstrings([b"A", b"1"]) == b"8:1:A,1:1,,"``.
+    Each part is copied once, by a single join.
+    """
+    pieces: list[bytes] = [b""]
+    size = 0
+    for part in parts:
+        header = b"%d:" % len(part)
+        pieces += (header, part, b",")
+        size += len(header) + len(part) + 1
+    pieces[0] = b"%d:" % size
+    pieces.append(b",")
+    return b"".join(pieces)
+
+
+def _show_byte(byte: int) -> str:
+    """Quote one peer byte for a reason text."""
+    return repr(bytes([byte]))[1:]
+
+
+def _header_defect(
+    data: bytes | bytearray | memoryview, pos: int, end: int
+) -> tuple[str, str, int] | None:
+    """Say what is wrong with the netstring header starting at ``pos``.
+
+    Only called once the fast path has failed. Looks at no more than
+    ``MAX_LENGTH_DIGITS + 1`` bytes.
+
+    Returns:
+        ``(reason, kind, offset)`` for a defect, or None when the bytes up to
+        ``end`` are a valid but incomplete header (digits, no colon yet).
+    """
+    match = _DIGITS.match(data, pos, min(end, pos + MAX_LENGTH_DIGITS + 1))
+    digits = match.end() - pos if match is not None else 0
+    if digits > MAX_LENGTH_DIGITS:
+        reason = f"netstring length has more than {MAX_LENGTH_DIGITS} digits"
+        return reason, "length-too-long", pos + MAX_LENGTH_DIGITS
+    if digits > 1 and data[pos] == _ZERO:
+        return "netstring length has a leading zero", "leading-zero", pos
+    if pos + digits >= end:
+        return None
+    byte = data[pos + digits]
+    if digits == 0:
+        reason = f"expected a netstring length digit, got {_show_byte(byte)}"
+        return reason, "bad-length", pos
+    reason = f"expected a digit or ':' after the netstring length, got {_show_byte(byte)}"
+    return reason, "missing-colon", pos + digits
+
+
+def split_netstrings(data: bytes | memoryview) -> list[bytes]:
+    """Parse a complete concatenation of netstrings, strictly.
+
+    This is the inside of a QMQP block. Empty data gives an empty list.
+
+    Args:
+        data: Netstrings back to back, nothing before, between or after.
+
+    Returns:
+        Their payloads, in order.
+
+    Raises:
+        NetstringError: A defect, with its offset in ``data``; its
+            ``complete`` holds the payloads before it. Data that ends inside a
+            netstring is ``truncated``.
+    """
+    if isinstance(data, memoryview):
+        data = data.tobytes()
+    out: list[bytes] = []
+    append = out.append
+    find = data.find
+    window = MAX_LENGTH_DIGITS + 1
+    zero, comma = _ZERO, _COMMA  # locals: this loop runs once per field of every block
+    pos = 0
+    end = len(data)
+    while pos < end:
+        colon = find(b":", pos, pos + window)
+        digits = data[pos:colon] if colon >= 0 else b""
+        # isdigit() on bytes is ASCII-only; int() alone would take signs,
+        # spaces and underscores.
+        if not digits.isdigit() or (digits[0] == zero and colon > pos + 1):
+            raise _split_error(data, pos, out)
+        start = colon + 1
+        stop = start + int(digits)
+        if stop >= end or data[stop] != comma:
+            raise _split_end_error(data, pos, start, stop, out)
+        append(data[start:stop])
+        pos = stop + 1
+    return out
+
+
+def _split_end_error(
+    data: bytes, pos: int, start: int, stop: int, complete: list[bytes]
+) -> NetstringError:
+    """The error for a payload at ``start:stop`` that overruns ``data`` or lacks its comma."""
+    if stop >= len(data):
+        return NetstringError(
+            f"netstring of {stop - start} bytes runs past the end of the data",
+            offset=pos,
+            kind="truncated",
+            complete=complete,
+        )
+    return NetstringError(
+        f"expected ',' after the netstring payload, got {_show_byte(data[stop])}",
+        offset=stop,
+        kind="missing-comma",
+        complete=complete,
+    )
+
+
+def _split_error(data: bytes, pos: int, complete: list[bytes]) -> NetstringError:
+    """The error for a bad or incomplete header at ``pos`` in `split_netstrings`."""
+    defect = _header_defect(data, pos, len(data))
+    if defect is None:
+        return NetstringError(
+            "data ends inside a netstring length", offset=pos, kind="truncated", complete=complete
+        )
+    reason, kind, offset = defect
+    return NetstringError(reason, offset=offset, kind=kind, complete=complete)
+
+
+class NetstringReader:
+    """Read a stream of netstrings incrementally, with a bound on each.
+
+    ``feed`` returns each completed payload as bytes. A netstring whose
+    declared length is above ``max_length`` is not kept: its first
+    ``peek_bytes`` bytes are, the rest is counted and dropped as it streams
+    in, and once its comma has been checked it comes out as an
+    `OversizedNetstring`. With ``refuse_oversized`` it is an error instead,
+    raised as soon as the digits read so far exceed ``max_length``.
+
+    The length digits are bounded before anything is buffered: an eleventh
+    digit (`MAX_LENGTH_DIGITS`) is an error without waiting for the ``:``.
+    After an error the reader is dead: every call raises it again.
+
+    Memory: at most one netstring of ``max_length`` bytes plus the chunk being
+    fed, or ``peek_bytes`` plus the chunk while skipping an oversized one.
+
+    Args:
+        max_length: Largest payload kept, in bytes.
+        peek_bytes: Bytes of an oversized payload kept in its record.
+        refuse_oversized: Raise ``too-large`` instead of skipping.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_error",
+        "_head",
+        "_length",
+        "_max_length",
+        "_max_length_digits",
+        "_offset",
+        "_peek_bytes",
+        "_refuse_oversized",
+        "_skip_header_bytes",
+        "_skip_left",
+    )
+
+    def __init__(
+        self, max_length: int, peek_bytes: int = 4096, *, refuse_oversized: bool = False
+    ) -> None:
+        if max_length < 0 or peek_bytes < 0:
+            raise ValueError("limits must not be negative")
+        self._max_length = max_length
+        self._max_length_digits = len(str(max_length))
+        self._peek_bytes = peek_bytes
+        self._refuse_oversized = refuse_oversized
+        self._buf = bytearray()
+        self._offset = 0  # stream offset of self._buf[0]
+        # The oversized item being skipped, if any: its declared length, the
+        # payload bytes still to come (-1 when not skipping) and its header size.
+        self._length = -1
+        self._skip_left = -1
+        self._skip_header_bytes = 0
+        self._head = bytearray()
+        self._error: NetstringError | None = None
+
+    @property
+    def pending(self) -> int:
+        """Bytes held of an incomplete item; zero exactly between items.
+
+        A partial header or payload; for an oversized item being skipped, its
+        header and the head kept so far (never the skipped bytes).
+        """
+        return len(self._buf) + len(self._head) + self._skip_header_bytes
+
+    def feed(self, data: bytes) -> list[bytes | OversizedNetstring]:
+        """Add data; return the items it completed, in order.
+
+        Returns:
+            Payloads as bytes, and an `OversizedNetstring` for each netstring
+            over ``max_length``; an empty list when more data is needed.
+
+        Raises:
+            NetstringError: A defect; the items completed before it are in its
+                ``complete``, and its offset counts from the stream's start.
+        """
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        buf += data
+        out: list[bytes | OversizedNetstring] = []
+        pos = 0
+        view = memoryview(buf)
+        try:
+            pos = self._read(buf, view, out)
+        except NetstringError as exc:
+            self._error = NetstringError(exc.reason, offset=exc.offset, kind=exc.kind)
+            self._buf = bytearray()
+            self._head = bytearray()
+            raise NetstringError(
+                exc.reason, offset=exc.offset, kind=exc.kind, complete=out
+            ) from None
+        finally:
+            view.release()
+        # Drop the consumed prefix once per feed, not once per item.
+        del buf[:pos]
+        self._offset += pos
+        return out
+
+    def _read(self, buf: bytearray, view: memoryview, out: list[bytes | OversizedNetstring]) -> int:
+        """Append the items complete in ``buf`` to ``out``; return the bytes consumed.
+
+        An item whose payload is incomplete is left whole in the buffer, its
+        header included, and parsed again by the next feed: that costs one
+        short ``find`` and keeps the only state between feeds the skipping of
+        an oversized item.
+        """
+        pos = 0
+        end = len(buf)
+        find = buf.find
+        append = out.append
+        max_length = self._max_length
+        window = MAX_LENGTH_DIGITS + 1
+        zero, comma = _ZERO, _COMMA  # locals: this loop runs once per block
+        while True:
+            if self._skip_left >= 0:
+                pos, record = self._skip(buf, pos)
+                if record is None:
+                    return pos
+                append(record)
+                continue
+            colon = find(b":", pos, pos + window)
+            digits = buf[pos:colon] if colon >= 0 else b""
+            if not digits.isdigit() or (digits[0] == zero and colon > pos + 1):
+                self._check_partial_header(buf, pos)
+                return pos
+            length = int(digits)
+            if length > max_length:
+                if self._refuse_oversized:
+                    raise self._too_large(length, pos)
+                self._length = length
+                self._skip_left = length
+                self._skip_header_bytes = colon + 1 - pos
+                pos = colon + 1
+                continue
+            stop = colon + 1 + length
+            if stop >= end:
+                return pos
+            if buf[stop] != comma:
+                raise NetstringError(
+                    f"expected ',' after the netstring payload, got {_show_byte(buf[stop])}",
+                    offset=self._offset + stop,
+                    kind="missing-comma",
+                )
+            append(view[colon + 1 : stop].tobytes())
+            pos = stop + 1
+
+    def _check_partial_header(self, buf: bytearray, pos: int) -> None:
+        """Raise for a bad header at ``pos``; return if it is valid so far."""
+        defect = _header_defect(buf, pos, len(buf))
+        if defect is not None:
+            reason, kind, offset = defect
+            raise NetstringError(reason, offset=self._offset + offset, kind=kind)
+        # Digits only so far: a refusing reader need not wait for the ':'
+        # once they already exceed the limit (no leading zero, so they only grow).
+        if self._refuse_oversized:
+            digits = len(buf) - pos
+            if digits > self._max_length_digits or (
+                digits == self._max_length_digits and int(buf[pos:]) > self._max_length
+            ):
+                raise self._too_large(int(buf[pos:]), pos, at_least=True)
+
+    def _too_large(self, length: int, pos: int, *, at_least: bool = False) -> NetstringError:
+        """The ``too-large`` error of a refusing reader."""
+        size = f"at least {length}" if at_least else str(length)
+        return NetstringError(
+            f"netstring of {size} bytes is over the {self._max_length}-byte limit",
+            offset=self._offset + pos,
+            kind="too-large",
+        )
+
+    def _skip(self, buf: bytearray, pos: int) -> tuple[int, OversizedNetstring | None]:
+        """Keep the head of an oversized payload, drop the rest, then check its comma.
+
+        Returns:
+            The new read offset, and the record once the comma has been seen.
+        """
+        left = self._skip_left
+        room = self._peek_bytes - len(self._head)
+        if room > 0 and left:
+            take = min(room, left, len(buf) - pos)
+            self._head += buf[pos : pos + take]
+            pos += take
+            left -= take
+        take = min(left, len(buf) - pos)
+        pos += take
+        left -= take
+        self._skip_left = left
+        if left or pos == len(buf):
+            return pos, None
+        if buf[pos] != _COMMA:
+            raise NetstringError(
+                f"expected ',' after the netstring payload, got {_show_byte(buf[pos])}",
+                offset=self._offset + pos,
+                kind="missing-comma",
+            )
+        record = OversizedNetstring(head=bytes(self._head), length=self._length)
+        self._head = bytearray()
+        self._skip_left = -1
+        self._skip_header_bytes = 0
+        return pos + 1, record
