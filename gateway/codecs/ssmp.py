@@ -61,6 +61,7 @@ __all__ = [
     "Unsubscribe",
     "encode",
     "is_valid_id",
+    "mcast_event",
     "response_line",
 ]
 
@@ -453,6 +454,28 @@ def encode(line: Line) -> bytes:
             kind="line-too-long",
         )
     return out + b"\n"
+
+
+def mcast_event(source: bytes, topic: bytes, payload: bytes) -> bytes:
+    """Encode ``000 <source> MCAST <topic> <payload>`` directly (the hub's hot path).
+
+    The same checks as `encode`, without building event objects first.
+
+    Raises:
+        SSMPLocalError: As `encode` would.
+    """
+    if _ID.match(source) is None:
+        raise SSMPLocalError(f"event source {_show(source)} is not a valid SSMP id", kind="bad-id")
+    if _ID.match(topic) is None:
+        raise SSMPLocalError(f"topic {_show(topic)} is not a valid SSMP id", kind="bad-id")
+    _payload(payload, "payload")
+    line = b"000 " + source + b" MCAST " + topic + b" " + payload + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise SSMPLocalError(
+            f"line of {len(line)} bytes is over SSMP's {MAX_LINE_BYTES}-byte limit",
+            kind="line-too-long",
+        )
+    return line
 
 
 def response_line(code: int, reason: str | None = None) -> bytes:

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.parser
-import email.policy
+import email.header
 import email.utils
+import re
 from collections.abc import Callable
 from typing import Final
 
 from gateway.core.message import Message
 
-__all__ = ["TRANSFORMS", "TransformError", "transform"]
+__all__ = ["ENVELOPE_TRANSFORMS", "TRANSFORMS", "TransformError", "transform"]
 
 
 class TransformError(ValueError):
@@ -63,14 +63,27 @@ def _unbase64(message: Message, source_address: str) -> bytes:
         raise TransformError(f"body is not base64: {exc}") from None
 
 
-_HEADERS_ONLY: Final = email.parser.BytesHeaderParser(policy=email.policy.default)
+_SUBJECT: Final = re.compile(rb"^subject:[ \t]*(.*(?:\r?\n[ \t].*)*)", re.IGNORECASE | re.MULTILINE)
 
 
 def _subject(message: Message, source_address: str) -> bytes:
-    subject = _HEADERS_ONLY.parsebytes(message.body).get("Subject")
-    if subject is None or not str(subject).strip():
+    # Only the header block is looked at: up to the first empty line.
+    body = message.body
+    end = body.find(b"\n\n")
+    crlf_end = body.find(b"\r\n\r\n")
+    if crlf_end != -1 and (end == -1 or crlf_end < end):
+        end = crlf_end
+    headers = body if end == -1 else body[: end + 1]
+    found = _SUBJECT.search(headers)
+    if found is None or not found.group(1).strip():
         raise TransformError("the message has no Subject to carry")
-    return " ".join(str(subject).split()).encode("utf-8")
+    raw = b" ".join(found.group(1).split())  # unfolds continuation lines
+    if b"=?" in raw:  # RFC 2047 encoded words
+        text = str(
+            email.header.make_header(email.header.decode_header(raw.decode("ascii", "replace")))
+        )
+        return " ".join(text.split()).encode("utf-8")
+    return raw
 
 
 def _rfc822(message: Message, source_address: str) -> bytes:
@@ -99,6 +112,9 @@ TRANSFORMS: Final[dict[str, Callable[[Message, str], bytes] | None]] = {
     "rfc822": _rfc822,
 }
 """Every transform by name; ``unchanged`` is None (nothing to do)."""
+
+ENVELOPE_TRANSFORMS: Final = frozenset({"rfc822"})
+"""Transforms that read the envelope (sender, recipients) as the destination sees it."""
 
 
 def transform(name: str, message: Message, source_address: str) -> bytes:

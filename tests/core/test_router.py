@@ -22,7 +22,6 @@ from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import (
     MAX_MATCH_CACHE_ENTRIES,
-    BoundRoute,
     DirectDelivery,
     Route,
     Router,
@@ -554,8 +553,8 @@ def test_bind_routes_gives_each_route_its_delivery() -> None:
     plain = _route("plain", "weather.#")
     kept = _route("kept", "orders", durable=True)
     table = bind_routes([plain, kept], {"central": central}, durable)
-    assert table.routes[0] == BoundRoute(plain, DirectDelivery(central))
-    assert table.routes[1] == BoundRoute(kept, made[0])
+    assert (table.routes[0].route, table.routes[0].delivery) == (plain, DirectDelivery(central))
+    assert (table.routes[1].route, table.routes[1].delivery) == (kept, made[0])
     assert made[0].route == kept
     assert made[0].destination is central
 

@@ -67,16 +67,19 @@ def event_line(message: Message, topic: str) -> tuple[bytes, bytes] | Outcome:
     Returns:
         The topic and the encoded event line, or why it cannot be carried.
     """
-    carriable = _carriable(message, topic)
-    if isinstance(carriable, Outcome):
-        return carriable
-    encoded_topic, body = carriable
+    encoded_topic = topic.encode("ascii", "replace")
     sender = (message.sender or ".").encode("ascii", "replace")
     if not ssmp.is_valid_id(sender):
         sender = ssmp.ANONYMOUS
-    event = ssmp.Event(source=sender, message=ssmp.Mcast(topic=encoded_topic, payload=body))
     try:
-        line = ssmp.encode(event)
+        return encoded_topic, ssmp.mcast_event(sender, encoded_topic, message.body)
     except ssmp.SSMPLocalError as exc:
+        if exc.kind == "bad-id":
+            return Outcome.rejected(
+                f"address {topic!r} is not a valid SSMP topic (letters, digits and .:@/_-+=~ only)"
+            )
+        if exc.kind == "lf-in-payload":
+            return Outcome.rejected("SSMP cannot carry a message body containing LF")
+        if exc.kind == "empty-payload":
+            return Outcome.rejected("SSMP cannot carry an empty message body")
         return Outcome.rejected(f"cannot deliver over SSMP: {exc.reason}")
-    return encoded_topic, line
