@@ -20,7 +20,13 @@ from typing import Final, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -44,7 +50,7 @@ RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 class _Job:
     """One message on its way: its block, its outcome, its attempts."""
 
-    __slots__ = ("attempts", "block", "id", "outcome", "retry_call")
+    __slots__ = ("attempts", "block", "cancelled", "id", "outcome", "retry_call")
 
     def __init__(self, block: qmqp.MessageBlock, outcome: Deferred[Outcome]) -> None:
         self.id = block.id
@@ -52,10 +58,16 @@ class _Job:
         self.outcome = outcome
         self.attempts = 0
         self.retry_call: IDelayedCall | None = None
+        self.cancelled = False
 
 
+@implementer(IPushProducer)
 class QMQPClientProtocol(Protocol):
-    """One connection from the gateway to a QMQP streaming server."""
+    """One connection from the gateway to a QMQP streaming server.
+
+    It is a push producer on its own transport: while the server does not
+    read, the upstream sends nothing more (the window bounds the rest).
+    """
 
     _log = Logger()
 
@@ -65,11 +77,13 @@ class QMQPClientProtocol(Protocol):
             qmqp.Role.CLIENT, max_message_bytes=upstream.settings.max_message_bytes
         )
         self.ready = False
+        self.paused = False
         self._closing = False
 
     def connectionMade(self) -> None:
         """Authenticate if configured, else start streaming."""
         disable_nagle(self.transport)
+        cast(IConsumer, self.transport).registerProducer(self, True)
         settings = self.upstream.settings
         if settings.username is None:
             self._ready()
@@ -78,6 +92,18 @@ class QMQPClientProtocol(Protocol):
         self.write(
             self._codec.send(qmqp.AuthBlock(username=raw(settings.username), password=password))
         )
+
+    def pauseProducing(self) -> None:
+        """The server is not reading: stop sending."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The server reads again."""
+        self.paused = False
+        self.upstream.pump()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; connectionLost does the rest."""
 
     def _ready(self) -> None:
         self.ready = True
@@ -101,6 +127,7 @@ class QMQPClientProtocol(Protocol):
         self._closing = True
         self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
         assert self.transport is not None
+        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
         self.transport.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
@@ -230,21 +257,22 @@ class QMQPUpstream:
 
     def _cancel(self, job: _Job) -> None:
         # The router gave up (time-out): never send it again. If it is on the
-        # wire, its reply will find no job and be ignored.
+        # wire it keeps its place in the window until the server answers (the
+        # answer is then dropped) or the connection ends: a server that stops
+        # answering must not make us write without bound.
+        job.cancelled = True
         if job.retry_call is not None and job.retry_call.active():
             job.retry_call.cancel()
             self._waiting_retry -= 1
-        try:
+        if job.id not in self._sent:
             self._queue.remove(job)
-        except ValueError:
-            self._sent.pop(job.id, None)
 
     # --- streaming --------------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Send queued messages while the window has room."""
+        """Send queued messages while the window has room and the socket keeps up."""
         connection = self._connection
-        if connection is None:
+        if connection is None or connection.paused:
             return
         window = self.settings.window
         queue = self._queue
@@ -264,7 +292,7 @@ class QMQPUpstream:
         job = self._sent.pop(reply.id, None)
         if self._metrics is not None:
             self._metrics.qmqp_replies.labels(self.name, reply.status.decode("ascii")).inc()
-        if job is None:
+        if job is None or job.cancelled:
             return  # a message the router gave up on, or an id we never sent
         if reply.status == qmqp.Z and job.attempts < self.settings.max_attempts:
             delay = min(
@@ -299,7 +327,7 @@ class QMQPUpstream:
         if self._connection is not connection:
             return
         self._connection = None
-        unanswered = list(self._sent.values())
+        unanswered = [job for job in self._sent.values() if not job.cancelled]
         self._sent.clear()
         self._queue.extendleft(reversed(unanswered))
         self._log.info(
