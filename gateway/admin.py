@@ -25,7 +25,6 @@ from typing import Final
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import Collector
 from twisted.internet.interfaces import IReactorTime
 from twisted.web import http
 from twisted.web.iweb import IRequest
@@ -34,7 +33,7 @@ from twisted.web.server import Site
 
 from gateway.core.message import Status
 from gateway.core.router import BoundRoute, Router
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RouteStats
 
 __all__ = ["HealthReport", "make_admin_resource", "make_admin_site"]
 
@@ -216,22 +215,6 @@ class _Metrics(_AdminResource):
         return body
 
 
-def _current_values(collector: Collector, *labels: str) -> dict[tuple[str, ...], float]:
-    """Return a counter's or gauge's current values, keyed by label values.
-
-    One pass over the collector per request, rather than one registry-wide
-    ``get_sample_value`` per route and number. Counters' ``_created``
-    samples are skipped.
-    """
-    values: dict[tuple[str, ...], float] = {}
-    for family in collector.collect():
-        wanted = (family.name, family.name + "_total")
-        for sample in family.samples:
-            if sample.name in wanted:
-                values[tuple(sample.labels[label] for label in labels)] = sample.value
-    return values
-
-
 class _Routes(_AdminResource):
     """``/routes``: the router's table as of this request, with live numbers."""
 
@@ -242,15 +225,12 @@ class _Routes(_AdminResource):
 
     def render_GET(self, request: IRequest) -> bytes:
         """Return each route's configuration and counts, in table order."""
-        metrics = self._metrics
-        messages = _current_values(metrics.route_messages, "route")
-        body_bytes = _current_values(metrics.route_bytes, "route")
-        outcomes = _current_values(metrics.route_outcomes, "route", "outcome")
-        in_flight = _current_values(metrics.route_in_flight, "route")
+        stats = self._metrics.routes()
+        nothing = RouteStats()
 
         def describe(bound: BoundRoute) -> dict[str, object]:
             route = bound.route
-            key = (route.name,)
+            numbers = stats.get(route.name, nothing)
             return {
                 "name": route.name,
                 "source": route.source,
@@ -259,13 +239,10 @@ class _Routes(_AdminResource):
                 "target": None if route.target is None else route.target.text,
                 "durable": route.durable,
                 "timeout_seconds": route.timeout_seconds,
-                "messages": int(messages.get(key, 0)),
-                "bytes": int(body_bytes.get(key, 0)),
-                "outcomes": {
-                    status.value: int(outcomes.get((route.name, status.value), 0))
-                    for status in Status
-                },
-                "in_flight": int(in_flight.get(key, 0)),
+                "messages": numbers.messages,
+                "bytes": numbers.bytes,
+                "outcomes": {status.value: numbers.outcomes[status.value] for status in Status},
+                "in_flight": numbers.in_flight,
             }
 
         # Read the table once: a reload during this request cannot mix tables.

@@ -7,14 +7,21 @@ integers and add them here once per batch; see `gateway.protocols.ssmp`.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterator
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-__all__ = ["GatewayMetrics", "TrafficCounters"]
+__all__ = ["GatewayMetrics", "RouteStats", "TrafficCounters"]
 
 _LATENCY_BUCKETS_SECONDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -63,6 +70,74 @@ class _TrafficCollector(Collector):
             yield family
 
 
+class RouteStats:
+    """One route's numbers, as plain ints (the router updates them per message).
+
+    Exposed at scrape time as ``msggateway_route_messages_total``,
+    ``_route_bytes_total``, ``_route_outcomes_total{outcome}``,
+    ``_route_in_flight`` and the ``_route_latency_seconds`` histogram.
+    """
+
+    __slots__ = ("bytes", "in_flight", "latency_buckets", "latency_sum", "messages", "outcomes")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+        self.in_flight = 0
+        self.outcomes: dict[str, int] = {"accepted": 0, "retry": 0, "rejected": 0}
+        self.latency_buckets = [0] * (len(_LATENCY_BUCKETS_SECONDS) + 1)
+        self.latency_sum = 0.0
+
+    def observe_latency(self, seconds: float) -> None:
+        """Count one outcome's latency in its histogram bucket."""
+        self.latency_buckets[bisect.bisect_left(_LATENCY_BUCKETS_SECONDS, seconds)] += 1
+        self.latency_sum += seconds
+
+
+class _RouteCollector(Collector):
+    """Reads every route's `RouteStats` at scrape time."""
+
+    def __init__(self, routes: dict[str, RouteStats]) -> None:
+        self._routes = routes
+
+    def collect(self) -> Iterator[Metric]:
+        routes = sorted(self._routes.items())
+        messages = CounterMetricFamily(
+            "msggateway_route_messages", "Messages that entered a route.", labels=["route"]
+        )
+        size = CounterMetricFamily(
+            "msggateway_route_bytes", "Body bytes of messages that entered a route.",
+            labels=["route"],
+        )  # fmt: skip
+        outcomes = CounterMetricFamily(
+            "msggateway_route_outcomes",
+            "Outcomes of route deliveries: accepted, retry or rejected.",
+            labels=["route", "outcome"],
+        )
+        in_flight = GaugeMetricFamily(
+            "msggateway_route_in_flight",
+            "Messages handed to a route whose outcome is not known yet.",
+            labels=["route"],
+        )
+        latency = HistogramMetricFamily(
+            "msggateway_route_latency_seconds",
+            "Time from a message entering a route to its outcome.",
+            labels=["route"],
+        )
+        for name, stats in routes:
+            messages.add_metric([name], stats.messages)
+            size.add_metric([name], stats.bytes)
+            for outcome, count in stats.outcomes.items():
+                outcomes.add_metric([name, outcome], count)
+            in_flight.add_metric([name], stats.in_flight)
+            cumulative = list(itertools.accumulate(stats.latency_buckets))
+            bounds = [repr(float(b)) for b in _LATENCY_BUCKETS_SECONDS] + ["+Inf"]
+            latency.add_metric(
+                [name], list(zip(bounds, cumulative, strict=True)), stats.latency_sum
+            )
+        yield from (messages, size, outcomes, in_flight, latency)
+
+
 class GatewayMetrics:
     """The gateway's counters, gauges and histograms, in their own registry."""
 
@@ -95,37 +170,8 @@ class GatewayMetrics:
             ["endpoint"],
             registry=r,
         )
-        self.route_messages = Counter(
-            "msggateway_route_messages",
-            "Messages that entered a route.",
-            ["route"],
-            registry=r,
-        )
-        self.route_bytes = Counter(
-            "msggateway_route_bytes",
-            "Body bytes of messages that entered a route.",
-            ["route"],
-            registry=r,
-        )
-        self.route_outcomes = Counter(
-            "msggateway_route_outcomes",
-            "Outcomes of route deliveries: accepted, retry or rejected.",
-            ["route", "outcome"],
-            registry=r,
-        )
-        self.route_latency = Histogram(
-            "msggateway_route_latency_seconds",
-            "Time from a message entering a route to its outcome.",
-            ["route"],
-            buckets=_LATENCY_BUCKETS_SECONDS,
-            registry=r,
-        )
-        self.route_in_flight = Gauge(
-            "msggateway_route_in_flight",
-            "Messages handed to a route whose outcome is not known yet.",
-            ["route"],
-            registry=r,
-        )
+        self._routes: dict[str, RouteStats] = {}
+        r.register(_RouteCollector(self._routes))
         self.qmqp_replies = Counter(
             "msggateway_qmqp_replies",
             "QMQP replies sent by listeners or received by upstreams, by status K, Z or D.",
@@ -145,3 +191,14 @@ class GatewayMetrics:
         if counters is None:
             counters = self._traffic[endpoint] = TrafficCounters()
         return counters
+
+    def route(self, name: str) -> RouteStats:
+        """Return a route's numbers (made on first use)."""
+        stats = self._routes.get(name)
+        if stats is None:
+            stats = self._routes[name] = RouteStats()
+        return stats
+
+    def routes(self) -> dict[str, RouteStats]:
+        """Every route's numbers so far, by route name."""
+        return dict(self._routes)

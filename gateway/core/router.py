@@ -22,9 +22,9 @@ from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.interfaces import IDestination, IRouteDelivery
-from gateway.core.message import Message, Outcome, Status, worst
+from gateway.core.message import Message, Outcome, worst
 from gateway.core.transforms import ENVELOPE_TRANSFORMS, TransformError, transform
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RouteStats
 
 __all__ = [
     "BoundRoute",
@@ -237,7 +237,6 @@ class Router:
         self.table = table
         self._clock = clock
         self._metrics = metrics
-        self._route_counters: dict[str, _RouteCounters] = {}
 
     def replace_table(self, table: RouteTable) -> None:
         """Use a new route table for messages dispatched from now on."""
@@ -306,11 +305,11 @@ class Router:
         except TransformError as exc:
             return succeed(Outcome.rejected(f"route {route.name}: {exc}"))
         started = self._clock.seconds()
-        counters = self._counters(route.name)
-        if counters is not None:
-            counters.messages.inc()
-            counters.bytes.inc(len(message.body))
-            counters.in_flight.inc()
+        stats = self._stats(route.name)
+        if stats is not None:
+            stats.messages += 1
+            stats.bytes += len(message.body)
+            stats.in_flight += 1
         d = bound.delivery.deliver(translated)
         if not d.called:
             d.addTimeout(
@@ -321,37 +320,19 @@ class Router:
                     f" within {timeout:g} seconds"
                 ),
             )
-        if counters is None:
+        if stats is None:
             return d
 
         def finished(outcome: Outcome) -> Outcome:
-            counters.in_flight.dec()
-            counters.outcomes[outcome.status].inc()
-            counters.latency.observe(self._clock.seconds() - started)
+            stats.in_flight -= 1
+            stats.outcomes[outcome.status.value] += 1
+            stats.observe_latency(self._clock.seconds() - started)
             return outcome
 
         return d.addCallback(finished)
 
-    def _counters(self, route: str) -> _RouteCounters | None:
-        counters = self._route_counters.get(route)
-        if counters is None and self._metrics is not None:
-            counters = self._route_counters[route] = _RouteCounters(self._metrics, route)
-        return counters
-
-
-class _RouteCounters:
-    """One route's metric children, looked up once (``labels()`` is not cheap)."""
-
-    __slots__ = ("bytes", "in_flight", "latency", "messages", "outcomes")
-
-    def __init__(self, metrics: GatewayMetrics, route: str) -> None:
-        self.messages = metrics.route_messages.labels(route)
-        self.bytes = metrics.route_bytes.labels(route)
-        self.in_flight = metrics.route_in_flight.labels(route)
-        self.latency = metrics.route_latency.labels(route)
-        self.outcomes = {
-            status: metrics.route_outcomes.labels(route, status.value) for status in Status
-        }
+    def _stats(self, route: str) -> RouteStats | None:
+        return None if self._metrics is None else self._metrics.route(route)
 
 
 def _translate(route: Route, message: Message, addresses: list[str]) -> Message:

@@ -19,7 +19,7 @@ its replies, the server stops reading until replies complete.
 
 from __future__ import annotations
 
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -322,6 +322,7 @@ class QMQPServerFactory(Factory):
         self.connections: set[QMQPServerProtocol] = set()
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
 
     def buildProtocol(self, addr: object) -> QMQPServerProtocol:
         """Build a connection."""
@@ -343,7 +344,13 @@ class QMQPServerFactory(Factory):
     def count_reply(self, status: bytes) -> None:
         """Count a reply by its status (K, Z or D)."""
         if self._metrics is not None:
-            self._metrics.qmqp_replies.labels(self.name, status.decode("ascii")).inc()
+            counter = self._replies.get(status)
+            if counter is None:
+                label = status.decode("ascii")
+                counter = self._replies[status] = self._metrics.qmqp_replies.labels(
+                    self.name, label
+                )
+            counter.inc()
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""
