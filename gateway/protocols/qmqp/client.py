@@ -241,9 +241,12 @@ class QMQPUpstream:
 
     def deliver(self, message: Message) -> Deferred[Outcome]:
         """Queue a message; the Deferred fires with the server's answer."""
-        if self.unanswered >= self.settings.max_queue:
+        # max_queue bounds the messages waiting (for the window or a resend),
+        # not those in the window.
+        waiting = len(self._queue) + self._waiting_retry
+        if waiting >= self.settings.max_queue:
             return succeed(
-                Outcome.retry(f"upstream {self.name}: {self.unanswered} messages queued already")
+                Outcome.retry(f"upstream {self.name}: {waiting} messages queued already")
             )
         # Ids only need to be unique per connection; the message id keeps
         # them readable in the server's logs.
@@ -262,9 +265,10 @@ class QMQPUpstream:
         # answering must not make us write without bound.
         job.cancelled = True
         if job.retry_call is not None and job.retry_call.active():
+            # Waiting for a resend: in neither the queue nor the window.
             job.retry_call.cancel()
             self._waiting_retry -= 1
-        if job.id not in self._sent:
+        elif job.id not in self._sent:
             self._queue.remove(job)
 
     # --- streaming --------------------------------------------------------------------------

@@ -215,7 +215,9 @@ class QMQPServerProtocol(Protocol):
             self._on_message(block)
         elif isinstance(block, qmqp.InvalidBlock):
             self.factory.count_error(block.kind)
-            self._reply(block.id, qmqp.D, block.reason.encode("utf-8", "replace"))
+            # The codec's refusal escapes "#" in quoted peer bytes (spec, "Result
+            # String"); _reply sets the pending count.
+            self._reply(block.id, qmqp.D, block.refusal(pending=0).description)
         elif isinstance(block, qmqp.AuthBlock):
             self._on_auth(block)
         elif isinstance(block, qmqp.DoneBlock):
@@ -257,13 +259,11 @@ class QMQPServerProtocol(Protocol):
         message = message_from_block(block, factory.clock.seconds())
         result = factory.router.dispatch(factory.name, message)
         if isinstance(result, Unrouted):
-            self._reply(
-                block.id,
-                qmqp.D,
-                ("no route for recipient " + ", ".join(result.addresses)).encode(
-                    "utf-8", "surrogateescape"
-                ),
+            # Through result_for: recipients are peer bytes and may hold "#".
+            status, description = result_for(
+                Outcome.rejected("no route for recipient " + ", ".join(result.addresses))
             )
+            self._reply(block.id, status, description)
             return
         size = len(block.message)
         self._in_flight += 1

@@ -1,0 +1,788 @@
+"""In-memory tests of the QMQP streaming upstream: `gateway.protocols.qmqp.client`.
+
+Most tests drive `QMQPClientProtocol` connections of one `QMQPUpstream` over
+`StringTransport`s, playing the server by hand: what the client wrote is
+decoded with the server-role codec, replies are encoded with `qmqp.encode`.
+Time is a `MemoryReactorClock`; the upstream's `ClientService` is never
+started, so each test makes (and loses) connections itself. The last test
+pairs our client with our own `QMQPServerProtocol` through
+`twisted.test.iosim`. The behaviour checked is the module's docstring, the
+settings' and the README's "QMQP streaming" section.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import attrs
+import pytest
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.error import ConnectionLost
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+from twisted.test import iosim
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from gateway.codecs import qmqp
+from gateway.codecs.framing import encode_netstrings
+from gateway.core.addressing import AddressPattern
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Route, Router, RouteTable, bind_routes
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.qmqp.client import QMQPClientProtocol, QMQPUpstream
+from gateway.protocols.qmqp.server import QMQPServerFactory
+from gateway.protocols.qmqp.settings import QMQPListenerSettings, QMQPUpstreamSettings
+
+T = TypeVar("T")
+
+UPSTREAM = "relay"
+FEED = "feed"
+SECRET = b"s3cret"
+SETTINGS = QMQPUpstreamSettings(
+    window=3,
+    max_queue=100,
+    max_attempts=4,
+    retry_initial_seconds=1.0,
+    retry_max_seconds=3.0,
+)
+ROUTE_TIMEOUT_SECONDS = 20.0
+OUTBOUND = Route(
+    name="outbound",
+    source=FEED,
+    pattern=AddressPattern("#"),
+    destination=UPSTREAM,
+    timeout_seconds=ROUTE_TIMEOUT_SECONDS,
+)
+"""Everything arriving at ``feed`` goes to the upstream."""
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+class Connection:
+    """One client connection, with the test playing the server."""
+
+    def __init__(self, protocol: QMQPClientProtocol, transport: StringTransport) -> None:
+        self.protocol = protocol
+        self.transport = transport
+        self._codec = qmqp.QMQPCodec(qmqp.Role.SERVER)
+
+    def sent(self) -> list[qmqp.Block]:
+        """Decode the blocks the client wrote since the last call."""
+        data: bytes = self.transport.value()
+        self.transport.clear()
+        return self._codec.receive_data(data)
+
+    def sent_ids(self) -> list[bytes]:
+        """The ids of the message blocks written since the last call, in order."""
+        ids: list[bytes] = []
+        for block in self.sent():
+            assert isinstance(block, qmqp.MessageBlock), block
+            ids.append(block.id)
+        return ids
+
+    def server_says(self, data: bytes) -> None:
+        """Deliver bytes from the server, as the reactor would."""
+        self.protocol.dataReceived(data)
+
+    def answer(self, block_id: bytes, result: bytes, pending: int = 0) -> None:
+        """Send one reply: ``result`` is the status byte and its description."""
+        self.server_says(
+            qmqp.encode(
+                qmqp.ReplyBlock(
+                    id=block_id, status=result[:1], description=result[1:], pending=pending
+                )
+            )
+        )
+
+    def lose(self) -> None:
+        """Simulate the connection going away (after a close, or not)."""
+        self.protocol.connectionLost(Failure(ConnectionLost("gone")))
+
+
+class UpstreamWorld:
+    """One QMQP upstream with a router feeding it, a clock and metrics."""
+
+    def __init__(self, settings: QMQPUpstreamSettings = SETTINGS) -> None:
+        self.clock = MemoryReactorClock()
+        self.metrics = GatewayMetrics()
+        self.upstream = QMQPUpstream(
+            name=UPSTREAM,
+            settings=settings,
+            endpoint=TCP4ClientEndpoint(self.clock, "relay.example", 628),
+            secrets=Secrets(upstreams={UPSTREAM: SECRET}),
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+        self.router = Router(
+            bind_routes([OUTBOUND], {UPSTREAM: self.upstream}), self.clock, self.metrics
+        )
+
+    def connect(self) -> Connection:
+        """Open a connection, as the ClientService would."""
+        protocol = QMQPClientProtocol(self.upstream)
+        transport = StringTransport()
+        protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
+        return Connection(protocol, transport)
+
+    def deliver(self, name: str, *recipients: str) -> Deferred[Outcome]:
+        """Deliver a message with id ``name`` straight to the upstream."""
+        return self.upstream.deliver(letter(name, *recipients))
+
+    def sample(self, name: str, **labels: str) -> float:
+        """Return a metric's current value (0 when it was never set)."""
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+def letter(name: str, *recipients: str) -> Message:
+    """A mail message with id ``name``."""
+    return Message(
+        body=b"Subject: " + name.encode() + b"\n\nhello\n",
+        address=(recipients or ("ops@example.org",))[0],
+        id=name,
+        sender="app@example.org",
+        recipients=recipients or ("ops@example.org",),
+    )
+
+
+def fired(deferred: Deferred[T]) -> T:
+    """Return the result of a Deferred that must already have fired successfully."""
+    results: list[T | Failure] = []
+    deferred.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    result = results[0]
+    if isinstance(result, Failure):
+        result.raiseException()
+    return result
+
+
+def tracked(deferred: Deferred[T]) -> list[T | Failure]:
+    """Collect every result the Deferred fires with (a Deferred fires once, at most)."""
+    results: list[T | Failure] = []
+    deferred.addBoth(results.append)
+    return results
+
+
+@pytest.fixture
+def world() -> UpstreamWorld:
+    """An upstream without authentication: window 3, 4 attempts, resends after 1 s to 3 s."""
+    return UpstreamWorld()
+
+
+# --- connecting ----------------------------------------------------------------------------------
+
+
+def test_upstream_provides_idestination(world: UpstreamWorld) -> None:
+    """The upstream is a real IDestination named after its config entry."""
+    assert verifyObject(IDestination, world.upstream)
+    assert world.upstream.name == UPSTREAM
+
+
+def test_without_username_the_connection_is_ready_at_once(world: UpstreamWorld) -> None:
+    """Without ``username`` nothing is sent on connect and the upstream is connected."""
+    assert not world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
+    connection = world.connect()
+    assert connection.sent() == []
+    assert world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 1
+    assert world.sample("msggateway_connections", endpoint=UPSTREAM, protocol="qmqp") == 1
+
+    connection.lose()
+    assert not world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
+    assert world.sample("msggateway_connections", endpoint=UPSTREAM, protocol="qmqp") == 0
+
+
+def test_protocol_is_a_push_producer_on_its_transport(world: UpstreamWorld) -> None:
+    """The connection registers itself as a streaming producer with its transport."""
+    connection = world.connect()
+    assert verifyObject(IPushProducer, connection.protocol)
+    assert connection.transport.producer is connection.protocol
+    assert connection.transport.streaming
+
+
+def test_nothing_is_sent_while_the_server_does_not_read(world: UpstreamWorld) -> None:
+    """When the transport pauses us nothing more is written; resuming sends what waited."""
+    connection = world.connect()
+    connection.protocol.pauseProducing()
+    world.deliver("m1")
+    world.deliver("m2")
+    assert connection.sent() == []
+    connection.protocol.resumeProducing()
+    assert [block_id.split(b".")[0] for block_id in connection.sent_ids()] == [b"m1", b"m2"]
+
+
+def test_message_block_carries_the_envelope(world: UpstreamWorld) -> None:
+    """A message becomes one M block: an id from the message id, body, sender, recipients."""
+    connection = world.connect()
+    world.deliver("m1", "a@example.org", "b@example.org")
+    [block] = connection.sent()
+    assert isinstance(block, qmqp.MessageBlock)
+    assert block.id.startswith(b"m1.")
+    assert block.message == b"Subject: m1\n\nhello\n"
+    assert block.sender == b"app@example.org"
+    assert block.recipients == (b"a@example.org", b"b@example.org")
+
+
+def test_messages_queued_while_disconnected_stream_in_order_on_connect(
+    world: UpstreamWorld,
+) -> None:
+    """Messages delivered before a connection are sent on connect, FIFO, in one write."""
+    for name in ("m1", "m2", "m3"):
+        world.deliver(name)
+    writes: list[bytes] = []
+    protocol = QMQPClientProtocol(world.upstream)
+    transport = StringTransport()
+    transport.write = writes.append  # type: ignore[method-assign]
+    protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
+    assert len(writes) == 1
+    blocks = qmqp.QMQPCodec(qmqp.Role.SERVER).receive_data(writes[0])
+    names = [b.id.split(b".")[0] for b in blocks if isinstance(b, qmqp.MessageBlock)]
+    assert names == [b"m1", b"m2", b"m3"]
+    assert len(blocks) == 3
+
+
+# --- window, queue and replies ------------------------------------------------------------------
+
+
+def test_window_bounds_unanswered_messages(world: UpstreamWorld) -> None:
+    """At most ``window`` messages are unanswered; each reply lets the next one go, FIFO."""
+    connection = world.connect()
+    outcomes = [world.deliver(f"m{i}") for i in range(5)]
+    sent = connection.sent_ids()
+    assert [block_id.split(b".")[0] for block_id in sent] == [b"m0", b"m1", b"m2"]
+    assert world.upstream.unanswered == 5
+
+    connection.answer(sent[1], b"K")
+    [fourth] = connection.sent_ids()
+    assert fourth.startswith(b"m3.")
+    assert fired(outcomes[1]) == Outcome.accepted()
+    assert not outcomes[0].called
+
+    connection.answer(sent[0], b"K", pending=1)
+    [fifth] = connection.sent_ids()
+    assert fifth.startswith(b"m4.")
+
+
+def test_replies_are_matched_by_id_in_any_order(world: UpstreamWorld) -> None:
+    """Replies out of order reach the right messages: K accepted, D rejected with the reason."""
+    connection = world.connect()
+    first, second, third = (world.deliver(name) for name in ("m1", "m2", "m3"))
+    ids = connection.sent_ids()
+    connection.server_says(
+        qmqp.encode(
+            qmqp.ReplyBlock(id=ids[2], status=qmqp.D, description=b"no such user", pending=2)
+        )
+        + qmqp.encode(qmqp.ReplyBlock(id=ids[0], status=qmqp.K, description=b"ok", pending=1))
+    )
+    assert not second.called
+    assert fired(first) == Outcome.accepted()
+    rejected = fired(third)
+    assert rejected.status is Status.REJECTED
+    assert rejected.reason == "relay answered D: no such user"
+    assert rejected.code == "D"
+    connection.answer(ids[1], b"K")
+    assert fired(second).is_accepted
+
+
+def test_unknown_reply_id_is_ignored(world: UpstreamWorld) -> None:
+    """A reply for an id never sent changes nothing and keeps the connection."""
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    connection.sent()
+    connection.answer(b"never-sent", b"K")
+    assert not outcome.called
+    assert not connection.transport.disconnecting
+
+
+def test_full_queue_is_retry_at_once() -> None:
+    """Past ``max_queue`` waiting messages a delivery is "retry later" at once, never queued."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, window=2, max_queue=2))
+    waiting = [world.deliver(f"m{i}") for i in range(2)]
+    refused = fired(world.deliver("m2"))
+    assert refused.status is Status.RETRY
+    assert "2 messages queued already" in refused.reason
+    assert not any(d.called for d in waiting)
+
+    connection = world.connect()  # the window takes both; the queue has room again
+    assert len(connection.sent_ids()) == 2
+    more = [world.deliver(f"n{i}") for i in range(2)]
+    assert not any(d.called for d in more)
+    assert connection.sent_ids() == []  # waiting for the window
+    assert fired(world.deliver("n2")).status is Status.RETRY
+
+
+def test_messages_waiting_for_a_resend_count_against_the_queue() -> None:
+    """Messages waiting to be resent after Z take queue room, so memory stays bounded."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, window=2, max_queue=2))
+    connection = world.connect()
+    world.deliver("m0")
+    world.deliver("m1")
+    for block_id in connection.sent_ids():
+        connection.answer(block_id, b"Zbusy")
+    assert fired(world.deliver("m2")).status is Status.RETRY
+
+
+# --- Z: resend with backoff ----------------------------------------------------------------------
+
+
+def test_z_is_resent_with_doubling_delay_then_retry(world: UpstreamWorld) -> None:
+    """Z: resent after 1 s, 2 s, then 3 s (capped); the 4th Z is a retry outcome."""
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    [block_id] = connection.sent_ids()
+    for delay in (1.0, 2.0, 3.0):
+        connection.answer(block_id, b"Zmailbox busy")
+        world.clock.advance(delay - 0.01)
+        assert connection.sent_ids() == []
+        world.clock.advance(0.01)
+        assert connection.sent_ids() == [block_id]  # the same block, the same id
+        assert not outcome.called
+    connection.answer(block_id, b"Zmailbox busy")
+    result = fired(outcome)
+    assert result.status is Status.RETRY
+    assert result.reason == "relay answered Z: mailbox busy"
+    assert result.code == "Z"
+    world.clock.advance(60)
+    assert connection.sent_ids() == []
+    assert world.upstream.unanswered == 0
+
+
+def test_z_then_k_is_accepted(world: UpstreamWorld) -> None:
+    """A message answered Z and then K on its resend is accepted, once."""
+    connection = world.connect()
+    results = tracked(world.deliver("m1"))
+    [block_id] = connection.sent_ids()
+    connection.answer(block_id, b"Z")
+    world.clock.advance(1)
+    assert connection.sent_ids() == [block_id]
+    connection.answer(block_id, b"K")
+    assert results == [Outcome.accepted()]
+
+
+def test_resend_goes_before_queued_messages() -> None:
+    """A message due for a resend goes to the front of the queue, before later messages."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, window=1))
+    connection = world.connect()
+    for name in ("m1", "m2", "m3"):
+        world.deliver(name)
+    [m1] = connection.sent_ids()
+    connection.answer(m1, b"Z")
+    [m2] = connection.sent_ids()  # the window had room meanwhile
+    assert m2.startswith(b"m2.")
+    world.clock.advance(1)
+    assert connection.sent_ids() == []  # due, but the window is full
+    connection.answer(m2, b"K")
+    assert connection.sent_ids() == [m1]
+
+
+def test_max_attempts_one_makes_z_a_retry_outcome_at_once() -> None:
+    """With ``max_attempts = 1`` the first Z is the outcome: nothing is resent."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, max_attempts=1))
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    [block_id] = connection.sent_ids()
+    connection.answer(block_id, b"Zlater")
+    assert fired(outcome).status is Status.RETRY
+    world.clock.advance(10)
+    assert connection.sent_ids() == []
+
+
+# --- cancellation (the router's time-out) ---------------------------------------------------------
+
+
+def test_cancelled_while_queued_is_never_sent() -> None:
+    """A message cancelled before it was sent never goes out."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, window=1))
+    connection = world.connect()
+    world.deliver("m1")
+    queued = world.deliver("m2")
+    [first] = connection.sent_ids()
+    queued.cancel()
+    assert isinstance(tracked(queued)[0], Failure)
+    connection.answer(first, b"K")
+    assert connection.sent_ids() == []
+    assert world.upstream.unanswered == 0
+
+
+def test_cancelled_on_the_wire_keeps_its_slot_until_its_late_reply() -> None:
+    """A cancelled sent message holds its window slot; its late reply is dropped and frees it."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, window=1))
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    results = tracked(outcome)
+    queued = world.deliver("m2")
+    [first] = connection.sent_ids()
+    outcome.cancel()
+    [failure] = results
+    assert isinstance(failure, Failure) and failure.check(CancelledError)
+    assert connection.sent_ids() == []  # a silent server must not make us write more
+
+    connection.answer(first, b"K")  # late: dropped, no second result
+    assert len(results) == 1
+    assert world.sample("msggateway_qmqp_replies_total", endpoint=UPSTREAM, status="K") == 1
+    [second] = connection.sent_ids()
+    assert second.startswith(b"m2.")
+    connection.answer(second, b"K")
+    assert fired(queued).is_accepted
+
+
+def test_cancelled_on_the_wire_is_not_resent_after_a_reconnect(world: UpstreamWorld) -> None:
+    """A cancelled message that was on the wire is dropped when the connection is lost."""
+    connection = world.connect()
+    cancelled = world.deliver("m1")
+    kept = world.deliver("m2")
+    ids = connection.sent_ids()
+    cancelled.addErrback(lambda failure: failure.trap(CancelledError))
+    cancelled.cancel()
+    connection.lose()
+    again = world.connect()
+    assert again.sent_ids() == [ids[1]]
+    again.answer(ids[1], b"K")
+    assert fired(kept).is_accepted
+    assert world.upstream.unanswered == 0
+
+
+def test_cancelled_while_waiting_for_a_resend_is_never_resent(world: UpstreamWorld) -> None:
+    """A message cancelled between a Z and its resend is not sent again."""
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    [block_id] = connection.sent_ids()
+    connection.answer(block_id, b"Z")
+    results = tracked(outcome)
+    outcome.cancel()
+    [failure] = results
+    assert isinstance(failure, Failure) and failure.check(CancelledError)
+    world.clock.advance(10)
+    assert connection.sent_ids() == []
+    assert world.upstream.unanswered == 0
+
+
+def test_router_time_out_while_waiting_for_a_resend_is_retry() -> None:
+    """The route's time-out between a Z and the resend answers "retry"; nothing is resent."""
+    world = UpstreamWorld(
+        settings=attrs.evolve(SETTINGS, retry_initial_seconds=30.0, retry_max_seconds=60.0)
+    )
+    connection = world.connect()
+    outcome = world.router.dispatch(FEED, letter("slow"))
+    assert isinstance(outcome, Deferred)
+    [block_id] = connection.sent_ids()
+    connection.answer(block_id, b"Z")  # resend due in 30 s; the route gives up at 20 s
+    world.clock.advance(ROUTE_TIMEOUT_SECONDS)
+    result = fired(outcome)
+    assert result.status is Status.RETRY
+    assert "no outcome from relay" in result.reason
+    world.clock.advance(60)
+    assert connection.sent_ids() == []
+    assert world.upstream.unanswered == 0
+
+
+def test_router_time_out_is_retry_and_the_message_is_never_sent_again(
+    world: UpstreamWorld,
+) -> None:
+    """The route's time-out gives "retry"; after a reconnect the message is not resent."""
+    connection = world.connect()
+    outcome = world.router.dispatch(FEED, letter("slow"))
+    assert isinstance(outcome, Deferred)
+    [block_id] = connection.sent_ids()
+    world.clock.advance(ROUTE_TIMEOUT_SECONDS)
+    result = fired(outcome)
+    assert result.status is Status.RETRY
+    assert "no outcome from relay within 20 seconds" in result.reason
+
+    connection.lose()
+    again = world.connect()
+    assert again.sent_ids() == []
+    again.answer(block_id, b"K")  # a late reply finds nothing
+    assert world.upstream.unanswered == 0
+
+
+# --- reconnecting ------------------------------------------------------------------------------
+
+
+def test_unanswered_messages_are_resent_first_after_a_reconnect(world: UpstreamWorld) -> None:
+    """On loss, sent-but-unanswered messages go back to the front of the queue, in order."""
+    connection = world.connect()
+    outcomes = [tracked(world.deliver(f"m{i}")) for i in range(4)]
+    ids = connection.sent_ids()  # m0, m1, m2; m3 waits for the window
+    connection.answer(ids[1], b"K")
+    [m3] = connection.sent_ids()
+    connection.lose()
+    world.deliver("m4")
+    assert world.upstream.unanswered == 4
+
+    again = world.connect()
+    assert again.sent_ids() == [ids[0], ids[2], m3]  # front of the queue, in order
+    again.answer(ids[2], b"K")
+    [m4] = again.sent_ids()
+    assert m4.startswith(b"m4.")
+    again.answer(ids[0], b"K")
+    again.answer(m3, b"D")
+    assert [len(results) for results in outcomes] == [1, 1, 1, 1]
+
+
+def test_each_outcome_fires_exactly_once_across_reconnects(world: UpstreamWorld) -> None:
+    """A reply arriving on a lost connection is ignored; the resend's reply is the outcome."""
+    first = world.connect()
+    results = tracked(world.deliver("m1"))
+    [block_id] = first.sent_ids()
+    first.lose()
+    first.answer(block_id, b"K")  # too late: the old connection is gone
+    assert results == []
+
+    second = world.connect()
+    assert second.sent_ids() == [block_id]
+    second.answer(block_id, b"K")
+    second.answer(block_id, b"K")  # a duplicate reply counts nothing
+    assert results == [Outcome.accepted()]
+    assert world.upstream.unanswered == 0
+
+
+def test_resend_timer_during_a_disconnection_waits_for_the_next_connection(
+    world: UpstreamWorld,
+) -> None:
+    """A resend due while disconnected is sent on the next connection."""
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    [block_id] = connection.sent_ids()
+    connection.answer(block_id, b"Z")
+    connection.lose()
+    world.clock.advance(1)
+    again = world.connect()
+    assert again.sent_ids() == [block_id]
+    again.answer(block_id, b"K")
+    assert fired(outcome).is_accepted
+
+
+def test_server_done_block_closes_and_requeues(world: UpstreamWorld) -> None:
+    """The server's done block closes the connection; unanswered messages go to the next one."""
+    connection = world.connect()
+    outcome = world.deliver("m1")
+    [block_id] = connection.sent_ids()
+    with capturedLogs() as events:
+        connection.server_says(qmqp.DONE_BYTES)
+    assert connection.transport.disconnecting
+    assert any("done block" in event.get("why", "") for event in events)
+    connection.lose()
+    assert not world.upstream.connected
+
+    again = world.connect()
+    assert again.sent_ids() == [block_id]
+    again.answer(block_id, b"K")
+    assert fired(outcome).is_accepted
+
+
+def test_malformed_reply_closes_after_the_good_replies_and_requeues(world: UpstreamWorld) -> None:
+    """Replies before bad input count; then the connection closes and the rest is resent."""
+    connection = world.connect()
+    good = world.deliver("m1")
+    pending = world.deliver("m2")
+    ids = connection.sent_ids()
+    connection.server_says(
+        qmqp.encode(qmqp.ReplyBlock(id=ids[0], status=qmqp.K, description=b"", pending=1))
+        + encode_netstrings([b"R", b"x", b"Qhuh", b"0"])
+    )
+    assert fired(good).is_accepted
+    assert connection.transport.disconnecting
+    assert (
+        world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="bad-reply") == 1
+    )
+    connection.server_says(
+        qmqp.encode(qmqp.ReplyBlock(id=ids[1], status=qmqp.K, description=b"", pending=0))
+    )
+    assert not pending.called  # nothing is read after the close
+    connection.lose()
+
+    again = world.connect()
+    assert again.sent_ids() == [ids[1]]
+    again.answer(ids[1], b"K")
+    assert fired(pending).is_accepted
+
+
+def test_replies_are_counted_by_status(world: UpstreamWorld) -> None:
+    """Replies received are counted per status under the upstream's name."""
+    connection = world.connect()
+    for name in ("a", "b", "c"):
+        world.deliver(name)
+    ids = connection.sent_ids()
+    connection.answer(ids[0], b"K")
+    connection.answer(ids[1], b"Z")
+    connection.answer(ids[2], b"D")
+    for status in ("K", "Z", "D"):
+        assert world.sample("msggateway_qmqp_replies_total", endpoint=UPSTREAM, status=status) == 1
+
+
+# --- authentication ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("success_reply", ["1", "0"])
+def test_auth_waits_for_the_success_reply(success_reply: str) -> None:
+    """With ``username`` an A block goes first; messages flow only after the success reply.
+
+    ``auth_success_reply`` says which reply means success: "1" (the spec's
+    prose, the default) or "0" (the spec's example).
+    """
+    world = UpstreamWorld(
+        settings=attrs.evolve(SETTINGS, username="gw", auth_success_reply=success_reply)
+    )
+    outcome = world.deliver("m1")
+    connection = world.connect()
+    assert connection.sent() == [qmqp.AuthBlock(username=b"gw", password=SECRET)]
+    assert not world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
+    world.deliver("m2")
+    assert connection.sent() == []  # nothing before the auth reply
+
+    connection.server_says(f"8:1:A,1:{success_reply},,".encode())
+    assert world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 1
+    ids = connection.sent_ids()
+    assert [block_id.split(b".")[0] for block_id in ids] == [b"m1", b"m2"]
+    connection.answer(ids[0], b"K")
+    assert fired(outcome).is_accepted
+
+
+@pytest.mark.parametrize(("success_reply", "refusal"), [("1", "0"), ("0", "1")])
+def test_auth_refused_closes_and_keeps_the_messages(success_reply: str, refusal: str) -> None:
+    """The other auth reply is a refusal: close, count it, keep the messages queued."""
+    world = UpstreamWorld(
+        settings=attrs.evolve(SETTINGS, username="gw", auth_success_reply=success_reply)
+    )
+    outcome = world.deliver("m1")
+    connection = world.connect()
+    connection.sent()
+    with capturedLogs() as events:
+        connection.server_says(f"8:1:A,1:{refusal},,".encode())
+    assert connection.transport.disconnecting
+    assert connection.sent() == []
+    assert not world.upstream.connected
+    assert (
+        world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="auth-refused")
+        == 1
+    )
+    assert any("refused" in event.get("why", "") for event in events)
+    connection.lose()
+    assert not outcome.called
+    assert world.upstream.unanswered == 1
+
+
+def test_auth_without_a_secret_sends_an_empty_password() -> None:
+    """An upstream with ``username`` but no secret in the secrets file sends an empty password."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, username="gw"))
+    world.upstream.secrets = Secrets()
+    connection = world.connect()
+    assert connection.sent() == [qmqp.AuthBlock(username=b"gw", password=b"")]
+
+
+def test_auth_reply_after_ready_is_ignored() -> None:
+    """A second auth reply on a ready connection changes nothing."""
+    world = UpstreamWorld(settings=attrs.evolve(SETTINGS, username="gw"))
+    connection = world.connect()
+    connection.sent()
+    connection.server_says(b"8:1:A,1:1,,")
+    connection.server_says(b"8:1:A,1:0,,")
+    assert world.upstream.connected
+    assert not connection.transport.disconnecting
+
+
+# --- our client with our server, through iosim -------------------------------------------------
+
+
+@implementer(IDestination)
+class DomainDestination:
+    """The far gateway's destination: accepts, retries or rejects by recipient domain."""
+
+    name = "far-sink"
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Answer by the domain of the first recipient."""
+        self.messages.append(message)
+        domain = message.recipients[0].rpartition("@")[2]
+        if domain == "busy.example":
+            return succeed(Outcome.retry("queue full"))
+        if domain == "bad.example":
+            return succeed(Outcome.rejected("mailbox unknown"))
+        return succeed(Outcome.accepted())
+
+
+def test_our_client_with_our_server_over_iosim() -> None:
+    """Through our own listener (with auth): K accepted, Z retried then retry, D rejected."""
+    clock = MemoryReactorClock()
+    far = DomainDestination()
+    listener = "far-qmqp"
+    far_routes = [
+        Route(
+            name=domain,
+            source=listener,
+            pattern=AddressPattern(f"#@{domain}"),
+            destination=far.name,
+        )
+        for domain in ("ok.example", "busy.example", "bad.example")
+    ]
+    server_factory = QMQPServerFactory(
+        name=listener,
+        settings=QMQPListenerSettings(require_auth=True),
+        router=Router(bind_routes(far_routes, {far.name: far}), clock),
+        secrets=Secrets(logins={"gw": SECRET}),
+        clock=clock,
+    )
+    world_settings = attrs.evolve(SETTINGS, username="gw", max_attempts=2)
+    metrics = GatewayMetrics()
+    upstream = QMQPUpstream(
+        name=UPSTREAM,
+        settings=world_settings,
+        endpoint=TCP4ClientEndpoint(clock, "far.example", 628),
+        secrets=Secrets(upstreams={UPSTREAM: SECRET}),
+        clock=clock,
+        metrics=metrics,
+    )
+    router = Router(RouteTable(), clock)
+    router.replace_table(bind_routes([OUTBOUND], {UPSTREAM: upstream}))
+
+    server = server_factory.buildProtocol(None)
+    client = QMQPClientProtocol(upstream)
+    pump = iosim.connect(
+        server,
+        iosim.FakeTransport(server, isServer=True),
+        client,
+        iosim.FakeTransport(client, isServer=False),
+        clock=clock,
+    )
+    assert upstream.connected
+    assert server.identity == "gw"
+
+    accepted = router.dispatch(FEED, letter("ok", "ops@ok.example"))
+    busy = router.dispatch(FEED, letter("busy", "ops@busy.example"))
+    rejected = router.dispatch(FEED, letter("bad", "ops@bad.example"))
+    assert isinstance(accepted, Deferred)
+    assert isinstance(busy, Deferred)
+    assert isinstance(rejected, Deferred)
+    pump.flush()
+    assert fired(accepted) == Outcome.accepted()
+    assert fired(rejected) == Outcome.rejected("relay answered D: mailbox unknown", code="D")
+    assert not busy.called  # Z: resent after a second
+
+    clock.advance(1)
+    pump.flush()
+    assert fired(busy) == Outcome.retry("relay answered Z: queue full", code="Z")
+    assert [message.id.split(".")[0] for message in far.messages] == ["ok", "busy", "bad", "busy"]
+    assert far.messages[0].recipients == ("ops@ok.example",)
+    assert far.messages[0].sender == "app@example.org"
+    assert upstream.unanswered == 0
+    assert (
+        metrics.registry.get_sample_value(
+            "msggateway_qmqp_replies_total", {"endpoint": UPSTREAM, "status": "Z"}
+        )
+        == 2
+    )
