@@ -93,6 +93,11 @@ class QMQPClientProtocol(Protocol):
             self._codec.send(qmqp.AuthBlock(username=raw(settings.username), password=password))
         )
 
+    @property
+    def closing(self) -> bool:
+        """Whether the connection is on its way out (send nothing more on it)."""
+        return self._closing
+
     def pauseProducing(self) -> None:
         """The server is not reading: stop sending."""
         self.paused = True
@@ -276,7 +281,7 @@ class QMQPUpstream:
     def pump(self) -> None:
         """Send queued messages while the window has room and the socket keeps up."""
         connection = self._connection
-        if connection is None or connection.paused:
+        if connection is None or connection.paused or connection.closing:
             return
         window = self.settings.window
         queue = self._queue
