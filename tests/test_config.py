@@ -285,10 +285,11 @@ def test_embedded_default_listens_on_loopback() -> None:
 def test_repository_example_is_valid() -> None:
     """``etc/gateway.toml``, the example operators start from, loads without problems."""
     config = load_config(REPOSITORY / "etc" / "gateway.toml")
-    assert [listener.name for listener in config.listeners] == ["hub"]
+    assert [listener.name for listener in config.listeners] == ["hub", "mail"]
     assert [upstream.name for upstream in config.upstreams] == ["central"]
     assert [route.name for route in config.routes] == [
         "alerts-from-central",
+        "mail-alerts",
         "weather-to-central",
     ]
     assert config.secrets.credential_for("central") is not None
