@@ -45,7 +45,7 @@ def test_valid_file_prints_the_summary() -> None:
     status, out, err = _check_config(str(path))
     assert status == 0
     assert out == load_config(path).summary() + "\n"
-    assert out.startswith(f"{path}: OK: 1 listener(s) [hub (ssmp)]")
+    assert out.startswith(f"{path}: OK: 2 listener(s) [hub (ssmp), mail (qmqp)]")
     assert err == ""
 
 
