@@ -6,6 +6,8 @@ default without PATH) and prints every problem as ``file: key: reason``
 ``msggateway run [twistd options]`` runs the gateway under twistd.
 ``msggateway ssmp publish|subscribe ...`` sends or watches SSMP messages by
 hand, against the gateway or any SSMP server.
+``msggateway qmqp send [ADDRESS] PATH...`` streams mail files to a QMQP
+streaming server and prints what became of each (`gateway.mailsend`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,22 @@ from typing import TextIO
 from gateway import __version__
 from gateway.codecs import ssmp
 from gateway.config import ConfigError, load_config, load_default_config
-from gateway.probe import SSMPProbe, SSMPProbeError, describe, parse_address
+from gateway.mailsend import (
+    DEFAULT_TIMEOUT_SECONDS,
+    DEFAULT_WINDOW,
+    MailSource,
+    ProgressBar,
+    QMQPSender,
+    QMQPSendError,
+)
+from gateway.probe import (
+    SSMPProbe,
+    SSMPProbeError,
+    connect,
+    describe,
+    parse_address,
+    tls_context,
+)
 
 __all__ = ["main"]
 
@@ -49,22 +65,14 @@ def _run(arguments: Sequence[str]) -> int:
     return 1  # pragma: no cover  (execv does not return)
 
 
-def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not (args.tls or args.ca or args.cert):
-        return None
-    context = ssl.create_default_context(cafile=args.ca)
-    if args.cert:
-        context.load_cert_chain(args.cert, args.key)
-    return context
-
-
 def _ssmp(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     secret = os.environ.get(args.secret_env) if args.secret_env else None
     if args.secret_env and secret is None:
         err.write(f"msggateway: environment variable {args.secret_env} is not set\n")
         return 2
     try:
-        probe = SSMPProbe(parse_address(args.address), _tls_context(args), timeout=args.timeout)
+        context = tls_context(tls=args.tls, ca=args.ca, cert=args.cert, key=args.key)
+        probe = SSMPProbe(parse_address(args.address), context, timeout=args.timeout)
     except (OSError, ValueError) as exc:
         err.write(f"msggateway: cannot connect to {args.address}: {exc}\n")
         return 1
@@ -128,6 +136,146 @@ def _add_ssmp_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
         action.add_argument("--timeout", type=float, default=None, help="seconds a read may wait")
 
 
+def _qmqp_send(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``msggateway qmqp send``: usage checks, then the session; return the exit status."""
+    operands: list[str] = args.operands
+    address_text = args.address or operands[0]
+    paths = operands if args.address else operands[1:]
+    if not paths:
+        return _usage(err, "qmqp send: give ADDRESS (or --address) and at least one PATH")
+    try:
+        address = parse_address(address_text)
+    except ValueError as exc:
+        return _usage(err, f"qmqp send: {exc}")
+    if (args.username is None) != (args.password_env is None):
+        return _usage(err, "qmqp send: --username and --password-env go together")
+    password = os.environ.get(args.password_env) if args.password_env else None
+    if args.password_env and password is None:
+        return _usage(err, f"qmqp send: environment variable {args.password_env} is not set")
+    source = MailSource(
+        paths,
+        mbox=args.mbox,
+        recursive=args.recursive,
+        sender=args.sender,
+        recipients=args.recipients,
+        id_prefix=args.id_prefix,
+    )
+    progress = ProgressBar(err, total=lambda: source.total)
+    try:
+        context = tls_context(tls=args.tls, ca=args.ca, cert=args.cert, key=args.key)
+        sock = connect(address, context, args.timeout)
+    except (OSError, ValueError) as exc:
+        err.write(f"msggateway: cannot connect to {address_text}: {exc}\n")
+        return 1
+    with QMQPSender(
+        sock,
+        window=args.window,
+        timeout=args.timeout,
+        on_progress=progress if args.progress or err.isatty() else None,
+    ) as sender:
+        try:
+            if args.username is not None and password is not None:
+                sender.authenticate(
+                    os.fsencode(args.username),
+                    os.fsencode(password),
+                    success_reply=args.auth_success_reply.encode("ascii"),
+                )
+        except QMQPSendError as exc:
+            err.write(f"msggateway: {exc}\n")
+            return 1
+        summary = sender.send(source, total=lambda: source.total)
+    out.write(summary.render())
+    return summary.exit_status
+
+
+def _usage(err: TextIO, message: str) -> int:
+    """Report a usage error the way argparse does; return its exit status, 2."""
+    err.write(f"msggateway: error: {message}\n")
+    return 2
+
+
+def _positive(kind: type[int] | type[float]) -> argparse._ActionType:
+    """An argparse type: a number above zero."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is not above zero")
+        return value
+
+    return parse
+
+
+def _add_qmqp_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser("qmqp", help="send mail over QMQP streaming by hand")
+    actions = command.add_subparsers(dest="action", required=True)
+    send = actions.add_parser(
+        "send",
+        help="stream mail files to a QMQP streaming server",
+        usage="%(prog)s [options] [ADDRESS] PATH [PATH ...]",
+        description="Stream RFC 822 files, directories of them and mbox files to a QMQP"
+        " streaming server; print the K, Z and D counts and every Z, D and error."
+        " Exit status: 0 when every message got K, 1 otherwise, 2 for usage errors.",
+    )
+    send.add_argument(
+        "operands",
+        nargs="+",
+        metavar="[ADDRESS] PATH",
+        help="HOST:PORT of the server (unless --address), then files, directories or mboxes",
+    )
+    send.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="HOST:PORT of the server (then every operand is a PATH)",
+    )
+    send.add_argument("--mbox", action="store_true", help="read every file as an mbox")
+    send.add_argument("-r", "--recursive", action="store_true", help="descend into directories")
+    send.add_argument("--sender", metavar="ADDR", help="envelope sender (default: from headers)")
+    send.add_argument(
+        "--recipient",
+        dest="recipients",
+        metavar="ADDR",
+        action="append",
+        default=[],
+        help="envelope recipient, repeatable (default: To, Cc and Bcc)",
+    )
+    send.add_argument("--id-prefix", metavar="TEXT", default="", help="put before every message id")
+    send.add_argument("--username", metavar="NAME", help="authenticate with an A block first")
+    send.add_argument(
+        "--password-env", metavar="VAR", help="environment variable with the password"
+    )
+    send.add_argument(
+        "--auth-success-reply",
+        choices=["1", "0"],
+        default="1",
+        help="the A reply meaning success: 1 as the spec's prose says (default), 0 as its example",
+    )
+    send.add_argument(
+        "--window",
+        type=_positive(int),
+        metavar="N",
+        default=DEFAULT_WINDOW,
+        help=f"most messages sent and not yet answered (default: {DEFAULT_WINDOW})",
+    )
+    send.add_argument(
+        "--timeout",
+        type=_positive(float),
+        metavar="SECONDS",
+        default=DEFAULT_TIMEOUT_SECONDS,
+        help=f"seconds to wait without progress (default: {DEFAULT_TIMEOUT_SECONDS:g})",
+    )
+    send.add_argument("--tls", action="store_true", help="connect over TLS")
+    send.add_argument("--ca", help="CA file to verify the server with (implies --tls)")
+    send.add_argument("--cert", help="client certificate (PEM; implies --tls)")
+    send.add_argument("--key", help="client certificate key (PEM)")
+    send.add_argument(
+        "--progress", action="store_true", help="show progress on stderr even when not a terminal"
+    )
+
+
 def main(
     argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -142,11 +290,14 @@ def main(
     run = commands.add_parser("run", help="run the gateway in the foreground under twistd")
     run.add_argument("twistd_args", nargs=argparse.REMAINDER, help="e.g. --config etc/gateway.toml")
     _add_ssmp_commands(commands)
+    _add_qmqp_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path, out, err)
     if args.command == "ssmp":
         return _ssmp(args, out, err)
+    if args.command == "qmqp":
+        return _qmqp_send(args, out, err)
     return _run(args.twistd_args)
 
 

@@ -2,7 +2,9 @@
 
 Operators use it to publish a test message or watch a topic by hand, against
 the gateway or any SSMP server, over TCP or TLS. It uses the same codec as
-the gateway; it is not used by the gateway itself.
+the gateway; it is not used by the gateway itself. `parse_address`,
+`tls_context` and `connect` are shared with the other hand tools
+(``msggateway qmqp send``, `gateway.mailsend`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Final
 
 from gateway.codecs import ssmp
 
-__all__ = ["SSMPProbe", "SSMPProbeError", "parse_address"]
+__all__ = ["SSMPProbe", "SSMPProbeError", "connect", "parse_address", "tls_context"]
 
 READ_BYTES: Final = 65536
 
@@ -35,6 +37,58 @@ def parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def tls_context(
+    *, tls: bool = False, ca: str | None = None, cert: str | None = None, key: str | None = None
+) -> ssl.SSLContext | None:
+    """Build the client TLS context the command-line options ask for.
+
+    Args:
+        tls: Connect over TLS, verifying the server with the system's CAs.
+        ca: CA file to verify the server with (implies TLS).
+        cert: Client certificate, PEM (implies TLS).
+        key: The client certificate's key, PEM (default: read from ``cert``).
+
+    Returns:
+        A context, or None for plain TCP.
+
+    Raises:
+        OSError: A file cannot be read.
+        ssl.SSLError: A file holds no usable certificate or key.
+    """
+    if not (tls or ca or cert):
+        return None
+    context = ssl.create_default_context(cafile=ca)
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def connect(
+    address: tuple[str, int], context: ssl.SSLContext | None, timeout: float | None
+) -> socket.socket:
+    """Open a blocking TCP connection, over TLS when ``context`` is given.
+
+    The TLS handshake is done here, bounded by ``timeout``; the server's
+    certificate is checked against the host name of ``address``.
+
+    Args:
+        address: ``(host, port)``.
+        context: TLS context, or None for plain TCP.
+        timeout: Seconds connecting (and each later read) may wait; None: forever.
+
+    Raises:
+        OSError: The connection or the handshake failed (`ssl.SSLError` is one).
+    """
+    raw = socket.create_connection(address, timeout=timeout)
+    if context is None:
+        return raw
+    try:
+        return context.wrap_socket(raw, server_hostname=address[0])
+    except BaseException:
+        raw.close()
+        raise
+
+
 class SSMPProbe:
     """One blocking SSMP connection.
 
@@ -50,8 +104,7 @@ class SSMPProbe:
         context: ssl.SSLContext | None = None,
         timeout: float | None = 10.0,
     ) -> None:
-        raw = socket.create_connection(address, timeout=timeout)
-        self._sock = context.wrap_socket(raw, server_hostname=address[0]) if context else raw
+        self._sock = connect(address, context, timeout)
         self._sock.settimeout(timeout)
         self._codec = ssmp.SSMPCodec(ssmp.Role.CLIENT)
         self._lines: list[ssmp.Line] = []
