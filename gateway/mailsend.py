@@ -9,7 +9,9 @@ Three parts, used in this order by the command line:
 * `envelope_of` reads the envelope from the headers when the options do not
   give it: the sender from ``Return-Path``, else ``From``; the recipients
   from ``To``, ``Cc`` and ``Bcc``. Message bytes are sent as they are, but
-  with CRLF turned into LF (QMQP's message format is LF lines).
+  with CRLF turned into LF (QMQP's message format is LF lines) and without
+  the ``Bcc`` header, as ``sendmail -t`` does (its recipients get the mail;
+  the others must not see them).
 * `QMQPSender` drives one connection (../shared/specs/qmqp-streaming.txt,
   "QMQP Streaming Session Overview"): an optional A block first, then message
   blocks while fewer than ``window`` are unanswered, replies read as they
@@ -235,7 +237,29 @@ def prepare(
         return LocalFailure(
             id=ident, reason="no recipient: no --recipient and no address in To, Cc or Bcc"
         )
-    return Outgoing(id=ident, message=message, envelope=envelope)
+    return Outgoing(id=ident, message=without_bcc(message), envelope=envelope)
+
+
+def without_bcc(message: bytes) -> bytes:
+    """Remove ``Bcc`` header fields (with their continuation lines) from a message.
+
+    Only the header block (up to the first empty line) is looked at.
+    """
+    end = message.find(b"\n\n")
+    head, rest = (message, b"") if end == -1 else (message[: end + 1], message[end + 1 :])
+    if b"bcc:" not in head.lower():
+        return message
+    kept: list[bytes] = []
+    skipping = False
+    for line in head.splitlines(keepends=True):
+        if line[:1] in (b" ", b"\t"):
+            if not skipping:
+                kept.append(line)
+            continue
+        skipping = line[:4].lower() == b"bcc:"
+        if not skipping:
+            kept.append(line)
+    return b"".join(kept) + rest
 
 
 # --- reading files --------------------------------------------------------------

@@ -695,3 +695,17 @@ def test_cli_cannot_connect(tmp_path: Path) -> None:
     status, out, err = run_cli("qmqp", "send", "127.0.0.1:1", str(tmp_path))
     assert (status, out) == (1, "")
     assert "cannot connect to 127.0.0.1:1" in err
+
+
+def test_bcc_header_is_removed_but_its_addresses_receive() -> None:
+    """Bcc recipients are in the envelope, but the Bcc header is not sent."""
+    data = (
+        b"From: a@example.org\nTo: b@example.org\nBcc: c@example.org,\n d@example.org\n"
+        b"Subject: hi\n\nBcc: this line is in the body\n"
+    )
+    item = prepare(b"m1", data)
+    assert isinstance(item, Outgoing)
+    assert item.envelope.recipients == (b"b@example.org", b"c@example.org", b"d@example.org")
+    assert item.message == (
+        b"From: a@example.org\nTo: b@example.org\nSubject: hi\n\nBcc: this line is in the body\n"
+    )
