@@ -38,6 +38,7 @@ from gateway.protocols.ssmp.settings import (
     SSMPListenerSettings,
     SSMPUpstreamSettings,
 )
+from gateway.protocols.stream.settings import DEFAULT_FRAME_MAX, StreamListenerSettings
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -46,6 +47,7 @@ __all__ = [
     "ConfigProblem",
     "GatewayConfig",
     "ListenerConfig",
+    "LogSettings",
     "UpstreamConfig",
     "load_config",
     "load_default_config",
@@ -130,6 +132,28 @@ class UpstreamConfig:
     settings: Any
 
 
+@attrs.frozen(kw_only=True)
+class LogSettings:
+    """The embedded durable log (``[log]`` in the main file).
+
+    Attributes:
+        fsync: ``always`` (every commit is fsynced before it is acknowledged),
+            ``interval`` (acknowledged after the write, fsynced at most every
+            ``fsync_interval_seconds``) or ``never`` (left to the OS, as a
+            single RabbitMQ node does).
+        fsync_interval_seconds: See ``fsync``.
+        segment_bytes: A stream's segment file is rolled past this size.
+        max_bytes: Default retention by size of each stream (None: keep all).
+        max_age_seconds: Default retention by age (None: keep all).
+    """
+
+    fsync: str = "always"
+    fsync_interval_seconds: float = 0.2
+    segment_bytes: int = 64 * 1024 * 1024
+    max_bytes: int | None = None
+    max_age_seconds: float | None = None
+
+
 @attrs.frozen
 class AdminConfig:
     """The admin HTTP endpoint; ``endpoint`` None disables it."""
@@ -152,6 +176,7 @@ class GatewayConfig:
         routes_dir: The directory route files were read from, if any.
         secrets_path: The secrets file, if any.
         inline_routes: Routes written as ``[routes.NAME]`` in the main file.
+        log: The embedded log's settings.
     """
 
     source: str
@@ -164,6 +189,7 @@ class GatewayConfig:
     routes_dir: Path | None = None
     secrets_path: Path | None = None
     inline_routes: tuple[Route, ...] = ()
+    log: LogSettings = LogSettings()
 
     def endpoint_names(self) -> dict[str, str]:
         """Every listener and upstream name, with its protocol."""
@@ -380,6 +406,33 @@ def _qmqp_upstream(section: _Section) -> QMQPUpstreamSettings:
     )
 
 
+def _log_settings(section: _Section) -> LogSettings:
+    max_bytes = section.integer("max_bytes", 0, minimum=0)
+    max_age = section.number("max_age_seconds", 0.0)
+    return LogSettings(
+        fsync=section.choice("fsync", frozenset({"always", "interval", "never"}), "always"),
+        fsync_interval_seconds=section.positive("fsync_interval_seconds", 0.2),
+        segment_bytes=section.integer("segment_bytes", 64 * 1024 * 1024, minimum=4096),
+        max_bytes=max_bytes or None,
+        max_age_seconds=max_age or None,
+    )
+
+
+def _stream_listener(section: _Section, tls: bool) -> StreamListenerSettings:
+    port = section.integer("advertised_port", 0, minimum=0)
+    host = section.string("advertised_host", None)
+    return StreamListenerSettings(
+        advertised_host=host if isinstance(host, str) else None,
+        advertised_port=port or None,
+        guest=section.boolean("guest", False),
+        anonymous=section.boolean("anonymous", False),
+        virtual_hosts=frozenset(section.strings("virtual_hosts", ("/",))),
+        frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
+        heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
+        max_unconfirmed=section.integer("max_unconfirmed", 50_000, minimum=1),
+    )
+
+
 def _is_ssmp_id(value: str) -> bool:
     from gateway.codecs.ssmp import is_valid_id
 
@@ -389,6 +442,7 @@ def _is_ssmp_id(value: str) -> bool:
 _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
     "ssmp": _ssmp_listener,
     "qmqp": _qmqp_listener,
+    "stream": _stream_listener,
 }
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,
@@ -470,6 +524,8 @@ def _route_from(
     envelope_sender = section.string("envelope_sender", None)
     body = section.choice("body", frozenset(TRANSFORMS), "unchanged")
     durable = section.boolean("durable", False)
+    max_attempts = section.integer("max_attempts", 5, minimum=1)
+    dead_letter = section.string("dead_letter", "msggateway.dead-letter")
     timeout = section.positive("timeout_seconds", DEFAULT_ROUTE_TIMEOUT_SECONDS)
     section.done()
     pattern: AddressPattern | None = None
@@ -499,12 +555,6 @@ def _route_from(
                 target.check_against(pattern)
         except PatternError as exc:
             section.problem("address", str(exc))
-    if durable:
-        section.problem(
-            "durable",
-            "durable routes need the embedded log, which this version does not have yet;"
-            " remove the key or set it to false",
-        )
     if len(problems) > before or pattern is None:
         return None
     return Route(
@@ -519,6 +569,8 @@ def _route_from(
         recipients=recipients,
         envelope_sender=envelope_sender if isinstance(envelope_sender, str) else None,
         body=body if isinstance(body, str) else "unchanged",
+        max_attempts=max_attempts,
+        dead_letter=dead_letter if isinstance(dead_letter, str) else "msggateway.dead-letter",
     )
 
 
@@ -582,6 +634,10 @@ def _parse_main(
     secrets_name = gateway.string("secrets", None)
     gateway.done()
 
+    log_section = root.section("log")
+    log = _log_settings(log_section)
+    log_section.done()
+
     admin_section = root.section("admin")
     admin_endpoint = admin_section.string("endpoint", AdminConfig().endpoint)
     if admin_section.boolean("enabled", True) and isinstance(admin_endpoint, str):
@@ -641,6 +697,7 @@ def _parse_main(
         routes_dir=routes_dir,
         secrets_path=secrets_path,
         inline_routes=tuple(inline),
+        log=log,
     )
     routes = _all_routes(config, problems)
     return attrs.evolve(config, routes=routes)

@@ -420,7 +420,7 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         tmp_path / "gateway.toml",
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
-    _only_problem(main, "listeners.hub.protocol", "must be one of qmqp, ssmp, not 'smtp'")
+    _only_problem(main, "listeners.hub.protocol", "must be one of qmqp, ssmp, stream, not 'smtp'")
 
 
 def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> None:
@@ -597,12 +597,23 @@ def test_bad_address_template(tmp_path: Path, address: str, reason: str) -> None
     _only_problem(main, "address", reason, file=route)
 
 
-def test_durable_routes_are_refused(tmp_path: Path) -> None:
-    """``durable = true`` is refused until the embedded log exists, saying so."""
-    main, route = _with_route(
-        tmp_path, 'from = "hub"\nto = "central"\nmatch = "a"\ndurable = true\n'
+def test_durable_route_settings(tmp_path: Path) -> None:
+    """``durable = true`` with its retry and dead-letter settings loads."""
+    main, _ = _with_route(
+        tmp_path,
+        'from = "hub"\nto = "central"\nmatch = "a"\ndurable = true\nmax_attempts = 3\n'
+        'dead_letter = "dlq"\n',
     )
-    _only_problem(main, "durable", "embedded log", "set it to false", file=route)
+    [route] = load_config(main).routes
+    assert (route.durable, route.max_attempts, route.dead_letter) == (True, 3, "dlq")
+
+
+def test_durable_route_attempts_must_be_positive(tmp_path: Path) -> None:
+    """``max_attempts`` below one is refused."""
+    main, route = _with_route(
+        tmp_path, 'from = "hub"\nto = "central"\nmatch = "a"\ndurable = true\nmax_attempts = 0\n'
+    )
+    _only_problem(main, "max_attempts", "at least 1", file=route)
 
 
 @pytest.mark.parametrize("timeout", ["0", "-1", '"10"'])

@@ -60,6 +60,9 @@ class Route:
             address was (e.g. an SSMP topic's messages become mail to these).
         envelope_sender: If set, the sender the destination sees.
         body: How the body is transformed on the way (`gateway.core.transforms`).
+        max_attempts: Durable routes: deliveries of a rejected message before
+            it goes to the dead-letter stream.
+        dead_letter: Durable routes: the dead-letter stream.
     """
 
     name: str
@@ -73,6 +76,8 @@ class Route:
     recipients: tuple[str, ...] = ()
     envelope_sender: str | None = None
     body: str = "unchanged"
+    max_attempts: int = 5
+    dead_letter: str = "msggateway.dead-letter"
 
     def destination_address(self, address: str, captures: tuple[str, ...]) -> str:
         """Return the address a message on ``address`` is delivered to."""

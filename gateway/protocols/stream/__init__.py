@@ -1,0 +1,1 @@
+"""The RabbitMQ Stream protocol: the listener over the embedded log (and later the client)."""
