@@ -95,6 +95,10 @@ class ListenerService(Service):
 
     def _listening(self, port: IListeningPort) -> IListeningPort:
         self.port = port
+        # Factories that advertise their own address (stream metadata) learn it here.
+        hook = getattr(self.factory, "listening_on", None)
+        if hook is not None:
+            hook(port.getHost())
         return port
 
     def stopService(self) -> Deferred[None] | None:
