@@ -10,15 +10,23 @@ QMQP streaming (../shared/specs/qmqp-streaming.txt): every strategy yields
 blocks that `gateway.codecs.qmqp.encode` accepts and that decode back to
 themselves. Fields are arbitrary bytes (netstrings carry anything), mixed
 with mail-like values so that examples stay readable.
+
+RabbitMQ stream (docs/stream-protocol-notes.md, section 5): every strategy
+yields events that `gateway.codecs.stream.encode` accepts and that decode back
+to equal events: arrays as tuples, Publish and PublishConfirm ids and
+messages as lists, maps as dicts, optional fields both absent and present.
+`stream_client_events` is what a client sends (a server-role codec reads it),
+`stream_server_events` what a server sends.
 """
 
 from __future__ import annotations
 
 import string
+import struct
 
 from hypothesis import strategies as st
 
-from gateway.codecs import qmqp, ssmp
+from gateway.codecs import qmqp, ssmp, stream
 
 __all__ = [
     "SSMP_ID_ALPHABET",
@@ -53,6 +61,16 @@ __all__ = [
     "ssmp_ucasts",
     "ssmp_unknown_verbs",
     "ssmp_unsubscribes",
+    "stream_client_event_strategies",
+    "stream_client_events",
+    "stream_deliver_events",
+    "stream_maps",
+    "stream_offset_specs",
+    "stream_publish_events",
+    "stream_server_event_strategies",
+    "stream_server_events",
+    "stream_strings",
+    "stream_sub_batch_entries",
 ]
 
 SSMP_MAX_CONTENT_BYTES = ssmp.MAX_LINE_BYTES - 1
@@ -392,3 +410,347 @@ def qmqp_server_sessions(*, max_blocks: int = 8) -> st.SearchStrategy[list[qmqp.
         st.lists(qmqp_server_blocks(), max_size=max_blocks),
         st.booleans(),
     )
+
+
+# --- RabbitMQ stream -------------------------------------------------------------
+
+_U8 = st.integers(min_value=0, max_value=0xFF)
+_U16 = st.integers(min_value=0, max_value=0xFFFF)
+_U32 = st.integers(min_value=0, max_value=0xFFFFFFFF)
+_U64 = st.integers(min_value=0, max_value=2**64 - 1)
+_I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_CORRELATION_IDS = st.one_of(st.integers(min_value=0, max_value=20), _U32)
+_CODES = st.one_of(st.sampled_from(list(stream.ResponseCode)), _U16)
+_NAME_CHARS = string.ascii_letters + string.digits + "-_.:"
+
+
+def stream_strings(*, max_size: int = 16) -> st.SearchStrategy[str]:
+    """Protocol strings: names like rstream's, empty, or any text (multi-byte UTF-8 included).
+
+    Args:
+        max_size: Most characters (each at most 4 UTF-8 bytes, far below the
+            32,767-byte limit of an int16 length).
+    """
+    names = st.text(alphabet=_NAME_CHARS, max_size=max_size)
+    return st.one_of(names, st.sampled_from(["s1", "", "PLAIN", "/"]), st.text(max_size=max_size))
+
+
+def stream_maps(
+    values: st.SearchStrategy[str] | None = None, *, max_size: int = 4
+) -> st.SearchStrategy[dict[str, str]]:
+    """Properties and arguments: string keys to string values, empty included."""
+    return st.dictionaries(stream_strings(), values or stream_strings(), max_size=max_size)
+
+
+def _optional_maps() -> st.SearchStrategy[dict[str, str] | None]:
+    """A map that may be absent from the frame (None) or present, empty or not."""
+    return st.one_of(st.none(), stream_maps())
+
+
+def _string_tuples(*, max_size: int = 4) -> st.SearchStrategy[tuple[str, ...]]:
+    """Arrays of strings, as the codec decodes them: tuples."""
+    return st.lists(stream_strings(), max_size=max_size).map(tuple)
+
+
+def stream_offset_specs() -> st.SearchStrategy[stream.OffsetSpec]:
+    """Every offset kind: first, last, next, any uint64 offset, any int64 timestamp."""
+    kinds = st.sampled_from(
+        [stream.OffsetKind.FIRST, stream.OffsetKind.LAST, stream.OffsetKind.NEXT]
+    )
+    return st.one_of(
+        kinds.map(lambda kind: stream.OffsetSpec(kind=kind)),
+        _U64.map(lambda value: stream.OffsetSpec(kind=stream.OffsetKind.OFFSET, value=value)),
+        _I64.map(lambda value: stream.OffsetSpec(kind=stream.OffsetKind.TIMESTAMP, value=value)),
+    )
+
+
+@st.composite
+def stream_sub_batch_entries(draw: st.DrawFn) -> bytes:
+    """A raw v1 sub-batch entry: flags (bit 7 set), records, uncompressed size, size, batch.
+
+    The codec reads only the flags bit and the size; the other header values
+    are arbitrary here, as the server validates them itself.
+    """
+    flags = 0x80 | draw(st.integers(min_value=0, max_value=0x7F))
+    batch = draw(st.binary(max_size=48))
+    header = struct.pack(">BHII", flags, draw(_U16), draw(_U32), len(batch))
+    return header + batch
+
+
+@st.composite
+def stream_publish_events(draw: st.DrawFn, *, max_messages: int = 8) -> stream.Publish:
+    """Publish frames: v1 with or without sub-batch entries, or v2 with filter values."""
+    count = draw(st.integers(min_value=0, max_value=max_messages))
+    ids = draw(st.lists(_U64, min_size=count, max_size=count))
+    publisher_id = draw(_U8)
+    if draw(st.booleans()):
+        filters = draw(st.lists(st.none() | stream_strings(), min_size=count, max_size=count))
+        return stream.Publish(
+            publisher_id=publisher_id,
+            publishing_ids=ids,
+            messages=draw(st.lists(st.binary(max_size=64), min_size=count, max_size=count)),
+            version=2,
+            filter_values=filters,
+        )
+    flags = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    messages = [
+        draw(stream_sub_batch_entries() if flag else st.binary(max_size=64)) for flag in flags
+    ]
+    return stream.Publish(
+        publisher_id=publisher_id,
+        publishing_ids=ids,
+        messages=messages,
+        sub_batches=flags if any(flags) else None,
+    )
+
+
+def stream_deliver_events() -> st.SearchStrategy[stream.Deliver]:
+    """Deliver v1 and v2 with opaque chunks (osiris parses them, not the frame codec)."""
+    chunks = st.binary(max_size=160)
+    v1 = st.builds(stream.Deliver, subscription_id=_U8, chunk=chunks)
+    v2 = st.builds(
+        stream.Deliver,
+        subscription_id=_U8,
+        chunk=chunks,
+        version=st.just(2),
+        committed_chunk_id=_U64,
+    )
+    return st.one_of(v1, v2)
+
+
+def _consumer_update_responses() -> st.SearchStrategy[stream.ConsumerUpdateResponse]:
+    """Type 0 (None) or 1-3 with any ignored bytes after them; types 4 and 5 without."""
+    ignorable = st.one_of(st.none(), stream_offset_specs().filter(lambda s: s.value is None))
+    loose = st.builds(
+        stream.ConsumerUpdateResponse,
+        correlation_id=_CORRELATION_IDS,
+        code=_CODES,
+        offset_spec=ignorable,
+        ignored=st.one_of(st.just(b""), st.just(bytes(8)), st.binary(max_size=12)),
+    )
+    strict = st.builds(
+        stream.ConsumerUpdateResponse,
+        correlation_id=_CORRELATION_IDS,
+        code=_CODES,
+        offset_spec=stream_offset_specs().filter(lambda s: s.value is not None),
+    )
+    return st.one_of(loose, strict)
+
+
+def _command_versions() -> st.SearchStrategy[tuple[stream.CommandVersion, ...]]:
+    """ExchangeCommandVersions entries: known keys mostly, any uint16 values."""
+    keys = st.one_of(st.sampled_from(list(stream.Key)), _U16)
+    entry = st.builds(stream.CommandVersion, key=keys, min_version=_U16, max_version=_U16)
+    return st.lists(entry, max_size=6).map(tuple)
+
+
+def _metadata_responses() -> st.SearchStrategy[stream.MetadataResponse]:
+    """Brokers and per-stream metadata, leaders included and absent (`stream.NO_LEADER`)."""
+    broker = st.builds(stream.Broker, reference=_U16, host=stream_strings(), port=_U32)
+    metadata = st.builds(
+        stream.StreamMetadata,
+        stream=stream_strings(),
+        code=_CODES,
+        leader=st.one_of(st.just(stream.NO_LEADER), _U16),
+        replicas=st.lists(_U16, max_size=4).map(tuple),
+    )
+    return st.builds(
+        stream.MetadataResponse,
+        correlation_id=_CORRELATION_IDS,
+        brokers=st.lists(broker, max_size=3).map(tuple),
+        streams=st.lists(metadata, max_size=3).map(tuple),
+    )
+
+
+def stream_client_event_strategies() -> dict[type, st.SearchStrategy[stream.Event]]:
+    """One strategy per event class a client sends, keyed by the class."""
+    corr = _CORRELATION_IDS
+    text = stream_strings()
+    return {
+        stream.PeerProperties: st.builds(
+            stream.PeerProperties, correlation_id=corr, properties=stream_maps()
+        ),
+        stream.SaslHandshake: st.builds(stream.SaslHandshake, correlation_id=corr),
+        stream.SaslAuthenticate: st.builds(
+            stream.SaslAuthenticate,
+            correlation_id=corr,
+            mechanism=text,
+            data=st.one_of(st.none(), st.just(b"\x00guest\x00guest"), st.binary(max_size=40)),
+        ),
+        stream.Tune: st.builds(stream.Tune, frame_max=_U32, heartbeat=_U32),
+        stream.Open: st.builds(stream.Open, correlation_id=corr, virtual_host=text),
+        stream.Close: st.builds(stream.Close, correlation_id=corr, code=_CODES, reason=text),
+        stream.CloseResponse: st.builds(stream.CloseResponse, correlation_id=corr, code=_CODES),
+        stream.Heartbeat: st.just(stream.HEARTBEAT),
+        stream.DeclarePublisher: st.builds(
+            stream.DeclarePublisher,
+            correlation_id=corr,
+            publisher_id=_U8,
+            reference=text,
+            stream=text,
+        ),
+        stream.Publish: stream_publish_events(),
+        stream.QueryPublisherSequence: st.builds(
+            stream.QueryPublisherSequence, correlation_id=corr, reference=text, stream=text
+        ),
+        stream.DeletePublisher: st.builds(
+            stream.DeletePublisher, correlation_id=corr, publisher_id=_U8
+        ),
+        stream.Subscribe: st.builds(
+            stream.Subscribe,
+            correlation_id=corr,
+            subscription_id=_U8,
+            stream=text,
+            offset_spec=stream_offset_specs(),
+            credit=_U16,
+            properties=_optional_maps(),
+        ),
+        stream.Credit: st.builds(stream.Credit, subscription_id=_U8, credit=_U16),
+        stream.StoreOffset: st.builds(stream.StoreOffset, reference=text, stream=text, offset=_U64),
+        stream.QueryOffset: st.builds(
+            stream.QueryOffset, correlation_id=corr, reference=text, stream=text
+        ),
+        stream.Unsubscribe: st.builds(stream.Unsubscribe, correlation_id=corr, subscription_id=_U8),
+        stream.Create: st.builds(
+            stream.Create, correlation_id=corr, stream=text, arguments=stream_maps()
+        ),
+        stream.Delete: st.builds(stream.Delete, correlation_id=corr, stream=text),
+        stream.Metadata: st.builds(stream.Metadata, correlation_id=corr, streams=_string_tuples()),
+        stream.Route: st.builds(
+            stream.Route, correlation_id=corr, routing_key=text, super_stream=text
+        ),
+        stream.Partitions: st.builds(stream.Partitions, correlation_id=corr, super_stream=text),
+        stream.ConsumerUpdateResponse: _consumer_update_responses(),
+        stream.ExchangeCommandVersions: st.builds(
+            stream.ExchangeCommandVersions, correlation_id=corr, versions=_command_versions()
+        ),
+        stream.StreamStats: st.builds(stream.StreamStats, correlation_id=corr, stream=text),
+        stream.CreateSuperStream: st.builds(
+            stream.CreateSuperStream,
+            correlation_id=corr,
+            name=text,
+            partitions=_string_tuples(),
+            binding_keys=_string_tuples(),
+            arguments=stream_maps(),
+        ),
+        stream.DeleteSuperStream: st.builds(
+            stream.DeleteSuperStream, correlation_id=corr, name=text
+        ),
+        stream.ResolveOffsetSpec: st.builds(
+            stream.ResolveOffsetSpec,
+            correlation_id=corr,
+            stream=text,
+            offset_spec=stream_offset_specs(),
+            properties=_optional_maps(),
+        ),
+    }
+
+
+def stream_server_event_strategies() -> dict[type, st.SearchStrategy[stream.Event]]:
+    """One strategy per event class a server sends, keyed by the class."""
+    corr = _CORRELATION_IDS
+    text = stream_strings()
+    ids = st.lists(_U64, max_size=12)
+    return {
+        stream.Response: st.builds(
+            stream.Response,
+            key=st.sampled_from(
+                [
+                    stream.Key.DECLARE_PUBLISHER,
+                    stream.Key.DELETE_PUBLISHER,
+                    stream.Key.SUBSCRIBE,
+                    stream.Key.UNSUBSCRIBE,
+                    stream.Key.CREATE,
+                    stream.Key.DELETE,
+                    stream.Key.CREATE_SUPER_STREAM,
+                    stream.Key.DELETE_SUPER_STREAM,
+                ]
+            ),
+            correlation_id=corr,
+            code=_CODES,
+        ),
+        stream.PeerPropertiesResponse: st.builds(
+            stream.PeerPropertiesResponse,
+            correlation_id=corr,
+            code=_CODES,
+            properties=stream_maps(),
+        ),
+        stream.SaslHandshakeResponse: st.builds(
+            stream.SaslHandshakeResponse,
+            correlation_id=corr,
+            code=_CODES,
+            mechanisms=_string_tuples(),
+        ),
+        stream.SaslAuthenticateResponse: st.builds(
+            stream.SaslAuthenticateResponse,
+            correlation_id=corr,
+            code=_CODES,
+            challenge=st.one_of(st.none(), st.binary(max_size=40)),
+        ),
+        stream.Tune: st.builds(stream.Tune, frame_max=_U32, heartbeat=_U32),
+        stream.OpenResponse: st.builds(
+            stream.OpenResponse, correlation_id=corr, code=_CODES, properties=_optional_maps()
+        ),
+        stream.Close: st.builds(stream.Close, correlation_id=corr, code=_CODES, reason=text),
+        stream.CloseResponse: st.builds(stream.CloseResponse, correlation_id=corr, code=_CODES),
+        stream.Heartbeat: st.just(stream.HEARTBEAT),
+        stream.PublishConfirm: st.builds(
+            stream.PublishConfirm, publisher_id=_U8, publishing_ids=ids
+        ),
+        stream.PublishError: st.lists(st.tuples(_U64, _CODES), max_size=8).flatmap(
+            lambda pairs: st.builds(
+                stream.PublishError,
+                publisher_id=_U8,
+                publishing_ids=st.just([pair[0] for pair in pairs]),
+                codes=st.just([pair[1] for pair in pairs]),
+            )
+        ),
+        stream.QueryPublisherSequenceResponse: st.builds(
+            stream.QueryPublisherSequenceResponse, correlation_id=corr, code=_CODES, sequence=_U64
+        ),
+        stream.Deliver: stream_deliver_events(),
+        stream.CreditResponse: st.builds(stream.CreditResponse, code=_CODES, subscription_id=_U8),
+        stream.QueryOffsetResponse: st.builds(
+            stream.QueryOffsetResponse, correlation_id=corr, code=_CODES, offset=_U64
+        ),
+        stream.MetadataResponse: _metadata_responses(),
+        stream.MetadataUpdate: st.builds(stream.MetadataUpdate, code=_CODES, stream=text),
+        stream.RouteResponse: st.builds(
+            stream.RouteResponse, correlation_id=corr, code=_CODES, streams=_string_tuples()
+        ),
+        stream.PartitionsResponse: st.builds(
+            stream.PartitionsResponse, correlation_id=corr, code=_CODES, streams=_string_tuples()
+        ),
+        stream.ConsumerUpdate: st.builds(
+            stream.ConsumerUpdate, correlation_id=corr, subscription_id=_U8, active=st.booleans()
+        ),
+        stream.ExchangeCommandVersionsResponse: st.builds(
+            stream.ExchangeCommandVersionsResponse,
+            correlation_id=corr,
+            code=_CODES,
+            versions=_command_versions(),
+        ),
+        stream.StreamStatsResponse: st.builds(
+            stream.StreamStatsResponse,
+            correlation_id=corr,
+            code=_CODES,
+            statistics=st.dictionaries(stream_strings(), _I64, max_size=4),
+        ),
+        stream.ResolveOffsetSpecResponse: st.builds(
+            stream.ResolveOffsetSpecResponse,
+            correlation_id=corr,
+            code=_CODES,
+            offset_type=st.one_of(st.just(int(stream.OffsetKind.OFFSET)), _U16),
+            offset=_U64,
+        ),
+    }
+
+
+def stream_client_events() -> st.SearchStrategy[stream.Event]:
+    """Any event a client sends (and a server-role codec reads)."""
+    return st.one_of(*stream_client_event_strategies().values())
+
+
+def stream_server_events() -> st.SearchStrategy[stream.Event]:
+    """Any event a server sends (and a client-role codec reads)."""
+    return st.one_of(*stream_server_event_strategies().values())

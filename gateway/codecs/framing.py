@@ -1,20 +1,24 @@
 """Framing helpers shared by the codecs: one implementation of each.
 
-So far: LF-delimited lines with a hard length cap (SSMP) and netstrings
-(http://cr.yp.to/proto/netstrings.txt; QMQP). Length prefixes and short
-strings join this module when their protocols arrive; codecs compose them
-instead of writing their own parse loops.
+So far: LF-delimited lines with a hard length cap (SSMP), netstrings
+(http://cr.yp.to/proto/netstrings.txt; QMQP) and binary length prefixes
+(the RabbitMQ stream protocol's uint32 frame size). Short strings join this
+module when their protocol arrives; codecs compose these helpers instead of
+writing their own parse loops.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
     "MAX_LENGTH_DIGITS",
+    "LengthPrefixError",
+    "LengthPrefixReader",
     "LineSplitter",
     "LineTooLongError",
     "NetstringError",
@@ -486,3 +490,189 @@ class NetstringReader:
         self._skip_left = -1
         self._skip_header_bytes = 0
         return pos + 1, record
+
+
+# --- binary length prefixes ------------------------------------------------------
+# A fixed-width binary length, then that many payload bytes: the RabbitMQ
+# stream protocol's frames (uint32 big-endian, counting the bytes after it),
+# and the shape of Twisted's Int8/16/32StringReceiver. One reader serves
+# every width and byte order: it is given a precompiled `struct.Struct`.
+
+
+class LengthPrefixError(Exception):
+    """A declared length the reader refuses, found before its payload was kept.
+
+    Attributes:
+        reason: What is wrong, in words.
+        offset: Stream offset of the offending length prefix (counting from the
+            first byte fed to the reader).
+        kind: ``too-large`` (over the limit) or ``bad-length`` (negative,
+            from a signed prefix format).
+        length: The declared length.
+        limit: The limit in force when it was read, or None for none.
+        complete: The payloads completed before it, in order.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        offset: int,
+        kind: str,
+        length: int,
+        limit: int | None,
+        complete: Sequence[bytes] = (),
+    ) -> None:
+        super().__init__(f"{reason} (at byte {offset})")
+        self.reason = reason
+        self.offset = offset
+        self.kind = kind
+        self.length = length
+        self.limit = limit
+        self.complete = complete
+
+
+class LengthPrefixReader:
+    """Split a byte stream into length-prefixed payloads, with a bound on each.
+
+    Each unit is a length in the format of ``prefix`` (say ``struct.Struct(">I")``)
+    followed by that many payload bytes; ``feed`` returns the payloads, as
+    ``bytes``, without their prefixes. A declared length over ``max_length``
+    raises `LengthPrefixError` as soon as the prefix is complete, before one
+    payload byte is kept.
+
+    The limit may change between feeds (a protocol that negotiates its frame
+    size sets it then): it applies to every prefix read afterwards. A unit
+    whose prefix was accepted but whose payload is still arriving keeps the
+    limit it was accepted under, so tightening never rejects it half-way
+    (the RabbitMQ stream parser behaves the same). After an error the reader
+    is dead: every call raises it again.
+
+    Memory: at most one accepted unit (its prefix plus up to ``max_length``
+    bytes) plus the chunk being fed. Each payload is copied once out of the
+    input; when nothing is buffered the payloads are sliced straight from the
+    chunk, so the common case of whole units per read costs one copy.
+
+    Args:
+        prefix: The length's format, precompiled; unsigned formats are usual
+            (a negative length from a signed one is a ``bad-length`` error).
+        max_length: Largest payload accepted, in bytes; None for no limit.
+    """
+
+    __slots__ = ("_buf", "_error", "_max_length", "_need", "_offset", "_size", "_unpack")
+
+    def __init__(self, prefix: struct.Struct, max_length: int | None) -> None:
+        self._size = prefix.size
+        self._unpack = prefix.unpack_from
+        self._max_length: int | None = None
+        self.max_length = max_length
+        self._buf = bytearray()
+        self._offset = 0  # stream offset of self._buf[0]
+        # The declared length of an accepted unit whose payload is incomplete
+        # (its prefix still sits at the start of the buffer), or -1.
+        self._need = -1
+        self._error: LengthPrefixError | None = None
+
+    @property
+    def max_length(self) -> int | None:
+        """Largest payload accepted from the next prefix on; None for no limit."""
+        return self._max_length
+
+    @max_length.setter
+    def max_length(self, value: int | None) -> None:
+        if value is not None and value < 0:
+            raise ValueError("a length limit must not be negative")
+        self._max_length = value
+
+    @property
+    def pending(self) -> int:
+        """Bytes held of an incomplete unit; zero exactly between units."""
+        return len(self._buf)
+
+    @property
+    def offset(self) -> int:
+        """Stream offset just past the last complete unit returned."""
+        return self._offset
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add data; return the payloads of the units it completed, in order.
+
+        Returns:
+            The payloads; an empty list when more data is needed.
+
+        Raises:
+            LengthPrefixError: A refused length; the payloads completed before
+                it are in its ``complete``.
+        """
+        if self._error is not None:
+            raise self._error
+        out: list[bytes] = []
+        buf = self._buf
+        try:
+            if buf:
+                buf += data
+                with memoryview(buf) as view:
+                    pos = self._split(view, out)
+                del buf[:pos]
+            else:
+                pos = self._split(data, out)
+                if pos < len(data):
+                    buf += memoryview(data)[pos:]
+        except LengthPrefixError as exc:
+            # The units before it were consumed: offsets stay exact for them.
+            self._offset = exc.offset
+            self._error = LengthPrefixError(
+                exc.reason, offset=exc.offset, kind=exc.kind, length=exc.length, limit=exc.limit
+            )
+            self._buf = bytearray()
+            raise
+        self._offset += pos
+        return out
+
+    def _split(self, source: bytes | memoryview, out: list[bytes]) -> int:
+        """Append the payloads complete in ``source`` to ``out``; return the bytes consumed."""
+        pos = 0
+        end = len(source)
+        size = self._size
+        unpack = self._unpack
+        limit = self._max_length
+        append = out.append
+        need = self._need
+        while True:
+            if need < 0:
+                if end - pos < size:
+                    break
+                (need,) = unpack(source, pos)
+                if need < 0 or (limit is not None and need > limit):
+                    raise self._refused(need, pos, out)
+            stop = pos + size + need
+            if stop > end:
+                break
+            # bytes() of a bytes slice is that slice: one copy either way.
+            append(bytes(source[pos + size : stop]))
+            pos = stop
+            need = -1
+        self._need = need
+        return pos
+
+    def _refused(self, length: int, pos: int, complete: list[bytes]) -> LengthPrefixError:
+        """The error for a declared ``length`` at ``pos`` of the current input."""
+        offset = self._offset + pos
+        limit = self._max_length
+        if length < 0:
+            return LengthPrefixError(
+                f"negative length {length}",
+                offset=offset,
+                kind="bad-length",
+                length=length,
+                limit=limit,
+                complete=complete,
+            )
+        return LengthPrefixError(
+            f"declared length {length} is over the {limit}-byte limit",
+            offset=offset,
+            kind="too-large",
+            length=length,
+            limit=limit,
+            complete=complete,
+        )
