@@ -33,6 +33,7 @@ record count, and a tracking chunk takes one offset (section 7).
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 import zlib
@@ -62,6 +63,7 @@ __all__ = [
     "TRACKING_SNAPSHOT",
     "TRACKING_TIMESTAMP",
     "USER",
+    "Buffer",
     "ChunkHeader",
     "IndexRecord",
     "OsirisError",
@@ -144,8 +146,8 @@ _STEM: Final = re.compile(r"\A[0-9]{20}\Z")
 _U64_MAX: Final = 2**64 - 1
 _U32_MAX: Final = 2**32 - 1
 
-Buffer = bytes | bytearray | memoryview
-"""What the decoding functions read: any byte buffer (an mmap through a memoryview)."""
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+"""What the decoding functions read: any byte buffer, a mapped segment file included."""
 
 
 class OsirisError(RemoteProtocolError):

@@ -1,0 +1,541 @@
+"""One stream of the embedded log: appends with deduplication, offsets, reads, seeks.
+
+All of it runs on the reactor thread. Appends queue until the store's group
+commit (`gateway.core.log.writer`) plans them into chunks (through
+`gateway.core.log.commit`), writes them in its thread and reports back;
+only then do acknowledgements fire and readers see the chunks. Reads use
+``os.pread`` on committed ranges, bounded by the caller's byte budget.
+
+Offsets follow osiris (docs/stream-protocol-notes.md, section 7): they count
+records, a chunk's id is the offset of its first record, and tracking chunks
+take one offset each, so user-visible offsets have gaps.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from gateway.codecs.osiris import (
+    MAX_ENTRY_BYTES,
+    MAX_TRACKING_ID_BYTES,
+    USER,
+    ChunkHeader,
+    delivery_payload,
+)
+from gateway.core.log.commit import CommitPlanner, PendingAppend, StreamCommit
+from gateway.core.log.segment import Segment, SegmentWriter
+from gateway.core.log.tracking import TrackingState
+from gateway.core.log.values import (
+    AppendResult,
+    LogError,
+    LogWriteError,
+    Retention,
+    StoredChunk,
+)
+
+if TYPE_CHECKING:
+    from gateway.core.log.writer import GroupCommitter
+
+__all__ = ["MAX_OPEN_READ_FILES", "OffsetSpec", "StreamLog"]
+
+MAX_OPEN_READ_FILES: Final = 4
+"""Segment files a stream keeps open for reading (most reads hit the newest)."""
+_U64_MAX: Final = 2**64 - 1
+
+OffsetSpec = tuple[str] | tuple[str, int]
+"""``("first",)``, ``("last",)``, ``("next",)``, ``("offset", n)`` or ``("timestamp", ms)``."""
+
+
+def _check_reference(reference: str) -> None:
+    """Refuse a reference that a tracking entry cannot carry."""
+    if len(reference.encode("utf-8")) > MAX_TRACKING_ID_BYTES:
+        raise ValueError(f"a reference holds at most {MAX_TRACKING_ID_BYTES} UTF-8 bytes")
+
+
+class StreamLog:
+    """One stream: get it from `LogStore.create` or `LogStore.get`.
+
+    Args:
+        name: The stream's name.
+        directory: Its directory.
+        retention: Its retention settings.
+        segments: Its recovered segments, oldest first (at least one).
+        tracking: Its recovered tracking state.
+        writer: The writer thread's files for it.
+        committer: The store's group commit.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        retention: Retention,
+        segments: list[Segment],
+        tracking: TrackingState,
+        writer: SegmentWriter,
+        committer: GroupCommitter,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.retention = retention
+        self.writer = writer
+        self._committer = committer
+        self._segments = segments
+        self._tracking = tracking
+        self._next_id = segments[-1].next_id
+        self._committed_chunk_id = -1
+        self._last_timestamp = 0
+        for segment in reversed(segments):
+            if self._last_timestamp == 0 and len(segment):
+                self._last_timestamp = segment.timestamps[-1]
+            user = segment.types.rfind(USER)
+            if user >= 0:
+                self._committed_chunk_id = segment.chunk_ids[user]
+                break
+        self._queued: list[PendingAppend] = []
+        self._queued_offsets: dict[str, int] = {}
+        self._sequences_ahead: dict[str, int] = {}
+        self._offsets_ahead: dict[str, int] = {}
+        self._waiters: list[tuple[int, Deferred[None]]] = []
+        self._read_files: dict[int, int] = {}
+        self._error: LogError | None = None
+        self._refusal: LogError | None = None
+
+    def __repr__(self) -> str:
+        return f"<StreamLog {self.name!r} offsets {self.first_offset}..{self._next_id}>"
+
+    # Positions.
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest offset still kept: the first chunk id of the oldest segment."""
+        return self.first_chunk_id
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record will get."""
+        return self._next_id
+
+    @property
+    def committed_chunk_id(self) -> int:
+        """Id of the last user chunk written, -1 if none."""
+        return self._committed_chunk_id
+
+    @property
+    def first_chunk_id(self) -> int:
+        """Id of the oldest chunk kept (the next offset when the stream is empty)."""
+        for segment in self._segments:
+            if len(segment):
+                return segment.chunk_ids[0]
+        return self._next_id
+
+    @property
+    def last_chunk_id(self) -> int:
+        """Id of the newest chunk of any type, -1 if none."""
+        for segment in reversed(self._segments):
+            if len(segment):
+                return segment.chunk_ids[-1]
+        return -1
+
+    @property
+    def segments(self) -> Sequence[Segment]:
+        """The segments kept, oldest first (read only)."""
+        return tuple(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes the committed segments take."""
+        return sum(segment.size for segment in self._segments)
+
+    # Writing.
+
+    def append(
+        self,
+        messages: Sequence[bytes | memoryview],
+        *,
+        reference: str | None = None,
+        publishing_ids: Sequence[int] | None = None,
+    ) -> Deferred[AppendResult]:
+        """Append messages; the Deferred fires once they are committed.
+
+        Every append made before the next commit starts shares its chunk (and
+        its fsync). Buffers must not change until the Deferred fires.
+
+        Args:
+            messages: The message bodies, in order.
+            reference: A publisher reference: deduplicate by ``publishing_ids``.
+            publishing_ids: One id per message, with a reference. A message
+                whose id is not above the reference's last (stored or pending)
+                id is not stored, but acknowledged all the same.
+
+        Returns:
+            A Deferred firing with the `AppendResult`, or failing with
+            `StreamMissingError` (deleted), `LogClosedError` or `LogWriteError`.
+
+        Raises:
+            ValueError: Ids without a reference (or the reverse), a count
+                mismatch, a reference over 255 bytes, or a message over 2 GiB.
+        """
+        if reference == "":
+            reference = None
+        if (reference is None) != (publishing_ids is None):
+            raise ValueError("a reference and publishing ids go together")
+        stored = list(messages)
+        if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:
+            raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
+        if reference is not None and publishing_ids is not None:
+            _check_reference(reference)
+            if len(publishing_ids) != len(stored):
+                raise ValueError("one publishing id per message")
+        refusal = self._error or self._refusal
+        if refusal is not None:
+            return fail(refusal)
+        ids: list[int] | None = None
+        if reference is not None and publishing_ids is not None:
+            stored, ids = self._deduplicate(reference, stored, publishing_ids)
+        append = PendingAppend(
+            deferred=Deferred(),
+            messages=stored,
+            nbytes=sum(map(len, stored)),
+            reference=reference,
+            ids=ids,
+            duplicates=len(messages) - len(stored),
+        )
+        self._queued.append(append)
+        self._committer.request(self)
+        return append.deferred
+
+    def _deduplicate(
+        self, reference: str, messages: list[bytes | memoryview], ids: Sequence[int]
+    ) -> tuple[list[bytes | memoryview], list[int]]:
+        """Leave out messages whose id is not above the reference's last one."""
+        last = self._sequences_ahead.get(reference)
+        if last is None:
+            last = self._tracking.sequence(reference)
+        kept: list[bytes | memoryview] = []
+        kept_ids: list[int] = []
+        for message, publishing_id in zip(messages, ids, strict=True):
+            if publishing_id > last:
+                kept.append(message)
+                kept_ids.append(publishing_id)
+                last = publishing_id
+        if kept_ids:
+            if last > _U64_MAX:
+                raise ValueError("publishing ids are u64")
+            self._sequences_ahead[reference] = last
+        return kept, kept_ids
+
+    def writer_sequence(self, reference: str) -> int:
+        """The last publishing id stored for a reference (0 if unknown)."""
+        return self._tracking.sequence(reference)
+
+    def store_offset(self, reference: str, offset: int) -> None:
+        """Store a consumer's offset; written with the next commit, never acknowledged.
+
+        Raises:
+            ValueError: A reference over 255 bytes, or an offset outside u64.
+        """
+        _check_reference(reference)
+        if not 0 <= offset <= _U64_MAX:
+            raise ValueError("offsets are u64")
+        if self._error is not None or self._refusal is not None:
+            return
+        self._queued_offsets[reference] = offset
+        self._offsets_ahead[reference] = offset
+        self._committer.request(self)
+
+    def query_offset(self, reference: str) -> int | None:
+        """The last offset stored for a consumer reference (perhaps not yet on disk)."""
+        ahead = self._offsets_ahead.get(reference)
+        return self._tracking.offsets.get(reference) if ahead is None else ahead
+
+    # Group commit (called by the store's committer).
+
+    def plan_commit(self, now_ms: int) -> StreamCommit | None:
+        """Turn the queued appends and offsets into a planned commit, if any."""
+        if self._error is not None or not (self._queued or self._queued_offsets):
+            return None
+        self._last_timestamp = max(self._last_timestamp, now_ms)
+        planner = CommitPlanner(
+            self._segments[-1],
+            next_id=self._next_id,
+            tracking=self._tracking,
+            timestamp=self._last_timestamp,
+            max_segment_bytes=self.retention.max_segment_bytes,
+        )
+        commit = planner.plan(self._queued, self._queued_offsets)
+        self._queued, self._queued_offsets = [], {}
+        return commit
+
+    def commit_done(self, commit: StreamCommit) -> None:
+        """The commit is written (and synced as the policy says): publish and acknowledge."""
+        if self._error is not None:
+            self._fail_appends(commit.appends, self._error)
+            return
+        for write in commit.writes:
+            if write.create:
+                self._segments.append(Segment(self.directory, write.first_id))
+            segment = self._segments[-1]
+            for chunk in write.chunks:
+                segment.add(chunk)
+        self._tracking = commit.tracking
+        self._next_id = commit.next_id
+        for reference, sequence in list(self._sequences_ahead.items()):
+            if self._tracking.sequence(reference) >= sequence:
+                del self._sequences_ahead[reference]
+        for reference, offset in list(self._offsets_ahead.items()):
+            if self._tracking.offsets.get(reference) == offset:
+                del self._offsets_ahead[reference]
+        if commit.last_user_chunk_id is not None:
+            self._committed_chunk_id = commit.last_user_chunk_id
+        for append in commit.appends:
+            append.deferred.callback(append.result())
+        if commit.last_user_chunk_id is not None:
+            self._wake_waiters()
+
+    def commit_failed(self, commit: StreamCommit, reason: BaseException) -> None:
+        """Writing failed: refuse this stream until recovery, and fail what waits."""
+        if self._error is None:
+            self._log.failure(
+                "Writing stream {stream} failed; it refuses appends until the store reopens",
+                Failure(reason),
+                stream=self.name,
+            )
+            self.shut(LogWriteError(f"writing stream {self.name!r} failed: {reason}"))
+        assert self._error is not None
+        self._fail_appends(commit.appends, self._error)
+
+    def refuse(self, error: LogError) -> None:
+        """Refuse new appends and offsets with ``error``; what is queued still commits."""
+        self._refusal = error
+
+    def shut(self, error: LogError) -> None:
+        """Stop the stream (deleted, closed or broken): fail what waits, close read files."""
+        if self._error is not None:
+            return
+        self._error = error
+        queued, self._queued = self._queued, []
+        self._queued_offsets.clear()
+        self._fail_appends(queued, error)
+        waiters, self._waiters = self._waiters, []
+        for _chunk_id, waiter in waiters:
+            waiter.errback(error)
+        for fd in self._read_files.values():
+            os.close(fd)
+        self._read_files.clear()
+
+    def _fail_appends(self, appends: Sequence[PendingAppend], error: LogError) -> None:
+        """Fail the appends' Deferreds."""
+        for append in appends:
+            append.deferred.errback(error)
+
+    # Retention.
+
+    def retire_segments(self, now_ms: int) -> list[Segment]:
+        """Drop the oldest segments that retention no longer keeps (never the active one).
+
+        Returns:
+            The segments dropped from memory; their files are still to be deleted.
+        """
+        segments = self._segments
+        drop = 0
+        max_bytes = self.retention.max_bytes
+        if max_bytes is not None:
+            total = sum(segment.size for segment in segments)
+            while drop < len(segments) - 1 and total > max_bytes:
+                total -= segments[drop].size
+                drop += 1
+        max_age = self.retention.max_age_seconds
+        if max_age is not None:
+            cutoff = now_ms - int(max_age * 1000)
+            while drop < len(segments) - 1:
+                newest = segments[drop].last_timestamp
+                if newest is not None and newest >= cutoff:
+                    break
+                drop += 1
+        retired, self._segments = segments[:drop], segments[drop:]
+        for segment in retired:
+            fd = self._read_files.pop(segment.first_id, None)
+            if fd is not None:
+                os.close(fd)
+        return retired
+
+    # Reading.
+
+    def seek(self, spec: OffsetSpec) -> int:
+        """The chunk id a consumer starts from (docs/stream-protocol-notes.md, section 7).
+
+        ``first``: the oldest chunk; ``last``: the last user chunk (``next`` if
+        none); ``next``: only what is written from now on; ``("offset", n)``:
+        the chunk holding ``n``, clamped to first and next; ``("timestamp",
+        ms)``: the first chunk written at or after ``ms`` (``next`` if none).
+
+        Raises:
+            ValueError: Not one of those.
+        """
+        match spec:
+            case ("first",):
+                return self.first_chunk_id
+            case ("next",):
+                return self._next_id
+            case ("last",):
+                if self._committed_chunk_id >= self.first_chunk_id:
+                    return self._committed_chunk_id
+                return self._next_id
+            case ("offset", int(offset)):
+                return self._seek_offset(offset)
+            case ("timestamp", int(timestamp)):
+                return self._seek_timestamp(timestamp)
+        raise ValueError(f"unknown offset specification {spec!r}")
+
+    def _seek_offset(self, offset: int) -> int:
+        """The chunk holding ``offset``, clamped to the first and next chunk ids."""
+        first = self.first_chunk_id
+        if offset <= first:
+            return first
+        if offset >= self._next_id:
+            return self._next_id
+        number = bisect_right(self._segments, offset, key=lambda s: s.first_id) - 1
+        for segment in reversed(self._segments[: number + 1]):
+            index = segment.locate(offset)
+            if index >= 0:
+                return segment.chunk_ids[index]
+        return first
+
+    def _seek_timestamp(self, timestamp: int) -> int:
+        """The first chunk written at or after ``timestamp``, else the next chunk id."""
+        for segment in self._segments:
+            newest = segment.last_timestamp
+            if newest is not None and newest >= timestamp:
+                return segment.chunk_ids[bisect_left(segment.timestamps, timestamp)]
+        return self._next_id
+
+    def read_chunks(self, chunk_id: int, max_chunks: int, max_bytes: int) -> list[StoredChunk]:
+        """Read committed user chunks from ``chunk_id`` on; tracking chunks are skipped.
+
+        Args:
+            chunk_id: Where to start: a chunk id from `seek` or a previous
+                ``next_chunk_id``; an offset inside a chunk starts at that
+                chunk, one before the oldest at the oldest.
+            max_chunks: Return at most this many chunks.
+            max_bytes: Read about this many bytes at most; the first chunk is
+                returned whatever its size, so a reader always progresses.
+
+        Returns:
+            The chunks, oldest first; empty at the end of the stream.
+        """
+        if max_chunks <= 0 or self._error is not None or chunk_id >= self._next_id:
+            return []
+        segments = self._segments
+        number = bisect_right(segments, chunk_id, key=lambda s: s.first_id) - 1
+        index = 0
+        if number < 0:
+            number = 0
+        else:
+            segment = segments[number]
+            index = max(segment.locate(chunk_id), 0)
+            if index < len(segment) and chunk_id >= segment.chunk_next_id(index):
+                index += 1
+        chunks: list[StoredChunk] = []
+        budget = max_bytes
+        while number < len(segments) and len(chunks) < max_chunks and budget > 0:
+            segment = segments[number]
+            if index >= len(segment):
+                number, index = number + 1, 0
+                continue
+            index, budget = self._read_span(segment, index, max_chunks, budget, chunks)
+        return chunks
+
+    def _read_span(
+        self,
+        segment: Segment,
+        start: int,
+        max_chunks: int,
+        budget: int,
+        chunks: list[StoredChunk],
+    ) -> tuple[int, int]:
+        """Read consecutive chunks of one segment with one pread; add the user chunks.
+
+        Returns:
+            The index after the last chunk read, and the budget left (0 to stop).
+        """
+        end = start
+        span = 0
+        wanted = max_chunks - len(chunks)
+        while end < len(segment) and wanted:
+            size = segment.chunk_end(end) - segment.positions[end]
+            if span + size > budget and (chunks or wanted < max_chunks - len(chunks)):
+                break
+            span += size
+            if segment.types[end] == USER:
+                wanted -= 1
+            end += 1
+        if end == start:
+            return start, 0
+        base = segment.positions[start]
+        data = os.pread(self._read_file(segment), span, base)
+        if len(data) != span:
+            raise LogError(f"{segment.segment_path} is shorter than its index")
+        for number in range(start, end):
+            if segment.types[number] != USER:
+                continue
+            at = segment.positions[number] - base
+            header = ChunkHeader.unpack(data, at)
+            chunks.append(
+                StoredChunk(
+                    chunk_id=header.first_offset,
+                    next_chunk_id=header.next_offset,
+                    header=header,
+                    payload=delivery_payload(data, at),
+                )
+            )
+        stop = end < len(segment) or not wanted
+        return end, 0 if stop else budget - span
+
+    def _read_file(self, segment: Segment) -> int:
+        """A read-only descriptor for a segment, from a small cache."""
+        fd = self._read_files.pop(segment.first_id, None)
+        if fd is None:
+            fd = os.open(segment.segment_path, os.O_RDONLY)
+            if len(self._read_files) >= MAX_OPEN_READ_FILES:
+                oldest = next(iter(self._read_files))
+                os.close(self._read_files.pop(oldest))
+        self._read_files[segment.first_id] = fd
+        return fd
+
+    def wait_for(self, chunk_id: int) -> Deferred[None]:
+        """Fire once a user chunk at or after ``chunk_id`` is committed (for tailing readers).
+
+        Cancelling the Deferred stops waiting. Fails with the stream's error
+        if it is deleted, broken or closed first.
+        """
+        if self._error is not None:
+            return fail(self._error)
+        if self._committed_chunk_id >= chunk_id:
+            return succeed(None)
+
+        def cancel(waiter: Deferred[None]) -> None:
+            self._waiters = [entry for entry in self._waiters if entry[1] is not waiter]
+
+        waiter: Deferred[None] = Deferred(cancel)
+        self._waiters.append((chunk_id, waiter))
+        return waiter
+
+    def _wake_waiters(self) -> None:
+        """Fire the waiters that the committed chunk id has reached."""
+        committed = self._committed_chunk_id
+        ready = [waiter for wanted, waiter in self._waiters if wanted <= committed]
+        if ready:
+            self._waiters = [entry for entry in self._waiters if entry[0] > committed]
+            for waiter in ready:
+                waiter.callback(None)

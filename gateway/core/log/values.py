@@ -1,0 +1,162 @@
+"""Values and errors of the embedded log: policies, retention, results, the reactor it needs."""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+import attrs
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
+
+from gateway.codecs.osiris import ChunkHeader
+
+__all__ = [
+    "DEFAULT_MAX_SEGMENT_BYTES",
+    "MAX_SEGMENT_BYTES_LIMIT",
+    "AppendResult",
+    "CommitStats",
+    "FsyncPolicy",
+    "ILogReactor",
+    "LogClosedError",
+    "LogError",
+    "LogWriteError",
+    "Retention",
+    "StoredChunk",
+    "StreamExistsError",
+    "StreamMissingError",
+]
+
+DEFAULT_MAX_SEGMENT_BYTES: Final = 64 * 1024 * 1024
+"""Roll to a new segment once the active one holds 64 MiB (osiris uses 500 MB)."""
+MAX_SEGMENT_BYTES_LIMIT: Final = 2**31
+"""Index records hold a chunk's position as a u32; segments roll well before that."""
+
+
+class ILogReactor(IReactorTime, IReactorFromThreads):
+    """What the log needs of its reactor: timers, and results from its writer thread."""
+
+
+class FsyncPolicy(enum.Enum):
+    """When a commit reaches the disk, and so when an append is acknowledged.
+
+    ``ALWAYS``: every commit is fsynced before its appends are acknowledged.
+    ``INTERVAL``: acknowledged once written; fsync at most every interval.
+    ``NEVER``: written and acknowledged; the operating system flushes (as a
+    single RabbitMQ node does: osiris never fsyncs).
+    """
+
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+def _segment_bytes(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    """Accept a segment size that index positions can address."""
+    if not 1 <= value <= MAX_SEGMENT_BYTES_LIMIT:
+        raise ValueError(f"max_segment_bytes must be 1..{MAX_SEGMENT_BYTES_LIMIT}, not {value}")
+
+
+@attrs.frozen
+class Retention:
+    """How much of a stream is kept; whole segments are deleted, never the active one.
+
+    Attributes:
+        max_bytes: Delete the oldest segments while all of them together hold more.
+        max_age_seconds: Delete segments whose newest chunk is older than this.
+        max_segment_bytes: Roll to a new segment once the active one holds this much.
+    """
+
+    max_bytes: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    max_age_seconds: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0))
+    )
+    max_segment_bytes: int = attrs.field(
+        default=DEFAULT_MAX_SEGMENT_BYTES, validator=_segment_bytes
+    )
+
+
+@attrs.frozen
+class AppendResult:
+    """What became of one append.
+
+    Attributes:
+        first_offset: Offset of the first message stored, None if none was.
+        chunk_id: Id of the chunk holding that message, None if none was stored.
+        stored: Messages written (at consecutive offsets from ``first_offset``).
+        duplicates: Messages not written because their publishing id was not
+            above the reference's last one; they are acknowledged all the same.
+    """
+
+    first_offset: int | None
+    chunk_id: int | None
+    stored: int
+    duplicates: int
+
+
+@attrs.frozen
+class StoredChunk:
+    """One committed user chunk, as a consumer reads it.
+
+    Attributes:
+        chunk_id: The chunk's id, the offset of its first record.
+        next_chunk_id: Where the next read starts: ``chunk_id`` plus its records.
+        header: The chunk's header.
+        payload: The 48-byte header as stored, then the data entries only (no
+            bloom, no trailer): exactly what a Deliver frame carries after the
+            subscription id.
+    """
+
+    chunk_id: int
+    next_chunk_id: int
+    header: ChunkHeader
+    payload: bytes
+
+
+@attrs.define
+class CommitStats:
+    """Counters of the group commit, for metrics and the benchmark.
+
+    Attributes:
+        commits: Commit rounds that wrote something.
+        synced_commits: Of those, the ones that fsynced before acknowledging.
+        chunks: Chunks written (user and tracking).
+        writes: Segment write calls.
+        fsyncs: Segment fsync calls.
+        appends: Appends acknowledged.
+        synced_appends: Appends acknowledged by a commit that fsynced.
+        messages: Messages stored.
+    """
+
+    commits: int = 0
+    synced_commits: int = 0
+    chunks: int = 0
+    writes: int = 0
+    fsyncs: int = 0
+    appends: int = 0
+    synced_appends: int = 0
+    messages: int = 0
+
+
+class LogError(Exception):
+    """Base of the log's errors."""
+
+
+class StreamExistsError(LogError):
+    """A stream of that name exists already."""
+
+
+class StreamMissingError(LogError):
+    """No stream of that name, or it was deleted while the operation was pending."""
+
+
+class LogClosedError(LogError):
+    """The store is closed (or closing)."""
+
+
+class LogWriteError(LogError):
+    """Writing a stream failed; it refuses appends until the store is reopened.
+
+    Reopening recovers the segment files (torn chunks are cut off).
+    """

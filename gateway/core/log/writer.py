@@ -1,0 +1,258 @@
+"""The group commit: many appends, one chunk per stream, one write, one fsync.
+
+An append queues on its stream and asks for a commit. The commit starts on
+the next reactor turn (``callLater(0)``), or as soon as the one being written
+finishes, so every append of a turn, and every append made while the
+previous commit was on its way to the disk, shares a commit. Each stream in
+it gets its chunks planned on the reactor thread, and the writer thread
+(a one-thread pool) encodes them, writes each stream's chunks with one write,
+and fsyncs each written stream once, as the policy says. Only then, back on
+the reactor thread, do the streams publish the chunks and fire the appends.
+
+Under ``INTERVAL`` a commit fsyncs when the last fsync is at least the
+interval old; otherwise a timer on the clock asks for a sync-only commit
+when the interval has passed, so nothing stays unsynced for much longer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+from gateway.core.log.segment import SegmentWrite, SegmentWriter, write_stream
+from gateway.core.log.values import CommitStats, FsyncPolicy, ILogReactor
+
+if TYPE_CHECKING:
+    from gateway.core.log.commit import StreamCommit
+    from gateway.core.log.stream import StreamLog
+
+__all__ = ["GroupCommitter"]
+
+_Outcome = int | OSError
+"""Per stream in a commit: segment writes made, or the error that stopped it."""
+_Planned = tuple["StreamLog", "StreamCommit"]
+
+
+def _run_commit(
+    jobs: Sequence[tuple[SegmentWriter, Sequence[SegmentWrite]]],
+    also_sync: Sequence[SegmentWriter],
+    *,
+    sync: bool,
+    sync_rolls: bool,
+) -> tuple[list[_Outcome], int]:
+    """Write (and sync) every stream of a commit: runs in the writer thread.
+
+    One stream's failure does not stop the others: each gets its outcome.
+
+    Returns:
+        Each stream's outcome, and how many fsyncs ended the commit.
+    """
+    outcomes: list[_Outcome] = []
+    for writer, writes in jobs:
+        try:
+            outcomes.append(write_stream(writer, writes, sync=sync, sync_rolls=sync_rolls))
+        except OSError as exc:
+            outcomes.append(exc)
+    for writer in also_sync:
+        writer.sync()
+    synced = sum(1 for outcome in outcomes if not isinstance(outcome, OSError)) if sync else 0
+    return outcomes, synced + len(also_sync)
+
+
+class GroupCommitter:
+    """Merges appends into commits and runs them in the writer thread.
+
+    Args:
+        reactor: Runs the commit turn and receives the writer thread's results.
+        clock: Gives commit times and runs the ``INTERVAL`` sync timer.
+        pool: The one-thread pool (started and stopped by the store).
+        policy: When commits fsync.
+        interval_seconds: The ``INTERVAL`` policy's longest time between fsyncs.
+        stats: Counters to update.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: ILogReactor,
+        clock: IReactorTime,
+        pool: ThreadPool,
+        *,
+        policy: FsyncPolicy,
+        interval_seconds: float,
+        stats: CommitStats,
+    ) -> None:
+        self._reactor = reactor
+        self._clock = clock
+        self._pool = pool
+        self._policy = policy
+        self._interval = interval_seconds
+        self._stats = stats
+        self._pending: dict[StreamLog, None] = {}
+        self._turn: IDelayedCall | None = None
+        self._in_flight = False
+        self._last_sync = clock.seconds()
+        self._unsynced: dict[SegmentWriter, None] = {}
+        self._sync_due = False
+        self._sync_timer: IDelayedCall | None = None
+        self._idle_waiters: list[Deferred[None]] = []
+
+    def request(self, stream: StreamLog) -> None:
+        """A stream has queued work: commit it on the next turn (or after the current commit)."""
+        self._pending[stream] = None
+        self._schedule()
+
+    def forget(self, stream: StreamLog) -> None:
+        """A stream is gone: commit nothing more of it."""
+        self._pending.pop(stream, None)
+        self._unsynced.pop(stream.writer, None)
+
+    def _schedule(self) -> None:
+        """Start a commit on the next reactor turn, unless one is due or in flight."""
+        if self._turn is None and not self._in_flight:
+            self._turn = self._reactor.callLater(0, self._commit)
+
+    def drain(self) -> Deferred[None]:
+        """Commit everything queued now (with a final fsync unless ``NEVER``); fire when idle."""
+        if self._sync_timer is not None and self._sync_timer.active():
+            self._sync_timer.cancel()
+        self._sync_timer = None
+        if self._unsynced and self._policy is not FsyncPolicy.NEVER:
+            self._sync_due = True
+        if not self._in_flight:
+            if self._turn is not None and self._turn.active():
+                self._turn.cancel()
+            self._turn = None
+            self._commit()
+        if self._idle():
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._idle_waiters.append(waiter)
+        return waiter
+
+    def _idle(self) -> bool:
+        """Nothing queued, scheduled or being written."""
+        return not (self._pending or self._in_flight or self._turn is not None or self._sync_due)
+
+    def _commit(self) -> None:
+        """Plan every pending stream's commit and hand the writing to the thread."""
+        if self._turn is not None and self._turn.active():
+            self._turn.cancel()
+        self._turn = None
+        now = self._clock.seconds()
+        streams, self._pending = list(self._pending), {}
+        commits: list[_Planned] = []
+        for stream in streams:
+            commit = stream.plan_commit(int(now * 1000))
+            if commit is not None:
+                commits.append((stream, commit))
+        written = [(stream, commit) for stream, commit in commits if commit.writes]
+        sync = self._policy is FsyncPolicy.ALWAYS or (
+            self._policy is FsyncPolicy.INTERVAL
+            and (self._sync_due or now - self._last_sync >= self._interval)
+        )
+        writers = {stream.writer for stream, _commit in written}
+        also_sync = [writer for writer in self._unsynced if writer not in writers] if sync else []
+        if not written and not also_sync:
+            self._sync_due = False
+            self._finish(commits, {}, synced=False)
+            return
+        self._in_flight = True
+        jobs = [(stream.writer, commit.writes) for stream, commit in written]
+        done = deferToThreadPool(
+            self._reactor,
+            self._pool,
+            _run_commit,
+            jobs,
+            also_sync,
+            sync=sync,
+            sync_rolls=self._policy is not FsyncPolicy.NEVER,
+        )
+        done.addCallbacks(
+            self._written,
+            self._crashed,
+            callbackArgs=(commits, written, sync, now),
+            errbackArgs=(commits,),
+        )
+
+    def _written(
+        self,
+        result: tuple[list[_Outcome], int],
+        commits: list[_Planned],
+        written: list[_Planned],
+        sync: bool,
+        started: float,
+    ) -> None:
+        """The thread is done: update the sync state, then acknowledge."""
+        self._in_flight = False
+        outcomes, fsyncs = result
+        self._stats.fsyncs += fsyncs
+        if sync:
+            self._last_sync = started
+            self._unsynced.clear()
+            self._sync_due = False
+        elif self._policy is FsyncPolicy.INTERVAL:
+            for stream, _commit in written:
+                self._unsynced[stream.writer] = None
+            self._arm_sync_timer()
+        errors: dict[int, BaseException] = {
+            id(commit): outcome
+            for (_stream, commit), outcome in zip(written, outcomes, strict=True)
+            if isinstance(outcome, OSError)
+        }
+        if written:
+            self._stats.commits += 1
+            self._stats.synced_commits += sync
+            self._stats.writes += sum(o for o in outcomes if not isinstance(o, OSError))
+        self._finish(commits, errors, synced=sync)
+
+    def _crashed(self, failure: Failure, commits: list[_Planned]) -> None:
+        """The writer thread raised something other than an I/O error: a bug."""
+        self._in_flight = False
+        self._log.failure("The log writer thread failed", failure)
+        error = failure.value if failure.value is not None else RuntimeError("writer failed")
+        errors = {id(commit): error for _stream, commit in commits}
+        self._finish(commits, errors, synced=False)
+
+    def _finish(
+        self, commits: list[_Planned], errors: dict[int, BaseException], *, synced: bool
+    ) -> None:
+        """Tell each stream how its commit went, then commit what queued meanwhile."""
+        for stream, commit in commits:
+            error = errors.get(id(commit))
+            if error is not None:
+                stream.commit_failed(commit, error)
+                continue
+            self._stats.appends += len(commit.appends)
+            self._stats.chunks += sum(len(write.chunks) for write in commit.writes)
+            self._stats.messages += sum(len(append.messages) for append in commit.appends)
+            if synced:
+                self._stats.synced_appends += len(commit.appends)
+            stream.commit_done(commit)
+        if self._pending or self._sync_due:
+            self._commit()
+        elif self._idle():
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+    def _arm_sync_timer(self) -> None:
+        """Under ``INTERVAL``, ask for a sync-only commit once the interval has passed."""
+        if self._sync_timer is None or not self._sync_timer.active():
+            delay = max(0.0, self._last_sync + self._interval - self._clock.seconds())
+            self._sync_timer = self._clock.callLater(delay, self._sync_now)
+
+    def _sync_now(self) -> None:
+        """The interval has passed with unsynced writes: sync them."""
+        self._sync_timer = None
+        if self._unsynced:
+            self._sync_due = True
+            self._schedule()

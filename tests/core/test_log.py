@@ -1,0 +1,920 @@
+"""Tests for `gateway.core.log`, the embedded durable log.
+
+Real files in a temporary directory and the real reactor (the writer thread
+reports back through it); a `Clock` where commit times matter. Writes are
+counted, or held, through the store's ``write_segment`` seam. A crash is a
+child process killed with SIGKILL after a number of acknowledgements read
+from its output.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.task import Clock, deferLater
+from twisted.logger import LogLevel, capturedLogs
+
+from gateway.codecs import osiris
+from gateway.core.log import (
+    AppendResult,
+    FsyncPolicy,
+    LogClosedError,
+    LogStore,
+    Retention,
+    StoredChunk,
+    StreamExistsError,
+    StreamLog,
+    StreamMissingError,
+)
+from gateway.core.log.segment import pwrite_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _reactor() -> Any:
+    """The reactor pytest-twisted runs (imported late, as Twisted's standard asks)."""
+    from twisted.internet import reactor
+
+    return reactor
+
+
+async def next_turn() -> None:
+    """Let the reactor run one turn (commits start on the turn after an append)."""
+    await deferLater(_reactor(), 0, lambda: None)
+
+
+def open_store(directory: Path, **options: Any) -> LogStore:
+    """An opened store over ``directory`` on the real reactor."""
+    store = LogStore(directory, _reactor(), **options)
+    store.open()
+    return store
+
+
+def records(chunk: StoredChunk) -> list[bytes]:
+    """The messages a chunk's Deliver payload carries."""
+    return [bytes(m) for m in osiris.iter_entries(chunk.payload[osiris.HEADER_BYTES :])]
+
+
+def read_all(stream: StreamLog, start: int | None = None) -> list[StoredChunk]:
+    """Every committed user chunk from ``start`` (the first chunk by default)."""
+    position = stream.seek(("first",)) if start is None else start
+    chunks: list[StoredChunk] = []
+    while batch := stream.read_chunks(position, 3, 4096):
+        chunks.extend(batch)
+        position = batch[-1].next_chunk_id
+    return chunks
+
+
+def messages(stream: StreamLog) -> list[bytes]:
+    """Every message of a stream, in order."""
+    return [message for chunk in read_all(stream) for message in records(chunk)]
+
+
+class CountingWrites:
+    """A ``write_segment`` seam that records each write's size."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Count, then write."""
+        self.sizes.append(len(data))
+        pwrite_all(fd, data, position)
+
+
+class HeldWrites:
+    """A ``write_segment`` seam that holds the first write until released."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.started: Deferred[None] = Deferred()
+        self.release = threading.Event()
+        self._held = False
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Report the first write to the reactor and wait for the test; then write."""
+        self.sizes.append(len(data))
+        if not self._held:
+            self._held = True
+            _reactor().callFromThread(self.started.callback, None)
+            self.release.wait(timeout=30)
+        pwrite_all(fd, data, position)
+
+
+# Group commit.
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_turn_one_chunk_one_write(tmp_path: Path) -> None:
+    """Appends from one reactor turn share one chunk, one write and one fsync."""
+    writes = CountingWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("orders")
+        results = await gatherResults(
+            [stream.append([b"a", b"b"]), stream.append([b"c"]), stream.append([b"d", b"e"])]
+        )
+        assert results == [
+            AppendResult(first_offset=0, chunk_id=0, stored=2, duplicates=0),
+            AppendResult(first_offset=2, chunk_id=0, stored=1, duplicates=0),
+            AppendResult(first_offset=3, chunk_id=0, stored=2, duplicates=0),
+        ]
+        assert len(writes.sizes) == 1
+        (chunk,) = read_all(stream)
+        assert records(chunk) == [b"a", b"b", b"c", b"d", b"e"]
+        assert (store.stats.commits, store.stats.fsyncs, store.stats.synced_appends) == (1, 1, 3)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_appends_during_a_commit_share_the_next(tmp_path: Path) -> None:
+    """Appends made while a commit is being written wait for it, then share one chunk."""
+    writes = HeldWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("orders")
+        first = stream.append([b"a"])
+        await writes.started
+        second = stream.append([b"b"])
+        await next_turn()
+        third = stream.append([b"c"], reference="p", publishing_ids=[1])
+        await next_turn()
+        assert not (first.called or second.called or third.called)
+        writes.release.set()
+        results = await gatherResults([first, second, third])
+        assert [r.chunk_id for r in results] == [0, 1, 1]
+        assert [r.first_offset for r in results] == [0, 1, 2]
+        assert len(writes.sizes) == 2
+        assert [records(c) for c in read_all(stream)] == [[b"a"], [b"b", b"c"]]
+    finally:
+        writes.release.set()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunks_split_at_65535_entries(tmp_path: Path) -> None:
+    """One append of 70,000 messages spans two chunks, at consecutive offsets."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("big")
+        result = await stream.append([b"x"] * 70000)
+        assert result == AppendResult(first_offset=0, chunk_id=0, stored=70000, duplicates=0)
+        chunks = stream.read_chunks(0, 10, 10**7)
+        assert [(c.chunk_id, c.header.num_entries) for c in chunks] == [(0, 65535), (65535, 4465)]
+        assert stream.next_offset == 70000
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunks_split_by_size(tmp_path: Path) -> None:
+    """A chunk closes once its data reaches 8 MiB; a bigger message gets a chunk of its own."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("big")
+        body = b"m" * (5 * 1024 * 1024)
+        result = await stream.append([body, body, b"small"])
+        assert result.stored == 3
+        chunks = stream.read_chunks(0, 10, 1)
+        assert [c.chunk_id for c in chunks] == [0]
+        chunks = stream.read_chunks(0, 10, 10**8)
+        assert [len(records(c)) for c in chunks] == [1, 2]
+    finally:
+        await store.close()
+
+
+# Offsets, reads and seeks.
+
+
+@pytest_twisted.ensureDeferred
+async def test_offsets_and_positions(tmp_path: Path) -> None:
+    """Offsets count records; a stored offset's tracking chunk takes one offset."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        assert (stream.first_offset, stream.next_offset) == (0, 0)
+        assert (stream.committed_chunk_id, stream.last_chunk_id) == (-1, -1)
+        await stream.append([b"a", b"b", b"c"])
+        stream.store_offset("consumer", 2)
+        assert stream.query_offset("consumer") == 2
+        await next_turn()
+        result = await stream.append([b"d"])
+        assert result.first_offset == 4
+        assert (stream.first_chunk_id, stream.last_chunk_id) == (0, 4)
+        assert (stream.committed_chunk_id, stream.next_offset) == (4, 5)
+        assert [c.chunk_id for c in read_all(stream)] == [0, 4]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_payload_is_the_stored_header_and_data(tmp_path: Path) -> None:
+    """A chunk's payload is its header as stored (trailer length too) and the data only."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        body = memoryview(b"--hello--")[2:7]
+        await stream.append([body, b"raw"], reference="producer", publishing_ids=[1, 2])
+        (chunk,) = read_all(stream)
+        segment = stream.segments[0]
+        data = segment.segment_path.read_bytes()
+        position = segment.positions[0]
+        header = osiris.ChunkHeader.unpack(data, position)
+        assert header.trailer_length > 0
+        assert chunk.header == header
+        assert chunk.payload == data[position : position + 48 + header.data_length]
+        assert records(chunk) == [b"hello", b"raw"]
+        assert osiris.validate_chunk(data, position) == header
+        assert (chunk.chunk_id, chunk.next_chunk_id) == (0, 2)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_read_bounds(tmp_path: Path) -> None:
+    """Reads stop at max_chunks and max_bytes, but always return a first chunk."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        for number in range(5):
+            await stream.append([bytes([number]) * 100])
+        assert [c.chunk_id for c in stream.read_chunks(0, 2, 10**6)] == [0, 1]
+        assert [c.chunk_id for c in stream.read_chunks(0, 10, 10)] == [0]
+        assert [c.chunk_id for c in stream.read_chunks(0, 10, 2 * 160)] == [0, 1]
+        assert [c.chunk_id for c in stream.read_chunks(3, 10, 10**6)] == [3, 4]
+        assert stream.read_chunks(5, 10, 10**6) == []
+        assert stream.read_chunks(0, 0, 10**6) == []
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_seek(tmp_path: Path) -> None:
+    """Every offset specification finds the chunk the notes (section 7) say."""
+    clock = Clock()
+    store = open_store(tmp_path, clock=clock)
+    try:
+        stream = store.create("s")
+        for spec in [("first",), ("last",), ("next",), ("offset", 5), ("timestamp", 0)]:
+            assert stream.seek(spec) == 0
+        clock.advance(1)
+        stream.store_offset("c", 0)
+        await next_turn()
+        await stream.append([b"a", b"b", b"c"])
+        clock.advance(1)
+        await stream.append([b"d"])
+        clock.advance(1)
+        stream.store_offset("c", 4)
+        await next_turn()
+        await stream.append([b"e"])
+        # chunks: 0 tracking @1s, 1-3 user @1s, 4 user @2s, 5 tracking @3s, 6 user @3s
+        assert stream.seek(("first",)) == 0
+        assert stream.seek(("last",)) == 6
+        assert stream.seek(("next",)) == 7
+        assert [stream.seek(("offset", n)) for n in (-1, 0, 1, 2, 3, 4, 5, 6, 7, 99)] == [
+            0,
+            0,
+            1,
+            1,
+            1,
+            4,
+            5,
+            6,
+            7,
+            7,
+        ]
+        assert [stream.seek(("timestamp", ms)) for ms in (0, 1000, 1500, 2000, 2001, 4000)] == [
+            0,
+            0,
+            4,
+            4,
+            5,
+            7,
+        ]
+        assert [c.chunk_id for c in stream.read_chunks(stream.seek(("first",)), 9, 10**6)] == [
+            1,
+            4,
+            6,
+        ]
+        with pytest.raises(ValueError):
+            stream.seek(("middle",))
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_last_without_user_chunks_is_next(tmp_path: Path) -> None:
+    """With only tracking chunks, "last" is "next", as with an empty stream."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        stream.store_offset("c", 1)
+        await next_turn()
+        waiter = stream.wait_for(0)
+        await stream.append([])
+        assert stream.next_offset == 1
+        assert stream.seek(("last",)) == 1
+        assert read_all(stream) == []
+        assert not waiter.called
+        waiter.cancel()
+        with pytest.raises(CancelledError):
+            await waiter
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_wait_for(tmp_path: Path) -> None:
+    """A tailing reader's wait fires when a user chunk at or after its position commits."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        await stream.append([b"a"])
+        assert stream.wait_for(0).called
+        waiter = stream.wait_for(stream.next_offset)
+        assert not waiter.called
+        stream.store_offset("c", 0)
+        await stream.append([b"b"])
+        await waiter
+        # The offset went into the user chunk's trailer: no tracking chunk, no gap.
+        assert (stream.committed_chunk_id, stream.next_offset) == (1, 2)
+        (chunk,) = stream.read_chunks(1, 1, 1000)
+        assert chunk.header.trailer_length > 0
+    finally:
+        await store.close()
+
+
+# Deduplication and tracking.
+
+
+@pytest_twisted.ensureDeferred
+async def test_duplicates_are_acknowledged_not_stored(tmp_path: Path) -> None:
+    """The same reference and ids twice: stored once, acknowledged twice."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        first = await stream.append([b"a", b"b"], reference="p", publishing_ids=[1, 2])
+        again = await stream.append([b"a", b"b"], reference="p", publishing_ids=[1, 2])
+        assert first == AppendResult(first_offset=0, chunk_id=0, stored=2, duplicates=0)
+        assert again == AppendResult(first_offset=None, chunk_id=None, stored=0, duplicates=2)
+        mixed = await stream.append(
+            [b"b", b"c", b"c", b"d", b"x"], reference="p", publishing_ids=[2, 3, 3, 4, 1]
+        )
+        assert (mixed.stored, mixed.duplicates, mixed.first_offset) == (2, 3, 2)
+        other = await stream.append([b"e"], reference="q", publishing_ids=[1])
+        assert other.stored == 1
+        assert messages(stream) == [b"a", b"b", b"c", b"d", b"e"]
+        assert (stream.writer_sequence("p"), stream.writer_sequence("q")) == (4, 1)
+        assert stream.writer_sequence("unknown") == 0
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_duplicates(tmp_path: Path) -> None:
+    """A duplicate of a pending append (same turn, or behind a commit) is not stored."""
+    writes = HeldWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("s")
+        first = stream.append([b"a"], reference="p", publishing_ids=[1])
+        same_turn = stream.append([b"a"], reference="p", publishing_ids=[1])
+        await writes.started
+        assert stream.writer_sequence("p") == 0
+        behind = stream.append([b"a", b"b"], reference="p", publishing_ids=[1, 2])
+        writes.release.set()
+        results = await gatherResults([first, same_turn, behind])
+        assert [(r.stored, r.duplicates) for r in results] == [(1, 0), (0, 1), (1, 1)]
+        assert messages(stream) == [b"a", b"b"]
+    finally:
+        writes.release.set()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_tracking_survives_reopen(tmp_path: Path) -> None:
+    """Sequences and stored offsets are rebuilt from trailers and tracking chunks."""
+    store = open_store(tmp_path)
+    stream = store.create("s")
+    await stream.append([b"a", b"b"], reference="p", publishing_ids=[5, 6])
+    stream.store_offset("reader", 1)
+    stream.store_offset("other", 0)
+    await next_turn()
+    await stream.append([b"c"], reference="q", publishing_ids=[9])
+    stream.store_offset("reader", 2)
+    await store.close()
+
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert (stream.writer_sequence("p"), stream.writer_sequence("q")) == (6, 9)
+        assert (stream.query_offset("reader"), stream.query_offset("other")) == (2, 0)
+        assert stream.query_offset("nobody") is None
+        again = await stream.append([b"b", b"d"], reference="p", publishing_ids=[6, 7])
+        assert (again.stored, again.duplicates) == (1, 1)
+        assert messages(stream) == [b"a", b"b", b"c", b"d"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_append_arguments(tmp_path: Path) -> None:
+    """Ids need a reference and one id per message; references fit in 255 bytes."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        with pytest.raises(ValueError):
+            stream.append([b"a"], publishing_ids=[1])
+        with pytest.raises(ValueError):
+            stream.append([b"a"], reference="p")
+        with pytest.raises(ValueError):
+            stream.append([b"a"], reference="p", publishing_ids=[1, 2])
+        with pytest.raises(ValueError):
+            stream.append([b"a"], reference="p" * 256, publishing_ids=[1])
+        with pytest.raises(ValueError):
+            stream.store_offset("c", -1)
+        result = await stream.append([b"a"], reference="", publishing_ids=None)
+        assert result.stored == 1
+    finally:
+        await store.close()
+
+
+# Segments and retention.
+
+
+def tiny_segments(**options: Any) -> Retention:
+    """Retention that rolls after about two 100-byte chunks."""
+    return Retention(max_segment_bytes=300, **options)
+
+
+async def fill(stream: StreamLog, count: int, clock: Clock | None = None) -> None:
+    """Append ``count`` 100-byte messages, one commit each, with ids 1, 2, ..."""
+    start = stream.writer_sequence("p") + 1
+    for publishing_id in range(start, start + count):
+        if clock is not None:
+            clock.advance(1)
+        body = b"%03d" % publishing_id + b"." * 97
+        await stream.append([body], reference="p", publishing_ids=[publishing_id])
+
+
+@pytest_twisted.ensureDeferred
+async def test_segments_roll_with_a_snapshot_first(tmp_path: Path) -> None:
+    """A full segment rolls; each new segment starts with a tracking snapshot chunk."""
+    store = open_store(tmp_path, default_retention=tiny_segments())
+    try:
+        stream = store.create("s")
+        stream.store_offset("reader", 7)
+        await fill(stream, 7)
+        segments = stream.segments
+        assert len(segments) >= 3
+        assert segments[0].types[0] == osiris.USER
+        for number, segment in enumerate(segments[1:]):
+            assert segment.types[0] == osiris.TRACKING_SNAPSHOT
+            assert segment.segment_path.name == osiris.segment_file_name(segment.first_id)
+            data = segment.segment_path.read_bytes()
+            assert data[:8] == osiris.SEGMENT_HEADER
+            header = osiris.validate_chunk(data, 8)
+            assert header.first_offset == segment.first_id
+            (body,) = osiris.iter_entries(data[56 : 56 + header.data_length])
+            sequences, offsets = osiris.decode_tracking_snapshot(body)
+            assert offsets == {"reader": 7}
+            # Publishing ids 1, 2, ... took every offset but the earlier snapshots'.
+            assert sequences["p"][1] == segment.first_id - number
+        assert [m[:3] for m in messages(stream)] == [b"%03d" % n for n in range(1, 8)]
+    finally:
+        await store.close()
+
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert len(stream.segments) == len(segments)
+        assert stream.writer_sequence("p") == 7
+        assert stream.query_offset("reader") == 7
+        assert stream.retention == tiny_segments()
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_retention_by_size(tmp_path: Path) -> None:
+    """Old segments go while the stream is over max_bytes; the active one stays."""
+    store = open_store(tmp_path, default_retention=tiny_segments(max_bytes=700))
+    try:
+        stream = store.create("s")
+        await fill(stream, 9)
+        before = stream.segments
+        assert sum(s.size for s in before) > 700
+        removed = await store.apply_retention()
+        after = stream.segments
+        assert removed == len(before) - len(after) > 0
+        assert sum(s.size for s in after) <= 700
+        assert stream.first_offset == after[0].first_id > 0
+        for segment in before[:removed]:
+            assert not segment.segment_path.exists()
+            assert not segment.index_path.exists()
+        assert [m[:3] for m in messages(stream)][-1] == b"009"
+        assert stream.seek(("offset", 0)) == stream.first_offset
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_retention_by_age_on_the_timer(tmp_path: Path) -> None:
+    """Segments whose newest chunk is older than max_age go when the timer runs."""
+    clock = Clock()
+    store = open_store(
+        tmp_path,
+        clock=clock,
+        retention_interval_seconds=100,
+        default_retention=tiny_segments(max_age_seconds=30),
+    )
+    try:
+        stream = store.create("s")
+        await fill(stream, 6, clock)
+        segments = stream.segments
+        assert len(segments) >= 3
+        clock.advance(100 - clock.seconds())
+        assert stream.segments == segments[-1:]
+        assert stream.first_offset == segments[-1].first_id
+    finally:
+        await store.close()
+    assert not segments[0].segment_path.exists()
+    assert segments[-1].segment_path.exists()
+
+
+# Streams.
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_get_delete(tmp_path: Path) -> None:
+    """Streams are created once; deleting one fails its pending appends and readers."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        with pytest.raises(StreamExistsError):
+            store.create("s")
+        assert store.get("s") is stream
+        assert store.names() == ["s"]
+        await stream.append([b"a"])
+        pending = stream.append([b"b"])
+        waiter = stream.wait_for(99)
+        await store.delete("s")
+        with pytest.raises(StreamMissingError):
+            await pending
+        with pytest.raises(StreamMissingError):
+            await waiter
+        with pytest.raises(StreamMissingError):
+            await stream.append([b"c"])
+        with pytest.raises(StreamMissingError):
+            store.delete("s")
+        assert store.get("s") is None
+        assert not (tmp_path / "s").exists()
+        fresh = store.create("s")
+        assert (await fresh.append([b"new"])).first_offset == 0
+        assert messages(fresh) == [b"new"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_delete_during_a_commit(tmp_path: Path) -> None:
+    """An append being written when its stream is deleted fails."""
+    writes = HeldWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("s")
+        pending = stream.append([b"a"])
+        await writes.started
+        deleted = store.delete("s")
+        writes.release.set()
+        with pytest.raises(StreamMissingError):
+            await pending
+        await deleted
+        assert store.names() == []
+    finally:
+        writes.release.set()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_names_are_escaped(tmp_path: Path) -> None:
+    """Any UTF-8 name gets a safe, distinct directory, and comes back on reopen."""
+    names = ["a/b", "..", ".", "é", "A-b_c", "a%2Fb", "x" * 300, "x" * 299 + "y"]
+    store = open_store(tmp_path)
+    for name in names:
+        await store.create(name).append([name.encode()])
+    await store.close()
+    directories = sorted(p.name for p in tmp_path.iterdir())
+    assert len(directories) == len(names)
+    for directory in directories:
+        assert "/" not in directory
+        assert "." not in directory
+        assert len(directory) < 200
+    store = open_store(tmp_path)
+    try:
+        assert store.names() == sorted(names)
+        for name in names:
+            stream = store.get(name)
+            assert stream is not None
+            assert messages(stream) == [name.encode()]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_open_sets_aside_and_finishes_deletes(tmp_path: Path) -> None:
+    """A directory without meta.json is set aside; a half-deleted stream is removed."""
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "data").write_bytes(b"keep me")
+    (tmp_path / "gone.deleting").mkdir()
+    with capturedLogs() as events:
+        store = open_store(tmp_path)
+    try:
+        assert store.names() == []
+        assert (tmp_path / "stray.orphan" / "data").read_bytes() == b"keep me"
+        assert not (tmp_path / "gone.deleting").exists()
+        assert any(e["log_level"] == LogLevel.warn and "stray" in e["path"] for e in events)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_close(tmp_path: Path) -> None:
+    """Close commits what is queued; afterwards appends and waits fail."""
+    store = open_store(tmp_path)
+    stream = store.create("s")
+    queued = stream.append([b"a"])
+    closing = store.close()
+    with pytest.raises(LogClosedError):
+        await stream.append([b"late"])
+    await closing
+    assert (await queued).stored == 1
+    with pytest.raises(LogClosedError):
+        await stream.wait_for(5)
+    with pytest.raises(LogClosedError):
+        store.create("t")
+    assert store.close() is closing
+
+
+# Fsync policies.
+
+
+@pytest_twisted.ensureDeferred
+async def test_never_fsyncs(tmp_path: Path) -> None:
+    """Under NEVER, commits are acknowledged after the write, without fsync."""
+    store = open_store(tmp_path, fsync=FsyncPolicy.NEVER)
+    stream = store.create("s")
+    await gatherResults([stream.append([b"a"]), stream.append([b"b"])])
+    await stream.append([b"c"])
+    await store.close()
+    assert (store.stats.commits, store.stats.fsyncs, store.stats.synced_appends) == (2, 0, 0)
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert messages(stream) == [b"a", b"b", b"c"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_interval_fsyncs_at_most_every_interval(tmp_path: Path) -> None:
+    """Under INTERVAL, a commit fsyncs only once the interval has passed."""
+    clock = Clock()
+    store = open_store(
+        tmp_path, clock=clock, fsync=FsyncPolicy.INTERVAL, fsync_interval_seconds=0.5
+    )
+    try:
+        stream = store.create("s")
+        await stream.append([b"a"])
+        await stream.append([b"b"])
+        assert (store.stats.commits, store.stats.synced_commits) == (2, 0)
+        clock.advance(0.5)
+        await stream.append([b"c"])
+        assert store.stats.synced_commits == 1
+        assert store.stats.synced_appends == 1
+    finally:
+        await store.close()
+    assert store.stats.fsyncs == 1
+
+
+# Recovery.
+
+
+async def three_chunks(directory: Path) -> StreamLog:
+    """A closed store with stream "s" of three one-message chunks (ids 1, 2, 3)."""
+    store = open_store(directory)
+    stream = store.create("s")
+    for number in (1, 2, 3):
+        await stream.append([b"message %d" % number], reference="p", publishing_ids=[number])
+    await store.close()
+    return stream
+
+
+def reopen_logged(directory: Path) -> tuple[LogStore, StreamLog, list[dict[str, Any]]]:
+    """Reopen the store, capturing what recovery logs."""
+    with capturedLogs() as events:
+        store = open_store(directory)
+    stream = store.get("s")
+    assert stream is not None
+    return store, stream, list(events)
+
+
+def truncation(events: Sequence[dict[str, Any]]) -> tuple[str, int]:
+    """The file and byte offset of the one truncation warning."""
+    (event,) = [e for e in events if e["log_level"] == LogLevel.warn]
+    assert "Truncating" in event["log_format"]
+    return event["path"], event["position"]
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("cut", [1, 20, 48, 60])
+async def test_recover_torn_chunk(tmp_path: Path, cut: int) -> None:
+    """A segment cut inside its last chunk loses that chunk only, and takes appends again."""
+    old = await three_chunks(tmp_path)
+    segment = old.segments[0]
+    last = segment.positions[-1]
+    os.truncate(segment.segment_path, last + cut)
+    store, stream, events = reopen_logged(tmp_path)
+    try:
+        assert truncation(events) == (str(segment.segment_path), last)
+        assert segment.segment_path.stat().st_size == last
+        assert messages(stream) == [b"message 1", b"message 2"]
+        assert (stream.next_offset, stream.writer_sequence("p")) == (2, 2)
+        result = await stream.append([b"message 3"], reference="p", publishing_ids=[3])
+        assert (result.first_offset, result.stored) == (2, 1)
+        assert messages(stream)[-1] == b"message 3"
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_recover_flipped_byte(tmp_path: Path) -> None:
+    """The last chunk failing its CRC (a flipped data byte) is cut off; the rest stays."""
+    old = await three_chunks(tmp_path)
+    segment = old.segments[0]
+    last = segment.positions[-1]
+    with segment.segment_path.open("r+b") as file:
+        file.seek(last + 48 + 5)
+        byte = file.read(1)
+        file.seek(last + 48 + 5)
+        file.write(bytes([byte[0] ^ 0x20]))
+    store, stream, events = reopen_logged(tmp_path)
+    try:
+        assert truncation(events) == (str(segment.segment_path), last)
+        assert messages(stream) == [b"message 1", b"message 2"]
+        assert stream.writer_sequence("p") == 2
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_recover_garbage_after_the_last_chunk(tmp_path: Path) -> None:
+    """Bytes after the last chunk are cut off; every chunk stays."""
+    old = await three_chunks(tmp_path)
+    segment = old.segments[0]
+    size = segment.segment_path.stat().st_size
+    with segment.segment_path.open("ab") as file:
+        file.write(b"\x50garbage that is not a chunk" * 3)
+    store, stream, events = reopen_logged(tmp_path)
+    try:
+        assert truncation(events) == (str(segment.segment_path), size)
+        assert messages(stream) == [b"message 1", b"message 2", b"message 3"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("damage", ["delete", "short", "ahead", "garbage-header"])
+async def test_recover_index(tmp_path: Path, damage: str) -> None:
+    """A missing, short, overlong or unreadable index is rebuilt from the segment."""
+    old = await three_chunks(tmp_path)
+    index = old.segments[0].index_path
+    original = index.read_bytes()
+    if damage == "delete":
+        index.unlink()
+    elif damage == "short":
+        index.write_bytes(original[: -osiris.INDEX_RECORD_BYTES - 3])
+    elif damage == "ahead":
+        bogus = osiris.pack_index_record(3, 0, 1, 4000, 0)
+        index.write_bytes(original + bogus)
+    else:
+        index.write_bytes(b"XXXX" + original[4:])
+    store, stream, events = reopen_logged(tmp_path)
+    try:
+        assert not [e for e in events if e["log_level"] == LogLevel.warn]
+        assert any("Rebuilt index" in e["log_format"] for e in events)
+        assert index.read_bytes() == original
+        assert messages(stream) == [b"message 1", b"message 2", b"message 3"]
+        assert stream.seek(("offset", 2)) == 2
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_recover_torn_roll(tmp_path: Path) -> None:
+    """A segment left empty by a torn roll gets its snapshot again; tracking survives."""
+    store = open_store(tmp_path, default_retention=tiny_segments())
+    stream = store.create("s")
+    await fill(stream, 3)
+    last = stream.segments[-1]
+    assert last.types[0] == osiris.TRACKING_SNAPSHOT
+    await store.close()
+    os.truncate(last.segment_path, 8 + 30)
+    store, stream, events = reopen_logged(tmp_path)
+    try:
+        assert truncation(events) == (str(last.segment_path), 8)
+        assert stream.writer_sequence("p") == 2
+        assert stream.next_offset == last.first_id
+        await fill(stream, 1)
+        assert stream.segments[-1].types[0] == osiris.TRACKING_SNAPSHOT
+        assert [m[:3] for m in messages(stream)] == [b"001", b"002", b"003"]
+    finally:
+        await store.close()
+
+
+CHILD = """
+import sys
+from pathlib import Path
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults
+
+from gateway.core.log import FsyncPolicy, LogStore
+
+store = LogStore(Path(sys.argv[1]), reactor, fsync=FsyncPolicy.ALWAYS)
+store.open()
+stream = store.get("crash") or store.create("crash")
+
+
+async def produce():
+    next_id = stream.writer_sequence("producer") + 1
+    while True:
+        ids = range(next_id, next_id + 5)
+        pending = [
+            stream.append([b"message %d" % i], reference="producer", publishing_ids=[i])
+            for i in ids
+        ]
+        for publishing_id, result in zip(ids, await gatherResults(pending)):
+            sys.stdout.write("%d %d\\n" % (publishing_id, result.first_offset))
+        sys.stdout.flush()
+        next_id += 5
+
+
+reactor.callWhenRunning(lambda: Deferred.fromCoroutine(produce()))
+reactor.run()
+"""
+
+
+@pytest_twisted.ensureDeferred
+async def test_crash_keeps_every_acknowledged_message(tmp_path: Path) -> None:
+    """After SIGKILL, every message acknowledged under ALWAYS is there once, in order."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    acknowledged: dict[int, int] = {}
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            publishing_id, offset = map(int, line.split())
+            acknowledged[publishing_id] = offset
+            if len(acknowledged) >= 400:
+                break
+    finally:
+        child.send_signal(signal.SIGKILL)
+        _, errors = child.communicate(timeout=30)
+    assert len(acknowledged) >= 400, errors.decode()
+    assert child.returncode == -signal.SIGKILL
+
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("crash")
+        assert stream is not None
+        stored: list[tuple[int, int]] = []
+        for chunk in read_all(stream):
+            for number, body in enumerate(records(chunk)):
+                stored.append((int(body.split()[1]), chunk.chunk_id + number))
+        ids = [publishing_id for publishing_id, _ in stored]
+        assert ids == list(range(1, len(ids) + 1))
+        assert dict(stored[: len(acknowledged)]) == acknowledged
+        assert stream.writer_sequence("producer") == len(ids)
+        again = await stream.append([b"again"], reference="producer", publishing_ids=[1])
+        assert again.duplicates == 1
+    finally:
+        await store.close()
