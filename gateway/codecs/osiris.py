@@ -88,6 +88,8 @@ __all__ = [
     "validate_chunk",
 ]
 
+# Spec ambiguity: osiris.hrl's comment says "Ver = 0x1" but its code writes
+# version 0 and readers match the byte exactly, so 0x50 it is (notes, pitfall 11).
 MAGIC_VERSION: Final = 0x50
 """First header byte: magic 5, version 0 (notes 10.3 and pitfall 11)."""
 
@@ -134,6 +136,9 @@ TRACKING_OFFSET: Final = 1
 TRACKING_TIMESTAMP: Final = 2
 """Tracking entry type: a timestamp (osiris only; read and ignored here)."""
 
+# Spec ambiguity: the stream protocol document calls the CRC an int32; osiris
+# stores zlib's unsigned value and clients compare it unsigned (pitfall 10).
+# Its "Reserved = 4 bytes" is really the bloom size u8 and 3 bytes (pitfall 11).
 _HEADER: Final = struct.Struct(">BBHIqQQIIIB3x")
 _INDEX_RECORD: Final = struct.Struct(">QqQIB")
 _U32: Final = struct.Struct(">I")

@@ -9,6 +9,7 @@ from its output.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from gateway.core.log import (
     FsyncPolicy,
     LogClosedError,
     LogStore,
+    LogWriteError,
     Retention,
     StoredChunk,
     StreamExistsError,
@@ -237,6 +239,21 @@ async def test_payload_is_the_stored_header_and_data(tmp_path: Path) -> None:
         assert records(chunk) == [b"hello", b"raw"]
         assert osiris.validate_chunk(data, position) == header
         assert (chunk.chunk_id, chunk.next_chunk_id) == (0, 2)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_views_are_copied_at_append(tmp_path: Path) -> None:
+    """A view into a buffer that changes after the append stores what it showed then."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        buffer = bytearray(b"first")
+        appended = stream.append([memoryview(buffer), buffer])
+        buffer[:] = b"later"
+        await appended
+        assert messages(stream) == [b"first", b"first"]
     finally:
         await store.close()
 
@@ -669,6 +686,60 @@ async def test_close(tmp_path: Path) -> None:
     assert store.close() is closing
 
 
+class FailingWrites:
+    """A ``write_segment`` seam whose second write fails as a full disk would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Write, except the second time."""
+        self.calls += 1
+        if self.calls == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        pwrite_all(fd, data, position)
+
+
+@pytest_twisted.ensureDeferred
+async def test_write_failure_stops_the_stream(tmp_path: Path) -> None:
+    """A failed write fails its appends and later ones; reopening recovers the stream."""
+    store = open_store(tmp_path, write_segment=FailingWrites())
+    try:
+        stream = store.create("s")
+        await stream.append([b"a"])
+        with capturedLogs() as events, pytest.raises(LogWriteError):
+            await stream.append([b"b"])
+        assert any(e.get("log_failure") is not None for e in events)
+        with pytest.raises(LogWriteError):
+            await stream.append([b"c"])
+        assert messages(stream) == [b"a"]
+    finally:
+        await store.close()
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert (await stream.append([b"d"])).first_offset == 1
+        assert messages(stream) == [b"a", b"d"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_failure_fails_appends(tmp_path: Path) -> None:
+    """A stream whose files cannot be created refuses appends."""
+    store = open_store(tmp_path)
+    try:
+        (tmp_path / "blocked").write_bytes(b"a file where the directory would go")
+        with capturedLogs() as events:
+            stream = store.create("blocked")
+            with pytest.raises(LogWriteError):
+                await stream.append([b"a"])
+        assert any(e.get("log_failure") is not None for e in events)
+    finally:
+        await store.close()
+
+
 # Fsync policies.
 
 
@@ -858,20 +929,31 @@ from gateway.core.log import FsyncPolicy, LogStore
 store = LogStore(Path(sys.argv[1]), reactor, fsync=FsyncPolicy.ALWAYS)
 store.open()
 stream = store.get("crash") or store.create("crash")
+padding = b"." * int(sys.argv[2])
+
+
+def batch(first):
+    ids = range(first, first + 5)
+    return ids, gatherResults(
+        [
+            stream.append([b"message %d " % i + padding], reference="producer", publishing_ids=[i])
+            for i in ids
+        ]
+    )
 
 
 async def produce():
+    # Four batches in flight, so that a commit is being written most of the time.
     next_id = stream.writer_sequence("producer") + 1
+    window = []
     while True:
-        ids = range(next_id, next_id + 5)
-        pending = [
-            stream.append([b"message %d" % i], reference="producer", publishing_ids=[i])
-            for i in ids
-        ]
-        for publishing_id, result in zip(ids, await gatherResults(pending)):
+        while len(window) < 4:
+            window.append(batch(next_id))
+            next_id += 5
+        ids, pending = window.pop(0)
+        for publishing_id, result in zip(ids, await pending):
             sys.stdout.write("%d %d\\n" % (publishing_id, result.first_offset))
         sys.stdout.flush()
-        next_id += 5
 
 
 reactor.callWhenRunning(lambda: Deferred.fromCoroutine(produce()))
@@ -883,7 +965,7 @@ reactor.run()
 async def test_crash_keeps_every_acknowledged_message(tmp_path: Path) -> None:
     """After SIGKILL, every message acknowledged under ALWAYS is there once, in order."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path)],
+        [sys.executable, "-c", CHILD, str(tmp_path), "2000"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

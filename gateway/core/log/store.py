@@ -100,6 +100,8 @@ def _create_stream_files(
 def _delete_stream_files(directory: Path, writer: SegmentWriter, *, sync: bool) -> None:
     """Remove a stream's directory: renamed first, so a crash cannot leave half a stream."""
     writer.close()
+    if not directory.is_dir():
+        return
     doomed = directory.with_name(directory.name + DELETING_SUFFIX)
     if doomed.exists():
         shutil.rmtree(doomed)

@@ -60,6 +60,12 @@ def _check_reference(reference: str) -> None:
         raise ValueError(f"a reference holds at most {MAX_TRACKING_ID_BYTES} UTF-8 bytes")
 
 
+def _newest_timestamp(segment: Segment) -> int:
+    """A segment's newest chunk timestamp; an empty segment (only ever the last) sorts last."""
+    newest = segment.last_timestamp
+    return _U64_MAX if newest is None else newest
+
+
 class StreamLog:
     """One stream: get it from `LogStore.create` or `LogStore.get`.
 
@@ -169,7 +175,8 @@ class StreamLog:
         """Append messages; the Deferred fires once they are committed.
 
         Every append made before the next commit starts shares its chunk (and
-        its fsync). Buffers must not change until the Deferred fires.
+        its fsync). Messages that are not ``bytes`` (views into a receive
+        buffer, say) are copied now, since the writer thread reads them later.
 
         Args:
             messages: The message bodies, in order.
@@ -190,7 +197,9 @@ class StreamLog:
             reference = None
         if (reference is None) != (publishing_ids is None):
             raise ValueError("a reference and publishing ids go together")
-        stored = list(messages)
+        stored: list[bytes | memoryview] = [
+            message if type(message) is bytes else bytes(message) for message in messages
+        ]
         if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:
             raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
         if reference is not None and publishing_ids is not None:
@@ -304,20 +313,31 @@ class StreamLog:
             self._wake_waiters()
 
     def commit_failed(self, commit: StreamCommit, reason: BaseException) -> None:
-        """Writing failed: refuse this stream until recovery, and fail what waits."""
-        if self._error is None:
+        """Writing failed: fail the commit and what waits; refuse writes until recovery.
+
+        What was committed before stays readable.
+        """
+        error = self._error
+        if error is None and not isinstance(self._refusal, LogWriteError):
             self._log.failure(
                 "Writing stream {stream} failed; it refuses appends until the store reopens",
                 Failure(reason),
                 stream=self.name,
             )
-            self.shut(LogWriteError(f"writing stream {self.name!r} failed: {reason}"))
-        assert self._error is not None
-        self._fail_appends(commit.appends, self._error)
+            error = self._refusal = LogWriteError(f"writing stream {self.name!r} failed: {reason}")
+            queued, self._queued = self._queued, []
+            self._queued_offsets.clear()
+            self._fail_appends([*commit.appends, *queued], error)
+            waiters, self._waiters = self._waiters, []
+            for _chunk_id, waiter in waiters:
+                waiter.errback(error)
+            return
+        self._fail_appends(commit.appends, error or self._refusal or LogWriteError(str(reason)))
 
     def refuse(self, error: LogError) -> None:
         """Refuse new appends and offsets with ``error``; what is queued still commits."""
-        self._refusal = error
+        if self._refusal is None:
+            self._refusal = error
 
     def shut(self, error: LogError) -> None:
         """Stop the stream (deleted, closed or broken): fail what waits, close read files."""
@@ -413,12 +433,17 @@ class StreamLog:
         return first
 
     def _seek_timestamp(self, timestamp: int) -> int:
-        """The first chunk written at or after ``timestamp``, else the next chunk id."""
-        for segment in self._segments:
-            newest = segment.last_timestamp
-            if newest is not None and newest >= timestamp:
-                return segment.chunk_ids[bisect_left(segment.timestamps, timestamp)]
-        return self._next_id
+        """The first chunk written at or after ``timestamp``, else the next chunk id.
+
+        Chunk timestamps never decrease (a commit takes the later of the clock
+        and the previous commit's time), so both searches bisect.
+        """
+        segments = self._segments
+        number = bisect_left(segments, timestamp, key=_newest_timestamp)
+        if number == len(segments) or not len(segments[number]):
+            return self._next_id
+        segment = segments[number]
+        return segment.chunk_ids[bisect_left(segment.timestamps, timestamp)]
 
     def read_chunks(self, chunk_id: int, max_chunks: int, max_bytes: int) -> list[StoredChunk]:
         """Read committed user chunks from ``chunk_id`` on; tracking chunks are skipped.
@@ -519,10 +544,13 @@ class StreamLog:
         Cancelling the Deferred stops waiting. Fails with the stream's error
         if it is deleted, broken or closed first.
         """
-        if self._error is not None:
-            return fail(self._error)
         if self._committed_chunk_id >= chunk_id:
             return succeed(None)
+        error = self._error
+        if error is None and isinstance(self._refusal, LogWriteError):
+            error = self._refusal
+        if error is not None:
+            return fail(error)
 
         def cancel(waiter: Deferred[None]) -> None:
             self._waiters = [entry for entry in self._waiters if entry[1] is not waiter]

@@ -1,8 +1,8 @@
 """The group commit: many appends, one chunk per stream, one write, one fsync.
 
 An append queues on its stream and asks for a commit. The commit starts on
-the next reactor turn (``callLater(0)``), or as soon as the one being written
-finishes, so every append of a turn, and every append made while the
+the next reactor turn (``callLater(0)``), or on the turn after the one being
+written finishes, so every append of a turn, and every append made while the
 previous commit was on its way to the disk, shares a commit. Each stream in
 it gets its chunks planned on the reactor thread, and the writer thread
 (a one-thread pool) encodes them, writes each stream's chunks with one write,
@@ -238,7 +238,9 @@ class GroupCommitter:
                 self._stats.synced_appends += len(commit.appends)
             stream.commit_done(commit)
         if self._pending or self._sync_due:
-            self._commit()
+            # On the next turn, not here: appends made by the callbacks above
+            # (and anything else this turn) join it, and the stack stays flat.
+            self._schedule()
         elif self._idle():
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
