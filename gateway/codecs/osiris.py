@@ -278,7 +278,7 @@ def encode_entries(messages: Sequence[bytes | memoryview]) -> bytes:
     count = len(messages)
     if not count:
         return b""
-    lengths = [len(message) for message in messages]
+    lengths = list(map(len, messages))
     if max(lengths) > MAX_ENTRY_BYTES:
         raise OsirisLocalError(f"an entry holds at most {MAX_ENTRY_BYTES} bytes")
     parts: list[bytes | memoryview] = [b""] * (2 * count)
@@ -433,7 +433,7 @@ def encode_sub_batch(
     """
     if len(records) > MAX_ENTRIES_PER_CHUNK:
         raise OsirisLocalError(f"a sub-batch holds at most {MAX_ENTRIES_PER_CHUNK} records")
-    lengths = [len(record) for record in records]
+    lengths = list(map(len, records))
     if lengths and max(lengths) > _U32_MAX:
         raise OsirisLocalError("a sub-batch record holds at most 4 GiB")
     parts: list[bytes | memoryview] = [b""] * (2 * len(records))
