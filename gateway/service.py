@@ -40,15 +40,24 @@ from gateway.config import (
     load_default_config,
     reload_routes,
 )
+from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
+from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
-from gateway.core.router import Router, RouteTable, bind_routes
+from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.qmqp.client import QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.ssmp.client import SSMPUpstream
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.server import SSMPServerFactory
+from gateway.protocols.stream.bridge import (
+    StreamDestination,
+    StreamRouteFeeds,
+    dead_letter_writer,
+)
+from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.server import StreamServerFactory
 
 __all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
 
@@ -146,11 +155,45 @@ class GatewayService(MultiService):
         self.router = router
         self.endpoints: dict[str, _Endpoint] = {}
         self.admin: ListenerService | None = None
+        self.store: LogStore | None = None
+        self.durable: DurableRoutes | None = None
+        self.feeds: list[StreamRouteFeeds] = []
 
     def startService(self) -> None:
-        """Start everything; log one ``ready`` line once every listener listens."""
+        """Recover the log, bind routes, start everything, then forward from the log.
+
+        One ``ready`` line is logged once every listener listens.
+        """
+        if self.store is not None:
+            self.store.open()  # recovery: before anything listens or is delivered
+        self.router.replace_table(self._bind(self.config.routes))
         super().startService()
+        if self.durable is not None:
+            self.durable.start()
+        for feed in self.feeds:
+            feed.start()
         self.when_listening().addCallbacks(self._ready, self._failed)
+
+    def stopService(self) -> Deferred[None] | None:
+        """Stop forwarding, then everything else, then close the log."""
+        for feed in self.feeds:
+            feed.stop()
+        if self.durable is not None:
+            self.durable.stop()
+        stopped: Deferred[Any] | None = super().stopService()
+        store = self.store
+        if store is None:
+            return stopped
+        if stopped is None:
+            return store.close()
+        return stopped.addCallback(lambda _: store.close())
+
+    def _bind(self, routes: tuple[Route, ...]) -> RouteTable:
+        durable = self.durable.delivery if self.durable is not None else None
+        table = bind_routes(routes, self._destinations(), durable)
+        if self.durable is not None:
+            self.durable.retire({route.name for route in routes if route.durable})
+        return table
 
     def listeners(self) -> dict[str, ListenerService]:
         """Every listener service (admin included), by name."""
@@ -198,11 +241,18 @@ class GatewayService(MultiService):
         """
         try:
             routes = reload_routes(self.config)
-            table = bind_routes(routes, self._destinations())
+            if self.durable is None and any(route.durable for route in routes):
+                raise ValueError(
+                    "durable routes need the embedded log, which this gateway did not open"
+                    " (it opens it when started with a durable route or a stream listener)"
+                )
+            table = self._bind(routes)
         except (ConfigError, ValueError) as exc:
             self._log.error("reload refused, keeping the old routes:\n{problems}", problems=exc)
             return False
         self.router.replace_table(table)
+        for feed in self.feeds:
+            feed.refresh()
         self._log.info("reload: {count} route(s) in effect", count=len(routes))
         return True
 
@@ -281,6 +331,40 @@ def _qmqp_upstream(
     return upstream.service, upstream, lambda: upstream.connected
 
 
+def _stream_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    store = gateway.store
+    assert store is not None  # made by build_gateway when a stream listener exists
+    factory = StreamServerFactory(
+        name=config.name,
+        settings=config.settings,
+        store=store,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    feeds = StreamRouteFeeds(config.name, store, gateway.router, gateway.reactor)
+    factory.on_stream_created.append(feeds.stream_created)
+    gateway.feeds.append(feeds)
+    return factory, StreamDestination(config.name, store)
+
+
+def _log_store(config: GatewayConfig, reactor: Any) -> LogStore:
+    settings = config.log
+    return LogStore(
+        config.data_dir / "log",
+        reactor,
+        fsync=FsyncPolicy[settings.fsync.upper()],
+        fsync_interval_seconds=settings.fsync_interval_seconds,
+        default_retention=Retention(
+            max_bytes=settings.max_bytes,
+            max_age_seconds=settings.max_age_seconds,
+            max_segment_bytes=settings.segment_bytes,
+        ),
+    )
+
+
 @implementer(IDestination)
 class _NoDelivery:
     """The destination of a listener that cannot be delivered to."""
@@ -298,7 +382,7 @@ class _NoDelivery:
 
 _LISTENERS: dict[
     str, Callable[[GatewayService, ListenerConfig], tuple[IProtocolFactory, IDestination]]
-] = {"ssmp": _ssmp_listener, "qmqp": _qmqp_listener}
+] = {"ssmp": _ssmp_listener, "qmqp": _qmqp_listener, "stream": _stream_listener}
 _UPSTREAMS: dict[
     str,
     Callable[[GatewayService, UpstreamConfig], tuple[IService, IDestination, Callable[[], bool]]],
@@ -315,6 +399,20 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
     metrics = GatewayMetrics()
     router = Router(RouteTable(), reactor, metrics)
     gateway = GatewayService(config, reactor, metrics, router)
+    needs_log = any(route.durable for route in config.routes) or any(
+        listener.protocol == "stream" for listener in config.listeners
+    )
+    if needs_log:
+        store = gateway.store = _log_store(config, reactor)
+        gateway.durable = DurableRoutes(
+            store,
+            reactor,
+            encode=entry_from_message,
+            decode=lambda entry, offset, timestamp: message_from_entry(
+                entry, stream="", timestamp=timestamp, offset=offset, address_from_to=True
+            ),
+            dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
+        )
     for listener in config.listeners:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         service = ListenerService(
@@ -330,7 +428,6 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         gateway.endpoints[upstream.name] = _Endpoint(
             upstream.name, destination, client, healthy, upstream=True
         )
-    router.replace_table(bind_routes(config.routes, gateway._destinations()))
     if config.admin.endpoint is not None:
         site = make_admin_site(
             metrics=metrics, router=router, health=gateway.health, reactor=reactor

@@ -1,0 +1,191 @@
+"""Routes into and out of the local streams of a stream listener.
+
+Into: `StreamDestination` is a stream listener's route destination. The
+destination address is a stream name; the message is stored as an AMQP 1.0
+message (`gateway.protocols.stream.mapping`), so stream clients read body
+and headers natively, and the outcome is accepted once the log committed it.
+A stream that does not exist yet is created.
+
+Out of: `StreamRouteFeeds` runs one `LogForwarder` per local stream that a
+route from the listener takes, so that what clients publish is routed on
+(to SSMP, QMQP...) after it is committed, at least once, from a stored
+offset, surviving restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.core.forwarder import LogForwarder
+from gateway.core.interfaces import IDestination
+from gateway.core.log import LogError, LogStore, StreamLog
+from gateway.core.message import Message, Outcome
+from gateway.core.router import Router, Unrouted
+from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+
+__all__ = ["StreamDestination", "StreamRouteFeeds", "dead_letter_writer", "decode_entry"]
+
+FEED_REFERENCE_PREFIX: Final = "msggateway.routes."
+
+
+def decode_entry(stream: str) -> Callable[[bytes, int, float], Message]:
+    """A forwarder's entry decoder for messages published to ``stream``."""
+
+    def decode(entry: bytes, offset: int, timestamp: float) -> Message:
+        return message_from_entry(entry, stream=stream, timestamp=timestamp, offset=offset)
+
+    return decode
+
+
+def dead_letter_writer(
+    store: LogStore, name: str, route: str
+) -> Callable[[Message, Outcome], Deferred[object]]:
+    """Write messages that keep being rejected to the dead-letter stream ``name``."""
+
+    def write(message: Message, outcome: Outcome) -> Deferred[object]:
+        stream = store.get(name) or store.create(name)
+        headers = dict(message.headers)
+        headers["x-gateway-dead-letter-route"] = route
+        headers["x-gateway-dead-letter-reason"] = outcome.reason
+        stored = Message(
+            body=message.body,
+            address=message.address,
+            id=message.id,
+            sender=message.sender,
+            recipients=message.recipients,
+            headers=headers,
+            timestamp=message.timestamp,
+        )
+        appended: Deferred[object] = stream.append([entry_from_message(stored)])  # type: ignore[assignment]
+        return appended
+
+    return write
+
+
+@implementer(IDestination)
+class StreamDestination:
+    """Deliver routed messages into local streams (accepted once committed).
+
+    Args:
+        name: The stream listener's name.
+        store: The embedded log.
+    """
+
+    _log = Logger()
+
+    def __init__(self, name: str, store: LogStore) -> None:
+        self.name = name
+        self._store = store
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Append the message to the stream named by its address."""
+        stream = self._store.get(message.address)
+        if stream is None:
+            try:
+                stream = self._store.create(message.address)
+            except (LogError, ValueError) as exc:
+                return succeed(Outcome.rejected(f"cannot create stream {message.address!r}: {exc}"))
+            self._log.info(
+                "{listener}: created stream {stream} for a route",
+                listener=self.name,
+                stream=message.address,
+            )
+        appended = stream.append([entry_from_message(message)])
+        return appended.addCallbacks(lambda _: Outcome.accepted(), self._failed)
+
+    def _failed(self, failure: Failure) -> Outcome:
+        if not failure.check(LogError):
+            self._log.failure("{listener}: append failed", failure, listener=self.name)
+        return Outcome.retry(f"stream listener {self.name}: {failure.getErrorMessage()}")
+
+
+class StreamRouteFeeds:
+    """Route what is published to a listener's streams, from the log.
+
+    One forwarder per stream that a route from the listener takes (checked
+    at start, when streams are created, and on reload), each with its own
+    stored offset.
+
+    Args:
+        listener: The stream listener's name (the routes' source).
+        store: The embedded log.
+        router: Where messages go.
+        clock: For retries.
+        dead_letter: The dead-letter stream name.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        listener: str,
+        store: LogStore,
+        router: Router,
+        clock: IReactorTime,
+        dead_letter: str = "msggateway.dead-letter",
+    ) -> None:
+        self.listener = listener
+        self._store = store
+        self._router = router
+        self._clock = clock
+        self._dead_letter = dead_letter
+        self.forwarders: dict[str, LogForwarder] = {}
+        self._running = False
+
+    def _routed(self, stream: str) -> bool:
+        return bool(self._router.table.match(self.listener, stream))
+
+    def _deliver(self, message: Message) -> Deferred[Outcome]:
+        result = self._router.dispatch(self.listener, message)
+        if isinstance(result, Unrouted):
+            return succeed(Outcome.rejected(f"no route for {', '.join(result.addresses)} any more"))
+        return result
+
+    def refresh(self) -> None:
+        """Start forwarders for routed streams, stop those no route takes (after a reload)."""
+        if not self._running:
+            return
+        for name in self._store.names():
+            stream = self._store.get(name)
+            if stream is None or name.startswith("msggateway."):
+                continue  # the gateway's own streams are not routed from here
+            if self._routed(name) and name not in self.forwarders:
+                self._start(stream)
+        for name in list(self.forwarders):
+            if not self._routed(name) or self._store.get(name) is None:
+                self.forwarders.pop(name).stop()
+
+    def _start(self, stream: StreamLog) -> None:
+        forwarder = LogForwarder(
+            reference=FEED_REFERENCE_PREFIX + self.listener,
+            stream=stream,
+            deliver=self._deliver,
+            to_message=decode_entry(stream.name),
+            dead_letter=dead_letter_writer(self._store, self._dead_letter, self.listener),
+            clock=self._clock,
+        )
+        self.forwarders[stream.name] = forwarder
+        forwarder.start()
+
+    def stream_created(self, name: str) -> None:
+        """A client created a stream: route it if a route takes it."""
+        self.refresh()
+
+    def start(self) -> None:
+        """Start forwarding."""
+        self._running = True
+        self.refresh()
+
+    def stop(self) -> None:
+        """Stop forwarding; stored offsets let the next start resume."""
+        self._running = False
+        for forwarder in self.forwarders.values():
+            forwarder.stop()
+        self.forwarders.clear()

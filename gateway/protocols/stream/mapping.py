@@ -1,0 +1,347 @@
+"""Stream entries to and from the canonical `Message`: pure functions.
+
+A stream stores whatever bytes a publisher sent: an AMQP 1.0 message (Java,
+.NET and Go clients, rstream's ``AMQPMessage``, RabbitMQ's own AMQP to
+stream conversion) or raw bytes (rstream's ``Producer.send(b"...")``). See
+docs/stream-protocol-notes.md, section 12, and `gateway.codecs.amqp`.
+
+Entry to message (`message_from_entry`):
+
+=========================== ===================================================
+Message field               taken from
+=========================== ===================================================
+``address``                 the stream's name: the stream is where the
+                            message is now; with ``address_from_to`` (entries
+                            of the gateway's own durable-route streams), the
+                            properties' ``to`` when it is set
+``body``                    data sections, joined; an amqp-value string as
+                            UTF-8, an amqp-value binary as is, any other
+                            amqp-value (or amqp-sequence sections, joined) as
+                            its AMQP encoding; no body section: empty
+``id``                      properties.message-id: a string as is, a ulong in
+                            decimal, a uuid in its canonical form, a binary
+                            as UTF-8 (undecodable bytes as surrogate escapes);
+                            without one ``<stream>:<offset>`` when the offset
+                            is known, so that a redelivered entry keeps its
+                            id, else a fresh id
+``sender``                  application property ``x-gateway-sender``
+``recipients``              application property ``x-gateway-recipients``:
+                            comma-separated, each with ``%`` and ``,``
+                            escaped as ``%25`` and ``%2C``
+``timestamp``               application property ``x-gateway-timestamp``
+                            (seconds, a double; an AMQP timestamp counts as
+                            milliseconds), else the entry's (chunk) timestamp
+``headers``                 the other application properties: strings,
+                            binaries, booleans, integers and floats as they
+                            are (AMQP's typed variants as the plain Python
+                            type: a timestamp as its milliseconds, a symbol
+                            as a string), a null dropped, anything else (a
+                            uuid, a described value) as its text
+=========================== ===================================================
+
+An entry that does not start like an AMQP message
+(`gateway.codecs.amqp.looks_like_amqp`), or that starts like one but does
+not decode, is raw: its bytes are the body, with no headers, the id as
+above and the entry's timestamp. Header, annotations, footer and the other
+properties are not carried into the message.
+
+Message to entry (`entry_from_message`) writes an AMQP message that any
+stream client reads natively:
+
+- properties: message-id = ``id`` (a string; a binary when the id holds
+  surrogate escapes, as ids decoded from bytes do), to = ``address`` (AMQP's
+  field for the address a message is bound for), creation-time =
+  ``timestamp`` in milliseconds when it is set (not 0);
+- application properties: the headers, then ``x-gateway-sender`` when
+  there is a sender, ``x-gateway-recipients`` when there are recipients and
+  ``x-gateway-timestamp`` when the timestamp is set; headers with these
+  three names are replaced by the message's own fields;
+- one data section with the body, even when it is empty.
+
+The way back restores body, id, sender, recipients, headers and timestamp
+exactly (the timestamp travels as a double, so no precision is lost; an
+unset timestamp, 0, comes back as the entry's own).
+`entry_from_message` never fails: what AMQP cannot carry is adapted (an
+integer outside the 64-bit ranges becomes its decimal text; a string that
+is not valid Unicode, with lone surrogates, becomes its surrogate-escaped
+UTF-8 bytes, or, as a key or address, has them replaced by ``?``).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from typing import Final
+
+from gateway.codecs.amqp import (
+    AMQPDecodeError,
+    AMQPMessage,
+    AMQPSequence,
+    AMQPValue,
+    Body,
+    Properties,
+    Timestamp,
+    Value,
+    decode_message,
+    encode_message,
+    encode_value,
+    looks_like_amqp,
+)
+from gateway.core.message import HeaderValue, Message, new_message_id
+
+__all__ = [
+    "RECIPIENTS_HEADER",
+    "SENDER_HEADER",
+    "TIMESTAMP_HEADER",
+    "entry_from_message",
+    "message_from_entry",
+]
+
+SENDER_HEADER: Final = "x-gateway-sender"
+"""The application property that carries `Message.sender`."""
+
+RECIPIENTS_HEADER: Final = "x-gateway-recipients"
+"""The application property that carries `Message.recipients`, comma-separated."""
+
+TIMESTAMP_HEADER: Final = "x-gateway-timestamp"
+"""The application property that carries `Message.timestamp`, in seconds."""
+
+_RESERVED: Final = frozenset({SENDER_HEADER, RECIPIENTS_HEADER, TIMESTAMP_HEADER})
+_ESCAPES: Final = {"%": "%25", ",": "%2C"}
+_ESCAPED: Final = re.compile(r"[%,]")
+_UNESCAPED: Final = re.compile(r"%(25|2C)", re.IGNORECASE)
+_LONG_MIN: Final = -(2**63)
+_ULONG_MAX: Final = 2**64 - 1
+
+
+# --- entry to message ---------------------------------------------------------------
+
+
+def message_from_entry(
+    entry: bytes | memoryview,
+    *,
+    stream: str,
+    timestamp: float,
+    offset: int | None = None,
+    address_from_to: bool = False,
+) -> Message:
+    """Map a stream entry to a message bound for the stream's name.
+
+    Args:
+        entry: The entry's bytes: an AMQP 1.0 message or raw bytes.
+        stream: The stream's name, the message's address.
+        timestamp: When the entry was stored (its chunk's timestamp), in
+            seconds; the message's timestamp unless the entry carries one.
+        offset: The entry's offset, if known: the id of an entry without
+            a message-id is ``<stream>:<offset>``.
+        address_from_to: Take the address from the properties' ``to``, when
+            set, instead of the stream's name: for streams that keep
+            messages bound elsewhere (durable routes), written by
+            `entry_from_message`.
+
+    Returns:
+        The message (see the module docstring for the mapping).
+    """
+    if looks_like_amqp(entry):
+        try:
+            decoded = decode_message(entry)
+        except AMQPDecodeError:
+            pass  # raw bytes that happen to start like a section
+        else:
+            address = stream
+            if address_from_to and decoded.properties is not None:
+                to = decoded.properties.to
+                address = stream if to is None else to
+            return _from_amqp(decoded, address, timestamp, _fallback_id(stream, offset))
+    return Message(
+        body=bytes(entry),
+        address=stream,
+        id=_fallback_id(stream, offset),
+        timestamp=timestamp,
+    )
+
+
+def _fallback_id(stream: str, offset: int | None) -> str:
+    return new_message_id() if offset is None else f"{stream}:{offset}"
+
+
+def _from_amqp(decoded: AMQPMessage, address: str, timestamp: float, fallback_id: str) -> Message:
+    message_id = decoded.properties.message_id if decoded.properties is not None else None
+    headers: dict[str, HeaderValue] = {}
+    sender: str | None = None
+    recipients: tuple[str, ...] = ()
+    for key, value in (decoded.application_properties or {}).items():
+        if key in _RESERVED:
+            if key == SENDER_HEADER:
+                sender = _text(value)
+            elif key == RECIPIENTS_HEADER:
+                recipients = _split_recipients(_text(value))
+            else:
+                timestamp = _seconds(value, timestamp)
+        elif value is not None:
+            headers[key] = _header_value(value)
+    return Message(
+        body=_body_bytes(decoded.body),
+        address=address,
+        id=fallback_id if message_id is None else _text(message_id),
+        sender=sender,
+        recipients=recipients,
+        headers=headers,
+        timestamp=timestamp,
+    )
+
+
+def _text(value: Value) -> str:
+    """A value as text: strings as is, binaries decoded losslessly, the rest as text."""
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def _split_recipients(joined: str) -> tuple[str, ...]:
+    if "%" not in joined:
+        return tuple(joined.split(","))
+    return tuple(
+        _UNESCAPED.sub(lambda match: "%" if match[1] == "25" else ",", item)
+        for item in joined.split(",")
+    )
+
+
+def _seconds(value: Value, default: float) -> float:
+    if isinstance(value, Timestamp):
+        return value / 1000
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default  # not a time: the entry's own timestamp stands
+
+
+def _header_value(value: Value) -> HeaderValue:
+    """Map an application property value to a header value (plain Python types)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, bytes):
+        return bytes(value)
+    return str(value)
+
+
+def _body_bytes(body: Body) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if body is None:
+        return b""
+    if isinstance(body, AMQPValue):
+        value = body.value
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        if type(value) is bytes:
+            return value
+        return encode_value(value)
+    if isinstance(body, AMQPSequence):
+        return b"".join(encode_value(section) for section in body.sections)
+    raise AssertionError(f"unknown body {body!r}")  # pragma: no cover - Body is exhaustive
+
+
+# --- message to entry ---------------------------------------------------------------
+
+
+def entry_from_message(message: Message) -> bytes:
+    """Map a message to the AMQP 1.0 entry a stream stores.
+
+    Returns:
+        The entry's bytes (see the module docstring for the mapping).
+    """
+    properties = Properties(
+        message_id=_wire_text(message.id),
+        to=_valid_text(message.address),
+        creation_time=_milliseconds(message.timestamp),
+    )
+    application_properties: dict[str, Value] = {}
+    for key, value in message.headers.items():
+        if key not in _RESERVED:
+            application_properties[_valid_text(key)] = _wire_value(value)
+    if message.sender is not None:
+        application_properties[SENDER_HEADER] = _wire_text(message.sender)
+    if message.recipients:
+        application_properties[RECIPIENTS_HEADER] = _wire_text(_join(message.recipients))
+    if message.timestamp:
+        application_properties[TIMESTAMP_HEADER] = float(message.timestamp)
+    return encode_message(
+        AMQPMessage(
+            properties=properties,
+            application_properties=application_properties or None,
+            body=message.body,
+        )
+    )
+
+
+def _join(recipients: Iterable[str]) -> str:
+    return ",".join(
+        _ESCAPED.sub(lambda match: _ESCAPES[match[0]], item) if "%" in item or "," in item else item
+        for item in recipients
+    )
+
+
+def _milliseconds(seconds: float) -> int | None:
+    """A timestamp in whole milliseconds for creation-time, if it is set and fits."""
+    milliseconds = seconds * 1000
+    if not milliseconds or not _LONG_MIN <= milliseconds < -_LONG_MIN:  # NaN fails too
+        return None
+    return round(milliseconds)
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _wire_text(text: str) -> str | bytes:
+    """Text as an AMQP string, or as its escaped bytes when it is not valid Unicode.
+
+    Strings decoded from bytes with ``surrogateescape`` (QMQP ids and
+    envelopes) go as binaries and decode back to the same string.
+    """
+    if _encodable(text):
+        return text
+    return text.encode("utf-8", "surrogateescape" if _escapable(text) else "surrogatepass")
+
+
+def _escapable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _valid_text(text: str) -> str:
+    """Text that must stay a string (keys, subject): lone surrogates become ``?``."""
+    return text if _encodable(text) else text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _wire_value(value: object) -> Value:
+    """A header value as AMQP can carry it (see the module docstring)."""
+    if isinstance(value, bool | float):
+        return value
+    if isinstance(value, str):
+        return _wire_text(value)
+    if isinstance(value, int):
+        return value if _LONG_MIN <= value <= _ULONG_MAX else str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, uuid.UUID):
+        return value
+    return _valid_text(str(value))

@@ -1,0 +1,936 @@
+"""The RabbitMQ Stream protocol server role, over the embedded log.
+
+A thin adapter over `gateway.codecs.stream`: the connection handshake (peer
+properties, SASL PLAIN or ANONYMOUS, tune, open), stream management (create,
+delete, metadata, stats), publishers (declare, publish answered by
+PublishConfirm once the log committed the chunk, deduplication by publisher
+reference, query publisher sequence), consumers (subscribe from any offset
+specification, chunks delivered as stored under credit, store and query
+offset), heartbeats and close. See docs/stream-protocol-notes.md for the
+byte-level details it follows, including the quirks clients rely on.
+
+Flow control: the listener stops reading from a connection with more than
+``max_unconfirmed`` published messages awaiting their commit, or whose
+client does not read what it is sent; deliveries stop while the client is
+slow and resume when it catches up.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Sequence
+from typing import Any, Final, cast
+
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway import __version__
+from gateway.codecs import stream as sp
+from gateway.core.auth import Secrets
+from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.stream.settings import StreamListenerSettings
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["StreamServerFactory", "StreamServerProtocol"]
+
+PRE_OPEN_FRAME_MAX: Final = 8192
+"""Frames before Open may not be larger (the reference server's ceiling)."""
+MAX_PUBLISHERS: Final = 256
+MAX_SUBSCRIPTIONS: Final = 256
+MAX_REFERENCE_BYTES: Final = 255
+DELIVER_MAX_BYTES: Final = 4 * 1024 * 1024
+"""Chunk bytes read for one subscription in one go."""
+RESUME_FRACTION: Final = 0.25
+CLOSE_WAIT_SECONDS: Final = 10.0
+
+OK: Final = 1
+STREAM_DOES_NOT_EXIST: Final = 2
+SUBSCRIPTION_ID_ALREADY_EXISTS: Final = 3
+SUBSCRIPTION_ID_DOES_NOT_EXIST: Final = 4
+STREAM_ALREADY_EXISTS: Final = 5
+SASL_MECHANISM_NOT_SUPPORTED: Final = 7
+AUTHENTICATION_FAILURE: Final = 8
+SASL_ERROR: Final = 9
+AUTHENTICATION_FAILURE_LOOPBACK: Final = 11
+VIRTUAL_HOST_ACCESS_FAILURE: Final = 12
+UNKNOWN_FRAME: Final = 13
+PRECONDITION_FAILED: Final = 17
+PUBLISHER_DOES_NOT_EXIST: Final = 18
+NO_OFFSET: Final = 19
+
+# The server's command versions, in the reference server's order (rstream
+# looks the publish entry up by position).
+COMMAND_VERSIONS: Final = (
+    (1, 1, 1), (2, 1, 2), (5, 1, 1), (6, 1, 1), (7, 1, 1), (9, 1, 1), (10, 1, 1),
+    (11, 1, 1), (12, 1, 1), (13, 1, 1), (14, 1, 1), (15, 1, 1), (22, 1, 1), (23, 1, 1),
+    (24, 1, 1), (25, 1, 1), (28, 1, 1), (29, 1, 1), (30, 1, 1), (31, 1, 1),
+)  # fmt: skip
+
+
+def parse_retention(arguments: dict[str, str], default: Retention) -> Retention:
+    """Map Create arguments (``max-length-bytes``, ``max-age``...) to a retention.
+
+    Raises:
+        ValueError: An argument that cannot be understood (code 17).
+    """
+    max_bytes = default.max_bytes
+    max_age = default.max_age_seconds
+    segment = default.max_segment_bytes
+    if "max-length-bytes" in arguments:
+        max_bytes = int(arguments["max-length-bytes"])
+    if "max-age" in arguments:
+        max_age = parse_age(arguments["max-age"])
+    if "stream-max-segment-size-bytes" in arguments:
+        segment = int(arguments["stream-max-segment-size-bytes"])
+    for value in (max_bytes, max_age, segment):
+        if value is not None and value <= 0:
+            raise ValueError("retention values must be positive")
+    return Retention(max_bytes=max_bytes, max_age_seconds=max_age, max_segment_bytes=segment)
+
+
+_AGE_UNITS: Final = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_age(text: str) -> float:
+    """Parse a RabbitMQ max-age such as ``7D``, ``12h``, ``30s``.
+
+    Raises:
+        ValueError: Not a number followed by one of Y M D h m s.
+    """
+    if len(text) < 2 or text[-1] not in _AGE_UNITS or not text[:-1].isdigit():
+        raise ValueError(f"max-age {text!r} is not like 7D, 12h or 30s")
+    return int(text[:-1]) * _AGE_UNITS[text[-1]]
+
+
+def _is_loopback(address: IAddress) -> bool:
+    host = getattr(address, "host", None)
+    if host is None:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Publisher:
+    __slots__ = ("id", "reference", "stream")
+
+    def __init__(self, publisher_id: int, stream: StreamLog, reference: str | None) -> None:
+        self.id = publisher_id
+        self.stream = stream
+        self.reference = reference
+
+
+class _Subscription:
+    __slots__ = ("credit", "id", "next_chunk", "stream", "waiting")
+
+    def __init__(self, subscription_id: int, stream: StreamLog, next_chunk: int, credit: int):
+        self.id = subscription_id
+        self.stream = stream
+        self.next_chunk = next_chunk
+        self.credit = credit
+        self.waiting: Any = None
+
+
+@implementer(IPushProducer)
+class StreamServerProtocol(Protocol):
+    """One client of a stream listener."""
+
+    _log = Logger()
+
+    def __init__(self, factory: StreamServerFactory) -> None:
+        self.factory = factory
+        self._codec = sp.StreamCodec(sp.Role.SERVER, frame_max=PRE_OPEN_FRAME_MAX)
+        self._state = "connected"
+        self.identity: str | None = None
+        self._publishers: dict[int, _Publisher] = {}
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._unconfirmed = 0
+        self._out: list[bytes] = []
+        self._in_batch = False
+        self._closing = False
+        self._reading_paused = False
+        self._congested = False
+        self._heartbeat = 0
+        self._frame_max = factory.settings.frame_max
+        self._sent_since = False
+        self._heard_since = False
+        self._silent_checks = 0
+        self._timers: list[IDelayedCall] = []
+        self._close_timer: IDelayedCall | None = None
+
+    # --- connection life ------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Register as the transport's producer."""
+        disable_nagle(self.transport)
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self.factory.connection_opened(self)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Forget publishers and subscriptions; stop timers."""
+        self._closing = True
+        for timer in [*self._timers, self._close_timer]:
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timers.clear()
+        for subscription in self._subscriptions.values():
+            self._stop_waiting(subscription)
+        self._subscriptions.clear()
+        self._publishers.clear()
+        self._out.clear()
+        self.factory.connection_closed(self)
+
+    def _close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._flush()
+        assert self.transport is not None
+        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
+        self.transport.loseConnection()
+
+    def _server_close(self, code: int, reason: str) -> None:
+        """Ask the client to close (after Open), and close anyway after a while."""
+        if self._state != "open":
+            self._close()
+            return
+        self._state = "closing"
+        self._send(sp.Close(correlation_id=1, code=code, reason=reason))
+        self._flush()
+        self._close_timer = self.factory.clock.callLater(CLOSE_WAIT_SECONDS, self._close)
+
+    # --- output ------------------------------------------------------------------------
+
+    def _send(self, event: sp.Event) -> None:
+        self._out.append(self._codec.send(event))
+        if not self._in_batch:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._out or self.transport is None:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self.factory.traffic.bytes_out += len(data)
+        self._sent_since = True
+        self.transport.write(data)
+
+    # --- IPushProducer -------------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The client does not keep up: stop delivering and reading."""
+        self._congested = True
+        self._pause_reading()
+
+    def resumeProducing(self) -> None:
+        """The client caught up."""
+        self._congested = False
+        self._maybe_resume_reading()
+        for subscription in list(self._subscriptions.values()):
+            self._deliver(subscription)
+
+    def stopProducing(self) -> None:
+        """The transport is going away."""
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _maybe_resume_reading(self) -> None:
+        limit = self.factory.settings.max_unconfirmed
+        if (
+            self._reading_paused
+            and not self._congested
+            and not self._closing
+            and self._unconfirmed <= limit * RESUME_FRACTION
+            and self.transport is not None
+        ):
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # --- input -----------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode frames and handle each, then write what they produced."""
+        if self._closing:
+            return
+        self._heard_since = True
+        self.factory.traffic.bytes_in += len(data)
+        error: sp.StreamError | None = None
+        try:
+            events = self._codec.receive_data(data)
+        except sp.StreamError as exc:
+            error = exc
+            events = cast(list[sp.Event], exc.events)
+        self._in_batch = True
+        try:
+            for event in events:
+                handler = _HANDLERS.get(type(event))
+                if handler is None or (self._state == "closing" and not _CLOSING_OK(event)):
+                    continue
+                handler(self, event)
+                if self._closing:
+                    return
+        finally:
+            self._in_batch = False
+        if error is not None:
+            self.factory.count_error(error.kind)
+            self._log.warn(
+                "{listener}: bad frame: {reason}", listener=self.factory.name, reason=error.reason
+            )
+            self._server_close(error.code or UNKNOWN_FRAME, error.reason)
+        self._flush()
+
+    def _require_open(self, event: sp.Event) -> bool:
+        if self._state == "open":
+            return True
+        # Before Open only the handshake is allowed: close without a word.
+        self.factory.count_error("not-open")
+        self._close()
+        return False
+
+    # --- handshake ----------------------------------------------------------------------------
+
+    def _on_peer_properties(self, event: sp.PeerProperties) -> None:
+        self._send(
+            sp.PeerPropertiesResponse(
+                correlation_id=event.correlation_id,
+                code=OK,
+                properties={
+                    "product": "msggateway",
+                    "version": __version__,
+                    "platform": "Python/Twisted",
+                    "copyright": "msggateway developers",
+                    "information": "msggateway stream listener over its embedded log",
+                    "cluster_name": self.factory.name,
+                },
+            )
+        )
+
+    def _mechanisms(self) -> list[str]:
+        mechanisms = ["PLAIN"]
+        if self.factory.settings.anonymous:
+            mechanisms.append("ANONYMOUS")
+        return mechanisms
+
+    def _on_sasl_handshake(self, event: sp.SaslHandshake) -> None:
+        self._send(
+            sp.SaslHandshakeResponse(
+                correlation_id=event.correlation_id, code=OK, mechanisms=tuple(self._mechanisms())
+            )
+        )
+
+    def _on_sasl_authenticate(self, event: sp.SaslAuthenticate) -> None:
+        code = self._authenticate(event.mechanism, event.data or b"")
+        self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=code))
+        if code != OK:
+            self.factory.count_error("unauthorized")
+            self._flush()
+            self._close()
+            return
+        self._state = "tuning"
+        settings = self.factory.settings
+        self._send(sp.Tune(frame_max=settings.frame_max, heartbeat=settings.heartbeat_seconds))
+
+    def _authenticate(self, mechanism: str, data: bytes) -> int:
+        settings = self.factory.settings
+        if mechanism == "ANONYMOUS" and settings.anonymous:
+            self.identity = "anonymous"
+            return OK
+        if mechanism != "PLAIN":
+            return SASL_MECHANISM_NOT_SUPPORTED
+        parts = data.split(b"\0")
+        if len(parts) != 3:
+            return SASL_ERROR
+        username = parts[1].decode("utf-8", "replace")
+        password = parts[2]
+        if username == "guest" and password == b"guest" and settings.guest:
+            assert self.transport is not None
+            if not _is_loopback(self.transport.getPeer()):
+                return AUTHENTICATION_FAILURE_LOOPBACK
+            self.identity = username
+            return OK
+        if self.factory.secrets.verify(username, password):
+            self.identity = username
+            return OK
+        self._log.info(
+            "{listener}: authentication of {user} refused",
+            listener=self.factory.name,
+            user=username,
+        )
+        return AUTHENTICATION_FAILURE
+
+    def _on_tune(self, event: sp.Tune) -> None:
+        server = self.factory.settings.frame_max
+        client = event.frame_max
+        self._frame_max = min(server, client) if server and client else (server or client)
+        self._heartbeat = event.heartbeat
+        if self._heartbeat:
+            clock = self.factory.clock
+            self._timers.append(clock.callLater(self._heartbeat / 2, self._heartbeat_send))
+            self._timers.append(clock.callLater(self._heartbeat, self._heartbeat_check))
+
+    def _on_open(self, event: sp.Open) -> None:
+        if self.identity is None:
+            self._close()
+            return
+        if event.virtual_host not in self.factory.settings.virtual_hosts:
+            self._send(
+                sp.OpenResponse(
+                    correlation_id=event.correlation_id,
+                    code=VIRTUAL_HOST_ACCESS_FAILURE,
+                )
+            )
+            self._flush()
+            self._close()
+            return
+        self._state = "open"
+        self._codec.set_frame_max(self._frame_max)
+        host, port = self.factory.advertised()
+        self._send(
+            sp.OpenResponse(
+                correlation_id=event.correlation_id,
+                code=OK,
+                properties={"advertised_host": host, "advertised_port": str(port)},
+            )
+        )
+
+    def _on_heartbeat(self, event: sp.Heartbeat) -> None:
+        """Liveness is noted for every frame; nothing to answer."""
+
+    def _on_close(self, event: sp.Close) -> None:
+        self._send(sp.CloseResponse(correlation_id=event.correlation_id, code=OK))
+        self._close()
+
+    def _on_close_response(self, event: sp.CloseResponse) -> None:
+        self._close()
+
+    # --- heartbeats -------------------------------------------------------------------------------
+
+    def _heartbeat_send(self) -> None:
+        if self._closing:
+            return
+        if not self._sent_since:
+            self._send(sp.Heartbeat())
+        self._sent_since = False
+        self._timers.append(self.factory.clock.callLater(self._heartbeat / 2, self._heartbeat_send))
+
+    def _heartbeat_check(self) -> None:
+        if self._closing:
+            return
+        if self._heard_since:
+            self._silent_checks = 0
+        else:
+            self._silent_checks += 1
+        self._heard_since = False
+        if self._silent_checks >= 2:
+            self._log.info(
+                "{listener}: no heartbeat from {user} for {seconds} s; closing",
+                listener=self.factory.name,
+                user=self.identity,
+                seconds=2 * self._heartbeat,
+            )
+            self.factory.count_error("heartbeat-timeout")
+            self._close()
+            return
+        self._timers.append(self.factory.clock.callLater(self._heartbeat, self._heartbeat_check))
+
+    # --- streams ---------------------------------------------------------------------------------
+
+    def _on_create(self, event: sp.Create) -> None:
+        if not self._require_open(event):
+            return
+        name = event.stream.strip("\r\n")
+        store = self.factory.store
+        code = OK
+        if not name or name.startswith("amq."):
+            code = PRECONDITION_FAILED
+        else:
+            try:
+                retention = parse_retention(dict(event.arguments), store.default_retention)
+                store.create(name, retention)
+            except StreamExistsError:
+                code = STREAM_ALREADY_EXISTS
+            except ValueError:
+                code = PRECONDITION_FAILED
+            else:
+                self.factory.stream_created(name)
+        self._send(sp.Response(key=sp.Key.CREATE, correlation_id=event.correlation_id, code=code))
+
+    def _on_delete(self, event: sp.Delete) -> None:
+        if not self._require_open(event):
+            return
+        try:
+            self.factory.store.delete(event.stream)
+        except StreamMissingError:
+            code = STREAM_DOES_NOT_EXIST
+        else:
+            code = OK
+            self.factory.stream_deleted(event.stream)
+        self._send(sp.Response(key=sp.Key.DELETE, correlation_id=event.correlation_id, code=code))
+
+    def stream_gone(self, name: str) -> None:
+        """A stream this connection uses was deleted: tell the client, drop its users."""
+        used = any(p.stream.name == name for p in self._publishers.values()) or any(
+            s.stream.name == name for s in self._subscriptions.values()
+        )
+        for publisher_id in [k for k, p in self._publishers.items() if p.stream.name == name]:
+            del self._publishers[publisher_id]
+        for subscription_id in [k for k, s in self._subscriptions.items() if s.stream.name == name]:
+            self._stop_waiting(self._subscriptions.pop(subscription_id))
+        if used:
+            self._send(sp.MetadataUpdate(code=6, stream=name))
+
+    def _on_metadata(self, event: sp.Metadata) -> None:
+        if not self._require_open(event):
+            return
+        host, port = self.factory.advertised()
+        streams = []
+        for name in event.streams:
+            if self.factory.store.get(name) is None:
+                streams.append(
+                    sp.StreamMetadata(
+                        stream=name, code=STREAM_DOES_NOT_EXIST, leader=0xFFFF, replicas=()
+                    )
+                )
+            else:
+                streams.append(sp.StreamMetadata(stream=name, code=OK, leader=0, replicas=()))
+        self._send(
+            sp.MetadataResponse(
+                correlation_id=event.correlation_id,
+                brokers=(sp.Broker(reference=0, host=host, port=port),),
+                streams=tuple(streams),
+            )
+        )
+
+    def _on_stream_stats(self, event: sp.StreamStats) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        if stream is None:
+            self._send(
+                sp.StreamStatsResponse(
+                    correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, statistics={}
+                )
+            )
+            return
+        stats = {
+            "committed_chunk_id": stream.committed_chunk_id,
+            "first_chunk_id": stream.first_chunk_id,
+            "last_chunk_id": stream.last_chunk_id,
+        }
+        self._send(
+            sp.StreamStatsResponse(correlation_id=event.correlation_id, code=OK, statistics=stats)
+        )
+
+    def _on_exchange_command_versions(self, event: sp.ExchangeCommandVersions) -> None:
+        self._send(
+            sp.ExchangeCommandVersionsResponse(
+                correlation_id=event.correlation_id,
+                code=OK,
+                versions=tuple(
+                    sp.CommandVersion(key=k, min_version=lo, max_version=hi)
+                    for k, lo, hi in COMMAND_VERSIONS
+                ),
+            )
+        )
+
+    def _on_unsupported(self, event: Any) -> None:
+        # Super streams are not supported.
+        key = (
+            sp.Key.CREATE_SUPER_STREAM
+            if isinstance(event, sp.CreateSuperStream)
+            else sp.Key.DELETE_SUPER_STREAM
+        )
+        self._send(
+            sp.Response(key=key, correlation_id=event.correlation_id, code=PRECONDITION_FAILED)
+        )
+
+    def _on_route(self, event: Any) -> None:
+        self._send(
+            sp.RouteResponse(
+                correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, streams=()
+            )
+        )
+
+    def _on_partitions(self, event: Any) -> None:
+        self._send(
+            sp.PartitionsResponse(
+                correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, streams=()
+            )
+        )
+
+    # --- publishers ----------------------------------------------------------------------------
+
+    def _on_declare_publisher(self, event: sp.DeclarePublisher) -> None:
+        if not self._require_open(event):
+            return
+        reference = event.reference or None
+        stream = self.factory.store.get(event.stream)
+        taken = event.publisher_id in self._publishers or (
+            reference is not None
+            and any(
+                p.reference == reference and p.stream.name == event.stream
+                for p in self._publishers.values()
+            )
+        )
+        too_long = reference is not None and len(reference.encode()) > MAX_REFERENCE_BYTES
+        code = OK
+        if len(self._publishers) >= MAX_PUBLISHERS or too_long or taken:
+            code = PRECONDITION_FAILED
+        elif stream is None:
+            code = STREAM_DOES_NOT_EXIST
+        else:
+            self._publishers[event.publisher_id] = _Publisher(event.publisher_id, stream, reference)
+        self._send(
+            sp.Response(
+                key=sp.Key.DECLARE_PUBLISHER, correlation_id=event.correlation_id, code=code
+            )
+        )
+
+    def _on_delete_publisher(self, event: sp.DeletePublisher) -> None:
+        if not self._require_open(event):
+            return
+        code = (
+            OK
+            if self._publishers.pop(event.publisher_id, None) is not None
+            else PUBLISHER_DOES_NOT_EXIST
+        )
+        self._send(
+            sp.Response(key=sp.Key.DELETE_PUBLISHER, correlation_id=event.correlation_id, code=code)
+        )
+
+    def _on_query_publisher_sequence(self, event: sp.QueryPublisherSequence) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        if stream is None:
+            self._send(
+                sp.QueryPublisherSequenceResponse(
+                    correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, sequence=0
+                )
+            )
+            return
+        sequence = stream.writer_sequence(event.reference)
+        self._send(
+            sp.QueryPublisherSequenceResponse(
+                correlation_id=event.correlation_id, code=OK, sequence=sequence
+            )
+        )
+
+    def _on_publish(self, event: sp.Publish) -> None:
+        if not self._require_open(event):
+            return
+        publisher = self._publishers.get(event.publisher_id)
+        ids = event.publishing_ids
+        if publisher is None:
+            self._send(_publish_error(event.publisher_id, ids, PUBLISHER_DOES_NOT_EXIST))
+            return
+        count = len(ids)
+        self._unconfirmed += count
+        self.factory.traffic.messages_in += count
+        reference = publisher.reference
+        appended = publisher.stream.append(
+            event.messages,
+            reference=reference,
+            publishing_ids=ids if reference is not None else None,
+        )
+        appended.addCallbacks(
+            self._confirmed,
+            self._not_stored,
+            callbackArgs=(event.publisher_id, ids),
+            errbackArgs=(event.publisher_id, ids),
+        )
+        if self._unconfirmed > self.factory.settings.max_unconfirmed:
+            self._pause_reading()
+
+    def _confirmed(self, _result: object, publisher_id: int, ids: list[int]) -> None:
+        self._unconfirmed -= len(ids)
+        if self._closing:
+            return
+        self._send(sp.PublishConfirm(publisher_id=publisher_id, publishing_ids=ids))
+        self._maybe_resume_reading()
+
+    def _not_stored(self, failure: Failure, publisher_id: int, ids: list[int]) -> None:
+        self._unconfirmed -= len(ids)
+        code = STREAM_DOES_NOT_EXIST if failure.check(StreamMissingError) else 15
+        if code == 15:
+            self._log.failure("{listener}: append failed", failure, listener=self.factory.name)
+        if self._closing:
+            return
+        self._send(_publish_error(publisher_id, ids, code))
+        self._maybe_resume_reading()
+
+    # --- consumers -------------------------------------------------------------------------------
+
+    def _on_subscribe(self, event: sp.Subscribe) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        properties = dict(event.properties or {})
+        code = OK
+        if len(self._subscriptions) >= MAX_SUBSCRIPTIONS:
+            code = PRECONDITION_FAILED
+        elif stream is None:
+            code = STREAM_DOES_NOT_EXIST
+        elif event.subscription_id in self._subscriptions:
+            code = SUBSCRIPTION_ID_ALREADY_EXISTS
+        elif properties.get("single-active-consumer") == "true" or "super-stream" in properties:
+            code = PRECONDITION_FAILED  # not supported here
+        self._send(
+            sp.Response(key=sp.Key.SUBSCRIBE, correlation_id=event.correlation_id, code=code)
+        )
+        if code != OK:
+            return
+        assert stream is not None
+        position = stream.seek(_spec(event.offset_spec))
+        subscription = _Subscription(event.subscription_id, stream, position, event.credit)
+        self._subscriptions[event.subscription_id] = subscription
+        self._flush()  # the OK goes before the first Deliver
+        self._deliver(subscription)
+
+    def _on_credit(self, event: sp.Credit) -> None:
+        if not self._require_open(event):
+            return
+        subscription = self._subscriptions.get(event.subscription_id)
+        if subscription is None:
+            self._send(
+                sp.CreditResponse(
+                    code=SUBSCRIPTION_ID_DOES_NOT_EXIST, subscription_id=event.subscription_id
+                )
+            )
+            return
+        subscription.credit += event.credit
+        self._deliver(subscription)
+
+    def _on_unsubscribe(self, event: sp.Unsubscribe) -> None:
+        if not self._require_open(event):
+            return
+        subscription = self._subscriptions.pop(event.subscription_id, None)
+        if subscription is not None:
+            self._stop_waiting(subscription)
+        code = OK if subscription is not None else SUBSCRIPTION_ID_DOES_NOT_EXIST
+        self._send(
+            sp.Response(key=sp.Key.UNSUBSCRIBE, correlation_id=event.correlation_id, code=code)
+        )
+
+    def _deliver(self, subscription: _Subscription) -> None:
+        """Send chunks while the subscription has credit and the client keeps up."""
+        if self._closing or self._congested or subscription.waiting is not None:
+            return
+        transport = self.transport
+        assert transport is not None
+        traffic = self.factory.traffic
+        while subscription.credit > 0 and not self._congested:
+            chunks = subscription.stream.read_chunks(
+                subscription.next_chunk, subscription.credit, DELIVER_MAX_BYTES
+            )
+            if not chunks:
+                waiting = subscription.stream.wait_for(subscription.next_chunk)
+                subscription.waiting = waiting
+                waiting.addCallbacks(self._more_data, lambda _f: None, callbackArgs=(subscription,))
+                return
+            self._flush()
+            for chunk in chunks:
+                payload = chunk.payload
+                prefix = sp.deliver_prefix(subscription.id, len(payload))
+                transport.writeSequence([prefix, payload])
+                traffic.bytes_out += len(prefix) + len(payload)
+                traffic.messages_out += chunk.header.num_records
+                subscription.credit -= 1
+                subscription.next_chunk = chunk.next_chunk_id
+            self._sent_since = True
+
+    def _more_data(self, _: object, subscription: _Subscription) -> None:
+        subscription.waiting = None
+        if self._subscriptions.get(subscription.id) is subscription:
+            self._deliver(subscription)
+
+    def _stop_waiting(self, subscription: _Subscription) -> None:
+        if subscription.waiting is not None:
+            waiting, subscription.waiting = subscription.waiting, None
+            waiting.cancel()
+
+    def _on_store_offset(self, event: sp.StoreOffset) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        if stream is not None and len(event.reference.encode()) <= MAX_REFERENCE_BYTES:
+            stream.store_offset(event.reference, event.offset)
+
+    def _on_query_offset(self, event: sp.QueryOffset) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        if stream is None:
+            code, offset = STREAM_DOES_NOT_EXIST, 0
+        else:
+            stored = stream.query_offset(event.reference)
+            code, offset = (NO_OFFSET, 0) if stored is None else (OK, stored)
+        self._send(
+            sp.QueryOffsetResponse(correlation_id=event.correlation_id, code=code, offset=offset)
+        )
+
+    def _on_resolve_offset_spec(self, event: Any) -> None:
+        if not self._require_open(event):
+            return
+        stream = self.factory.store.get(event.stream)
+        if stream is None:
+            self._send(
+                sp.ResolveOffsetSpecResponse(
+                    correlation_id=event.correlation_id,
+                    code=STREAM_DOES_NOT_EXIST,
+                    offset_type=int(sp.OffsetKind.OFFSET),
+                    offset=0,
+                )
+            )
+            return
+        offset = stream.seek(_spec(event.offset_spec))
+        self._send(
+            sp.ResolveOffsetSpecResponse(
+                correlation_id=event.correlation_id,
+                code=OK,
+                offset_type=int(sp.OffsetKind.OFFSET),
+                offset=offset,
+            )
+        )
+
+
+def _CLOSING_OK(event: sp.Event) -> bool:  # noqa: N802
+    return isinstance(event, sp.Heartbeat | sp.CloseResponse)
+
+
+def _spec(spec: sp.OffsetSpec) -> tuple[str] | tuple[str, int]:
+    """The log's form of an offset specification."""
+    name = spec.kind.name.lower()
+    return (name,) if spec.value is None else (name, spec.value)
+
+
+def _publish_error(publisher_id: int, ids: Sequence[int], code: int) -> sp.PublishError:
+    return sp.PublishError(publisher_id=publisher_id, publishing_ids=ids, codes=[code] * len(ids))
+
+
+_HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
+    sp.PeerProperties: StreamServerProtocol._on_peer_properties,
+    sp.SaslHandshake: StreamServerProtocol._on_sasl_handshake,
+    sp.SaslAuthenticate: StreamServerProtocol._on_sasl_authenticate,
+    sp.Tune: StreamServerProtocol._on_tune,
+    sp.Open: StreamServerProtocol._on_open,
+    sp.Heartbeat: StreamServerProtocol._on_heartbeat,
+    sp.Close: StreamServerProtocol._on_close,
+    sp.CloseResponse: StreamServerProtocol._on_close_response,
+    sp.Create: StreamServerProtocol._on_create,
+    sp.Delete: StreamServerProtocol._on_delete,
+    sp.Metadata: StreamServerProtocol._on_metadata,
+    sp.StreamStats: StreamServerProtocol._on_stream_stats,
+    sp.ExchangeCommandVersions: StreamServerProtocol._on_exchange_command_versions,
+    sp.DeclarePublisher: StreamServerProtocol._on_declare_publisher,
+    sp.DeletePublisher: StreamServerProtocol._on_delete_publisher,
+    sp.QueryPublisherSequence: StreamServerProtocol._on_query_publisher_sequence,
+    sp.Publish: StreamServerProtocol._on_publish,
+    sp.Subscribe: StreamServerProtocol._on_subscribe,
+    sp.Credit: StreamServerProtocol._on_credit,
+    sp.Unsubscribe: StreamServerProtocol._on_unsubscribe,
+    sp.StoreOffset: StreamServerProtocol._on_store_offset,
+    sp.QueryOffset: StreamServerProtocol._on_query_offset,
+    sp.ResolveOffsetSpec: StreamServerProtocol._on_resolve_offset_spec,
+    sp.Route: StreamServerProtocol._on_route,
+    sp.Partitions: StreamServerProtocol._on_partitions,
+    sp.CreateSuperStream: StreamServerProtocol._on_unsupported,
+    sp.DeleteSuperStream: StreamServerProtocol._on_unsupported,
+}
+
+
+class StreamServerFactory(Factory):
+    """Builds connections for one stream listener.
+
+    Args:
+        name: The listener's name.
+        settings: Its validated settings.
+        store: The embedded log.
+        secrets: For SASL PLAIN.
+        clock: Timers.
+        metrics: Counters, or None.
+    """
+
+    protocol = StreamServerProtocol
+    noisy = False
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: StreamListenerSettings,
+        store: LogStore,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.store = store
+        self.secrets = secrets
+        self.clock = clock
+        self.connections: set[StreamServerProtocol] = set()
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._bound: tuple[str, int] = ("127.0.0.1", 0)
+        self.on_stream_created: list[Callable[[str], None]] = []
+
+    def buildProtocol(self, addr: object) -> StreamServerProtocol:
+        """Build a connection."""
+        return StreamServerProtocol(self)
+
+    def listening_on(self, address: IAddress) -> None:
+        """Learn the address the listener got (port 0 in tests) to advertise it."""
+        host = getattr(address, "host", "127.0.0.1")
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        self._bound = (host, int(getattr(address, "port", 0)))
+
+    def advertised(self) -> tuple[str, int]:
+        """The host and port clients are told to connect to."""
+        return (
+            self.settings.advertised_host or self._bound[0],
+            self.settings.advertised_port or self._bound[1],
+        )
+
+    def stream_created(self, name: str) -> None:
+        """A client created a stream (routes from this listener may start on it)."""
+        for callback in self.on_stream_created:
+            callback(name)
+
+    def stream_deleted(self, name: str) -> None:
+        """Tell every connection using the stream that it is gone."""
+        for connection in list(self.connections):
+            connection.stream_gone(name)
+
+    def connection_opened(self, connection: StreamServerProtocol) -> None:
+        """Count a new connection."""
+        self.connections.add(connection)
+        if self._metrics is not None:
+            self._metrics.connections.labels(self.name, "stream").inc()
+            self._metrics.connections_total.labels(self.name, "stream").inc()
+
+    def connection_closed(self, connection: StreamServerProtocol) -> None:
+        """Count a closed connection."""
+        self.connections.discard(connection)
+        if self._metrics is not None:
+            self._metrics.connections.labels(self.name, "stream").dec()
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
