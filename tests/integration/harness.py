@@ -181,6 +181,12 @@ class GatewayProcess:
                 self._lock.wait(left)
         raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
 
+    def kill(self) -> None:
+        """Kill the process with SIGKILL (no clean shutdown) and reap it."""
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait()
+
     def signal(self, signum: int) -> None:
         """Send a signal to the process."""
         assert self._process is not None
