@@ -264,7 +264,10 @@ def test_embedded_default_listens_on_loopback() -> None:
     assert config.upstreams == ()
     [route] = config.routes
     assert (route.source, route.destination, route.body) == ("qmqp", "ssmp", "subject")
-    ssmp_listener, qmqp_listener = config.listeners
+    ssmp_listener, qmqp_listener, stream_listener = config.listeners
+    assert stream_listener.protocol == "stream"
+    assert stream_listener.settings.guest
+    assert config.log.fsync == "always"
     assert ssmp_listener.protocol == "ssmp"
     assert not ssmp_listener.tls
     assert ssmp_listener.settings.schemes == frozenset({"open"})
@@ -272,12 +275,14 @@ def test_embedded_default_listens_on_loopback() -> None:
     assert qmqp_listener.protocol == "qmqp"
 
     reactor = MemoryReactor()
-    for endpoint in (ssmp_listener.endpoint, qmqp_listener.endpoint, config.admin.endpoint):
+    endpoints = (ssmp_listener, qmqp_listener, stream_listener)
+    for endpoint in (*(listener.endpoint for listener in endpoints), config.admin.endpoint):
         assert endpoint is not None
         serverFromString(reactor, endpoint).listen(Factory.forProtocol(Protocol))
     assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
         (8787, "127.0.0.1"),
         (8628, "127.0.0.1"),
+        (5552, "127.0.0.1"),
         (8790, "127.0.0.1"),
     ]
 
@@ -734,3 +739,42 @@ def test_reload_routes_without_routes_directory(tmp_path: Path) -> None:
     (tmp_path / "full" / "routes").rmdir()
     with pytest.raises(ConfigError, match="routes directory not found"):
         reload_routes(config)
+
+
+def test_stream_listener_and_log_settings(tmp_path: Path) -> None:
+    """A stream listener's settings and the [log] section load into their objects."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        """
+        [log]
+        fsync = "interval"
+        fsync_interval_seconds = 0.5
+        segment_bytes = 1048576
+        max_bytes = 100000000
+        max_age_seconds = 86400
+
+        [listeners.streams]
+        protocol = "stream"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        advertised_host = "gateway.example.org"
+        advertised_port = 5552
+        anonymous = true
+        frame_max = 131072
+        heartbeat_seconds = 20
+        """,
+    )
+    config = load_config(main)
+    [listener] = config.listeners
+    settings = listener.settings
+    assert (settings.advertised_host, settings.advertised_port) == ("gateway.example.org", 5552)
+    assert settings.anonymous and not settings.guest
+    assert (settings.frame_max, settings.heartbeat_seconds) == (131072, 20)
+    assert config.log.fsync == "interval"
+    assert config.log.fsync_interval_seconds == 0.5
+    assert (config.log.max_bytes, config.log.max_age_seconds) == (100000000, 86400)
+
+
+def test_bad_fsync_policy(tmp_path: Path) -> None:
+    """An unknown fsync policy is reported under log.fsync with the choices."""
+    main = _write(tmp_path / "gateway.toml", '[log]\nfsync = "sometimes"\n')
+    _only_problem(main, "log.fsync", "always, interval, never")
