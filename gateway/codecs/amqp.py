@@ -573,7 +573,10 @@ def _compound(wide: bool, what: str) -> _Decoder:
     def decode(buf: memoryview, pos: int, end: int, depth: int, left: _Budget) -> tuple[Value, int]:
         if depth >= MAX_DEPTH:
             raise _too_deep(pos - 1)
-        count, p, stop = _compound_bounds(buf, pos, end, wide, what)
+        if not wide and pos + 2 <= end and 1 <= buf[pos] <= end - pos - 1:
+            count, p, stop = buf[pos + 1], pos + 2, pos + 1 + buf[pos]  # list8/map8 in line
+        else:
+            count, p, stop = _compound_bounds(buf, pos, end, wide, what)
         if count > stop - p:  # every element takes at least its constructor byte
             raise _error(f"{what} count {count} exceeds its {stop - p} bytes", pos)
         if is_map and count & 1:
@@ -838,8 +841,9 @@ def _record(cls: type[_Record], value: Value, layout: _Layout, section: str) -> 
     if len(value) > len(layout):
         raise AMQPDecodeError(f"{section} has {len(value)} fields, at most {len(layout)} exist")
     attributes = _DEFAULTS[cls].copy()
-    for item, (name, types) in zip(value, layout, strict=False):
+    for index, item in enumerate(value):
         if item is not None:
+            name, types = layout[index]
             if type(item) not in types:
                 wanted = " or ".join(t.__name__ for t in types)
                 raise AMQPDecodeError(f"{section} {name} must be {wanted}, not {_kind(item)}")
