@@ -54,6 +54,12 @@ OffsetSpec = tuple[str] | tuple[str, int]
 """``("first",)``, ``("last",)``, ``("next",)``, ``("offset", n)`` or ``("timestamp", ms)``."""
 
 
+def _immutable(message: bytes | memoryview) -> bool:
+    return type(message) is bytes or (
+        isinstance(message, memoryview) and type(message.obj) is bytes
+    )
+
+
 def _check_reference(reference: str) -> None:
     """Refuse a reference that a tracking entry cannot carry."""
     if len(reference.encode("utf-8")) > MAX_TRACKING_ID_BYTES:
@@ -197,8 +203,10 @@ class StreamLog:
             reference = None
         if (reference is None) != (publishing_ids is None):
             raise ValueError("a reference and publishing ids go together")
+        # Views into immutable bytes (the stream codec's frames) are kept as
+        # they are; anything that may change under us is copied now.
         stored: list[bytes | memoryview] = [
-            message if type(message) is bytes else bytes(message) for message in messages
+            message if _immutable(message) else bytes(message) for message in messages
         ]
         if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:
             raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
