@@ -38,7 +38,12 @@ from gateway.protocols.ssmp.settings import (
     SSMPListenerSettings,
     SSMPUpstreamSettings,
 )
-from gateway.protocols.stream.settings import DEFAULT_FRAME_MAX, StreamListenerSettings
+from gateway.protocols.stream.client import parse_offset
+from gateway.protocols.stream.settings import (
+    DEFAULT_FRAME_MAX,
+    StreamListenerSettings,
+    StreamUpstreamSettings,
+)
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -433,6 +438,36 @@ def _stream_listener(section: _Section, tls: bool) -> StreamListenerSettings:
     )
 
 
+def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
+    stream = section.string("stream", None)
+    reference = section.string("publisher_reference", None)
+    consumer = section.string("consumer_name", None)
+    offset = section.string("offset", "next")
+    if isinstance(offset, str):
+        try:
+            parse_offset(offset)
+        except ValueError as exc:
+            section.problem("offset", str(exc))
+            offset = "next"
+    return StreamUpstreamSettings(
+        username=section.string("username", "guest"),
+        virtual_host=section.string("virtual_host", "/"),
+        stream=stream if isinstance(stream, str) else None,
+        publisher_reference=reference if isinstance(reference, str) else None,
+        batch_size=section.integer("batch_size", 1000, minimum=1),
+        max_unconfirmed=section.integer("max_unconfirmed", 20_000, minimum=1),
+        max_queue=section.integer("max_queue", 100_000, minimum=1),
+        subscribe=section.strings("subscribe"),
+        offset=offset,
+        consumer_name=consumer if isinstance(consumer, str) else None,
+        store_offset_interval_seconds=section.positive("store_offset_interval_seconds", 5.0),
+        credit=section.integer("credit", 10, minimum=1),
+        create_streams=section.boolean("create_streams", False),
+        heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
+        frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
+    )
+
+
 def _is_ssmp_id(value: str) -> bool:
     from gateway.codecs.ssmp import is_valid_id
 
@@ -447,6 +482,7 @@ _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,
     "qmqp": _qmqp_upstream,
+    "stream": _stream_upstream,
 }
 
 
@@ -668,12 +704,13 @@ def _parse_main(
     secrets_path = base / secrets_name if isinstance(secrets_name, str) else None
     secrets = _load_secrets(secrets_path, problems) if secrets_path else Secrets()
     for upstream in upstreams:
+        username = getattr(upstream.settings, "username", None)
         if getattr(upstream.settings, "scheme", None) == "secret":
             how = "logs in with scheme 'secret'"
-        elif getattr(upstream.settings, "username", None) is not None:
-            how = f"authenticates as {upstream.settings.username!r}"
+        elif username is not None and not (upstream.protocol == "stream" and username == "guest"):
+            how = f"authenticates as {username!r}"
         else:
-            continue
+            continue  # no secret needed (a stream upstream's guest defaults to "guest")
         if secrets.credential_for(upstream.name) is None:
             where = str(secrets_path) if secrets_path else file
             problems.append(

@@ -56,6 +56,7 @@ from gateway.protocols.stream.bridge import (
     StreamRouteFeeds,
     dead_letter_writer,
 )
+from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
 
@@ -350,6 +351,42 @@ def _stream_listener(
     return factory, StreamDestination(config.name, store)
 
 
+class _StartStopService(Service):
+    """A service around something with start() and stop()."""
+
+    def __init__(self, name: str, start: Callable[[], None], stop: Callable[[], Any]) -> None:
+        self.setName(name)
+        self._start = start
+        self._stop = stop
+
+    def startService(self) -> None:
+        """Start it."""
+        super().startService()
+        self._start()
+
+    def stopService(self) -> Any:
+        """Stop it."""
+        super().stopService()
+        return self._stop()
+
+
+def _stream_upstream(
+    gateway: GatewayService, config: UpstreamConfig
+) -> tuple[IService, IDestination, Callable[[], bool]]:
+    upstream = StreamUpstream(
+        name=config.name,
+        settings=config.settings,
+        endpoint=clientFromString(gateway.reactor, config.endpoint),
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        reactor=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    service = _StartStopService(config.name, upstream.start, upstream.stop)
+    return service, upstream, lambda: upstream.connected
+
+
 def _log_store(config: GatewayConfig, reactor: Any) -> LogStore:
     settings = config.log
     return LogStore(
@@ -386,7 +423,7 @@ _LISTENERS: dict[
 _UPSTREAMS: dict[
     str,
     Callable[[GatewayService, UpstreamConfig], tuple[IService, IDestination, Callable[[], bool]]],
-] = {"ssmp": _ssmp_upstream, "qmqp": _qmqp_upstream}
+] = {"ssmp": _ssmp_upstream, "qmqp": _qmqp_upstream, "stream": _stream_upstream}
 
 
 def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:

@@ -6,7 +6,7 @@ from typing import Final
 
 import attrs
 
-__all__ = ["DEFAULT_FRAME_MAX", "StreamListenerSettings"]
+__all__ = ["DEFAULT_FRAME_MAX", "StreamListenerSettings", "StreamUpstreamSettings"]
 
 DEFAULT_FRAME_MAX: Final = 1024 * 1024
 """RabbitMQ's default frame_max (1 MiB)."""
@@ -38,3 +38,50 @@ class StreamListenerSettings:
     frame_max: int = DEFAULT_FRAME_MAX
     heartbeat_seconds: int = 60
     max_unconfirmed: int = 50_000
+
+
+@attrs.frozen(kw_only=True)
+class StreamUpstreamSettings:
+    """How the gateway publishes to and consumes from a RabbitMQ stream node.
+
+    Attributes:
+        username: SASL PLAIN user; the password is the upstream's secret in
+            the secrets file (``guest`` for the user ``guest`` if none).
+        virtual_host: Opened after tuning.
+        stream: Publish every routed message to this stream; when unset, to
+            the stream named by the message's address.
+        publisher_reference: Publisher reference for deduplication (one per
+            stream, under this name); default ``msggateway.<upstream>``.
+        batch_size: Messages per Publish frame, at most (and within frame_max).
+        max_unconfirmed: Messages published and not yet confirmed, at most.
+        max_queue: Messages waiting to be published, at most; past it
+            deliveries are answered "retry later" at once.
+        subscribe: Streams consumed into the routes from this upstream.
+        offset: Where a subscription starts the first time: ``first``,
+            ``last``, ``next``, ``offset:N`` or ``timestamp:MILLISECONDS``;
+            afterwards it resumes after the offset stored under
+            ``consumer_name``.
+        consumer_name: Name offsets are stored under; default
+            ``msggateway.<upstream>``.
+        store_offset_interval_seconds: How often consumed offsets are stored.
+        credit: Chunks granted to a subscription at a time.
+        create_streams: Create the streams it publishes to and consumes from.
+        heartbeat_seconds: Heartbeat proposed in Tune (0: none).
+        frame_max: Largest frame proposed in Tune.
+    """
+
+    username: str = "guest"
+    virtual_host: str = "/"
+    stream: str | None = None
+    publisher_reference: str | None = None
+    batch_size: int = 1000
+    max_unconfirmed: int = 20_000
+    max_queue: int = 100_000
+    subscribe: tuple[str, ...] = ()
+    offset: str = "next"
+    consumer_name: str | None = None
+    store_offset_interval_seconds: float = 5.0
+    credit: int = 10
+    create_streams: bool = False
+    heartbeat_seconds: int = 60
+    frame_max: int = DEFAULT_FRAME_MAX

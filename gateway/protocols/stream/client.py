@@ -1,0 +1,804 @@
+"""The RabbitMQ Stream client role: the gateway publishing to and consuming from RabbitMQ.
+
+`StreamUpstream` keeps one connection to a stream node (RabbitMQ 3.10+ with
+the stream plugin, or another gateway's stream listener): peer properties,
+SASL PLAIN, tune, open, then Metadata for the streams it uses. When the
+leader that Metadata names is another host or port than the one it is
+connected to, it reconnects there (plain TCP; a TLS locator needs the
+leader to be the same node). It reconnects with backoff when the connection
+ends.
+
+Publishing: it is the route destination. Messages are encoded as AMQP 1.0
+(`gateway.protocols.stream.mapping`), queued per stream, and published in
+batches (up to ``batch_size`` per Publish frame, within frame_max) with at
+most ``max_unconfirmed`` awaiting confirmation. Each stream has a publisher
+with a stable reference; publishing ids come from QueryPublisherSequence at
+every (re)connection: messages that were sent but not confirmed when a
+connection ended are confirmed if the broker stored them (their id is not
+above the sequence) and published again with the same ids otherwise, so a
+reconnect never duplicates a message. PublishConfirm is accepted;
+PublishError codes map to rejected (stream missing, access refused,
+precondition failed) or retry later (the rest).
+
+Consuming: each stream of ``subscribe`` is read under credit from the
+offset stored under ``consumer_name`` (or the configured offset the first
+time); each chunk's messages are dispatched along the routes from this
+upstream, credit is granted once they all have outcomes, and the offset is
+stored every ``store_offset_interval_seconds``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway import __version__
+from gateway.codecs import osiris
+from gateway.codecs import stream as sp
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.settings import StreamUpstreamSettings
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["StreamClientProtocol", "StreamUpstream", "parse_offset"]
+
+RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
+RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
+REQUEST_TIMEOUT_SECONDS: Final = 30.0
+PUBLISH_OVERHEAD_BYTES: Final = 13
+"""Size, key, version, publisher id and count of a Publish frame."""
+ENTRY_OVERHEAD_BYTES: Final = 12
+"""Publishing id and length of each message in a Publish frame."""
+
+_REJECTING_CODES: Final = frozenset({2, 16, 17})
+"""PublishError codes that no retry will fix: stream missing, access refused,
+precondition failed. Everything else (not available, internal error,
+publisher unknown after a broker restart...) is worth retrying."""
+
+
+def parse_offset(text: str) -> sp.OffsetSpec:
+    """Parse ``first``, ``last``, ``next``, ``offset:N`` or ``timestamp:MS``.
+
+    Raises:
+        ValueError: Anything else.
+    """
+    kind, _, value = text.partition(":")
+    simple = {"first": sp.OffsetKind.FIRST, "last": sp.OffsetKind.LAST, "next": sp.OffsetKind.NEXT}
+    if kind in simple and not value:
+        return sp.OffsetSpec(kind=simple[kind])
+    if kind in ("offset", "timestamp") and value.lstrip("-").isdigit():
+        number = int(value)
+        if kind == "offset" and number >= 0:
+            return sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=number)
+        if kind == "timestamp":
+            return sp.OffsetSpec(kind=sp.OffsetKind.TIMESTAMP, value=number)
+    raise ValueError(f"{text!r} is not first, last, next, offset:N or timestamp:MILLISECONDS")
+
+
+def _smaller(theirs: int, ours: int) -> int:
+    """The smaller of two tuned values where 0 means none (the other applies)."""
+    return min(theirs, ours) if theirs and ours else theirs or ours
+
+
+class _Job:
+    """One message on its way to a stream."""
+
+    __slots__ = ("cancelled", "entry", "outcome", "publishing_id", "stream")
+
+    def __init__(self, stream: str, entry: bytes, outcome: Deferred[Outcome]) -> None:
+        self.stream = stream
+        self.entry = entry
+        self.outcome = outcome
+        self.publishing_id = 0
+        self.cancelled = False
+
+
+class _Publisher:
+    """A declared publisher: one per stream per connection."""
+
+    __slots__ = ("id", "in_flight", "next_id", "queue", "ready", "stream")
+
+    def __init__(self, publisher_id: int, stream: str) -> None:
+        self.id = publisher_id
+        self.stream = stream
+        self.ready = False
+        self.next_id = 1
+        self.queue: deque[_Job] = deque()
+        self.in_flight: dict[int, _Job] = {}
+
+
+class _Subscription:
+    """One consumed stream."""
+
+    __slots__ = ("after", "id", "last_stored", "pending", "stream")
+
+    def __init__(self, subscription_id: int, stream: str) -> None:
+        self.id = subscription_id
+        self.stream = stream
+        self.after = -1
+        """Offsets up to this one were dispatched already (whole chunks come again)."""
+        self.last_stored = -1
+        self.pending = 0
+
+
+class StreamClientProtocol(Protocol):
+    """One connection to a stream node."""
+
+    _log = Logger()
+
+    def __init__(self, upstream: StreamUpstream) -> None:
+        self.upstream = upstream
+        self._codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self._correlation = itertools.count(1)
+        self._waiting: dict[int, Deferred[Any]] = {}
+        self._tune: Deferred[sp.Tune] = Deferred()
+        self.frame_max = upstream.settings.frame_max
+        self.heartbeat = 0
+        self._closing = False
+        self._heard = True
+        self._silent = 0
+        self._timers: list[IDelayedCall] = []
+
+    # --- connection life ------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Start the handshake."""
+        disable_nagle(self.transport)
+        Deferred.fromCoroutine(self.upstream.handshake(self)).addErrback(self._handshake_failed)
+
+    def _handshake_failed(self, failure: Failure) -> None:
+        if not self._closing:
+            self.close(f"handshake failed: {failure.getErrorMessage()}")
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Fail what waits for an answer; tell the upstream."""
+        self._closing = True
+        for timer in self._timers:
+            if timer.active():
+                timer.cancel()
+        waiting, self._waiting = self._waiting, {}
+        for d in waiting.values():
+            d.errback(ConnectionError("connection lost"))
+        if not self._tune.called:
+            self._tune.errback(ConnectionError("connection lost"))
+        self.upstream.connection_lost(self, reason)
+
+    def close(self, why: str) -> None:
+        """Close the connection, saying why in the log."""
+        if self._closing:
+            return
+        self._closing = True
+        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    @property
+    def closing(self) -> bool:
+        """Whether the connection is on its way out."""
+        return self._closing
+
+    # --- output ---------------------------------------------------------------
+
+    def send(self, event: sp.Event) -> None:
+        """Send one frame."""
+        data = self._codec.send(event)
+        assert self.transport is not None
+        self.transport.write(data)
+        self.upstream.traffic.bytes_out += len(data)
+
+    def request(self, request: Callable[..., sp.Event], **fields: Any) -> Deferred[Any]:
+        """Send ``request(correlation_id=..., **fields)``; fire with its response."""
+        correlation = next(self._correlation)
+        answer: Deferred[Any] = Deferred()
+        self._waiting[correlation] = answer
+        self.send(request(correlation_id=correlation, **fields))
+        answer.addTimeout(REQUEST_TIMEOUT_SECONDS, self.upstream.clock)
+        return answer
+
+    def tuned(self) -> Deferred[sp.Tune]:
+        """Fire with the server's Tune."""
+        return self._tune
+
+    # --- input ----------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Dispatch responses and server frames."""
+        if self._closing:
+            return
+        self._heard = True
+        self.upstream.traffic.bytes_in += len(data)
+        try:
+            events = self._codec.receive_data(data)
+        except sp.StreamError as exc:
+            events = cast(list[sp.Event], exc.events)
+            self._handle_all(events)
+            self.upstream.count_error(exc.kind)
+            self.close(f"bad frame from the server: {exc.reason}")
+            return
+        self._handle_all(events)
+
+    def _handle_all(self, events: list[sp.Event]) -> None:
+        upstream = self.upstream
+        for event in events:
+            if isinstance(event, sp.Deliver):
+                upstream.delivered(self, event)
+            elif isinstance(event, sp.PublishConfirm):
+                upstream.confirmed(event)
+            elif isinstance(event, sp.PublishError):
+                upstream.publish_failed(event)
+            elif isinstance(event, sp.Tune):
+                if not self._tune.called:
+                    self._tune.callback(event)
+            elif isinstance(event, sp.Heartbeat | sp.CreditResponse):
+                if isinstance(event, sp.CreditResponse):
+                    upstream.count_error("credit-refused")
+            elif isinstance(event, sp.MetadataUpdate):
+                self.close(f"stream {event.stream} changed (code {event.code})")
+            elif isinstance(event, sp.Close):
+                self.send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
+                self.close(f"the server closed the connection: {event.code} {event.reason}")
+            else:
+                correlation = getattr(event, "correlation_id", None)
+                waiter = self._waiting.pop(correlation, None) if correlation is not None else None
+                if waiter is not None:
+                    waiter.callback(event)
+            if self._closing:
+                return
+
+    # --- heartbeats -----------------------------------------------------------
+
+    def start_heartbeats(self, seconds: int) -> None:
+        """Send heartbeats every ``seconds`` and close after two silent periods."""
+        self.heartbeat = seconds
+        if seconds:
+            self._timers.append(self.upstream.clock.callLater(seconds, self._beat))
+
+    def _beat(self) -> None:
+        if self._closing:
+            return
+        self.send(sp.Heartbeat())
+        if self._heard:
+            self._silent = 0
+        else:
+            self._silent += 1
+            if self._silent >= 2:
+                self.close(f"no frame from the server for {2 * self.heartbeat} s")
+                return
+        self._heard = False
+        self._timers = [t for t in self._timers if t.active()]
+        self._timers.append(self.upstream.clock.callLater(self.heartbeat, self._beat))
+
+
+class _ClientFactory(Factory):
+    noisy = False
+
+    def __init__(self, upstream: StreamUpstream) -> None:
+        self.upstream = upstream
+
+    def buildProtocol(self, addr: object) -> StreamClientProtocol:
+        return StreamClientProtocol(self.upstream)
+
+
+@implementer(IDestination)
+class StreamUpstream:
+    """A RabbitMQ stream node the gateway publishes to and consumes from.
+
+    Args:
+        name: The upstream's config name.
+        settings: Its validated settings.
+        endpoint: The locator endpoint (from the config's endpoint string).
+        router: Where consumed messages go.
+        secrets: The password.
+        clock: Timers and reconnect delays.
+        reactor: For connecting to a leader elsewhere (a HostnameEndpoint).
+        metrics: Counters, or None.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: StreamUpstreamSettings,
+        endpoint: IStreamClientEndpoint,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        reactor: Any,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self._reactor = reactor
+        self._locator = endpoint
+        self._endpoint = endpoint
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self.reference = settings.publisher_reference or f"msggateway.{name}"
+        self.consumer_name = settings.consumer_name or f"msggateway.{name}"
+        self._connection: StreamClientProtocol | None = None
+        self._publishers: dict[str, _Publisher] = {}
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._unconfirmed = 0
+        self._queued = 0
+        self._running = False
+        self._attempt = 0
+        self._connect_call: IDelayedCall | None = None
+        self._store_call: IDelayedCall | None = None
+        self._connecting: Deferred[Any] | None = None
+        self._stopped: Deferred[None] | None = None
+        if metrics is not None:
+            metrics.upstream_up.labels(name).set(0)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the upstream is connected and open."""
+        return self._connection is not None
+
+    # --- service life ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect (and keep reconnecting)."""
+        self._running = True
+        self._connect()
+
+    def stop(self) -> Deferred[None]:
+        """Store consumed offsets, close, and stop reconnecting."""
+        self._running = False
+        for call in (self._connect_call, self._store_call):
+            if call is not None and call.active():
+                call.cancel()
+        if self._connecting is not None and not self._connecting.called:
+            self._connecting.cancel()
+        connection = self._connection
+        if connection is None:
+            return succeed(None)
+        self._store_offsets()
+        self._stopped = Deferred()
+        connection.close("the gateway is stopping")
+        return self._stopped
+
+    def _connect(self) -> None:
+        self._connect_call = None
+        if not self._running:
+            return
+        self._connecting = self._endpoint.connect(_ClientFactory(self))
+        self._connecting.addErrback(self._connect_failed)
+
+    def _connect_failed(self, failure: Failure) -> None:
+        self._connecting = None
+        self._endpoint = self._locator  # a leader that is gone: ask the locator again
+        if self._running:
+            self._log.info(
+                "upstream {upstream}: cannot connect: {reason}",
+                upstream=self.name,
+                reason=failure.getErrorMessage(),
+            )
+            self._retry_later()
+
+    def _retry_later(self) -> None:
+        self._attempt += 1
+        delay = min(
+            RECONNECT_INITIAL_DELAY_SECONDS * 2 ** (self._attempt - 1), RECONNECT_MAX_DELAY_SECONDS
+        )
+        if self._connect_call is None or not self._connect_call.active():
+            self._connect_call = self.clock.callLater(delay, self._connect)
+
+    # --- handshake ------------------------------------------------------------
+
+    async def handshake(self, protocol: StreamClientProtocol) -> None:
+        """Peer properties, SASL PLAIN, tune, open; then publishers and subscriptions."""
+        settings = self.settings
+        await protocol.request(
+            sp.PeerProperties,
+            properties={
+                "product": "msggateway",
+                "version": __version__,
+                "connection_name": self.name,
+            },
+        )
+        mechanisms = await protocol.request(sp.SaslHandshake)
+        if "PLAIN" not in mechanisms.mechanisms:
+            raise ConnectionError(f"the server offers no PLAIN login ({mechanisms.mechanisms})")
+        password = self.secrets.credential_for(self.name)
+        if password is None and settings.username == "guest":
+            password = b"guest"
+        plain = b"\0" + settings.username.encode() + b"\0" + (password or b"")
+        answer = await protocol.request(sp.SaslAuthenticate, mechanism="PLAIN", data=plain)
+        if answer.code != 1:
+            self.count_error("auth-refused")
+            raise ConnectionError(f"login as {settings.username!r} refused (code {answer.code})")
+        tune = await protocol.tuned()
+        # 0 means "no limit" on either side: the other side's value applies.
+        frame_max = _smaller(tune.frame_max, settings.frame_max)
+        heartbeat = _smaller(tune.heartbeat, settings.heartbeat_seconds)
+        protocol.send(sp.Tune(frame_max=frame_max, heartbeat=heartbeat))
+        protocol.frame_max = frame_max or settings.frame_max
+        protocol.start_heartbeats(heartbeat)
+        opened = await protocol.request(sp.Open, virtual_host=settings.virtual_host)
+        if opened.code != 1:
+            raise ConnectionError(
+                f"virtual host {settings.virtual_host!r} refused (code {opened.code})"
+            )
+        if not await self._at_leader(protocol):
+            return
+        self._connection = protocol
+        self._attempt = 0
+        self._log.info("upstream {upstream}: connected", upstream=self.name)
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(self.name).set(1)
+        for stream in list(self._publishers):
+            await self._declare(protocol, stream)
+        await self._subscribe_all(protocol)
+        self._schedule_store()
+        self.pump()
+
+    def _streams_used(self) -> list[str]:
+        streams = list(self.settings.subscribe)
+        if self.settings.stream is not None:
+            streams.append(self.settings.stream)
+        return list(dict.fromkeys(streams))
+
+    async def _at_leader(self, protocol: StreamClientProtocol) -> bool:
+        """Create streams if configured; move to the leader if it is elsewhere."""
+        streams = self._streams_used()
+        if self.settings.create_streams:
+            for stream in streams:
+                created = await protocol.request(sp.Create, stream=stream, arguments={})
+                if created.code not in (1, 5):
+                    self._log.warn(
+                        "upstream {upstream}: cannot create stream {stream} (code {code})",
+                        upstream=self.name,
+                        stream=stream,
+                        code=created.code,
+                    )
+        if not streams:
+            return True
+        metadata = await protocol.request(sp.Metadata, streams=tuple(streams))
+        brokers = {broker.reference: broker for broker in metadata.brokers}
+        for entry in metadata.streams:
+            leader = brokers.get(entry.leader)
+            if entry.code != 1 or leader is None:
+                continue
+            peer = protocol.transport.getPeer() if protocol.transport is not None else None
+            here = (getattr(peer, "host", None), getattr(peer, "port", None))
+            if (leader.host, leader.port) != here and self._endpoint is self._locator:
+                self._log.info(
+                    "upstream {upstream}: the leader of {stream} is {host}:{port}; moving there",
+                    upstream=self.name,
+                    stream=entry.stream,
+                    host=leader.host,
+                    port=leader.port,
+                )
+                self._endpoint = HostnameEndpoint(self._reactor, leader.host.encode(), leader.port)
+                protocol.close("moving to the stream leader")
+                self._attempt = 0
+                return False
+        return True
+
+    # --- publishing -----------------------------------------------------------
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Queue a message for its stream; fire with the broker's answer."""
+        if self._queued >= self.settings.max_queue:
+            return succeed(
+                Outcome.retry(f"upstream {self.name}: {self._queued} messages queued already")
+            )
+        stream = self.settings.stream or message.address
+        job: _Job
+        outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
+        job = _Job(stream, entry_from_message(message), outcome)
+        publisher = self._publishers.get(stream)
+        if publisher is None:
+            publisher = self._publishers[stream] = _Publisher(len(self._publishers), stream)
+            if len(self._publishers) > 255:
+                del self._publishers[stream]
+                return succeed(Outcome.rejected(f"upstream {self.name}: too many streams"))
+            connection = self._connection
+            if connection is not None:
+                Deferred.fromCoroutine(self._declare(connection, stream)).addErrback(
+                    self._declare_failed, connection
+                )
+        publisher.queue.append(job)
+        self._queued += 1
+        self.pump()
+        return outcome
+
+    def _declare_failed(self, failure: Failure, connection: StreamClientProtocol) -> None:
+        connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")
+
+    async def _declare(self, protocol: StreamClientProtocol, stream: str) -> None:
+        """Declare the stream's publisher and learn where its publishing ids go on."""
+        publisher = self._publishers[stream]
+        publisher.ready = False
+        declared = await protocol.request(
+            sp.DeclarePublisher, publisher_id=publisher.id, reference=self.reference, stream=stream
+        )
+        if declared.code != 1:
+            self._fail_queue(publisher, declared.code)
+            return
+        answer = await protocol.request(
+            sp.QueryPublisherSequence, reference=self.reference, stream=stream
+        )
+        sequence = answer.sequence if answer.code == 1 else 0
+        # Sent before the connection ended: stored if not above the sequence;
+        # else sent again, first and with the same ids (the broker deduplicates).
+        again: list[_Job] = []
+        for publishing_id, job in sorted(publisher.in_flight.items()):
+            if publishing_id <= sequence:
+                self._settle(job, Outcome.accepted())
+            else:
+                again.append(job)
+        publisher.in_flight.clear()
+        self._unconfirmed = sum(len(p.in_flight) for p in self._publishers.values())
+        publisher.queue.extendleft(reversed(again))
+        self._queued += len(again)
+        publisher.next_id = max(sequence, *(job.publishing_id for job in again), 0) + 1
+        publisher.ready = True
+        self.pump()
+
+    def _fail_queue(self, publisher: _Publisher, code: int) -> None:
+        outcome = (
+            Outcome.rejected(f"{self.name} refused a publisher on {publisher.stream} (code {code})")
+            if code in _REJECTING_CODES
+            else Outcome.retry(
+                f"{self.name} refused a publisher on {publisher.stream} (code {code})"
+            )
+        )
+        while publisher.queue:
+            self._queued -= 1
+            self._settle(publisher.queue.popleft(), outcome)
+        for job in publisher.in_flight.values():
+            self._settle(job, outcome)
+        self._unconfirmed -= len(publisher.in_flight)
+        publisher.in_flight.clear()
+        del self._publishers[publisher.stream]
+
+    def pump(self) -> None:
+        """Publish queued messages in batches while confirmations allow."""
+        connection = self._connection
+        if connection is None or connection.closing:
+            return
+        settings = self.settings
+        budget = max(connection.frame_max, 4096) - PUBLISH_OVERHEAD_BYTES
+        for publisher in self._publishers.values():
+            queue = publisher.queue
+            while publisher.ready and queue and self._unconfirmed < settings.max_unconfirmed:
+                ids: list[int] = []
+                entries: list[bytes] = []
+                size = 0
+                while queue and len(ids) < settings.batch_size:
+                    job = queue[0]
+                    if job.cancelled:
+                        queue.popleft()
+                        self._queued -= 1
+                        continue
+                    cost = ENTRY_OVERHEAD_BYTES + len(job.entry)
+                    if ids and size + cost > budget:
+                        break
+                    queue.popleft()
+                    self._queued -= 1
+                    if job.publishing_id == 0:
+                        job.publishing_id = publisher.next_id
+                        publisher.next_id += 1
+                    publisher.in_flight[job.publishing_id] = job
+                    ids.append(job.publishing_id)
+                    entries.append(job.entry)
+                    size += cost
+                if not ids:
+                    break
+                self._unconfirmed += len(ids)
+                self.traffic.messages_out += len(ids)
+                connection.send(
+                    sp.Publish(publisher_id=publisher.id, publishing_ids=ids, messages=entries)
+                )
+
+    def _publisher_by_id(self, publisher_id: int) -> _Publisher | None:
+        for publisher in self._publishers.values():
+            if publisher.id == publisher_id:
+                return publisher
+        return None
+
+    def confirmed(self, event: sp.PublishConfirm) -> None:
+        """Accept the confirmed messages."""
+        publisher = self._publisher_by_id(event.publisher_id)
+        if publisher is None:
+            return
+        for publishing_id in event.publishing_ids:
+            job = publisher.in_flight.pop(publishing_id, None)
+            if job is not None:
+                self._unconfirmed -= 1
+                self._settle(job, Outcome.accepted())
+        self.pump()
+
+    def publish_failed(self, event: sp.PublishError) -> None:
+        """Map PublishError codes to outcomes."""
+        publisher = self._publisher_by_id(event.publisher_id)
+        if publisher is None:
+            return
+        for publishing_id, code in zip(event.publishing_ids, event.codes, strict=True):
+            job = publisher.in_flight.pop(publishing_id, None)
+            if job is None:
+                continue
+            self._unconfirmed -= 1
+            reason = f"{self.name} refused the message on {publisher.stream} (code {code})"
+            self._settle(
+                job,
+                Outcome.rejected(reason, code=str(code))
+                if code in _REJECTING_CODES
+                else Outcome.retry(reason, code=str(code)),
+            )
+        self.pump()
+
+    def _settle(self, job: _Job, outcome: Outcome) -> None:
+        if not job.cancelled and not job.outcome.called:
+            job.outcome.callback(outcome)
+
+    def _cancel(self, job: _Job) -> None:
+        # The router gave up: a queued message is never sent; a sent one keeps
+        # its id (and its place under max_unconfirmed) until answered.
+        job.cancelled = True
+        publisher = self._publishers.get(job.stream)
+        if publisher is not None and job.publishing_id == 0:
+            try:
+                publisher.queue.remove(job)
+            except ValueError:
+                return
+            self._queued -= 1
+
+    # --- consuming ------------------------------------------------------------
+
+    async def _subscribe_all(self, protocol: StreamClientProtocol) -> None:
+        self._subscriptions.clear()
+        for index, stream in enumerate(self.settings.subscribe):
+            stored = await protocol.request(
+                sp.QueryOffset, reference=self.consumer_name, stream=stream
+            )
+            subscription = _Subscription(index, stream)
+            if stored.code == 1:
+                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=stored.offset + 1)
+                subscription.after = stored.offset
+                subscription.last_stored = stored.offset
+            else:
+                spec = parse_offset(self.settings.offset)
+                if spec.kind is sp.OffsetKind.OFFSET and spec.value is not None:
+                    subscription.after = spec.value - 1
+            answer = await protocol.request(
+                sp.Subscribe,
+                subscription_id=index,
+                stream=stream,
+                offset_spec=spec,
+                credit=self.settings.credit,
+                properties={"name": self.consumer_name},
+            )
+            if answer.code == 1:
+                self._subscriptions[index] = subscription
+            else:
+                self._log.warn(
+                    "upstream {upstream}: cannot subscribe to {stream} (code {code})",
+                    upstream=self.name,
+                    stream=stream,
+                    code=answer.code,
+                )
+
+    def delivered(self, protocol: StreamClientProtocol, event: sp.Deliver) -> None:
+        """Route a chunk's messages; grant credit once they all have outcomes."""
+        subscription = self._subscriptions.get(event.subscription_id)
+        if subscription is None:
+            return
+        chunk = bytes(event.chunk)
+        try:
+            header = osiris.ChunkHeader.unpack(chunk)
+            data = chunk[osiris.HEADER_BYTES :]
+            if len(data) != header.data_length or zlib.crc32(data) != header.crc:
+                raise osiris.OsirisError("chunk length or CRC does not match", kind="bad-crc")
+            entries = list(osiris.iter_entries(data))
+        except osiris.OsirisError as exc:
+            self.count_error(exc.kind)
+            protocol.close(f"bad chunk from the server: {exc.reason}")
+            return
+        timestamp = header.timestamp / 1000
+        outcomes: list[Deferred[Any]] = []
+        for index, entry in enumerate(entries):
+            offset = header.first_offset + index
+            if offset <= subscription.after:
+                continue
+            message = message_from_entry(
+                entry, stream=subscription.stream, timestamp=timestamp, offset=offset
+            )
+            result = self.router.dispatch(self.name, message)
+            if isinstance(result, Unrouted):
+                self.count_error("unrouted")
+                continue
+            outcomes.append(result.addCallback(self._consumed, message))
+        self.traffic.messages_in += len(entries)
+        last = header.first_offset + header.num_records - 1
+        subscription.after = max(subscription.after, last)
+        done: Deferred[Any] = DeferredList(outcomes, consumeErrors=True)
+        done.addCallback(lambda _: self._credit(protocol, subscription))
+
+    def _consumed(self, outcome: Outcome, message: Message) -> Outcome:
+        if not outcome.is_accepted:
+            self._log.warn(
+                "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
+                upstream=self.name,
+                id=message.id,
+                stream=message.address,
+                reason=outcome.reason,
+            )
+        return outcome
+
+    def _credit(self, protocol: StreamClientProtocol, subscription: _Subscription) -> None:
+        if protocol is self._connection and not protocol.closing:
+            protocol.send(sp.Credit(subscription_id=subscription.id, credit=1))
+
+    def _schedule_store(self) -> None:
+        if self._store_call is None or not self._store_call.active():
+            self._store_call = self.clock.callLater(
+                self.settings.store_offset_interval_seconds, self._store_tick
+            )
+
+    def _store_tick(self) -> None:
+        self._store_call = None
+        self._store_offsets()
+        if self._running and self._subscriptions:
+            self._schedule_store()
+
+    def _store_offsets(self) -> None:
+        connection = self._connection
+        if connection is None or connection.closing:
+            return
+        for subscription in self._subscriptions.values():
+            if subscription.after > subscription.last_stored:
+                connection.send(
+                    sp.StoreOffset(
+                        reference=self.consumer_name,
+                        stream=subscription.stream,
+                        offset=subscription.after,
+                    )
+                )
+                subscription.last_stored = subscription.after
+
+    # --- connection state -----------------------------------------------------
+
+    def connection_lost(self, protocol: StreamClientProtocol, reason: Failure) -> None:
+        """Reconnect with backoff; sent messages stay in flight until the next sequence query."""
+        if self._connection is protocol:
+            self._connection = None
+            self._log.info(
+                "upstream {upstream}: connection lost: {reason}",
+                upstream=self.name,
+                reason=reason.getErrorMessage(),
+            )
+            if self._metrics is not None:
+                self._metrics.upstream_up.labels(self.name).set(0)
+        for publisher in self._publishers.values():
+            publisher.ready = False
+        if self._running:
+            self._retry_later()
+        elif self._stopped is not None and not self._stopped.called:
+            self._stopped.callback(None)
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
