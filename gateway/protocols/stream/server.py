@@ -268,6 +268,12 @@ class StreamServerProtocol(Protocol):
             return
         self._heard_since = True
         self.factory.traffic.bytes_in += len(data)
+        if self._state == "closing":
+            # We sent Close after a bad frame, so the codec is dead: whatever
+            # comes now (the client's answer) ends the connection, without
+            # reporting the same bad frame a second time.
+            self._close()
+            return
         error: sp.StreamError | None = None
         try:
             events = self._codec.receive_data(data)
@@ -526,16 +532,20 @@ class StreamServerProtocol(Protocol):
                 )
             )
             return
+        last = stream.last_chunk_id
         stats = {
             "committed_chunk_id": stream.committed_chunk_id,
-            "first_chunk_id": stream.first_chunk_id,
-            "last_chunk_id": stream.last_chunk_id,
+            # -1 for an empty stream, as osiris reports it (the log says "next offset").
+            "first_chunk_id": stream.first_chunk_id if last >= 0 else -1,
+            "last_chunk_id": last,
         }
         self._send(
             sp.StreamStatsResponse(correlation_id=event.correlation_id, code=OK, statistics=stats)
         )
 
     def _on_exchange_command_versions(self, event: sp.ExchangeCommandVersions) -> None:
+        if not self._require_open(event):
+            return
         self._send(
             sp.ExchangeCommandVersionsResponse(
                 correlation_id=event.correlation_id,
@@ -548,6 +558,8 @@ class StreamServerProtocol(Protocol):
         )
 
     def _on_unsupported(self, event: Any) -> None:
+        if not self._require_open(event):
+            return
         # Super streams are not supported.
         key = (
             sp.Key.CREATE_SUPER_STREAM
@@ -559,6 +571,8 @@ class StreamServerProtocol(Protocol):
         )
 
     def _on_route(self, event: Any) -> None:
+        if not self._require_open(event):
+            return
         self._send(
             sp.RouteResponse(
                 correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, streams=()
@@ -566,6 +580,8 @@ class StreamServerProtocol(Protocol):
         )
 
     def _on_partitions(self, event: Any) -> None:
+        if not self._require_open(event):
+            return
         self._send(
             sp.PartitionsResponse(
                 correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, streams=()
