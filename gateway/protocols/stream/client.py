@@ -8,7 +8,8 @@ connected to, it reconnects there (plain TCP; a TLS locator needs the
 leader to be the same node). It reconnects with backoff when the connection
 ends.
 
-Publishing: it is the route destination. Messages are encoded as AMQP 1.0
+Publishing: it is the route destination. While it is not connected it
+answers "retry later" at once. Messages are encoded as AMQP 1.0
 (`gateway.protocols.stream.mapping`), queued per stream, and published in
 batches (up to ``batch_size`` per Publish frame, within frame_max) with at
 most ``max_unconfirmed`` awaiting confirmation. Each stream has a publisher
@@ -499,6 +500,10 @@ class StreamUpstream:
 
     def deliver(self, message: Message) -> Deferred[Outcome]:
         """Queue a message for its stream; fire with the broker's answer."""
+        if self._connection is None:
+            # Not connected: say so at once (a durable route's forwarder
+            # retries with backoff; a direct route's sender learns "later").
+            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
         if self._queued >= self.settings.max_queue:
             return succeed(
                 Outcome.retry(f"upstream {self.name}: {self._queued} messages queued already")
