@@ -3,7 +3,7 @@
 In one run, three targets are measured with the same client code:
 
 * RabbitMQ (Debian's 3.10 with ``rabbitmq_stream``), a private node on
-  loopback started by `bench.rabbitmq.RabbitMQNode` (installed if missing;
+  loopback started by `tests.rabbitmq.RabbitMQNode` (installed if missing;
   skipped, with the reason, if it cannot be installed or started);
 * the gateway with ``[log] fsync = "always"`` (every commit fsynced before
   its messages are confirmed);
@@ -67,8 +67,8 @@ from typing import Any, Final
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.rabbitmq import RabbitMQError, RabbitMQNode  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
+from tests.rabbitmq import RabbitMQError, RabbitMQNode  # noqa: E402
 
 MESSAGE_BYTES: Final = 100
 BATCH_MESSAGES: Final = 1_000

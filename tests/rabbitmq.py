@@ -1,4 +1,4 @@
-"""A private RabbitMQ node with the stream plugin, for benchmarks and tests.
+"""A private RabbitMQ node with the stream plugin, for tests and benchmarks.
 
 `RabbitMQNode` is a context manager that starts a throw-away RabbitMQ node
 (Debian's ``rabbitmq-server`` package, 3.10 on Debian 12) and stops it on
@@ -6,6 +6,8 @@ exit::
 
     with RabbitMQNode() as node:
         producer = rstream.Producer(**node.stream_connection())
+        ...
+        node.restart()  # same node name, ports and data: streams survive
 
 The node is private to its owner:
 
@@ -14,10 +16,21 @@ The node is private to its owner:
 * its data, logs, configuration, enabled-plugins file, Erlang cookie
   (``HOME``) and pid file in one directory (a temporary one by default);
 * only loopback: AMQP, the stream listener (advertised as ``127.0.0.1`` and
-  its port), epmd and Erlang distribution, each on a free port of its own;
+  its port), epmd and Erlang distribution, each on a free port of its own,
+  chosen below the kernel's ephemeral range so that no client connection
+  takes one while the broker is down for a restart;
 * only what it started is stopped: the broker with ``rabbitmqctl stop``
-  (then SIGTERM and SIGKILL to the process group it created, if it hangs)
-  and its own epmd by PID. Nothing in ``/etc/rabbitmq`` is read or written.
+  (then SIGTERM and SIGKILL to the process group it created, if it hangs),
+  its own epmd by PID, and then any process still carrying this node's
+  marker in its environment (the VM's port programs, such as
+  ``inet_gethost``, run in sessions of their own and outlive a killed VM
+  for a moment). Every step has a deadline. Nothing in ``/etc/rabbitmq``
+  is read or written.
+
+`RabbitMQNode.stop_broker` stops the broker alone (gracefully, or with
+SIGKILL to simulate a crash) and `RabbitMQNode.start` brings it back on the
+same node name, ports and data directory; `RabbitMQNode.restart` does both
+and returns once the broker and every stream it had are back.
 
 The broker is run as ``/usr/lib/rabbitmq/bin/rabbitmq-server`` rather than
 ``/usr/sbin/rabbitmq-server``: Debian's wrapper switches to the ``rabbitmq``
@@ -25,16 +38,19 @@ user when run as root, and that user could not write a root-owned
 temporary directory.
 
 `install_rabbitmq` installs the package with apt-get if it is missing
-(root only). Failures raise `RabbitMQUnavailable` (cannot be run here: not
-installed, not installable) or `RabbitMQStartError` (installed but did not
-start, with the tail of its log): callers can skip on the first and fail
-on the second. Standard library only; no pytest dependency.
+(root only), without letting the package start a system node. Failures
+raise `RabbitMQUnavailable` (cannot be run here: not installed, not
+installable) or `RabbitMQStartError` (installed but did not start, with the
+tail of its log): callers can skip on the first and fail on the second.
+Standard library only; no pytest dependency.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -61,16 +77,30 @@ RABBITMQ_BIN: Final = Path("/usr/lib/rabbitmq/bin")
 """Where Debian's package keeps the real scripts (not the su wrappers)."""
 
 START_TIMEOUT_SECONDS: Final = 90.0
-"""Start to ready is about 5 s on these machines; the first start after an
-install also compiles nothing, so 90 s only catches a hang."""
+"""Start to ready is about 5 s on these machines; 90 s only catches a hang."""
 
 STOP_TIMEOUT_SECONDS: Final = 30.0
+"""For ``rabbitmqctl stop`` and the VM's exit together (about 2 s seen)."""
+
+SIGNAL_TIMEOUT_SECONDS: Final = 10.0
+"""For the broker's process group to exit after SIGTERM, and again after SIGKILL."""
+
+LEFTOVER_TIMEOUT_SECONDS: Final = 5.0
+"""For the VM's port programs to exit on their own after it, before SIGKILL."""
+
 CLI_TIMEOUT_SECONDS: Final = 60.0
 INSTALL_TIMEOUT_SECONDS: Final = 900.0
 POLL_INTERVAL_SECONDS: Final = 0.1
 LOG_TAIL_BYTES: Final = 6000
 
+LOWEST_PORT: Final = 10000
+"""Ports are picked from here up to the kernel's ephemeral range."""
+
+MARKER_VARIABLE: Final = "MSGGATEWAY_RABBITMQ_NODE"
+"""Set to the node name in the environment of every process a node starts."""
+
 _POLICY_RC_D: Final = Path("/usr/sbin/policy-rc.d")
+_EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 class RabbitMQError(Exception):
@@ -95,7 +125,8 @@ def find_rabbitmq() -> Path:
         return RABBITMQ_BIN
     raise RabbitMQUnavailable(
         f"rabbitmq-server is not installed ({RABBITMQ_BIN / 'rabbitmq-server'} is missing);"
-        " install it with `apt-get install rabbitmq-server` (as root) or pass install=True"
+        " `./dev test` installs it when run as root, or run"
+        " `apt-get install rabbitmq-server` as root"
     )
 
 
@@ -142,7 +173,7 @@ def install_rabbitmq(*, update: bool = True) -> list[str]:
     done: list[str] = []
     made_policy = not _POLICY_RC_D.exists()
     if made_policy:
-        _POLICY_RC_D.write_text("#!/bin/sh\n# msggateway bench: no service starts\nexit 101\n")
+        _POLICY_RC_D.write_text("#!/bin/sh\n# msggateway tests: no service starts\nexit 101\n")
         _POLICY_RC_D.chmod(0o755)
     try:
         for command in commands:
@@ -174,12 +205,29 @@ def install_rabbitmq(*, update: bool = True) -> list[str]:
 
 
 def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together, so they differ)."""
+    """Distinct free loopback ports below the ephemeral range (held open together).
+
+    A port the kernel hands out for port 0 may later become the source port
+    of some client connection; one below the ephemeral range only goes to a
+    listener that asks for it, so the node can get its ports back after a
+    restart. Without a readable range, the kernel chooses.
+    """
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    below = range(LOWEST_PORT, low)
+    candidates = random.sample(below, min(200, len(below)))
     with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for candidate in [*candidates, *[0] * count]:
+            if len(ports) == count:
+                break
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
             ports.append(sock.getsockname()[1])
         return ports
 
@@ -202,12 +250,30 @@ def _tail(path: Path) -> str:
     return data[-LOG_TAIL_BYTES:].decode("utf-8", "replace")
 
 
+def _marked_processes(marker: bytes, exclude: set[int]) -> set[int]:
+    """PIDs of live processes whose environment holds ``marker`` (zombies have exited)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in exclude:
+                continue
+            try:
+                if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                found.add(int(entry.name))
+    return found
+
+
 class RabbitMQNode:
     """A private RabbitMQ node with ``rabbitmq_stream``, on loopback; a context manager.
 
     Args:
-        directory: Where its files go (a temporary directory, removed at
-            exit, if None; kept if given).
+        directory: Where its files go (a temporary directory, removed by
+            `stop`, if None; kept if given).
         install: Install the Debian package first if it is missing (root).
         start_timeout: Seconds to wait for the node to be ready.
 
@@ -256,6 +322,11 @@ class RabbitMQNode:
         return self._directory
 
     @property
+    def running(self) -> bool:
+        """Whether the broker process is alive (started and not stopped)."""
+        return self._server is not None and self._server.poll() is None
+
+    @property
     def server_pid(self) -> int | None:
         """The Erlang VM's process id (from the node's pid file), once it wrote it."""
         try:
@@ -274,7 +345,9 @@ class RabbitMQNode:
 
     def log_tail(self) -> str:
         """The end of the broker's console output and of its main log."""
-        directory = self.directory
+        if self._directory is None:
+            return "(the node has no directory)"
+        directory = self._directory
         main_logs = sorted((directory / "log").glob("*.log"))
         parts = [f"--- console ---\n{_tail(directory / 'console.log')}"]
         parts += [f"--- {path.name} ---\n{_tail(path)}" for path in main_logs]
@@ -287,10 +360,28 @@ class RabbitMQNode:
     def rabbitmqctl(self, *args: str, timeout: float = CLI_TIMEOUT_SECONDS) -> str:
         """Run ``rabbitmqctl`` against this node; return its output.
 
+        For example ``node.rabbitmqctl("list_queues", "name", "type")``.
+
         Raises:
             RabbitMQStartError: It failed or timed out (with its output).
         """
         return self._cli("rabbitmqctl", "-n", self.node_name, *args, timeout=timeout)
+
+    def streams(self) -> dict[str, str]:
+        """The node's streams (virtual host ``/``): name to state (``running`` when usable)."""
+        output = self.rabbitmqctl(
+            "list_queues", "name", "type", "state", "--formatter", "json", "--quiet"
+        )
+        rows = json.loads(output or "[]")
+        return {row["name"]: str(row["state"]) for row in rows if row.get("type") == "stream"}
+
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream (``rabbitmqctl delete_queue`` works for streams on 3.10).
+
+        Raises:
+            RabbitMQStartError: There is no such stream, or the command failed.
+        """
+        self.rabbitmqctl("delete_queue", name)
 
     # --- start and stop --------------------------------------------------------------------
 
@@ -307,49 +398,76 @@ class RabbitMQNode:
         self.stop()
 
     def start(self) -> RabbitMQNode:
-        """Start the node and wait until its stream listener answers.
+        """Start the node and wait until it is ready; returns the node.
+
+        The first start sets the node up (directory, ports, configuration,
+        plugin, epmd). After `stop_broker` it starts the broker again with
+        the same node name, ports and data, and also waits until every
+        stream it had is running again. After `stop`, it starts afresh.
 
         Raises:
             RabbitMQUnavailable: Not installed (and not installable).
             RabbitMQStartError: It exited, or was not ready in time (with its log).
         """
+        if self.running:
+            raise RabbitMQError("the node is running already")
+        first = self._directory is None
+        try:
+            if first:
+                self._set_up()
+            elif self._epmd is None or self._epmd.poll() is not None:
+                self._start_epmd()
+            self._start_server(await_streams=not first)
+        except BaseException:
+            if first:
+                self.stop()
+            else:
+                self._stop_server(graceful=False)
+            raise
+        return self
+
+    def stop_broker(self, *, graceful: bool = True) -> None:
+        """Stop the broker only, keeping its epmd, ports, directory and data for `start`.
+
+        Args:
+            graceful: Stop it with ``rabbitmqctl stop``; if False, SIGKILL it
+                at once (a crash: what was confirmed is on disk, not fsynced).
+        """
+        self._stop_server(graceful=graceful)
+
+    def restart(self, *, graceful: bool = True) -> RabbitMQNode:
+        """`stop_broker`, then `start`: the same node, ports and streams; returns the node."""
+        self.stop_broker(graceful=graceful)
+        return self.start()
+
+    def stop(self) -> None:
+        """Stop everything it started and remove a temporary directory.
+
+        Bounded in time; safe to call more than once, and after a failed start.
+        """
+        try:
+            self._stop_server(graceful=True)
+        finally:
+            self._stop_epmd()
+            self._stop_leftovers(exclude=set())
+            if self._given_directory is None and self._directory is not None:
+                shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    # --- how ---------------------------------------------------------------------------------
+
+    def _set_up(self) -> None:
+        """Install if asked; make the directory, configuration and plugins file; start epmd."""
         if self._install:
             self.setup_notes += install_rabbitmq()
         self._bin = find_rabbitmq()
-        epmd = _find_epmd()
         if self._given_directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="msggw-rabbitmq-"))
         else:
             self._directory = self._given_directory
             self._directory.mkdir(parents=True, exist_ok=True)
-        try:
-            self._prepare()
-            self._epmd = subprocess.Popen(
-                [epmd, "-address", "127.0.0.1", "-port", str(self.epmd_port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=self._env,
-            )
-            self._wait_for_port(self.epmd_port, "epmd", self._epmd, time.monotonic() + 10)
-            self._cli("rabbitmq-plugins", "--offline", "enable", "rabbitmq_stream")
-            with (self.directory / "console.log").open("wb") as console:
-                self._server = subprocess.Popen(
-                    [str(self._bin / "rabbitmq-server")],
-                    stdin=subprocess.DEVNULL,
-                    stdout=console,
-                    stderr=subprocess.STDOUT,
-                    env=self._env,
-                    cwd=self.directory,
-                    start_new_session=True,  # its own process group, ours to signal
-                )
-            deadline = time.monotonic() + self._start_timeout
-            self._wait_for_port(self.stream_port, "the stream listener", self._server, deadline)
-            left = max(1.0, deadline - time.monotonic())
-            self.rabbitmqctl("await_startup", "--timeout", str(int(left)), timeout=left + 10)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._prepare()
+        self._start_epmd()
 
     def _prepare(self) -> None:
         """Choose ports and write the node's configuration, plugins file and cookie."""
@@ -358,6 +476,7 @@ class RabbitMQNode:
         home = directory / "home"
         home.mkdir(exist_ok=True)
         cookie = home / ".erlang.cookie"
+        cookie.unlink(missing_ok=True)
         cookie.write_text("".join(secrets.choice(string.ascii_uppercase) for _ in range(20)))
         cookie.chmod(0o400)
         (directory / "rabbitmq.conf").write_text(
@@ -369,12 +488,16 @@ class RabbitMQNode:
             "log.file.level = info\n"
         )
         (directory / "rabbitmq-env.conf").write_text("# private node: nothing from /etc\n")
+        # What `rabbitmq-plugins --offline enable rabbitmq_stream` writes, without
+        # the second or two its CLI takes; dependencies are resolved at boot.
+        (directory / "enabled_plugins").write_text("[rabbitmq_stream].\n")
         loopback = "-kernel inet_dist_use_interface {127,0,0,1}"
         self._env = {
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "HOME": str(home),
+            MARKER_VARIABLE: self.node_name,
             "RABBITMQ_NODENAME": self.node_name,
             "RABBITMQ_BASE": str(directory),
             "RABBITMQ_CONF_ENV_FILE": str(directory / "rabbitmq-env.conf"),
@@ -394,14 +517,65 @@ class RabbitMQNode:
             "ERL_EPMD_PORT": str(self.epmd_port),
         }
 
+    def _start_epmd(self) -> None:
+        """Start the node's own epmd on loopback and wait until it answers.
+
+        It runs for the node's whole life (across restarts), so the VM and
+        the CLI tools never start a daemonised epmd of their own.
+        """
+        self._epmd = subprocess.Popen(
+            [_find_epmd(), "-address", "127.0.0.1", "-port", str(self.epmd_port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=self._env,
+        )
+        self._wait_for_port(self.epmd_port, "epmd", self._epmd, time.monotonic() + 10)
+
+    def _start_server(self, *, await_streams: bool) -> None:
+        """Start the broker in a process group of its own and wait until it is ready."""
+        assert self._bin is not None
+        (self.directory / "rabbitmq.pid").unlink(missing_ok=True)
+        with (self.directory / "console.log").open("ab") as console:
+            self._server = subprocess.Popen(
+                [str(self._bin / "rabbitmq-server")],
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                cwd=self.directory,
+                start_new_session=True,  # its own process group, ours to signal
+            )
+        deadline = time.monotonic() + self._start_timeout
+        self._wait_for_port(self.stream_port, "the stream listener", self._server, deadline)
+        left = max(1.0, deadline - time.monotonic())
+        self.rabbitmqctl("await_startup", "--timeout", str(int(left)), timeout=left + 10)
+        if await_streams:
+            self._await_streams(deadline)
+
+    def _await_streams(self, deadline: float) -> None:
+        """Wait until every stream of the node is running again (after a restart)."""
+        while True:
+            states = self.streams()
+            waiting = {name: state for name, state in states.items() if state != "running"}
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise RabbitMQStartError(
+                    f"streams not running again in time: {waiting}\n{self.log_tail()}"
+                )
+            time.sleep(POLL_INTERVAL_SECONDS)
+
     def _cli(self, tool: str, *args: str, timeout: float = CLI_TIMEOUT_SECONDS) -> str:
         """Run one of the node's CLI tools with its environment."""
-        assert self._bin is not None
+        if self._bin is None:
+            raise RabbitMQError("the node is not started")
         command = [str(self._bin / tool), *args]
         try:
             result = subprocess.run(
                 command,
                 env=self._env,
+                stdin=subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -432,45 +606,54 @@ class RabbitMQNode:
                 )
             time.sleep(POLL_INTERVAL_SECONDS)
 
-    def stop(self) -> None:
-        """Stop the broker and its epmd (only those), and remove a temporary directory.
-
-        Safe to call more than once, and after a failed start.
-        """
-        try:
-            self._stop_server()
-        finally:
-            self._stop_epmd()
-            if self._given_directory is None and self._directory is not None:
-                shutil.rmtree(self._directory, ignore_errors=True)
-                self._directory = None
-
-    def _stop_server(self) -> None:
+    def _stop_server(self, *, graceful: bool) -> None:
+        """Stop the broker's process group, then its port programs; bounded in time."""
         server, self._server = self._server, None
         if server is None:
             return
-        if server.poll() is None:
+        if graceful and server.poll() is None:
+            deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
             with contextlib.suppress(RabbitMQStartError):
                 self.rabbitmqctl("stop", timeout=STOP_TIMEOUT_SECONDS)
-        for sent in (None, signal.SIGTERM, signal.SIGKILL):
-            if sent is not None:
-                # The process group is the one start() created for the broker.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server.pid, sent)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                server.wait(STOP_TIMEOUT_SECONDS if sent is None else 10)
+                server.wait(max(0.1, deadline - time.monotonic()))
+        for sent in (signal.SIGTERM, signal.SIGKILL) if graceful else (signal.SIGKILL,):
+            if server.poll() is not None:
                 break
+            # The process group is the one _start_server created for the broker.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, sent)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(SIGNAL_TIMEOUT_SECONDS)
         # The shell has gone; make sure the VM it started has too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
+        self._stop_leftovers(exclude={self._epmd.pid} if self._epmd is not None else set())
+
+    def _stop_leftovers(self, exclude: set[int]) -> None:
+        """Wait a little for this node's remaining processes to exit, then SIGKILL them.
+
+        Found by the marker in their environment, so only processes this
+        node started (directly or not) are touched, never another node's.
+        """
+        marker = f"{MARKER_VARIABLE}={self.node_name}".encode()
+        deadline = time.monotonic() + LEFTOVER_TIMEOUT_SECONDS
+        left = _marked_processes(marker, exclude)
+        while left and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_SECONDS)
+            left = _marked_processes(marker, exclude)
+        for pid in left:  # found alive by the scan just above
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _stop_epmd(self) -> None:
+        """Stop the node's epmd by its PID."""
         epmd, self._epmd = self._epmd, None
         if epmd is None or epmd.poll() is not None:
             return
         epmd.terminate()
         try:
-            epmd.wait(10)
+            epmd.wait(SIGNAL_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
             epmd.kill()
             epmd.wait()
