@@ -535,6 +535,8 @@ class StreamUpstream:
         """Declare the stream's publisher and learn where its publishing ids go on."""
         publisher = self._publishers[stream]
         publisher.ready = False
+        if self.settings.create_streams:
+            await protocol.request(sp.Create, stream=stream, arguments={})  # 5: it exists
         declared = await protocol.request(
             sp.DeclarePublisher, publisher_id=publisher.id, reference=self.reference, stream=stream
         )
