@@ -10,12 +10,13 @@ any route can become durable without the router or the adapters changing.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -242,6 +243,7 @@ class Router:
         self.table = table
         self._clock = clock
         self._metrics = metrics
+        self._watches: dict[BoundRoute, _Deadlines] = {}
 
     def replace_table(self, table: RouteTable) -> None:
         """Use a new route table for messages dispatched from now on."""
@@ -317,14 +319,7 @@ class Router:
             stats.in_flight += 1
         d = bound.delivery.deliver(translated)
         if not d.called:
-            d.addTimeout(
-                route.timeout_seconds,
-                self._clock,
-                onTimeoutCancel=lambda _result, timeout: Outcome.retry(
-                    f"route {route.name}: no outcome from {route.destination}"
-                    f" within {timeout:g} seconds"
-                ),
-            )
+            d = self._deadlines(bound).watch(d)
         if stats is None:
             return d
 
@@ -336,8 +331,69 @@ class Router:
 
         return d.addCallback(finished)
 
+    def _deadlines(self, bound: BoundRoute) -> _Deadlines:
+        watch = self._watches.get(bound)
+        if watch is None:
+            if len(self._watches) > 4 * len(self.table.routes) + 16:
+                # Routes of tables replaced long ago: drop the idle ones.
+                self._watches = {b: w for b, w in self._watches.items() if w.busy}
+            watch = self._watches[bound] = _Deadlines(bound.route, self._clock)
+        return watch
+
     def _stats(self, route: str) -> RouteStats | None:
         return None if self._metrics is None else self._metrics.route(route)
+
+
+class _Deadlines:
+    """The time-outs of one route's deliveries: one timer, not one per message.
+
+    A route's time-out is the same for all its messages, so their deadlines
+    come in the order the messages do: a queue whose head is the next to
+    expire. A delivery still waiting at its deadline is cancelled, and the
+    sender told to retry later.
+    """
+
+    __slots__ = ("_call", "_clock", "_queue", "_route")
+
+    def __init__(self, route: Route, clock: IReactorTime) -> None:
+        self._route = route
+        self._clock = clock
+        self._queue: deque[tuple[float, Deferred[Outcome]]] = deque()
+        self._call: IDelayedCall | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether some delivery is still watched."""
+        return bool(self._queue)
+
+    def watch(self, d: Deferred[Outcome]) -> Deferred[Outcome]:
+        """Watch a delivery; return it with its time-out turned into an outcome."""
+        queue = self._queue
+        while queue and queue[0][1].called:
+            queue.popleft()  # answered in time: forget it
+        queue.append((self._clock.seconds() + self._route.timeout_seconds, d))
+        if self._call is None:
+            self._call = self._clock.callLater(self._route.timeout_seconds, self._expire)
+        return d.addErrback(self._timed_out)
+
+    def _expire(self) -> None:
+        self._call = None
+        queue = self._queue
+        now = self._clock.seconds()
+        while queue and (queue[0][1].called or queue[0][0] <= now):
+            _deadline, d = queue.popleft()
+            if not d.called:
+                d.cancel()
+        if queue:
+            self._call = self._clock.callLater(max(queue[0][0] - now, 0.0), self._expire)
+
+    def _timed_out(self, failure: Failure) -> Outcome:
+        failure.trap(CancelledError)
+        route = self._route
+        return Outcome.retry(
+            f"route {route.name}: no outcome from {route.destination}"
+            f" within {route.timeout_seconds:g} seconds"
+        )
 
 
 def _translate(route: Route, message: Message, addresses: list[str]) -> Message:

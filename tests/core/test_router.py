@@ -327,14 +327,19 @@ def test_outcome_after_the_timeout_is_ignored() -> None:
 
 
 def test_timely_outcome_cancels_the_timer() -> None:
-    """An outcome in time leaves no timer behind; a synchronous one never starts one."""
+    """One timer per route, not per message; it ends once nothing is left to watch."""
     central = _HeldDestination("central")
     router, clock, _ = _router([_route("weather", "weather.#", timeout=5)], central)
     d = _dispatch(router, "weather.paris")
+    more = [_dispatch(router, "weather.lyon") for _ in range(10)]
     assert len(clock.getDelayedCalls()) == 1
-    central.answer(0, Outcome.accepted())
+    for index in range(11):
+        central.answer(index, Outcome.accepted())
+    clock.advance(5)  # the timer finds nothing waiting and does not come back
     assert clock.getDelayedCalls() == []
+    assert central.cancelled == []
     assert _result(d) == Outcome.accepted()
+    assert [_result(m) for m in more] == [Outcome.accepted()] * 10
 
     answering, answering_clock, _ = _router(
         [_route("weather", "weather.#")], _AnsweringDestination("central")
