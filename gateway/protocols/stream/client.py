@@ -347,6 +347,7 @@ class StreamUpstream:
         self._store_call: IDelayedCall | None = None
         self._connecting: Deferred[Any] | None = None
         self._stopped: Deferred[None] | None = None
+        self._pump_call: IDelayedCall | None = None
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
 
@@ -365,7 +366,7 @@ class StreamUpstream:
     def stop(self) -> Deferred[None]:
         """Store consumed offsets, close, and stop reconnecting."""
         self._running = False
-        for call in (self._connect_call, self._store_call):
+        for call in (self._connect_call, self._store_call, self._pump_call):
             if call is not None and call.active():
                 call.cancel()
         if self._connecting is not None and not self._connecting.called:
@@ -525,8 +526,17 @@ class StreamUpstream:
                 )
         publisher.queue.append(job)
         self._queued += 1
-        self.pump()
+        self._pump_soon()
         return outcome
+
+    def _pump_soon(self) -> None:
+        """Publish at the end of this reactor turn: what arrives together shares frames."""
+        if self._pump_call is None:
+            self._pump_call = self.clock.callLater(0, self._pump_now)
+
+    def _pump_now(self) -> None:
+        self._pump_call = None
+        self.pump()
 
     def _declare_failed(self, failure: Failure, connection: StreamClientProtocol) -> None:
         connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")

@@ -70,6 +70,7 @@ UTF-8 bytes, or, as a key or address, has them replaced by ``?``).
 from __future__ import annotations
 
 import re
+import struct
 import uuid
 from collections.abc import Iterable
 from typing import Final
@@ -256,9 +257,97 @@ def _body_bytes(body: Body) -> bytes:
 def entry_from_message(message: Message) -> bytes:
     """Map a message to the AMQP 1.0 entry a stream stores.
 
+    Messages whose texts are all short ASCII strings (the usual case) are
+    written by a direct encoder; the others go through
+    `gateway.codecs.amqp.encode_message`. Both write the same sections.
+
     Returns:
         The entry's bytes (see the module docstring for the mapping).
     """
+    fast = _ascii_entry(message)
+    return fast if fast is not None else _general_entry(message)
+
+
+_STR8: Final = b"\xa1"
+_NULL: Final = b"\x40"
+_TIMESTAMP_CODE: Final = b"\x83"
+_DOUBLE_CODE: Final = b"\x82"
+_PROPERTIES: Final = b"\x00\x53\x73"
+_APPLICATION_PROPERTIES: Final = b"\x00\x53\x74"
+_DATA: Final = b"\x00\x53\x75"
+_I64: Final = struct.Struct(">q")
+_F64: Final = struct.Struct(">d")
+_U32: Final = struct.Struct(">I")
+_U32_PAIR: Final = struct.Struct(">II")
+_TIMESTAMP_KEY: Final = b"\xa1" + bytes([len(TIMESTAMP_HEADER)]) + TIMESTAMP_HEADER.encode()
+
+
+def _short_ascii(text: str) -> bytes | None:
+    """``str8`` encoding of a short ASCII string, or None (the general encoder does it)."""
+    if len(text) > 255 or not text.isascii():
+        return None
+    return _STR8 + bytes((len(text),)) + text.encode("ascii")
+
+
+def _compound(section: bytes, short: int, long: int, fields: bytes, count: int) -> bytes:
+    """A described list or map in its 8-bit form when it fits, else its 32-bit one."""
+    if len(fields) + 1 < 256 and count < 256:
+        return section + bytes((short, len(fields) + 1, count)) + fields
+    return section + bytes((long,)) + _U32_PAIR.pack(len(fields) + 4, count) + fields
+
+
+def _ascii_entry(message: Message) -> bytes | None:
+    """The entry of a message whose texts are all short ASCII strings, else None."""
+    message_id = _short_ascii(message.id)
+    to = _short_ascii(message.address)
+    if message_id is None or to is None:
+        return None
+    milliseconds = _milliseconds(message.timestamp)
+    if milliseconds is None:
+        fields = message_id + _NULL + to
+        count = 3
+    else:
+        fields = message_id + _NULL + to + _NULL * 6 + _TIMESTAMP_CODE + _I64.pack(milliseconds)
+        count = 10
+    parts = [_compound(_PROPERTIES, 0xC0, 0xD0, fields, count)]
+    pairs: list[bytes] = []
+    for key, value in message.headers.items():
+        if key in _RESERVED:
+            continue
+        if type(value) is not str:
+            return None
+        encoded_key = _short_ascii(key)
+        encoded_value = _short_ascii(value)
+        if encoded_key is None or encoded_value is None:
+            return None
+        pairs.append(encoded_key + encoded_value)
+    if message.sender is not None:
+        sender = _short_ascii(message.sender)
+        if sender is None:
+            return None
+        pairs.append(_short_ascii(SENDER_HEADER) + sender)  # type: ignore[operator]
+    if message.recipients:
+        recipients = _short_ascii(_join(message.recipients))
+        if recipients is None:
+            return None
+        pairs.append(_short_ascii(RECIPIENTS_HEADER) + recipients)  # type: ignore[operator]
+    if message.timestamp:
+        pairs.append(_TIMESTAMP_KEY + _DOUBLE_CODE + _F64.pack(float(message.timestamp)))
+    if pairs:
+        parts.append(
+            _compound(_APPLICATION_PROPERTIES, 0xC1, 0xD1, b"".join(pairs), 2 * len(pairs))
+        )
+    body = message.body
+    if len(body) < 256:
+        parts.append(_DATA + b"\xa0" + bytes((len(body),)))
+    else:
+        parts.append(_DATA + b"\xb0" + _U32.pack(len(body)))
+    parts.append(body)
+    return b"".join(parts)
+
+
+def _general_entry(message: Message) -> bytes:
+    """The entry of any message, through the general AMQP encoder."""
     properties = Properties(
         message_id=_wire_text(message.id),
         to=_valid_text(message.address),
