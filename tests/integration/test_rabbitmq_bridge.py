@@ -171,7 +171,7 @@ def test_rabbitmq_to_ssmp(gateway: GatewayProcess, rabbitmq: Any, stream_name: s
 
 @pytest.mark.timeout(300)
 def test_broker_restart(gateway: GatewayProcess, rabbitmq: Any, stream_name: str) -> None:
-    """Durable: every K'd message arrives exactly once; direct: Z while RabbitMQ is away."""
+    """Durable: every K'd message arrives once; direct: Z and SSMP 400 retry while it is away."""
     client = QMQPSession(gateway.address("mail"))
     try:
         before = [mail(f"d{i}", "ops@durable.example", subject=f"d{i}") for i in range(50)]
@@ -189,6 +189,12 @@ def test_broker_restart(gateway: GatewayProcess, rabbitmq: Any, stream_name: str
             replies = {b.id: b for b in client.read_blocks(51)}  # type: ignore[union-attr]
             assert replies[b"direct-while-down"].status == qmqp.Z  # type: ignore[union-attr]
             assert {r.status for k, r in replies.items() if k.startswith(b"e")} == {qmqp.K}  # type: ignore[union-attr]
+            # An SSMP publisher on the direct route hears "retry" (400), not 200.
+            with LineClient(gateway.address("hub")) as publisher:
+                publisher.send("LOGIN sensor-8 open", "MCAST ticks while down")
+                publisher.expect("200")
+                answer = publisher.expect_code(400)
+                assert answer.startswith(b"400 retry: "), answer
         finally:
             rabbitmq.start()  # the session's node must be running again, whatever happened
         client.send(b"1:D,")
