@@ -39,7 +39,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Self
+from typing import Final, Self, cast
 
 from gateway.codecs.errors import LocalProtocolError, RemoteProtocolError
 
@@ -68,14 +68,17 @@ __all__ = [
     "IndexRecord",
     "OsirisError",
     "OsirisLocalError",
+    "SubBatch",
     "decode_tracking",
     "decode_tracking_snapshot",
     "delivery_payload",
     "encode_chunk",
     "encode_entries",
+    "encode_mixed_entries",
     "encode_sub_batch",
     "encode_tracking",
     "encode_tracking_snapshot",
+    "entry_bytes",
     "file_stem",
     "frame_chunk",
     "index_file_name",
@@ -165,6 +168,41 @@ class OsirisError(RemoteProtocolError):
 
 class OsirisLocalError(LocalProtocolError):
     """A value that the osiris layout cannot carry (too long, too many, out of range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubBatch:
+    """A sub-batch entry as a chunk stores it (notes 10.4), kept whole.
+
+    Attributes:
+        entry: Its bytes from the flags byte on: the 11-byte sub-batch header
+            and the (maybe compressed) records section.
+        records: Records it holds, from its header: the offsets it takes.
+        compression: Its compression type, from its header.
+    """
+
+    entry: bytes | memoryview
+    records: int
+    compression: int
+
+    @classmethod
+    def parse(cls, entry: bytes | memoryview) -> SubBatch:
+        """Read a raw sub-batch entry's header; the records are not looked at.
+
+        Raises:
+            OsirisError: Not a sub-batch, a header cut short, or a length that
+                disagrees with the entry's size.
+        """
+        if len(entry) < SUB_BATCH_HEADER_BYTES or not entry[0] & 0x80:
+            raise OsirisError("not a sub-batch entry", kind="short-entry")
+        flags, count, _uncompressed, length = _SUB_BATCH.unpack_from(entry, 0)
+        if SUB_BATCH_HEADER_BYTES + length != len(entry):
+            raise OsirisError(
+                f"sub-batch declares {length} bytes and holds"
+                f" {len(entry) - SUB_BATCH_HEADER_BYTES}",
+                kind="short-entry",
+            )
+        return cls(entry, count, (flags >> 4) & 0x07)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,6 +325,29 @@ def encode_entries(messages: Sequence[bytes | memoryview]) -> bytes:
     return b"".join(parts)
 
 
+def encode_mixed_entries(entries: Sequence[bytes | memoryview | SubBatch]) -> bytes:
+    """Encode simple entries and whole sub-batch entries, in order.
+
+    Raises:
+        OsirisLocalError: A simple entry is 2 GiB or longer.
+    """
+    parts: list[bytes | memoryview] = []
+    for entry in entries:
+        if isinstance(entry, SubBatch):
+            parts.append(entry.entry)
+            continue
+        if len(entry) > MAX_ENTRY_BYTES:
+            raise OsirisLocalError(f"an entry holds at most {MAX_ENTRY_BYTES} bytes")
+        parts.append(_U32.pack(len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
+
+
+def entry_bytes(entry: bytes | memoryview | SubBatch) -> int:
+    """Bytes an entry takes in a chunk's data section."""
+    return len(entry.entry) if isinstance(entry, SubBatch) else 4 + len(entry)
+
+
 def frame_chunk(
     data: bytes,
     *,
@@ -323,23 +384,27 @@ def frame_chunk(
 
 
 def encode_chunk(
-    messages: Sequence[bytes | memoryview],
+    messages: Sequence[bytes | memoryview] | Sequence[bytes | memoryview | SubBatch],
     *,
     first_offset: int,
     timestamp_ms: int,
     epoch: int = 1,
     chunk_type: int = USER,
     trailer: bytes = b"",
+    records: int | None = None,
 ) -> bytes:
-    """Encode one chunk of simple entries, with no bloom filter.
+    """Encode one chunk of entries, with no bloom filter.
 
     Args:
-        messages: The entry bodies, in order (byte buffers).
+        messages: The entry bodies, in order (byte buffers), and with
+            ``records`` given, whole `SubBatch` entries among them.
         first_offset: The chunk id.
         timestamp_ms: Write time in milliseconds.
         epoch: Writer epoch.
         chunk_type: `USER`, or a tracking type whose one message is the tracking data.
         trailer: Tracking entries (`encode_tracking`) to store after the data.
+        records: The records the entries hold, when some are sub-batches
+            (None: every entry is a simple one, one record each).
 
     Returns:
         Header, data and trailer, ready to append to a segment.
@@ -350,10 +415,14 @@ def encode_chunk(
     count = len(messages)
     if count > MAX_ENTRIES_PER_CHUNK:
         raise OsirisLocalError(f"a chunk holds at most {MAX_ENTRIES_PER_CHUNK} entries")
+    if records is None:
+        data = encode_entries(cast("Sequence[bytes | memoryview]", messages))
+    else:
+        data = encode_mixed_entries(messages)
     return frame_chunk(
-        encode_entries(messages),
+        data,
         num_entries=count,
-        num_records=count,
+        num_records=count if records is None else records,
         first_offset=first_offset,
         timestamp_ms=timestamp_ms,
         epoch=epoch,

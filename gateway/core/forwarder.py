@@ -168,7 +168,24 @@ class LogForwarder:
         data = chunk.payload[osiris.HEADER_BYTES :]
         timestamp = chunk.header.timestamp / 1000
         pending: list[_Pending] = []
-        for index, entry in enumerate(osiris.iter_entries(data)):
+        entries = enumerate(osiris.iter_entries(data))
+        while True:
+            try:
+                index, entry = next(entries)
+            except StopIteration:
+                break
+            except osiris.OsirisError as exc:
+                # A sub-batch that does not inflate (a client's bad gzip):
+                # its records cannot be read here; consumers see the same.
+                self._log.error(
+                    "forwarder {reference}: skipping the rest of chunk {chunk_id} of"
+                    " {stream}: {reason}",
+                    reference=self.reference,
+                    chunk_id=chunk.chunk_id,
+                    stream=self.stream.name,
+                    reason=exc.reason,
+                )
+                break
             offset = chunk.chunk_id + index
             if offset <= self._after_offset:
                 continue  # delivered before a restart, in a chunk resumed midway

@@ -419,6 +419,72 @@ async def test_pipelined_duplicates(tmp_path: Path) -> None:
         await store.close()
 
 
+def sub_batch(
+    records: Sequence[bytes], compression: int = osiris.COMPRESSION_NONE
+) -> osiris.SubBatch:
+    """A sub-batch entry as a client publishes it."""
+    return osiris.SubBatch.parse(osiris.encode_sub_batch(records, compression=compression))
+
+
+@pytest_twisted.ensureDeferred
+async def test_sub_batches_take_an_offset_per_record(tmp_path: Path) -> None:
+    """Sub-batch entries are stored whole; offsets, dedup and reopen count their records."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        plain = stream.append([b"a"])
+        batched = stream.append(
+            [sub_batch([b"b", b"c", b"d"]), b"e", sub_batch([b"f", b"g"], osiris.COMPRESSION_GZIP)],
+            reference="p",
+            publishing_ids=[1, 2, 3],
+            sub_batches=True,
+        )
+        after = stream.append([b"h"])
+        results = await gatherResults([plain, batched, after])
+        assert [(r.first_offset, r.stored) for r in results] == [(0, 1), (1, 3), (7, 1)]
+        (chunk,) = read_all(stream)
+        header = osiris.ChunkHeader.unpack(chunk.payload)
+        assert (header.num_entries, header.num_records) == (5, 8)
+        assert messages(stream) == [b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"]
+        assert stream.next_offset == 8
+        again = await stream.append(
+            [sub_batch([b"b", b"c", b"d"]), b"i"],
+            reference="p",
+            publishing_ids=[3, 4],
+            sub_batches=True,
+        )
+        assert (again.stored, again.duplicates, again.first_offset) == (1, 1, 8)
+    finally:
+        await store.close()
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert stream.next_offset == 9
+        assert stream.writer_sequence("p") == 4
+        assert messages(stream)[-2:] == [b"h", b"i"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_append_with_sub_batches_is_never_split(tmp_path: Path) -> None:
+    """One that does not fit the open chunk starts the next one, whole."""
+    store = open_store(tmp_path)
+    try:
+        stream = store.create("s")
+        filler = stream.append([b"x"] * (osiris.MAX_ENTRIES_PER_CHUNK - 1))
+        whole = stream.append([sub_batch([b"a", b"b"]), b"c"], sub_batches=True)
+        result = (await gatherResults([filler, whole]))[1]
+        assert result.first_offset == result.chunk_id == osiris.MAX_ENTRIES_PER_CHUNK - 1
+        chunks = read_all(stream)
+        assert [records(chunk)[-3:] for chunk in chunks][1] == [b"a", b"b", b"c"]
+        with pytest.raises(ValueError, match="at most 65535"):
+            stream.append([b"x"] * (osiris.MAX_ENTRIES_PER_CHUNK + 1), sub_batches=True)
+    finally:
+        await store.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_tracking_survives_reopen(tmp_path: Path) -> None:
     """Sequences and stored offsets are rebuilt from trailers and tracking chunks."""

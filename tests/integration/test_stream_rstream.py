@@ -210,3 +210,39 @@ def test_deduplication_by_publisher_name(gateway: GatewayProcess) -> None:
     after = run(consume(gateway, "dedup", spec("FIRST"), lambda got: len(got) >= 101))
     assert [body for _, _, body in after][-1] == b"d101"
     assert len(after) == 101
+
+
+def test_sub_entry_batches(gateway: GatewayProcess) -> None:
+    """Rstream's sub-entry batching, plain and gzip: confirmed, and consumed record by record."""
+    stream = "sub-entries"
+    batches = [
+        ([f"plain-{i}".encode() for i in range(100)], rstream.CompressionType.No),
+        ([f"gzip-{i}".encode() for i in range(100)], rstream.CompressionType.Gzip),
+    ]
+
+    async def send() -> int:
+        confirmed = 0
+        done = asyncio.Event()
+
+        def on_confirm(status: Any) -> None:
+            nonlocal confirmed
+            confirmed += 1 if status.is_confirmed else 0
+            if confirmed == len(batches):
+                done.set()
+
+        async with rstream.Producer(**connection(gateway)) as producer:
+            await producer.create_stream(stream, exists_ok=True)
+            for bodies, compression in batches:
+                await producer.send_sub_entry(
+                    stream,
+                    [rstream.AMQPMessage(body=body) for body in bodies],
+                    compression_type=compression,
+                    on_publish_confirm=on_confirm,
+                )
+            await done.wait()
+        return confirmed
+
+    assert run(send()) == 2
+    received = run(consume(gateway, stream, spec("FIRST"), lambda got: len(got) >= 200))
+    assert [offset for offset, _, _ in received] == list(range(200))
+    assert [body for _, _, body in received] == batches[0][0] + batches[1][0]

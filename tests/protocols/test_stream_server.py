@@ -965,14 +965,54 @@ async def test_publish_confirmed_after_commit(listener: Listener) -> None:
     assert [bytes(m) for m in osiris.iter_entries(data)] == [b"one", b"two", b"three"]
 
 
-def test_sub_batch_publish_is_refused(listener: Listener) -> None:
-    """Sub-batch entries are refused with PublishError 17, never stored wrongly."""
+@pytest_twisted.ensureDeferred
+async def test_sub_batch_publish_is_stored_whole(listener: Listener) -> None:
+    """Sub-batch entries (plain and gzip) are confirmed, stored as sent, one offset per record."""
     stream = listener.store.create("s1")
     peer = listener.opened()
     assert peer.code(declare(peer, 1, "s1")) == 1
-    batch = osiris.encode_sub_batch([b"r1", b"r2", b"r3"])
-    peer.send(sp.Publish(publisher_id=1, publishing_ids=[1], messages=[batch], sub_batches=[True]))
-    assert peer.frames() == [sp.PublishError(publisher_id=1, publishing_ids=[1], codes=[17])]
+    plain = osiris.encode_sub_batch([b"r1", b"r2", b"r3"])
+    gzipped = osiris.encode_sub_batch([b"g1", b"g2"], compression=osiris.COMPRESSION_GZIP)
+    peer.send(
+        sp.Publish(
+            publisher_id=1,
+            publishing_ids=[1, 2, 3],
+            messages=[plain, b"simple", gzipped],
+            sub_batches=[True, False, True],
+        )
+    )
+    assert await peer.next_frame() == sp.PublishConfirm(publisher_id=1, publishing_ids=[1, 2, 3])
+    assert stream.next_offset == 6
+    (chunk,) = stream.read_chunks(0, 10, 1 << 20)
+    data = chunk.payload[osiris.HEADER_BYTES :]
+    assert data == b"".join((plain, b"\0\0\0\x06simple", gzipped))
+    assert [bytes(m) for m in osiris.iter_entries(data)] == [
+        b"r1", b"r2", b"r3", b"simple", b"g1", b"g2"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "records", "why"),
+    [(0x80 | 2 << 4, 1, "compression type 2"), (0x80, 0, "no records")],
+)
+def test_sub_batch_publish_refused(listener: Listener, flags: int, records: int, why: str) -> None:
+    """A compression the gateway cannot read (snappy) or an empty sub-batch: PublishError 17."""
+    stream = listener.store.create("s1")
+    peer = listener.opened()
+    assert peer.code(declare(peer, 1, "s1")) == 1
+    body = b"\0\0\0\x01x" * records
+    batch = struct.pack(">BHII", flags, records, len(body), len(body)) + body
+    with capturedLogs() as events:
+        peer.send(
+            sp.Publish(
+                publisher_id=1,
+                publishing_ids=[1, 2],
+                messages=[b"ok", batch],
+                sub_batches=[False, True],
+            )
+        )
+    assert peer.frames() == [sp.PublishError(publisher_id=1, publishing_ids=[1, 2], codes=[17, 17])]
+    assert any(why in str(event.get("reason")) for event in events)
     assert stream.read_chunks(0, 10, 1 << 20) == []
 
 

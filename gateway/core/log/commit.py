@@ -29,13 +29,17 @@ from gateway.codecs.osiris import (
     TRACKING_DELTA,
     TRACKING_SNAPSHOT,
     USER,
+    SubBatch,
     encode_tracking,
 )
 from gateway.core.log.segment import PlannedChunk, Segment, SegmentWrite, chunk_size
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import AppendResult
 
-__all__ = ["MAX_CHUNK_DATA_BYTES", "CommitPlanner", "PendingAppend", "StreamCommit"]
+__all__ = ["MAX_CHUNK_DATA_BYTES", "CommitPlanner", "Entry", "PendingAppend", "StreamCommit"]
+
+Entry = bytes | memoryview | SubBatch
+"""What a chunk stores: a simple entry's body, or a whole sub-batch entry."""
 
 MAX_CHUNK_DATA_BYTES: Final = 8 * 1024 * 1024
 """A user chunk is closed once its data reaches 8 MiB: one chunk is one Deliver
@@ -48,21 +52,24 @@ class PendingAppend:
 
     Attributes:
         deferred: Fired with the `AppendResult` once committed.
-        messages: The messages to store (duplicates already left out).
-        nbytes: Their total size.
+        messages: The entries to store (duplicates already left out).
+        nbytes: Their total size, as `chunk_size` counts it: each entry's
+            bytes in the data section less the 4 of a simple entry's prefix.
         reference: The publisher reference, if deduplicating.
         ids: The stored messages' publishing ids, when there is a reference.
         duplicates: Messages left out as duplicates.
+        records: Offsets the entries take (None: one each, no sub-batches).
         first_offset: Set by the planner: offset of the first stored message.
         chunk_id: Set by the planner: the chunk holding it.
     """
 
     deferred: Deferred[AppendResult]
-    messages: list[bytes | memoryview]
+    messages: list[Entry]
     nbytes: int
     reference: str | None
     ids: list[int] | None
     duplicates: int
+    records: int | None = None
     first_offset: int | None = None
     chunk_id: int | None = None
 
@@ -101,8 +108,10 @@ class StreamCommit:
 class _OpenChunk:
     """The user chunk being filled."""
 
-    messages: list[bytes | memoryview] = field(default_factory=list)
+    messages: list[Entry] = field(default_factory=list)
     nbytes: int = 0
+    records: int = 0
+    mixed: bool = False
     sequences: dict[str, int] = field(default_factory=dict)
 
 
@@ -143,6 +152,20 @@ class CommitPlanner:
         pending_offsets = offsets
         chunk = _OpenChunk()
         for append in appends:
+            if append.records is not None:
+                # Appends with sub-batches are kept whole in one chunk.
+                if append.messages and chunk.messages and not _fits_whole(append, chunk):
+                    self._close_user_chunk(chunk, pending_offsets)
+                    pending_offsets, chunk = {}, _OpenChunk()
+                if append.messages:
+                    self._place_whole(append, chunk)
+                    if (
+                        len(chunk.messages) >= MAX_ENTRIES_PER_CHUNK
+                        or chunk.nbytes >= MAX_CHUNK_DATA_BYTES
+                    ):
+                        self._close_user_chunk(chunk, pending_offsets)
+                        pending_offsets, chunk = {}, _OpenChunk()
+                continue
             done = 0
             total = len(append.messages)
             while done < total:
@@ -155,17 +178,18 @@ class CommitPlanner:
                     continue
                 if append.first_offset is None:
                     append.chunk_id = self._next_id
-                    append.first_offset = self._next_id + len(chunk.messages)
+                    append.first_offset = self._next_id + chunk.records
                 if done == 0 and take == total:
                     chunk.messages.extend(append.messages)
                 else:
                     chunk.messages.extend(append.messages[done : done + take])
                 chunk.nbytes += nbytes
+                chunk.records += take
                 done += take
                 if append.reference is not None and append.ids is not None:
                     chunk.sequences[append.reference] = append.ids[done - 1]
                 if (
-                    len(chunk.messages) == MAX_ENTRIES_PER_CHUNK
+                    len(chunk.messages) >= MAX_ENTRIES_PER_CHUNK
                     or chunk.nbytes >= MAX_CHUNK_DATA_BYTES
                 ):
                     self._close_user_chunk(chunk, pending_offsets)
@@ -187,6 +211,19 @@ class CommitPlanner:
             timestamp=self._timestamp,
         )
 
+    def _place_whole(self, append: PendingAppend, chunk: _OpenChunk) -> None:
+        """Put a whole append (one with sub-batches) into the open chunk."""
+        if not chunk.messages:
+            self._prepare_chunk()
+        append.chunk_id = self._next_id
+        append.first_offset = self._next_id + chunk.records
+        chunk.messages.extend(append.messages)
+        chunk.nbytes += append.nbytes
+        chunk.records += append.records or 0
+        chunk.mixed = True
+        if append.reference is not None and append.ids:
+            chunk.sequences[append.reference] = append.ids[-1]
+
     def _prepare_chunk(self) -> None:
         """Before a chunk: roll if the segment is full; start a rolled segment with a snapshot."""
         if self._count and self._size >= self._max_segment_bytes:
@@ -206,15 +243,22 @@ class CommitPlanner:
         trailer = encode_tracking(chunk.sequences, offsets)
         self._tracking.update(self._next_id, chunk.sequences, offsets)
         self._last_user_chunk_id = self._next_id
-        self._emit(USER, chunk.messages, chunk.nbytes, trailer)
+        records = chunk.records if chunk.mixed else None
+        self._emit(USER, chunk.messages, chunk.nbytes, trailer, records)
 
     def _emit(
-        self, chunk_type: int, messages: Sequence[bytes | memoryview], nbytes: int, trailer: bytes
+        self,
+        chunk_type: int,
+        messages: Sequence[Entry],
+        nbytes: int,
+        trailer: bytes,
+        records: int | None = None,
     ) -> None:
         """Place a chunk at the end of the current segment."""
         planned = PlannedChunk(
             chunk_type=chunk_type,
             messages=messages,
+            records=records,
             chunk_id=self._next_id,
             timestamp=self._timestamp,
             trailer=trailer,
@@ -236,7 +280,15 @@ class CommitPlanner:
         self._size += planned.size
         self._count += 1
         self._index_position += INDEX_RECORD_BYTES
-        self._next_id += len(messages)
+        self._next_id += planned.num_records
+
+
+def _fits_whole(append: PendingAppend, chunk: _OpenChunk) -> bool:
+    """Whether a whole append still fits the open chunk."""
+    return (
+        len(chunk.messages) + len(append.messages) <= MAX_ENTRIES_PER_CHUNK
+        and chunk.nbytes + append.nbytes <= MAX_CHUNK_DATA_BYTES
+    )
 
 
 def _fit(append: PendingAppend, start: int, chunk: _OpenChunk) -> tuple[int, int]:
@@ -251,7 +303,7 @@ def _fit(append: PendingAppend, start: int, chunk: _OpenChunk) -> tuple[int, int
         return remaining, append.nbytes
     taken = nbytes = 0
     for message in append.messages[start : start + min(room, remaining)]:
-        size = len(message)
+        size = len(message)  # type: ignore[arg-type]  # no sub-batches: plain bodies
         if nbytes + size > byte_room and (taken or chunk.messages):
             break
         taken += 1

@@ -24,6 +24,7 @@ from gateway.codecs.osiris import (
     INDEX_HEADER,
     INDEX_RECORD_BYTES,
     SEGMENT_HEADER,
+    SubBatch,
     encode_chunk,
     index_file_name,
     pack_index_record,
@@ -63,7 +64,12 @@ def pwrite_all(fd: int, data: bytes, position: int) -> None:
 
 
 def chunk_size(data_bytes: int, entries: int, trailer_bytes: int) -> int:
-    """Bytes a chunk of simple entries takes on disk (no bloom)."""
+    """Bytes a chunk takes on disk (no bloom).
+
+    ``data_bytes`` counts each entry's bytes less the 4 of a simple entry's
+    length prefix, which ``entries`` adds back (a sub-batch entry counts its
+    whole size less 4).
+    """
     return HEADER_BYTES + 4 * entries + data_bytes + trailer_bytes
 
 
@@ -145,26 +151,30 @@ class PlannedChunk:
 
     Attributes:
         chunk_type: The osiris chunk type.
-        messages: Entry bodies (for tracking chunks, the one tracking body).
+        messages: Entry bodies (for tracking chunks, the one tracking body),
+            and whole sub-batch entries when ``records`` is set.
         chunk_id: Its id.
         timestamp: Commit time in ms.
         trailer: Tracking delta entries to store after the data.
         position: Where its header goes in the segment file.
         size: Its size on disk.
+        records: Records its entries hold, when some are sub-batches (None:
+            one per entry).
     """
 
     chunk_type: int
-    messages: Sequence[bytes | memoryview]
+    messages: Sequence[bytes | memoryview | SubBatch]
     chunk_id: int
     timestamp: int
     trailer: bytes
     position: int
     size: int
+    records: int | None = None
 
     @property
     def num_records(self) -> int:
-        """Offsets the chunk takes: one per simple entry."""
-        return len(self.messages)
+        """Offsets the chunk takes: one per simple entry, a sub-batch's count for each."""
+        return len(self.messages) if self.records is None else self.records
 
 
 @dataclass(slots=True, kw_only=True)
@@ -276,6 +286,7 @@ def write_stream(
                 epoch=EPOCH,
                 chunk_type=chunk.chunk_type,
                 trailer=chunk.trailer,
+                records=chunk.records,
             )
             for chunk in write.chunks
         ]

@@ -24,13 +24,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.codecs.osiris import (
+    MAX_ENTRIES_PER_CHUNK,
     MAX_ENTRY_BYTES,
     MAX_TRACKING_ID_BYTES,
     USER,
     ChunkHeader,
+    SubBatch,
     delivery_payload,
+    entry_bytes,
 )
-from gateway.core.log.commit import CommitPlanner, PendingAppend, StreamCommit
+from gateway.core.log.commit import CommitPlanner, Entry, PendingAppend, StreamCommit
 from gateway.core.log.segment import Segment, SegmentWriter
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
@@ -58,6 +61,19 @@ def _immutable(message: bytes | memoryview) -> bool:
     return type(message) is bytes or (
         isinstance(message, memoryview) and type(message.obj) is bytes
     )
+
+
+def _kept(entry: Entry) -> Entry:
+    """An entry as the writer thread may read it later (copied unless immutable)."""
+    if isinstance(entry, SubBatch):
+        return (
+            entry
+            if _immutable(entry.entry)
+            else SubBatch(bytes(entry.entry), entry.records, entry.compression)
+        )
+    if len(entry) > MAX_ENTRY_BYTES:
+        raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
+    return entry if _immutable(entry) else bytes(entry)
 
 
 def _check_reference(reference: str) -> None:
@@ -173,10 +189,11 @@ class StreamLog:
 
     def append(
         self,
-        messages: Sequence[bytes | memoryview],
+        messages: Sequence[bytes | memoryview] | Sequence[Entry],
         *,
         reference: str | None = None,
         publishing_ids: Sequence[int] | None = None,
+        sub_batches: bool = False,
     ) -> Deferred[AppendResult]:
         """Append messages; the Deferred fires once they are committed.
 
@@ -190,6 +207,9 @@ class StreamLog:
             publishing_ids: One id per message, with a reference. A message
                 whose id is not above the reference's last (stored or pending)
                 id is not stored, but acknowledged all the same.
+            sub_batches: Some messages are whole `SubBatch` entries (each
+                takes as many offsets as it holds records, under one
+                publishing id); such an append is stored in one chunk.
 
         Returns:
             A Deferred firing with the `AppendResult`, or failing with
@@ -197,7 +217,8 @@ class StreamLog:
 
         Raises:
             ValueError: Ids without a reference (or the reverse), a count
-                mismatch, a reference over 255 bytes, or a message over 2 GiB.
+                mismatch, a reference over 255 bytes, a message over 2 GiB,
+                or more than 65,535 entries with sub-batches.
         """
         if reference == "":
             reference = None
@@ -205,11 +226,19 @@ class StreamLog:
             raise ValueError("a reference and publishing ids go together")
         # Views into immutable bytes (the stream codec's frames) are kept as
         # they are; anything that may change under us is copied now.
-        stored: list[bytes | memoryview] = [
-            message if _immutable(message) else bytes(message) for message in messages
-        ]
-        if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:
-            raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
+        if sub_batches:
+            stored = [_kept(entry) for entry in messages]
+            if len(stored) > MAX_ENTRIES_PER_CHUNK:
+                raise ValueError(
+                    f"an append with sub-batches holds at most {MAX_ENTRIES_PER_CHUNK}"
+                )
+        else:
+            stored = [
+                message if _immutable(message) else bytes(message)  # type: ignore[arg-type]
+                for message in messages
+            ]
+            if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:  # type: ignore[arg-type]
+                raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
         if reference is not None and publishing_ids is not None:
             _check_reference(reference)
             if len(publishing_ids) != len(stored):
@@ -220,26 +249,35 @@ class StreamLog:
         ids: list[int] | None = None
         if reference is not None and publishing_ids is not None:
             stored, ids = self._deduplicate(reference, stored, publishing_ids)
+        if sub_batches:
+            records: int | None = sum(
+                entry.records if isinstance(entry, SubBatch) else 1 for entry in stored
+            )
+            nbytes = sum(map(entry_bytes, stored)) - 4 * len(stored)
+        else:
+            records = None
+            nbytes = sum(map(len, stored))  # type: ignore[arg-type]
         append = PendingAppend(
             deferred=Deferred(),
             messages=stored,
-            nbytes=sum(map(len, stored)),
+            nbytes=nbytes,
             reference=reference,
             ids=ids,
             duplicates=len(messages) - len(stored),
+            records=records,
         )
         self._queued.append(append)
         self._committer.request(self)
         return append.deferred
 
     def _deduplicate(
-        self, reference: str, messages: list[bytes | memoryview], ids: Sequence[int]
-    ) -> tuple[list[bytes | memoryview], list[int]]:
+        self, reference: str, messages: list[Entry], ids: Sequence[int]
+    ) -> tuple[list[Entry], list[int]]:
         """Leave out messages whose id is not above the reference's last one."""
         last = self._sequences_ahead.get(reference)
         if last is None:
             last = self._tracking.sequence(reference)
-        kept: list[bytes | memoryview] = []
+        kept: list[Entry] = []
         kept_ids: list[int] = []
         for message, publishing_id in zip(messages, ids, strict=True):
             if publishing_id > last:

@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway import __version__
+from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
 from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
@@ -654,24 +655,30 @@ class StreamServerProtocol(Protocol):
         if publisher is None:
             self._send(_publish_error(event.publisher_id, ids, PUBLISHER_DOES_NOT_EXIST))
             return
-        if event.sub_batches is not None and any(event.sub_batches):
-            # Sub-batch entries (client-side batching or compression) are not
-            # stored yet: refuse the frame rather than store them wrongly.
-            self.factory.count_error("sub-batch")
-            self._log.warn(
-                "{listener}: refused a Publish with sub-batch entries (not supported yet)",
-                listener=self.factory.name,
-            )
-            self._send(_publish_error(event.publisher_id, ids, PRECONDITION_FAILED))
-            return
+        messages: Sequence[bytes | memoryview] | Sequence[osiris.SubBatch | bytes | memoryview]
+        messages = event.messages
+        sub_batches = event.sub_batches is not None and any(event.sub_batches)
+        if sub_batches:
+            entries = _sub_batch_entries(event)
+            if isinstance(entries, str):
+                self.factory.count_error("sub-batch")
+                self._log.warn(
+                    "{listener}: refused a Publish: {reason}",
+                    listener=self.factory.name,
+                    reason=entries,
+                )
+                self._send(_publish_error(event.publisher_id, ids, PRECONDITION_FAILED))
+                return
+            messages = entries
         count = len(ids)
         self._unconfirmed += count
         self.factory.traffic.messages_in += count
         reference = publisher.reference
         appended = publisher.stream.append(
-            event.messages,
+            messages,
             reference=reference,
             publishing_ids=ids if reference is not None else None,
+            sub_batches=sub_batches,
         )
         appended.addCallbacks(
             self._confirmed,
@@ -842,6 +849,40 @@ def _spec(spec: sp.OffsetSpec) -> tuple[str] | tuple[str, int]:
     """The log's form of an offset specification."""
     name = spec.kind.name.lower()
     return (name,) if spec.value is None else (name, spec.value)
+
+
+_STORABLE_COMPRESSIONS: Final = {osiris.COMPRESSION_NONE: "none", osiris.COMPRESSION_GZIP: "gzip"}
+"""Sub-batch compressions stored: the ones the gateway's own readers can open."""
+
+
+def _sub_batch_entries(event: sp.Publish) -> list[osiris.SubBatch | bytes | memoryview] | str:
+    """A Publish's entries with its sub-batches parsed, or why they cannot be stored.
+
+    Sub-batches are stored whole, as osiris does, so consumers unpack them;
+    but routes and durable forwarders read them here too, so only
+    compressions this gateway can inflate are taken (none and gzip; rstream
+    and the Java client offer snappy, lz4 and zstd as well).
+    """
+    if len(event.messages) > osiris.MAX_ENTRIES_PER_CHUNK:
+        return f"more than {osiris.MAX_ENTRIES_PER_CHUNK} entries with sub-batches"
+    entries: list[osiris.SubBatch | bytes | memoryview] = []
+    for message, is_sub_batch in zip(event.messages, event.sub_batches or (), strict=True):
+        if not is_sub_batch:
+            entries.append(message)
+            continue
+        try:
+            sub_batch = osiris.SubBatch.parse(message)
+        except osiris.OsirisError as exc:
+            return f"a malformed sub-batch entry: {exc.reason}"
+        if sub_batch.compression not in _STORABLE_COMPRESSIONS:
+            return (
+                f"sub-batch compression type {sub_batch.compression} is not supported"
+                " (use none or gzip)"
+            )
+        if sub_batch.records == 0:
+            return "a sub-batch entry with no records"
+        entries.append(sub_batch)
+    return entries
 
 
 def _publish_error(publisher_id: int, ids: Sequence[int], code: int) -> sp.PublishError:
