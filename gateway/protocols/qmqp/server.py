@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Final, cast
 
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -31,7 +31,8 @@ from gateway.codecs import qmqp
 from gateway.core.auth import Secrets
 from gateway.core.message import Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.qmqp.mapping import message_from_block, result_for, text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from gateway.protocols.tcp import disable_nagle
@@ -289,7 +290,7 @@ class QMQPServerProtocol(Protocol):
         self._completed(Outcome.retry("internal error"), block_id, size)
 
 
-class QMQPServerFactory(Factory):
+class QMQPServerFactory(ListenerFactory[QMQPServerProtocol]):
     """Builds connections for one QMQP streaming listener.
 
     Args:
@@ -302,7 +303,7 @@ class QMQPServerFactory(Factory):
     """
 
     protocol = QMQPServerProtocol
-    noisy = False
+    kind = "qmqp"
 
     def __init__(
         self,
@@ -314,32 +315,16 @@ class QMQPServerFactory(Factory):
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(name, metrics)
         self.settings = settings
         self.router = router
         self.secrets = secrets
         self.clock = clock
-        self.connections: set[QMQPServerProtocol] = set()
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
 
     def buildProtocol(self, addr: object) -> QMQPServerProtocol:
         """Build a connection."""
         return QMQPServerProtocol(self)
-
-    def connection_opened(self, connection: QMQPServerProtocol) -> None:
-        """Count a new connection."""
-        self.connections.add(connection)
-        if self._metrics is not None:
-            self._metrics.connections.labels(self.name, "qmqp").inc()
-            self._metrics.connections_total.labels(self.name, "qmqp").inc()
-
-    def connection_closed(self, connection: QMQPServerProtocol) -> None:
-        """Count a closed connection."""
-        self.connections.discard(connection)
-        if self._metrics is not None:
-            self._metrics.connections.labels(self.name, "qmqp").dec()
 
     def count_reply(self, status: bytes) -> None:
         """Count a reply by its status (K, Z or D)."""
@@ -351,8 +336,3 @@ class QMQPServerFactory(Factory):
                     self.name, label
                 )
             counter.inc()
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error of some kind."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -28,7 +28,7 @@ from twisted.internet.interfaces import (
     ISSLTransport,
     ITCPTransport,
 )
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -37,7 +37,8 @@ from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.message import Outcome, Status
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
@@ -535,7 +536,7 @@ _TOO_LONG_TO_FORWARD: Final = ssmp.response_line(
 )
 
 
-class SSMPServerFactory(Factory):
+class SSMPServerFactory(ListenerFactory[SSMPServerProtocol]):
     """Builds hub connections for one SSMP listener.
 
     Args:
@@ -549,7 +550,7 @@ class SSMPServerFactory(Factory):
     """
 
     protocol = SSMPServerProtocol
-    noisy = False  # the service logs one "ready" line for every listener
+    kind = "ssmp"
     _log = Logger()
 
     def __init__(
@@ -563,20 +564,15 @@ class SSMPServerFactory(Factory):
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(name, metrics)
         self.settings = settings
         self.hub = hub
         self.router = router
         self.secrets = secrets
         self.clock = clock
-        self.connections: set[SSMPServerProtocol] = set()
         self._offered_plain = frozenset(settings.schemes - {"cert"})
         self._offered_tls = frozenset(settings.schemes | {"cert"})
-        self._metrics = metrics
-        self._traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         if metrics is not None:
-            self._m_open = metrics.connections.labels(name, "ssmp")
-            self._m_opened = metrics.connections_total.labels(name, "ssmp")
             self._m_slow = metrics.slow_consumers.labels(name)
 
     @property
@@ -592,35 +588,17 @@ class SSMPServerFactory(Factory):
         """Login schemes offered on a plain or a TLS connection."""
         return self._offered_tls if tls else self._offered_plain
 
-    def connection_opened(self, connection: SSMPServerProtocol) -> None:
-        """Count a new connection."""
-        self.connections.add(connection)
-        if self._metrics is not None:
-            self._m_open.inc()
-            self._m_opened.inc()
-
-    def connection_closed(self, connection: SSMPServerProtocol) -> None:
-        """Count a closed connection."""
-        self.connections.discard(connection)
-        if self._metrics is not None:
-            self._m_open.dec()
-
     def count_in(self, lines: int, size: int) -> None:
         """Count received lines and bytes (once per batch)."""
-        traffic = self._traffic
+        traffic = self.traffic
         traffic.messages_in += lines
         traffic.bytes_in += size
 
     def count_out(self, lines: int, size: int) -> None:
         """Count sent lines and bytes (once per flush)."""
-        traffic = self._traffic
+        traffic = self.traffic
         traffic.messages_out += lines
         traffic.bytes_out += size
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error of some kind."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()
 
     def count_slow_consumer(self) -> None:
         """Count a slow-consumer disconnect."""

@@ -28,7 +28,7 @@ from twisted.internet.interfaces import (
     IPushProducer,
     IReactorTime,
 )
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -38,7 +38,8 @@ from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
 from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.protocols.tcp import disable_nagle
 
@@ -920,7 +921,7 @@ _HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
 }
 
 
-class StreamServerFactory(Factory):
+class StreamServerFactory(ListenerFactory[StreamServerProtocol]):
     """Builds connections for one stream listener.
 
     Args:
@@ -933,7 +934,7 @@ class StreamServerFactory(Factory):
     """
 
     protocol = StreamServerProtocol
-    noisy = False
+    kind = "stream"
 
     def __init__(
         self,
@@ -945,14 +946,11 @@ class StreamServerFactory(Factory):
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(name, metrics)
         self.settings = settings
         self.store = store
         self.secrets = secrets
         self.clock = clock
-        self.connections: set[StreamServerProtocol] = set()
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._bound: tuple[str, int] = ("127.0.0.1", 0)
         self.on_stream_created: list[Callable[[str], None]] = []
 
@@ -983,21 +981,3 @@ class StreamServerFactory(Factory):
         """Tell every connection using the stream that it is gone."""
         for connection in list(self.connections):
             connection.stream_gone(name)
-
-    def connection_opened(self, connection: StreamServerProtocol) -> None:
-        """Count a new connection."""
-        self.connections.add(connection)
-        if self._metrics is not None:
-            self._metrics.connections.labels(self.name, "stream").inc()
-            self._metrics.connections_total.labels(self.name, "stream").inc()
-
-    def connection_closed(self, connection: StreamServerProtocol) -> None:
-        """Count a closed connection."""
-        self.connections.discard(connection)
-        if self._metrics is not None:
-            self._metrics.connections.labels(self.name, "stream").dec()
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -1,0 +1,63 @@
+"""What every listener's factory shares: its connections and their counters.
+
+A protocol's server factory subclasses `ListenerFactory`, names its protocol
+(the ``protocol`` label of the connection metrics) and calls
+`connection_opened` / `connection_closed` from its connections; errors are
+counted by kind with `count_error`, traffic in `traffic`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Generic, TypeVar
+
+from twisted.internet.protocol import Factory, Protocol
+
+from gateway.metrics import GatewayMetrics, TrafficCounters
+
+__all__ = ["ListenerFactory"]
+
+P = TypeVar("P", bound=Protocol)
+
+
+class ListenerFactory(Factory, Generic[P]):
+    """A listener's connections, traffic and error counters.
+
+    Args:
+        name: The listener's config name (the metrics' ``listener`` label).
+        metrics: Counters, or None in tests that do not look.
+
+    Attributes:
+        connections: The open connections.
+        traffic: Messages and bytes in and out (plain ints).
+    """
+
+    kind: ClassVar[str]
+    """The protocol, as the connection metrics label it."""
+    noisy = False  # the service logs one "ready" line for every listener
+
+    def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
+        self.name = name
+        self.connections: set[P] = set()
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        if metrics is not None:
+            self._m_open = metrics.connections.labels(name, self.kind)
+            self._m_opened = metrics.connections_total.labels(name, self.kind)
+
+    def connection_opened(self, connection: P) -> None:
+        """Count a new connection."""
+        self.connections.add(connection)
+        if self._metrics is not None:
+            self._m_open.inc()
+            self._m_opened.inc()
+
+    def connection_closed(self, connection: P) -> None:
+        """Count a closed connection."""
+        self.connections.discard(connection)
+        if self._metrics is not None:
+            self._m_open.dec()
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error of some kind."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
