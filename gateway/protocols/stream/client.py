@@ -515,10 +515,11 @@ class StreamUpstream:
         job = _Job(stream, entry_from_message(message), outcome)
         publisher = self._publishers.get(stream)
         if publisher is None:
-            publisher = self._publishers[stream] = _Publisher(len(self._publishers), stream)
-            if len(self._publishers) > 255:
-                del self._publishers[stream]
+            taken = {publisher.id for publisher in self._publishers.values()}
+            free = next((i for i in range(256) if i not in taken), None)
+            if free is None:  # publisher ids are a byte
                 return succeed(Outcome.rejected(f"upstream {self.name}: too many streams"))
+            publisher = self._publishers[stream] = _Publisher(free, stream)
             connection = self._connection
             if connection is not None:
                 Deferred.fromCoroutine(self._declare(connection, stream)).addErrback(
@@ -603,7 +604,8 @@ class StreamUpstream:
                 ids: list[int] = []
                 entries: list[bytes] = []
                 size = 0
-                while queue and len(ids) < settings.batch_size:
+                room = min(settings.batch_size, settings.max_unconfirmed - self._unconfirmed)
+                while queue and len(ids) < room:
                     job = queue[0]
                     if job.cancelled:
                         queue.popleft()
