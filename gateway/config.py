@@ -465,6 +465,7 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
         create_streams=section.boolean("create_streams", False),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
+        consume_from=section.choice("consume_from", frozenset({"leader", "replica"}), "leader"),
     )
 
 

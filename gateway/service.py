@@ -23,6 +23,7 @@ from twisted.internet.interfaces import (
     IListeningPort,
     IProtocolFactory,
     IReactorCore,
+    IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
 from twisted.logger import Logger
@@ -60,6 +61,7 @@ from gateway.protocols.stream.bridge import (
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
+from gateway.tls import client_endpoint_at
 
 __all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
 
@@ -374,6 +376,13 @@ class _StartStopService(Service):
 def _stream_upstream(
     gateway: GatewayService, config: UpstreamConfig
 ) -> tuple[IService, IDestination, Callable[[], bool]]:
+    def relocate(host: str, port: int) -> IStreamClientEndpoint:
+        # Another node of the cluster, reached the way the locator is (TLS included).
+        description = client_endpoint_at(config.endpoint, host, port)
+        endpoint: IStreamClientEndpoint = clientFromString(gateway.reactor, description)
+        return endpoint
+
+    movable = config.endpoint.split(":", 1)[0] in ("tcp", "tls")
     upstream = StreamUpstream(
         name=config.name,
         settings=config.settings,
@@ -383,6 +392,7 @@ def _stream_upstream(
         clock=gateway.reactor,
         reactor=gateway.reactor,
         metrics=gateway.metrics,
+        relocate=relocate if movable else None,
     )
     service = _StartStopService(config.name, upstream.start, upstream.stop)
     return service, upstream, lambda: upstream.connected

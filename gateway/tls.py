@@ -92,6 +92,7 @@ __all__ = [
     "MINIMUM_TLS_VERSIONS",
     "VERIFY_MODES",
     "MTLSServerParser",
+    "client_endpoint_at",
     "parse_mtls_server",
     "peer_identities",
     "server_tls_options",
@@ -605,3 +606,44 @@ def _certificate_names(certificate: x509.Certificate) -> frozenset[str]:
         names.update(str(address) for address in san.get_values_for_type(x509.IPAddress))
     names.discard("")
     return frozenset(names)
+
+
+def client_endpoint_at(description: str, host: str, port: int) -> str:
+    r"""The same ``tcp:`` or ``tls:`` client endpoint string, aimed at another host and port.
+
+    Every other parameter (a ``tls:`` endpoint's ``trustRoots``,
+    ``certificate``, ``privateKey``, a ``timeout``) is kept as written, so a
+    connection moved to another node of a cluster is verified the same way,
+    against that node's own name.
+
+    Raises:
+        ValueError: Not a ``tcp:`` or ``tls:`` description.
+    """
+    fields = _split_unescaped(description)
+    kind = fields[0]
+    if kind not in ("tcp", "tls"):
+        raise ValueError(f"cannot move a {kind!r} endpoint to another host")
+    kept = [
+        field
+        for field in fields[1:]
+        if "=" in field and field.split("=", 1)[0] not in ("host", "port")
+    ]
+    escaped = host.replace("\\", "\\\\").replace(":", "\\:").replace("=", "\\=")
+    return ":".join([kind, f"host={escaped}", f"port={port}", *kept])
+
+
+def _split_unescaped(description: str) -> list[str]:
+    """Split an endpoint string at the colons a backslash does not escape (kept escaped)."""
+    fields: list[str] = []
+    start = index = 0
+    while index < len(description):
+        char = description[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char == ":":
+            fields.append(description[start:index])
+            start = index + 1
+        index += 1
+    fields.append(description[start:])
+    return fields

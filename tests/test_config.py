@@ -778,3 +778,19 @@ def test_bad_fsync_policy(tmp_path: Path) -> None:
     """An unknown fsync policy is reported under log.fsync with the choices."""
     main = _write(tmp_path / "gateway.toml", '[log]\nfsync = "sometimes"\n')
     _only_problem(main, "log.fsync", "always, interval, never")
+
+
+def test_stream_upstream_consume_from(tmp_path: Path) -> None:
+    """consume_from takes leader or replica; anything else is reported with the choices."""
+    body = """
+        [upstreams.rabbit]
+        protocol = "stream"
+        endpoint = "tcp:host=127.0.0.1:port=5552"
+        subscribe = ["in"]
+        consume_from = "{value}"
+        """
+    main = _write(tmp_path / "gateway.toml", body.format(value="replica"))
+    [upstream] = load_config(main).upstreams
+    assert upstream.settings.consume_from == "replica"
+    main = _write(tmp_path / "gateway.toml", body.format(value="follower"))
+    _only_problem(main, "upstreams.rabbit.consume_from", "leader, replica")

@@ -52,7 +52,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from gateway.tls import MTLSServerParser, parse_mtls_server, peer_identities
+from gateway.tls import MTLSServerParser, client_endpoint_at, parse_mtls_server, peer_identities
 from tests.certs import (
     ALICE_IDENTITIES,
     CertifiedKey,
@@ -723,3 +723,16 @@ def test_write_pem_round_trip(tmp_path: Path, pki: Pki) -> None:
     assert x509.load_pem_x509_certificate(certificate_path.read_bytes()) == pki.alice.certificate
     key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
     assert key.public_key() == pki.alice.key.public_key()
+
+
+def test_client_endpoint_at_keeps_everything_but_the_address() -> None:
+    """A tls: or tcp: description aimed elsewhere keeps its other parameters, escapes intact."""
+    moved = client_endpoint_at(
+        r"tls:rabbit.example:5551:trustRoots=/etc/ca\:dir:timeout=5", "node-2.example", 5552
+    )
+    assert moved == r"tls:host=node-2.example:port=5552:trustRoots=/etc/ca\:dir:timeout=5"
+    assert client_endpoint_at("tcp:host=10.0.0.1:port=5552", "::1", 6000) == (
+        r"tcp:host=\:\:1:port=6000"
+    )
+    with pytest.raises(ValueError, match="unix"):
+        client_endpoint_at("unix:/run/rabbit.sock", "a", 1)

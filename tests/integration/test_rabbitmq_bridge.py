@@ -49,6 +49,8 @@ create_streams = true
 subscribe = ["{inbound}"]
 offset = "first"
 store_offset_interval_seconds = 0.5
+# Subscriptions on a link of their own (a single node has no replica: its leader).
+consume_from = "replica"
 """
 
 

@@ -599,3 +599,78 @@ def test_the_broker_closing_is_answered() -> None:
     broker.lose()
     world.clock.advance(0.5)
     assert len(world.clock.tcpClients) == 2
+
+
+# --- consumers on a replica ------------------------------------------------------------------
+
+
+def metadata_with_replica(broker: Broker, stream: str, replica: tuple[str, int] | None) -> None:
+    """Answer Metadata: the leader is where we are; ``replica`` (if any) elsewhere."""
+    metadata = broker.expect(sp.Metadata)
+    assert tuple(metadata.streams) == (stream,)
+    nodes = [sp.Broker(reference=0, host=HOST, port=PORT)]
+    if replica is not None:
+        nodes.append(sp.Broker(reference=1, host=replica[0], port=replica[1]))
+    broker.send(
+        sp.MetadataResponse(
+            correlation_id=metadata.correlation_id,
+            brokers=tuple(nodes),
+            streams=(
+                sp.StreamMetadata(
+                    stream=stream, code=1, leader=0, replicas=(1,) if replica else ()
+                ),
+            ),
+        )
+    )
+
+
+def test_subscriptions_move_to_a_replica_and_publishing_stays_on_the_leader() -> None:
+    """consume_from = replica: subscriptions get a link of their own, moved to a replica."""
+    settings = attrs.evolve(SETTINGS, subscribe=("in",), consume_from="replica")
+    world = World(settings)
+    moved: list[tuple[str, int]] = []
+
+    def relocate(host: str, port: int) -> TCP4ClientEndpoint:
+        moved.append((host, port))
+        return TCP4ClientEndpoint(world.clock, host, port)
+
+    world.upstream = StreamUpstream(
+        name=UPSTREAM,
+        settings=settings,
+        endpoint=TCP4ClientEndpoint(world.clock, HOST, PORT),
+        router=world.upstream.router,
+        secrets=Secrets(),
+        clock=world.clock,
+        reactor=world.clock,
+        metrics=world.metrics,
+        relocate=relocate,
+    )
+    world.upstream.start()
+    publisher, consumer = world.accept(), world.accept()
+    publisher.handshake(streams=("ticks",))  # the publishing link uses only its stream
+    assert world.upstream.connected
+    consumer.handshake(streams=())
+    metadata_with_replica(consumer, "in", ("10.0.0.7", 5552))
+    assert consumer.transport.disconnecting and moved == [("10.0.0.7", 5552)]
+    consumer.lose()
+    world.clock.advance(0.5)
+    assert world.clock.tcpClients[-1][:2] == ("10.0.0.7", 5552)
+    on_replica = world.accept()
+    on_replica.handshake(streams=())
+    metadata_with_replica(on_replica, "in", ("10.0.0.7", 5552))
+    query = on_replica.expect(sp.QueryOffset)
+    assert query.stream == "in"
+    assert world.sample("msggateway_upstream_connected", upstream=f"{UPSTREAM}.consumer") == 1
+    assert not publisher.transport.disconnecting
+
+
+def test_a_stream_without_replicas_is_read_from_its_leader() -> None:
+    """consume_from = replica on a single node: the consumer link stays on the leader."""
+    settings = attrs.evolve(SETTINGS, stream=None, subscribe=("in",), consume_from="replica")
+    world = World(settings)
+    world.upstream.start()
+    _publisher, consumer = world.accept(), world.accept()
+    consumer.handshake(streams=())
+    metadata_with_replica(consumer, "in", None)
+    assert not consumer.transport.disconnecting
+    assert consumer.expect(sp.QueryOffset).stream == "in"

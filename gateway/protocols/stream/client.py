@@ -4,9 +4,11 @@
 the stream plugin, or another gateway's stream listener): peer properties,
 SASL PLAIN, tune, open, then Metadata for the streams it uses. When the
 leader that Metadata names is another host or port than the one it is
-connected to, it reconnects there (plain TCP; a TLS locator needs the
-leader to be the same node). It reconnects with backoff when the connection
-ends.
+connected to, it reconnects there (through ``relocate``: the service keeps
+the locator's TLS settings). With ``consume_from = "replica"`` the
+subscriptions get a second link of their own (``part="consumer"``) that
+moves to a replica instead (the leader when there is none). It reconnects
+with backoff when a connection ends.
 
 Publishing: it is the route destination. While it is not connected it
 answers "retry later" at once. Messages are encoded as AMQP 1.0
@@ -308,6 +310,12 @@ class StreamUpstream:
         clock: Timers and reconnect delays.
         reactor: For connecting to a leader elsewhere (a HostnameEndpoint).
         metrics: Counters, or None.
+        relocate: The endpoint of another node (host, port) that Metadata
+            names; plain TCP by default (the service passes one that keeps
+            the locator's TLS settings).
+        part: ``all`` (publish and consume on one connection), or, when
+            ``consume_from = "replica"``, ``publisher`` for this object and
+            ``consumer`` for the second link it makes for subscriptions.
     """
 
     _log = Logger()
@@ -323,11 +331,36 @@ class StreamUpstream:
         clock: IReactorTime,
         reactor: Any,
         metrics: GatewayMetrics | None = None,
+        relocate: Callable[[str, int], IStreamClientEndpoint] | None = None,
+        part: str = "all",
     ) -> None:
         self.name = name
         self.settings = settings
         self.router = router
         self.secrets = secrets
+        self._relocate = relocate or (
+            lambda host, port: HostnameEndpoint(reactor, host.encode(), port)
+        )
+        self._consumer: StreamUpstream | None = None
+        if part == "all" and settings.consume_from == "replica" and settings.subscribe:
+            part = "publisher"
+            self._consumer = StreamUpstream(
+                name=name,
+                settings=settings,
+                endpoint=endpoint,
+                router=router,
+                secrets=secrets,
+                clock=clock,
+                reactor=reactor,
+                metrics=metrics,
+                relocate=relocate,
+                part="consumer",
+            )
+        self.part = part
+        self.label = f"{name}.consumer" if part == "consumer" else name
+        """How logs, metrics and the broker's connection list call this link."""
+        self._subscribe = () if part == "publisher" else settings.subscribe
+        self._stream = None if part == "consumer" else settings.stream
         self.clock = clock
         self._reactor = reactor
         self._locator = endpoint
@@ -362,9 +395,19 @@ class StreamUpstream:
         """Connect (and keep reconnecting)."""
         self._running = True
         self._connect()
+        if self._consumer is not None:
+            self._consumer.start()
 
     def stop(self) -> Deferred[None]:
         """Store consumed offsets, close, and stop reconnecting."""
+        if self._consumer is not None:
+            consumer_stopped = self._consumer.stop()
+            stopped = self._stop_link()
+            both: Deferred[Any] = DeferredList([consumer_stopped, stopped])
+            return both.addCallback(lambda _: None)
+        return self._stop_link()
+
+    def _stop_link(self) -> Deferred[None]:
         self._running = False
         for call in (self._connect_call, self._store_call, self._pump_call):
             if call is not None and call.active():
@@ -392,7 +435,7 @@ class StreamUpstream:
         if self._running:
             self._log.info(
                 "upstream {upstream}: cannot connect: {reason}",
-                upstream=self.name,
+                upstream=self.label,
                 reason=failure.getErrorMessage(),
             )
             self._retry_later()
@@ -415,7 +458,7 @@ class StreamUpstream:
             properties={
                 "product": "msggateway",
                 "version": __version__,
-                "connection_name": self.name,
+                "connection_name": self.label,
             },
         )
         mechanisms = await protocol.request(sp.SaslHandshake)
@@ -445,9 +488,9 @@ class StreamUpstream:
             return
         self._connection = protocol
         self._attempt = 0
-        self._log.info("upstream {upstream}: connected", upstream=self.name)
+        self._log.info("upstream {upstream}: connected", upstream=self.label)
         if self._metrics is not None:
-            self._metrics.upstream_up.labels(self.name).set(1)
+            self._metrics.upstream_up.labels(self.label).set(1)
         for stream in list(self._publishers):
             await self._declare(protocol, stream)
         await self._subscribe_all(protocol)
@@ -455,9 +498,9 @@ class StreamUpstream:
         self.pump()
 
     def _streams_used(self) -> list[str]:
-        streams = list(self.settings.subscribe)
-        if self.settings.stream is not None:
-            streams.append(self.settings.stream)
+        streams = list(self._subscribe)
+        if self._stream is not None:
+            streams.append(self._stream)
         return list(dict.fromkeys(streams))
 
     async def _at_leader(self, protocol: StreamClientProtocol) -> bool:
@@ -469,7 +512,7 @@ class StreamUpstream:
                 if created.code not in (1, 5):
                     self._log.warn(
                         "upstream {upstream}: cannot create stream {stream} (code {code})",
-                        upstream=self.name,
+                        upstream=self.label,
                         stream=stream,
                         code=created.code,
                     )
@@ -478,20 +521,25 @@ class StreamUpstream:
         metadata = await protocol.request(sp.Metadata, streams=tuple(streams))
         brokers = {broker.reference: broker for broker in metadata.brokers}
         for entry in metadata.streams:
-            leader = brokers.get(entry.leader)
-            if entry.code != 1 or leader is None:
+            role, node = "leader", brokers.get(entry.leader)
+            if self.part == "consumer":
+                replica = next((brokers[r] for r in entry.replicas if r in brokers), None)
+                if replica is not None:
+                    role, node = "replica", replica
+            if entry.code != 1 or node is None:
                 continue
             peer = protocol.transport.getPeer() if protocol.transport is not None else None
             here = (getattr(peer, "host", None), getattr(peer, "port", None))
-            if (leader.host, leader.port) != here and self._endpoint is self._locator:
+            if (node.host, node.port) != here and self._endpoint is self._locator:
                 self._log.info(
-                    "upstream {upstream}: the leader of {stream} is {host}:{port}; moving there",
-                    upstream=self.name,
+                    "upstream {upstream}: a {role} of {stream} is {host}:{port}; moving there",
+                    upstream=self.label,
+                    role=role,
                     stream=entry.stream,
-                    host=leader.host,
-                    port=leader.port,
+                    host=node.host,
+                    port=node.port,
                 )
-                self._endpoint = HostnameEndpoint(self._reactor, leader.host.encode(), leader.port)
+                self._endpoint = self._relocate(node.host, node.port)
                 protocol.close("moving to the stream leader")
                 self._attempt = 0
                 return False
@@ -509,7 +557,7 @@ class StreamUpstream:
             return succeed(
                 Outcome.retry(f"upstream {self.name}: {self._queued} messages queued already")
             )
-        stream = self.settings.stream or message.address
+        stream = self._stream or message.address
         job: _Job
         outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
         job = _Job(stream, entry_from_message(message), outcome)
@@ -688,7 +736,7 @@ class StreamUpstream:
 
     async def _subscribe_all(self, protocol: StreamClientProtocol) -> None:
         self._subscriptions.clear()
-        for index, stream in enumerate(self.settings.subscribe):
+        for index, stream in enumerate(self._subscribe):
             stored = await protocol.request(
                 sp.QueryOffset, reference=self.consumer_name, stream=stream
             )
@@ -714,7 +762,7 @@ class StreamUpstream:
             else:
                 self._log.warn(
                     "upstream {upstream}: cannot subscribe to {stream} (code {code})",
-                    upstream=self.name,
+                    upstream=self.label,
                     stream=stream,
                     code=answer.code,
                 )
@@ -759,7 +807,7 @@ class StreamUpstream:
         if not outcome.is_accepted:
             self._log.warn(
                 "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
-                upstream=self.name,
+                upstream=self.label,
                 id=message.id,
                 stream=message.address,
                 reason=outcome.reason,
@@ -805,11 +853,11 @@ class StreamUpstream:
             self._connection = None
             self._log.info(
                 "upstream {upstream}: connection lost: {reason}",
-                upstream=self.name,
+                upstream=self.label,
                 reason=reason.getErrorMessage(),
             )
             if self._metrics is not None:
-                self._metrics.upstream_up.labels(self.name).set(0)
+                self._metrics.upstream_up.labels(self.label).set(0)
         for publisher in self._publishers.values():
             publisher.ready = False
         if self._running:

@@ -68,6 +68,10 @@ class StreamUpstreamSettings:
         create_streams: Create the streams it publishes to and consumes from.
         heartbeat_seconds: Heartbeat proposed in Tune (0: none).
         frame_max: Largest frame proposed in Tune.
+        consume_from: ``leader``: subscriptions share the publishing
+            connection to the leader; ``replica``: they use a connection of
+            their own to a replica that Metadata names (the leader when a
+            stream has none).
     """
 
     username: str = "guest"
@@ -85,3 +89,4 @@ class StreamUpstreamSettings:
     create_streams: bool = False
     heartbeat_seconds: int = 60
     frame_max: int = DEFAULT_FRAME_MAX
+    consume_from: str = "leader"
