@@ -9,6 +9,7 @@ time-outs) is the same clock, advanced by the tests.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionLost
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from gateway.codecs import osiris
@@ -674,3 +676,21 @@ def test_a_stream_without_replicas_is_read_from_its_leader() -> None:
     metadata_with_replica(consumer, "in", None)
     assert not consumer.transport.disconnecting
     assert consumer.expect(sp.QueryOffset).stream == "in"
+
+
+def test_an_unreadable_sub_batch_is_skipped_not_fatal() -> None:
+    """A sub-batch compressed with a codec the gateway lacks: what precedes it is routed, logged."""
+    world, broker, subscribe = consuming_world()
+    first = entry_from_message(Message(id="m0", address="in", body=b"readable"))
+    body = b"\0\0\0\x01x"
+    snappy = struct.pack(">BHII", 0x80 | 2 << 4, 1, len(body), len(body)) + body
+    data = osiris.encode_mixed_entries([first, osiris.SubBatch.parse(snappy)])
+    damaged = osiris.frame_chunk(
+        data, num_entries=2, num_records=2, first_offset=0, timestamp_ms=1_700_000_000_000
+    )
+    with capturedLogs() as events:
+        broker.send(sp.Deliver(subscription_id=subscribe.subscription_id, chunk=damaged))
+    assert [m.body for m in world.sink.messages] == [b"readable"]
+    assert not broker.transport.disconnecting
+    assert broker.frames() == [sp.Credit(subscription_id=subscribe.subscription_id, credit=1)]
+    assert [e["read"] for e in events if "skipping the rest" in e.get("log_format", "")] == [1]

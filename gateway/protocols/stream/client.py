@@ -778,11 +778,27 @@ class StreamUpstream:
             data = chunk[osiris.HEADER_BYTES :]
             if len(data) != header.data_length or zlib.crc32(data) != header.crc:
                 raise osiris.OsirisError("chunk length or CRC does not match", kind="bad-crc")
-            entries = list(osiris.iter_entries(data))
         except osiris.OsirisError as exc:
             self.count_error(exc.kind)
             protocol.close(f"bad chunk from the server: {exc.reason}")
             return
+        entries: list[bytes | memoryview] = []
+        try:
+            entries.extend(osiris.iter_entries(data))
+        except osiris.OsirisError as exc:
+            # Intact as sent (the CRC matched) but not readable here, such as
+            # a sub-batch compressed with snappy, lz4 or zstd by its
+            # publisher: reading it again would not help, so skip the rest.
+            self.count_error(exc.kind)
+            self._log.error(
+                "upstream {upstream}: skipping the rest of chunk {chunk_id} of {stream}"
+                " after {read} readable records: {reason}",
+                upstream=self.label,
+                chunk_id=header.first_offset,
+                stream=subscription.stream,
+                read=len(entries),
+                reason=exc.reason,
+            )
         timestamp = header.timestamp / 1000
         outcomes: list[Deferred[Any]] = []
         for index, entry in enumerate(entries):
