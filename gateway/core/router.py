@@ -318,10 +318,8 @@ class Router:
             stats.bytes += len(message.body)
             stats.in_flight += 1
         d = bound.delivery.deliver(translated)
-        if not d.called:
-            d = self._deadlines(bound).watch(d)
         if stats is None:
-            return d
+            return d if d.called else self._deadlines(bound).watch(d)
 
         def finished(outcome: Outcome) -> Outcome:
             stats.in_flight -= 1
@@ -329,7 +327,9 @@ class Router:
             stats.observe_latency(self._clock.seconds() - started)
             return outcome
 
-        return d.addCallback(finished)
+        if d.called:
+            return d.addCallback(finished)
+        return self._deadlines(bound).watch(d, finished)
 
     def _deadlines(self, bound: BoundRoute) -> _Deadlines:
         watch = self._watches.get(bound)
@@ -366,15 +366,22 @@ class _Deadlines:
         """Whether some delivery is still watched."""
         return bool(self._queue)
 
-    def watch(self, d: Deferred[Outcome]) -> Deferred[Outcome]:
-        """Watch a delivery; return it with its time-out turned into an outcome."""
+    def watch(
+        self, d: Deferred[Outcome], then: Callable[[Outcome], Outcome] | None = None
+    ) -> Deferred[Outcome]:
+        """Watch a delivery; return it with its time-out turned into an outcome.
+
+        ``then`` sees the outcome either way (one callback pair, not two).
+        """
         queue = self._queue
         while queue and queue[0][1].called:
             queue.popleft()  # answered in time: forget it
         queue.append((self._clock.seconds() + self._route.timeout_seconds, d))
         if self._call is None:
             self._call = self._clock.callLater(self._route.timeout_seconds, self._expire)
-        return d.addErrback(self._timed_out)
+        if then is None:
+            return d.addErrback(self._timed_out)
+        return d.addCallbacks(then, lambda failure: then(self._timed_out(failure)))
 
     def _expire(self) -> None:
         self._call = None

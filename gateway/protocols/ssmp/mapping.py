@@ -8,6 +8,7 @@ verb is kept in the ``ssmp.verb`` header.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Final
 
 from gateway.codecs import ssmp
@@ -16,7 +17,8 @@ from gateway.core.message import Message, Outcome
 __all__ = ["VERB_HEADER", "event_line", "mcast_request", "message_from_mcast"]
 
 VERB_HEADER: Final = "ssmp.verb"
-_MCAST_HEADERS: Final = {VERB_HEADER: "MCAST"}
+_MCAST_HEADERS: Final = MappingProxyType({VERB_HEADER: "MCAST"})
+"""Shared by every MCAST message: read-only, so `Message` keeps it without a copy."""
 
 
 def message_from_mcast(sender: bytes, topic: bytes, payload: bytes, timestamp: float) -> Message:

@@ -282,11 +282,21 @@ _U32_PAIR: Final = struct.Struct(">II")
 _TIMESTAMP_KEY: Final = b"\xa1" + bytes([len(TIMESTAMP_HEADER)]) + TIMESTAMP_HEADER.encode()
 
 
+_STR8_HEADS: Final = tuple(_STR8 + bytes((length,)) for length in range(256))
+"""``str8`` constructor and length byte, by length."""
+
+
 def _short_ascii(text: str) -> bytes | None:
     """``str8`` encoding of a short ASCII string, or None (the general encoder does it)."""
     if len(text) > 255 or not text.isascii():
         return None
-    return _STR8 + bytes((len(text),)) + text.encode("ascii")
+    return _STR8_HEADS[len(text)] + text.encode("ascii")
+
+
+_SENDER_KEY: Final = _STR8 + bytes((len(SENDER_HEADER),)) + SENDER_HEADER.encode("ascii")
+_RECIPIENTS_KEY: Final = (
+    _STR8 + bytes((len(RECIPIENTS_HEADER),)) + RECIPIENTS_HEADER.encode("ascii")
+)
 
 
 def _compound(section: bytes, short: int, long: int, fields: bytes, count: int) -> bytes:
@@ -325,12 +335,12 @@ def _ascii_entry(message: Message) -> bytes | None:
         sender = _short_ascii(message.sender)
         if sender is None:
             return None
-        pairs.append(_short_ascii(SENDER_HEADER) + sender)  # type: ignore[operator]
+        pairs.append(_SENDER_KEY + sender)
     if message.recipients:
         recipients = _short_ascii(_join(message.recipients))
         if recipients is None:
             return None
-        pairs.append(_short_ascii(RECIPIENTS_HEADER) + recipients)  # type: ignore[operator]
+        pairs.append(_RECIPIENTS_KEY + recipients)
     if message.timestamp:
         pairs.append(_TIMESTAMP_KEY + _DOUBLE_CODE + _F64.pack(float(message.timestamp)))
     if pairs:
