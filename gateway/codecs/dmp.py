@@ -1,0 +1,491 @@
+"""DMP, the AMQP Direct Message Protocol (../shared/specs/dmp.txt), both roles.
+
+Sans-IO: `DMPCodec` turns bytes into events and events into bytes. A DMP
+connection starts with a dialog (spec, "Integration with AMQP")::
+
+    C: "AMQP" 10 1 0 1              protocol header: id 10, instance 1, version 0.1
+    S: "200 OK DMP/0.1"             short string
+    C: lease                        short string
+    S: "200 OK Ready to write to "somesink""   (or an error code, then close)
+
+A short string is one length octet and up to 255 bytes. A response is a
+3-digit code, a space, an indicator (``OK``, ``BAD-LEASE``...) and an
+optional space and text. After the dialog, messages flow one way (to a
+sink, or from a feed) as envelopes (spec, "Message envelope and format")::
+
+    size:u32          bytes that follow, up to the end of the body
+    exchange          short string
+    routing key       short string
+    flags:u16 props   AMQP 0-9-1 Basic content header property flags and list
+    options:u8        bit 1 mandatory, bit 0 immediate
+    length:u24 body   the content body
+
+Spec ambiguity: the spec draws the body length as ``[nnn]`` and says the
+envelope is "12 octets plus content header fields"; 4 + 1 + 1 + 2 + 1 + 3 =
+12 makes the body length three octets (OpenAMQ wrote three as well), so a
+body holds at most 16 MiB - 1. The size counts everything after itself:
+exchange, routing key, flags, properties, options, body length and body.
+
+A size of zero is a null message, a heartbeat (spec, "Heartbeating"); the
+codec reports it as `Heartbeat` and adapters ignore it.
+
+Errors raise `DMPError` with the response the server should send (the
+dialog still running) or none (messages flowing: the adapter closes). The
+codec is dead afterwards.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Final
+
+from gateway.codecs.errors import LocalProtocolError, RemoteProtocolError
+from gateway.codecs.fieldtable import (
+    FieldTableError,
+    FieldTableLocalError,
+    FieldValue,
+    decode_table,
+    encode_short_string,
+    encode_table,
+)
+
+__all__ = [
+    "DEFAULT_MAX_ENVELOPE_BYTES",
+    "HEARTBEAT_BYTES",
+    "MAX_BODY_BYTES",
+    "PROTOCOL_HEADER",
+    "REASONS",
+    "BasicProperties",
+    "DMPCodec",
+    "DMPError",
+    "DMPLocalError",
+    "Envelope",
+    "Event",
+    "Heartbeat",
+    "Lease",
+    "ProtocolHeader",
+    "Response",
+    "Role",
+    "decode_envelope",
+    "encode_envelope",
+    "encode_response",
+]
+
+PROTOCOL_HEADER: Final = b"AMQP" + bytes((10, 1, 0, 1))
+"""``AMQP``, protocol id 10, instance 1, version 0.1 (spec, the dialog)."""
+
+REASONS: Final = {
+    200: "OK",
+    402: "BAD-LEASE",
+    403: "NO-ACCESS",
+    404: "NOT-FOUND",
+    502: "SYNTAX-ERROR",
+    503: "INVALID",
+    530: "NOT-ALLOWED",
+    540: "NOT-IMPLEMENTED",
+    541: "INTERNAL-ERROR",
+}
+"""The response codes and their indicators (spec, "Response codes")."""
+
+MAX_BODY_BYTES: Final = 2**24 - 1
+"""A body length is three octets."""
+DEFAULT_MAX_ENVELOPE_BYTES: Final = 1024 * 1024
+"""Largest envelope (its size field's value) a codec accepts unless told otherwise."""
+
+_U16: Final = struct.Struct(">H")
+_U32: Final = struct.Struct(">I")
+_U64: Final = struct.Struct(">Q")
+_RESPONSE: Final = re.compile(rb"\A([0-9]{3}) ([A-Z-]+)(?: (.*))?\Z", re.DOTALL)
+
+
+class Role(enum.Enum):
+    """Which end of a DMP connection a codec is."""
+
+    SERVER = "server"
+    CLIENT = "client"
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolHeader:
+    """The client's protocol header (server role reads it; client role sends it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The lease the client presents (a short string)."""
+
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A server response: code, indicator (``REASONS[code]`` by default) and text."""
+
+    code: int
+    text: str = ""
+    indicator: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Whether the code is 200."""
+        return self.code == 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BasicProperties:
+    """The AMQP 0-9-1 Basic content header properties (None: absent)."""
+
+    content_type: str | None = None
+    content_encoding: str | None = None
+    headers: dict[str, FieldValue] | None = None
+    delivery_mode: int | None = None
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expiration: str | None = None
+    message_id: str | None = None
+    timestamp: int | None = None
+    type: str | None = None
+    user_id: str | None = None
+    app_id: str | None = None
+    cluster_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """One DMP message."""
+
+    exchange: str = ""
+    routing_key: str = ""
+    properties: BasicProperties = field(default_factory=BasicProperties)
+    mandatory: bool = False
+    immediate: bool = False
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A null message (four zero octets)."""
+
+
+Event = ProtocolHeader | Lease | Response | Envelope | Heartbeat
+HEARTBEAT_BYTES: Final = b"\0\0\0\0"
+
+
+class DMPError(RemoteProtocolError):
+    """The peer broke the protocol; ``response`` is what a server answers (None: close)."""
+
+    def __init__(
+        self, reason: str, *, response: Response | None = None, kind: str = "malformed"
+    ) -> None:
+        super().__init__(
+            reason,
+            reply=encode_response(response) if response is not None else None,
+            kind=kind,
+        )
+        self.response = response
+
+
+class DMPLocalError(LocalProtocolError):
+    """A value DMP cannot carry."""
+
+
+# --- properties ---------------------------------------------------------------------------
+
+# (attribute, kind): flag bits from 15 down, in list order (AMQP 0-9-1, class basic).
+_PROPERTIES: Final = (
+    ("content_type", "shortstr"),
+    ("content_encoding", "shortstr"),
+    ("headers", "table"),
+    ("delivery_mode", "octet"),
+    ("priority", "octet"),
+    ("correlation_id", "shortstr"),
+    ("reply_to", "shortstr"),
+    ("expiration", "shortstr"),
+    ("message_id", "shortstr"),
+    ("timestamp", "timestamp"),
+    ("type", "shortstr"),
+    ("user_id", "shortstr"),
+    ("app_id", "shortstr"),
+    ("cluster_id", "shortstr"),
+)
+
+
+def _encode_properties(properties: BasicProperties) -> bytes:
+    flags = 0
+    parts: list[bytes] = []
+    for index, (name, kind) in enumerate(_PROPERTIES):
+        value = getattr(properties, name)
+        if value is None:
+            continue
+        flags |= 1 << (15 - index)
+        if kind == "shortstr":
+            parts.append(encode_short_string(value))
+        elif kind == "octet":
+            if not 0 <= value <= 255:
+                raise DMPLocalError(f"{name} is an octet, not {value}")
+            parts.append(bytes((value,)))
+        elif kind == "timestamp":
+            if not 0 <= value < 2**64:
+                raise DMPLocalError(f"timestamp {value} does not fit 64 bits")
+            parts.append(_U64.pack(value))
+        else:
+            parts.append(encode_table(value))
+    return _U16.pack(flags) + b"".join(parts)
+
+
+def _decode_properties(data: bytes, pos: int, end: int) -> tuple[BasicProperties, int]:
+    if pos + 2 > end:
+        raise _syntax("property flags cut short")
+    (flags,) = _U16.unpack_from(data, pos)
+    pos += 2
+    if flags & 1:
+        raise _syntax("property flags continue into a second word, which Basic never uses")
+    if flags & 0b11:
+        raise _syntax(f"unknown property flag bits {flags & 0b11:#x}")
+    values: dict[str, object] = {}
+    for index, (name, kind) in enumerate(_PROPERTIES):
+        if not flags & (1 << (15 - index)):
+            continue
+        if kind == "shortstr":
+            if pos >= end or pos + 1 + data[pos] > end:
+                raise _syntax(f"property {name} cut short")
+            raw = data[pos + 1 : pos + 1 + data[pos]]
+            pos += 1 + data[pos]
+            values[name] = _text(raw, name)
+        elif kind == "octet":
+            if pos >= end:
+                raise _syntax(f"property {name} cut short")
+            values[name] = data[pos]
+            pos += 1
+        elif kind == "timestamp":
+            if pos + 8 > end:
+                raise _syntax(f"property {name} cut short")
+            values[name] = _U64.unpack_from(data, pos)[0]
+            pos += 8
+        else:
+            try:
+                values[name], pos = decode_table(memoryview(data)[:end], pos)
+            except FieldTableError as exc:
+                raise _syntax(f"headers table: {exc}") from None
+    return BasicProperties(**values), pos  # type: ignore[arg-type]
+
+
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _syntax(f"{what} is not UTF-8") from None
+
+
+def _syntax(reason: str) -> DMPError:
+    return DMPError(reason, kind="malformed")
+
+
+# --- encoding ------------------------------------------------------------------------------
+
+
+def encode_response(response: Response) -> bytes:
+    """A response as the short string the server writes."""
+    indicator = response.indicator or REASONS.get(response.code, "ERROR")
+    text = f"{response.code:03d} {indicator}"
+    if response.text:
+        text += f" {response.text}"
+    data = text.encode("utf-8")
+    if len(data) > 255:  # cut the explanation, never the code
+        data = data[:255]
+    return bytes((len(data),)) + data
+
+
+def encode_envelope(envelope: Envelope) -> bytes:
+    """One envelope with its size in front.
+
+    Raises:
+        DMPLocalError: A name over 255 bytes, a body over 16 MiB - 1, or a
+            property that cannot be carried.
+    """
+    body = envelope.body
+    if len(body) > MAX_BODY_BYTES:
+        raise DMPLocalError(f"a DMP body holds at most {MAX_BODY_BYTES} bytes, not {len(body)}")
+    try:
+        head = (
+            encode_short_string(envelope.exchange)
+            + encode_short_string(envelope.routing_key)
+            + _encode_properties(envelope.properties)
+        )
+    except FieldTableLocalError as exc:
+        raise DMPLocalError(exc.reason) from None
+    options = (envelope.mandatory << 1) | envelope.immediate
+    size = len(head) + 4 + len(body)
+    return b"".join((_U32.pack(size), head, bytes((options,)), len(body).to_bytes(3, "big"), body))
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode one envelope's content (what follows its size field).
+
+    Raises:
+        DMPError: Fields that do not add up to the size, or bad values.
+    """
+    end = len(data)
+    pos = 0
+    names: list[str] = []
+    for what in ("exchange", "routing key"):
+        if pos >= end or pos + 1 + data[pos] > end:
+            raise _syntax(f"{what} cut short")
+        names.append(_text(data[pos + 1 : pos + 1 + data[pos]], what))
+        pos += 1 + data[pos]
+    properties, pos = _decode_properties(data, pos, end)
+    if pos + 4 > end:
+        raise _syntax("options and body length cut short")
+    options = data[pos]
+    if options & ~0b11:
+        raise _syntax(f"unknown option bits {options:#04x}")
+    length = int.from_bytes(data[pos + 1 : pos + 4], "big")
+    pos += 4
+    if pos + length != end:
+        raise _syntax(f"the body length says {length} bytes but the size leaves {end - pos}")
+    return Envelope(
+        exchange=names[0],
+        routing_key=names[1],
+        properties=properties,
+        mandatory=bool(options & 0b10),
+        immediate=bool(options & 0b01),
+        body=data[pos:end],
+    )
+
+
+# --- the codec ---------------------------------------------------------------------------
+
+
+class DMPCodec:
+    """One end of one DMP connection.
+
+    Args:
+        role: `Role.SERVER` reads the header, the lease, then envelopes;
+            `Role.CLIENT` reads two responses, then envelopes.
+        max_envelope_bytes: Largest envelope size accepted.
+    """
+
+    def __init__(self, role: Role, *, max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> None:
+        self.role = role
+        self.max_envelope_bytes = max_envelope_bytes
+        self._buffer = bytearray()
+        self._stage = 0  # server: 0 header, 1 lease, 2 envelopes; client: 0, 1 responses, 2
+        self._dead = False
+
+    @property
+    def flowing(self) -> bool:
+        """Whether the dialog is over and envelopes flow."""
+        return self._stage == 2
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes; return the events they complete.
+
+        Raises:
+            DMPError: The peer broke the protocol; the codec is dead.
+        """
+        if self._dead:
+            raise DMPError("the connection already failed", kind="dead")
+        self._buffer += data
+        events: list[Event] = []
+        try:
+            while True:
+                event = self._next()
+                if event is None:
+                    return events
+                events.append(event)
+        except DMPError as exc:
+            self._dead = True
+            exc.events = list(events)
+            raise
+
+    def _next(self) -> Event | None:
+        buffer = self._buffer
+        if self._stage == 0 and self.role is Role.SERVER:
+            if len(buffer) < len(PROTOCOL_HEADER):
+                if not PROTOCOL_HEADER.startswith(bytes(buffer)):
+                    raise self._bad_header()
+                return None
+            if bytes(buffer[: len(PROTOCOL_HEADER)]) != PROTOCOL_HEADER:
+                raise self._bad_header()
+            del buffer[: len(PROTOCOL_HEADER)]
+            self._stage = 1
+            return ProtocolHeader()
+        if self._stage < 2:
+            if not buffer or len(buffer) < 1 + buffer[0]:
+                return None
+            raw = bytes(buffer[1 : 1 + buffer[0]])
+            del buffer[: 1 + len(raw)]
+            self._stage += 1
+            if self.role is Role.SERVER:
+                return Lease(self._lease(raw))
+            return self._response(raw)
+        if len(buffer) < 4:
+            return None
+        (size,) = _U32.unpack_from(buffer, 0)
+        if size == 0:
+            del buffer[:4]
+            return Heartbeat()
+        if size > self.max_envelope_bytes:
+            raise DMPError(
+                f"envelope of {size} bytes, over the limit of {self.max_envelope_bytes}",
+                kind="too-large",
+            )
+        if len(buffer) < 4 + size:
+            return None
+        content = bytes(buffer[4 : 4 + size])
+        del buffer[: 4 + size]
+        return decode_envelope(content)
+
+    def _bad_header(self) -> DMPError:
+        return DMPError(
+            "not a DMP protocol header (want AMQP 10 1 0 1)",
+            response=Response(503, "expected the DMP protocol header AMQP 10.1.0.1"),
+            kind="bad-header",
+        )
+
+    def _lease(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DMPError(
+                "lease is not UTF-8",
+                response=Response(502, "the lease is not UTF-8 text"),
+                kind="malformed",
+            ) from None
+
+    def _response(self, raw: bytes) -> Response:
+        match = _RESPONSE.match(raw)
+        if match is None:
+            raise DMPError(f"not a DMP response: {raw[:60]!r}", kind="malformed")
+        code, indicator, text = match.groups()
+        return Response(
+            int(code), (text or b"").decode("utf-8", "replace"), indicator.decode("ascii")
+        )
+
+    def send(self, event: Event) -> bytes:
+        """Encode an event this role sends.
+
+        Raises:
+            DMPLocalError: This role does not send it, or it cannot be carried.
+        """
+        if isinstance(event, Envelope):
+            return encode_envelope(event)
+        if isinstance(event, Heartbeat):
+            return HEARTBEAT_BYTES
+        if self.role is Role.SERVER and isinstance(event, Response):
+            return encode_response(event)
+        if self.role is Role.CLIENT and isinstance(event, ProtocolHeader):
+            return PROTOCOL_HEADER
+        if self.role is Role.CLIENT and isinstance(event, Lease):
+            try:
+                return encode_short_string(event.lease)
+            except FieldTableLocalError as exc:
+                raise DMPLocalError(exc.reason) from None
+        raise DMPLocalError(f"the {self.role.value} does not send {type(event).__name__}")
