@@ -12,6 +12,7 @@ Protocol-specific settings are validated by one function per protocol
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
 import tomllib
@@ -24,10 +25,12 @@ import attrs
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.testing import MemoryReactor
 
+from gateway.codecs.dmp import DEFAULT_MAX_ENVELOPE_BYTES as DEFAULT_DMP_MAX_ENVELOPE_BYTES
 from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
 from gateway.core.auth import Secrets
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
+from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.qmqp.settings import (
     DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_QMQP_MAX_MESSAGE_BYTES,
 )
@@ -411,6 +414,63 @@ def _qmqp_upstream(section: _Section) -> QMQPUpstreamSettings:
     )
 
 
+def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
+    sinks = frozenset(section.strings("sinks"))
+    feeds = frozenset(section.strings("feeds"))
+    leases: dict[str, LeaseGrant] = {}
+    for name, grant in section.table_items("leases"):
+        sink, feed = grant.string("sink", None), grant.string("feed", None)
+        expires_text = grant.string("expires", None)
+        grant.done()
+        if (sink is None) == (feed is None):
+            grant.problem(None, "a lease names exactly one sink or one feed")
+            continue
+        kind, target = ("sink", sink) if sink is not None else ("feed", feed)
+        if target not in (sinks if kind == "sink" else feeds):
+            grant.problem(kind, f"no {kind} named {target!r} in {kind}s")
+            continue
+        expires: float | None = None
+        if isinstance(expires_text, str):
+            try:
+                moment = datetime.datetime.fromisoformat(expires_text)
+            except ValueError:
+                grant.problem("expires", f"{expires_text!r} is not an ISO 8601 date and time")
+                continue
+            if moment.tzinfo is None:
+                grant.problem("expires", "needs a time zone, such as 2027-01-01T00:00:00Z")
+                continue
+            expires = moment.timestamp()
+        leases[name] = LeaseGrant(kind=kind, target=target, expires=expires)
+    return DMPListenerSettings(
+        sinks=sinks,
+        feeds=feeds,
+        leases=leases,
+        heartbeat_seconds=section.number("heartbeat_seconds", 10.0),
+        idle_timeout_seconds=section.number("idle_timeout_seconds", 0.0),
+        handshake_timeout_seconds=section.positive("handshake_timeout_seconds", 10.0),
+        max_envelope_bytes=section.integer(
+            "max_envelope_bytes", DEFAULT_DMP_MAX_ENVELOPE_BYTES, minimum=64
+        ),
+        max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
+        max_feed_backlog_bytes=section.integer(
+            "max_feed_backlog_bytes", 4 * 1024 * 1024, minimum=65536
+        ),
+    )
+
+
+def _dmp_upstream(section: _Section) -> DMPUpstreamSettings:
+    return DMPUpstreamSettings(
+        mode=section.choice("mode", frozenset({"put", "get"}), "put"),
+        exchange=section.string("exchange", ""),
+        heartbeat_seconds=section.number("heartbeat_seconds", 10.0),
+        dead_after_seconds=section.number("dead_after_seconds", 0.0),
+        max_envelope_bytes=section.integer(
+            "max_envelope_bytes", DEFAULT_DMP_MAX_ENVELOPE_BYTES, minimum=64
+        ),
+        max_backlog_bytes=section.integer("max_backlog_bytes", 4 * 1024 * 1024, minimum=65536),
+    )
+
+
 def _log_settings(section: _Section) -> LogSettings:
     max_bytes = section.integer("max_bytes", 0, minimum=0)
     max_age = section.number("max_age_seconds", 0.0)
@@ -479,11 +539,13 @@ _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
     "ssmp": _ssmp_listener,
     "qmqp": _qmqp_listener,
     "stream": _stream_listener,
+    "dmp": _dmp_listener,
 }
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,
     "qmqp": _qmqp_upstream,
     "stream": _stream_upstream,
+    "dmp": _dmp_upstream,
 }
 
 
@@ -704,10 +766,22 @@ def _parse_main(
 
     secrets_path = base / secrets_name if isinstance(secrets_name, str) else None
     secrets = _load_secrets(secrets_path, problems) if secrets_path else Secrets()
+    for listener in listeners:
+        for lease in getattr(listener.settings, "leases", {}):
+            if lease not in secrets.logins:
+                problems.append(
+                    ConfigProblem(
+                        str(secrets_path) if secrets_path else file,
+                        f"listeners.{listener.name}.leases.{lease}",
+                        f"lease {lease!r} has no lease text: put it under [logins] {lease}",
+                    )
+                )
     for upstream in upstreams:
         username = getattr(upstream.settings, "username", None)
         if getattr(upstream.settings, "scheme", None) == "secret":
             how = "logs in with scheme 'secret'"
+        elif upstream.protocol == "dmp":
+            how = "presents a lease (its secret)"
         elif username is not None and not (upstream.protocol == "stream" and username == "guest"):
             how = f"authenticates as {username!r}"
         else:

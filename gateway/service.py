@@ -48,6 +48,8 @@ from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.client import DMPUpstream
+from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.qmqp.client import QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.ssmp.client import SSMPUpstream
@@ -354,6 +356,35 @@ def _stream_listener(
     return factory, StreamDestination(config.name, store)
 
 
+def _dmp_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    factory = DMPServerFactory(
+        name=config.name,
+        settings=config.settings,
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, factory  # the feeds are its route destination
+
+
+def _dmp_upstream(
+    gateway: GatewayService, config: UpstreamConfig
+) -> tuple[IService, IDestination, Callable[[], bool]]:
+    upstream = DMPUpstream(
+        name=config.name,
+        settings=config.settings,
+        endpoint=clientFromString(gateway.reactor, config.endpoint),
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return upstream.service, upstream, lambda: upstream.connected
+
+
 class _StartStopService(Service):
     """A service around something with start() and stop()."""
 
@@ -430,11 +461,21 @@ class _NoDelivery:
 
 _LISTENERS: dict[
     str, Callable[[GatewayService, ListenerConfig], tuple[IProtocolFactory, IDestination]]
-] = {"ssmp": _ssmp_listener, "qmqp": _qmqp_listener, "stream": _stream_listener}
+] = {
+    "ssmp": _ssmp_listener,
+    "qmqp": _qmqp_listener,
+    "stream": _stream_listener,
+    "dmp": _dmp_listener,
+}
 _UPSTREAMS: dict[
     str,
     Callable[[GatewayService, UpstreamConfig], tuple[IService, IDestination, Callable[[], bool]]],
-] = {"ssmp": _ssmp_upstream, "qmqp": _qmqp_upstream, "stream": _stream_upstream}
+] = {
+    "ssmp": _ssmp_upstream,
+    "qmqp": _qmqp_upstream,
+    "stream": _stream_upstream,
+    "dmp": _dmp_upstream,
+}
 
 
 def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:

@@ -1,0 +1,1 @@
+"""DMP, the AMQP Direct Message Protocol: sinks and feeds, both roles."""

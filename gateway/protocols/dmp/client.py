@@ -1,0 +1,317 @@
+"""The DMP client role: the gateway writing to a remote sink or reading a remote feed.
+
+`DMPUpstream` connects through a `ClientService` (reconnects with backoff),
+sends the protocol header, waits for ``200``, presents its lease (the
+upstream's secret in the secrets file), and waits for the second ``200``;
+any other response is logged and counted, and the connection closed (the
+service tries again later).
+
+``mode = "put"``: the upstream is a route destination. A message is written
+to the sink as one envelope (`gateway.protocols.dmp.mapping`) and the route
+told *accepted*: DMP has no acknowledgement, so that means "written to the
+connection" (a durable route answers its sender after the local commit and
+is the safe choice). While not connected, or when more than
+``max_backlog_bytes`` wait for a slow server, *retry later*.
+
+``mode = "get"``: every envelope the feed sends is routed from the
+upstream; reading pauses while 1,000 of them await outcomes.
+
+Null messages are written every ``heartbeat_seconds``; with
+``dead_after_seconds``, a feed that sends nothing for that long is taken for
+dead and the connection closed (the server heartbeats its feeds).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.codecs import dmp
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
+from gateway.protocols.dmp.settings import DMPUpstreamSettings
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["DMPClientProtocol", "DMPUpstream"]
+
+RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
+RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
+MAX_IN_FLIGHT: Final = 1000
+
+
+@implementer(IPushProducer)
+class DMPClientProtocol(Protocol):
+    """One connection to a DMP server."""
+
+    _log = Logger()
+
+    def __init__(self, upstream: DMPUpstream) -> None:
+        self.upstream = upstream
+        self._codec = dmp.DMPCodec(
+            dmp.Role.CLIENT, max_envelope_bytes=upstream.settings.max_envelope_bytes
+        )
+        self._answers = 0
+        self.ready = False
+        self._closing = False
+        self._timer: IDelayedCall | None = None
+        self._last_heard = upstream.clock.seconds()
+        self._in_flight = 0
+        self._reading_paused = False
+        self.writing_paused = False
+        self.backlog: list[bytes] = []
+        self.backlog_bytes = 0
+
+    def connectionMade(self) -> None:
+        """Send the protocol header."""
+        disable_nagle(self.transport)
+        assert self.transport is not None
+        self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
+        self.write(self._codec.send(dmp.ProtocolHeader()))
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Stop the timers and tell the upstream."""
+        self._closing = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self.upstream.connection_lost(self, reason)
+
+    def close(self, why: str) -> None:
+        """Close, saying why."""
+        if self._closing:
+            return
+        self._closing = True
+        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Responses during the dialog, then envelopes (get) or nothing (put)."""
+        if self._closing:
+            return
+        self._last_heard = self.upstream.clock.seconds()
+        self.upstream.traffic.bytes_in += len(data)
+        try:
+            events = self._codec.receive_data(data)
+        except dmp.DMPError as exc:
+            for event in exc.events:
+                self._handle(event)  # type: ignore[arg-type]
+            self.upstream.count_error(exc.kind)
+            self.close(f"bad input from the server: {exc.reason}")
+            return
+        for event in events:
+            self._handle(event)
+            if self._closing:
+                return
+
+    def _handle(self, event: dmp.Event) -> None:
+        if isinstance(event, dmp.Response):
+            if not event.ok:
+                self.upstream.count_error(f"refused-{event.code}")
+                self.close(f"the server answered {event.code} {event.indicator} {event.text}")
+                return
+            self._answers += 1
+            if self._answers == 1:
+                lease = self.upstream.secrets.credential_for(self.upstream.name) or b""
+                self.write(self._codec.send(dmp.Lease(lease.decode("utf-8"))))
+            else:
+                self.ready = True
+                self._schedule_beat()
+                self.upstream.opened(self)
+        elif isinstance(event, dmp.Envelope):
+            if self.upstream.settings.mode != "get":
+                self.upstream.count_error("unexpected-message")
+                self.close("the sink sent a message")
+                return
+            self._route(event)
+
+    def _route(self, envelope: dmp.Envelope) -> None:
+        upstream = self.upstream
+        upstream.traffic.messages_in += 1
+        message = message_from_envelope(envelope, upstream.name, upstream.clock.seconds())
+        result = upstream.router.dispatch(upstream.name, message)
+        if isinstance(result, Unrouted):
+            upstream.count_error("unrouted")
+            return
+        self._in_flight += 1
+        if self._in_flight >= MAX_IN_FLIGHT and not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+        result.addBoth(self._drained)
+
+    def _drained(self, result: object) -> None:
+        self._in_flight -= 1
+        if self._reading_paused and self._in_flight <= MAX_IN_FLIGHT // 2:
+            self._reading_paused = False
+            if not self._closing and self.transport is not None:
+                self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _schedule_beat(self) -> None:
+        settings = self.upstream.settings
+        watching = settings.dead_after_seconds if settings.mode == "get" else 0.0
+        periods = [p for p in (settings.heartbeat_seconds, watching / 2) if p > 0]
+        if periods:
+            self._timer = self.upstream.clock.callLater(min(periods), self._beat)
+
+    def _beat(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        settings = self.upstream.settings
+        silent = self.upstream.clock.seconds() - self._last_heard
+        if settings.mode == "get" and 0 < settings.dead_after_seconds <= silent:
+            self.upstream.count_error("dead-peer")
+            self.close(f"the feed sent nothing for {silent:g} s")
+            return
+        if settings.heartbeat_seconds > 0 and not self.writing_paused:
+            self.write(dmp.HEARTBEAT_BYTES)
+        self._schedule_beat()
+
+    def write(self, data: bytes) -> None:
+        """Write (or hold while the server is not reading)."""
+        if self.writing_paused:
+            self.backlog.append(data)
+            self.backlog_bytes += len(data)
+            return
+        assert self.transport is not None
+        self.transport.write(data)
+        self.upstream.traffic.bytes_out += len(data)
+
+    def pauseProducing(self) -> None:
+        """The server is not reading: hold what we write."""
+        self.writing_paused = True
+
+    def resumeProducing(self) -> None:
+        """The server reads again."""
+        self.writing_paused = False
+        if self.backlog:
+            data = b"".join(self.backlog)
+            self.backlog, self.backlog_bytes = [], 0
+            self.write(data)
+
+    def stopProducing(self) -> None:
+        """The connection is going away."""
+        self._closing = True
+
+
+class _ClientFactory(Factory):
+    noisy = False
+
+    def __init__(self, upstream: DMPUpstream) -> None:
+        self.upstream = upstream
+
+    def buildProtocol(self, addr: Any) -> DMPClientProtocol:
+        return DMPClientProtocol(self.upstream)
+
+
+@implementer(IDestination)
+class DMPUpstream:
+    """A DMP server's sink (put) or feed (get).
+
+    Args:
+        name: The upstream's config name.
+        settings: Its validated settings.
+        endpoint: Where to connect.
+        router: Where feed messages go.
+        secrets: The lease (this upstream's secret).
+        clock: Timers.
+        metrics: Counters, or None.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: DMPUpstreamSettings,
+        endpoint: IStreamClientEndpoint,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._connection: DMPClientProtocol | None = None
+        self.service = ClientService(
+            endpoint,
+            _ClientFactory(self),
+            retryPolicy=backoffPolicy(
+                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
+            ),
+            clock=clock,
+        )
+        if metrics is not None:
+            metrics.upstream_up.labels(name).set(0)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the sink or feed is open."""
+        return self._connection is not None
+
+    def opened(self, connection: DMPClientProtocol) -> None:
+        """The dialog succeeded."""
+        self._connection = connection
+        self._log.info(
+            "upstream {upstream}: connected ({mode})", upstream=self.name, mode=self.settings.mode
+        )
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(self.name).set(1)
+
+    def connection_lost(self, connection: DMPClientProtocol, reason: Failure) -> None:
+        """The connection ended; the service reconnects."""
+        if self._connection is connection:
+            self._connection = None
+            self._log.info(
+                "upstream {upstream}: connection lost: {reason}",
+                upstream=self.name,
+                reason=reason.getErrorMessage(),
+            )
+            if self._metrics is not None:
+                self._metrics.upstream_up.labels(self.name).set(0)
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Write a message into the remote sink."""
+        connection = self._connection
+        if self.settings.mode != "put":
+            return succeed(Outcome.rejected(f"upstream {self.name} reads a feed; it takes nothing"))
+        if connection is None:
+            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
+        if connection.backlog_bytes > self.settings.max_backlog_bytes:
+            return succeed(
+                Outcome.retry(f"upstream {self.name}: {connection.backlog_bytes} bytes unwritten")
+            )
+        try:
+            data = dmp.encode_envelope(envelope_from_message(message, self.settings.exchange))
+        except dmp.DMPLocalError as exc:
+            return succeed(Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
+        connection.write(data)
+        self.traffic.messages_out += 1
+        return succeed(Outcome.accepted())
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -1,0 +1,104 @@
+"""DMP envelopes to and from the canonical `Message`: pure functions, no transport.
+
+In: a message written to sink ``S`` with routing key ``K`` has the address
+``S.K`` (``S`` when ``K`` is empty), so routes match ``S`` or ``S.#``; its
+body is the envelope's body; ``message-id`` and ``timestamp`` become its id
+and time; the headers table's ``x-gateway-sender`` its envelope sender;
+``x-gateway-recipients`` (an array, or a comma-separated string) is kept
+as the header of that name, comma-separated, not as recipients (recipients
+would make routes match them instead of the sink); other header values, the
+exchange, the routing key and the other Basic properties become headers
+(``dmp.*``).
+
+Out: the routing key is the message's address; ``message-id``, ``timestamp``
+(seconds) and ``app-id`` (``msggateway``) are set; the headers table holds
+``x-gateway-sender``, ``x-gateway-recipients`` (an array: the message's
+recipients, or its ``x-gateway-recipients`` header) and its other text
+headers; ``dmp.*`` headers of a message that came from DMP go back
+to their properties.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gateway.codecs import dmp
+from gateway.core.message import Message
+
+__all__ = ["RECIPIENTS_HEADER", "SENDER_HEADER", "envelope_from_message", "message_from_envelope"]
+
+SENDER_HEADER: Final = "x-gateway-sender"
+RECIPIENTS_HEADER: Final = "x-gateway-recipients"
+_TEXT_PROPERTIES: Final = ("content_type", "content_encoding", "correlation_id", "reply_to",
+                           "expiration", "type", "user_id", "app_id")  # fmt: skip
+_HEADER_OF: Final = {name: "dmp." + name.replace("_", "-") for name in _TEXT_PROPERTIES}
+_PROPERTY_OF: Final = {header: name for name, header in _HEADER_OF.items()}
+
+
+def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -> Message:
+    """The message a sink received (``timestamp``: arrival, if the envelope has none)."""
+    properties = envelope.properties
+    headers: dict[str, str] = {}
+    sender: str | None = None
+    for key, value in (properties.headers or {}).items():
+        if key == SENDER_HEADER and isinstance(value, str):
+            sender = value or None
+        elif key == RECIPIENTS_HEADER and isinstance(value, list):
+            headers[key] = ",".join(str(item) for item in value)
+        elif isinstance(value, str):
+            headers[key] = value
+        elif isinstance(value, bytes):
+            headers[key] = value.decode("utf-8", "replace")
+        elif value is not None:
+            headers[key] = str(value)
+    for name, header in _HEADER_OF.items():
+        value = getattr(properties, name)
+        if value is not None:
+            headers[header] = value
+    if envelope.exchange:
+        headers["dmp.exchange"] = envelope.exchange
+    if envelope.routing_key:
+        headers["dmp.routing-key"] = envelope.routing_key
+    address = f"{sink}.{envelope.routing_key}" if envelope.routing_key else sink
+    optional: dict[str, object] = {}
+    if properties.message_id:
+        optional["id"] = properties.message_id
+    return Message(
+        body=envelope.body,
+        address=address,
+        sender=sender,
+        headers=headers,
+        timestamp=float(properties.timestamp) if properties.timestamp else timestamp,
+        **optional,  # type: ignore[arg-type]
+    )
+
+
+def envelope_from_message(message: Message, exchange: str = "") -> dmp.Envelope:
+    """The envelope a feed reader or a remote sink gets for a message."""
+    table: dict[str, object] = {}
+    if message.sender:
+        table[SENDER_HEADER] = message.sender
+    if message.recipients:
+        table[RECIPIENTS_HEADER] = list(message.recipients)
+    values: dict[str, object] = {}
+    for key, value in message.headers.items():
+        if key == RECIPIENTS_HEADER:
+            if not message.recipients and isinstance(value, str):
+                table[key] = [part for part in value.split(",") if part]
+        elif key in _PROPERTY_OF:
+            values[_PROPERTY_OF[key]] = str(value)
+        elif not key.startswith("dmp.") and isinstance(value, str):
+            table[key] = value
+    values.setdefault("app_id", "msggateway")
+    properties = dmp.BasicProperties(
+        message_id=message.id[:255],
+        timestamp=int(message.timestamp) if message.timestamp else None,
+        headers=table or None,
+        **values,  # type: ignore[arg-type]
+    )
+    return dmp.Envelope(
+        exchange=exchange,
+        routing_key=message.address[:255],
+        properties=properties,
+        body=message.body,
+    )

@@ -1,0 +1,372 @@
+"""The DMP server role: sinks that take messages into routing, feeds that routes deliver to.
+
+A connection presents the protocol header and a lease (`gateway.codecs.dmp`).
+The lease is looked up among the listener's grants (``leases``: a name, the
+sink or feed it opens, an optional expiry; the lease text itself is that
+name's secret in the secrets file) and among leases made through the admin
+API: unknown or expired is ``402 BAD-LEASE``, a sink or feed that is not
+configured ``404 NOT-FOUND``, a feed that already has its reader ``403
+NO-ACCESS``; each then closes. ``200`` opens the connection.
+
+Sinks (many writers): every envelope is routed from the listener (see
+`gateway.protocols.dmp.mapping` for its address and headers). DMP has no
+acknowledgement, so outcomes other than accepted are logged and counted; a
+connection with ``max_in_flight`` messages awaiting outcomes is not read
+from until they drain. Null messages are ignored; a sink connection silent
+for ``idle_timeout_seconds`` is closed as dead.
+
+Feeds (one reader): the listener is the route destination for them; a
+message routed to feed ``F`` is written to F's reader at once and the route
+told *accepted* (written to the reader's connection: DMP has nothing
+more), *retry later* when F has no reader or its unwritten backlog passed
+``max_feed_backlog_bytes``, *rejected* when no feed F exists. Null messages
+go to readers every ``heartbeat_seconds``; a reader that is gone shows as
+the write failing and the connection closing. A reader that writes
+envelopes is closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any, Final
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.codecs import dmp
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
+from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from gateway.protocols.listener import ListenerFactory
+from gateway.protocols.tcp import disable_nagle
+
+__all__ = ["DMPServerFactory", "DMPServerProtocol"]
+
+DIALECT: Final = "DMP/0.1"
+
+
+@implementer(IPushProducer)
+class DMPServerProtocol(Protocol):
+    """One DMP connection: a sink writer or a feed reader."""
+
+    _log = Logger()
+
+    def __init__(self, factory: DMPServerFactory) -> None:
+        self.factory = factory
+        self._codec = dmp.DMPCodec(
+            dmp.Role.SERVER, max_envelope_bytes=factory.settings.max_envelope_bytes
+        )
+        self.kind: str | None = None  # "sink" or "feed" once opened
+        self.target = ""
+        self._closing = False
+        self._timer: IDelayedCall | None = None
+        self._in_flight = 0
+        self._reading_paused = False
+        self._writing_paused = False
+        self._backlog: list[bytes] = []
+        self._backlog_bytes = 0
+        self._heard = True
+
+    # --- connection life -------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Wait for the header and the lease, within the handshake time-out."""
+        disable_nagle(self.transport)
+        self.factory.connection_opened(self)
+        self._timer = self.factory.clock.callLater(
+            self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out
+        )
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Forget the connection; a feed is free for its next reader."""
+        self._closing = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.kind == "feed" and self.factory.readers.get(self.target) is self:
+            del self.factory.readers[self.target]
+        self.factory.connection_closed(self)
+
+    def _close(self, why: str, response: dmp.Response | None = None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self.kind == "feed" and self.factory.readers.get(self.target) is self:
+            del self.factory.readers[self.target]  # free for the next reader at once
+        if response is not None:
+            self._write(dmp.encode_response(response))
+        self._log.info(
+            "{listener}: closing a DMP connection: {why}", listener=self.factory.name, why=why
+        )
+        assert self.transport is not None
+        self.transport.loseConnection()
+
+    def _handshake_timed_out(self) -> None:
+        self._timer = None
+        if self.kind is None:
+            self.factory.count_error("handshake-timeout")
+            self._close("no lease within the handshake time-out")
+
+    # --- input ---------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Decode and handle what arrived."""
+        if self._closing:
+            return
+        self._heard = True
+        self.factory.traffic.bytes_in += len(data)
+        try:
+            events = self._codec.receive_data(data)
+        except dmp.DMPError as exc:
+            for event in exc.events:
+                self._handle(event)  # type: ignore[arg-type]
+            self.factory.count_error(exc.kind)
+            self._close(f"bad input: {exc.reason}", exc.response)
+            return
+        for event in events:
+            self._handle(event)
+            if self._closing:
+                return
+
+    def _handle(self, event: dmp.Event) -> None:
+        if isinstance(event, dmp.ProtocolHeader):
+            self._write(dmp.encode_response(dmp.Response(200, DIALECT)))
+        elif isinstance(event, dmp.Lease):
+            self._open(event.lease)
+        elif isinstance(event, dmp.Envelope):
+            if self.kind == "sink":
+                self._route(event)
+            else:
+                self.factory.count_error("write-to-feed")
+                self._close(f"the reader of feed {self.target!r} wrote a message")
+        # Heartbeats: nothing to do (being heard is enough).
+
+    def _open(self, lease: str) -> None:
+        factory = self.factory
+        grant = factory.grant_for(lease)
+        if grant is None:
+            factory.count_error("bad-lease")
+            self._close("unknown or expired lease", dmp.Response(402, "unknown or expired lease"))
+            return
+        known = factory.settings.sinks if grant.kind == "sink" else factory.settings.feeds
+        if grant.target not in known:
+            factory.count_error("not-found")
+            self._close(
+                f"no {grant.kind} {grant.target!r}",
+                dmp.Response(404, f"no {grant.kind} named {grant.target!r}"),
+            )
+            return
+        if grant.kind == "feed" and grant.target in factory.readers:
+            factory.count_error("feed-busy")
+            self._close(
+                f"feed {grant.target!r} already has a reader",
+                dmp.Response(403, f"feed {grant.target!r} already has a reader"),
+            )
+            return
+        self.kind, self.target = grant.kind, grant.target
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if grant.kind == "feed":
+            factory.readers[grant.target] = self
+            assert self.transport is not None
+            self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
+            self._write(
+                dmp.encode_response(dmp.Response(200, f'Ready to read from "{self.target}"'))
+            )
+            self._schedule(factory.settings.heartbeat_seconds, self._beat)
+        else:
+            self._write(
+                dmp.encode_response(dmp.Response(200, f'Ready to write to "{self.target}"'))
+            )
+            self._schedule(factory.settings.idle_timeout_seconds, self._check_idle)
+
+    # --- sinks ---------------------------------------------------------------------------
+
+    def _route(self, envelope: dmp.Envelope) -> None:
+        factory = self.factory
+        factory.traffic.messages_in += 1
+        message = message_from_envelope(envelope, self.target, factory.clock.seconds())
+        result = factory.router.dispatch(factory.name, message)
+        if isinstance(result, Unrouted):
+            factory.count_error("unrouted")
+            self._log.warn(
+                "{listener}: sink {sink}: no route for {address}; message {id} dropped",
+                listener=factory.name,
+                sink=self.target,
+                address=message.address,
+                id=message.id,
+            )
+            return
+        self._in_flight += 1
+        if self._in_flight >= factory.settings.max_in_flight and not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+        result.addCallbacks(self._outcome, self._failed, callbackArgs=(message,))
+
+    def _outcome(self, outcome: Outcome, message: Message) -> None:
+        if not outcome.is_accepted:
+            self.factory.count_error("not-delivered")
+            self._log.warn(
+                "{listener}: sink {sink}: message {id} not delivered: {reason}",
+                listener=self.factory.name,
+                sink=self.target,
+                id=message.id,
+                reason=outcome.reason,
+            )
+        self._drained()
+
+    def _failed(self, failure: Failure) -> None:
+        self._log.failure("{listener}: routing failed", failure, listener=self.factory.name)
+        self._drained()
+
+    def _drained(self) -> None:
+        self._in_flight -= 1
+        if self._reading_paused and self._in_flight <= self.factory.settings.max_in_flight // 2:
+            self._reading_paused = False
+            if not self._closing and self.transport is not None:
+                self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _check_idle(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        if not self._heard and self._in_flight == 0:
+            self.factory.count_error("idle-timeout")
+            self._close(f"sink writer silent for {self.factory.settings.idle_timeout_seconds:g} s")
+            return
+        self._heard = False
+        self._schedule(self.factory.settings.idle_timeout_seconds, self._check_idle)
+
+    # --- feeds ---------------------------------------------------------------------------
+
+    def deliver(self, message: Message) -> Outcome:
+        """Write a message to this feed reader, or say why it cannot take it now."""
+        settings = self.factory.settings
+        if self._closing:
+            return Outcome.retry(f"the reader of feed {self.target!r} is leaving")
+        if self._backlog_bytes > settings.max_feed_backlog_bytes:
+            return Outcome.retry(
+                f"the reader of feed {self.target!r} is {self._backlog_bytes} bytes behind"
+            )
+        try:
+            data = dmp.encode_envelope(envelope_from_message(message, self.target))
+        except dmp.DMPLocalError as exc:
+            return Outcome.rejected(f"feed {self.target!r} cannot carry the message: {exc.reason}")
+        self.factory.traffic.messages_out += 1
+        if self._writing_paused:
+            self._backlog.append(data)
+            self._backlog_bytes += len(data)
+        else:
+            self._write(data)
+        return Outcome.accepted()
+
+    def pauseProducing(self) -> None:
+        """The reader's socket buffer is full: hold further messages here."""
+        self._writing_paused = True
+
+    def resumeProducing(self) -> None:
+        """The reader caught up: write what waited."""
+        self._writing_paused = False
+        if self._backlog:
+            backlog, self._backlog = self._backlog, []
+            self._backlog_bytes = 0
+            self._write(b"".join(backlog))
+
+    def stopProducing(self) -> None:
+        """The connection is going away."""
+        self._closing = True
+
+    def _beat(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        if not self._writing_paused:
+            self._write(dmp.HEARTBEAT_BYTES)
+        self._schedule(self.factory.settings.heartbeat_seconds, self._beat)
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _schedule(self, seconds: float, call: Callable[[], None]) -> None:
+        if seconds > 0:
+            self._timer = self.factory.clock.callLater(seconds, call)
+
+    def _write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+        self.factory.traffic.bytes_out += len(data)
+
+
+@implementer(IDestination)
+class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
+    """Builds DMP connections for one listener; the destination of routes to its feeds.
+
+    Args:
+        name: The listener's name (source of sink messages, destination of feeds).
+        settings: Its validated settings.
+        router: Where sink messages go.
+        secrets: The lease texts (``[logins]`` under each lease's name).
+        clock: Timers and timestamps.
+        metrics: Counters, or None.
+    """
+
+    protocol = DMPServerProtocol
+    kind = "dmp"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: DMPListenerSettings,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        super().__init__(name, metrics)
+        self.settings = settings
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self.readers: dict[str, DMPServerProtocol] = {}
+        self.granted: dict[str, LeaseGrant] = {}
+        """Leases made at run time (admin API): lease text to grant."""
+
+    def buildProtocol(self, addr: Any) -> DMPServerProtocol:
+        """Build a connection."""
+        return DMPServerProtocol(self)
+
+    def grant_for(self, lease: str) -> LeaseGrant | None:
+        """The grant a lease text opens, if it is known and not expired."""
+        now = self.clock.seconds()
+        presented = lease.encode("utf-8")
+        found: LeaseGrant | None = None
+        for name, grant in self.settings.leases.items():
+            secret = self.secrets.logins.get(name)
+            # Every grant is compared (in constant time), found or not.
+            if secret is not None and hmac.compare_digest(secret, presented):
+                found = grant
+        if found is None:
+            found = self.granted.get(lease)
+        if found is None or (found.expires is not None and found.expires <= now):
+            return None
+        return found
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Write a routed message to the reader of the feed its address names."""
+        feed = message.address
+        if feed not in self.settings.feeds:
+            return succeed(Outcome.rejected(f"{self.name} has no feed named {feed!r}"))
+        reader = self.readers.get(feed)
+        if reader is None:
+            return succeed(Outcome.retry(f"feed {feed!r} of {self.name} has no reader"))
+        return succeed(reader.deliver(message))
