@@ -715,7 +715,9 @@ def _check_routes(
             if name not in endpoints:
                 reason = f"no listener or upstream named {name!r} (known: {known})"
                 problems.append(ConfigProblem(file, prefix + key, reason))
-        if route.source == route.destination:
+        # A DMP listener's sinks feed routing and its feeds are delivered to:
+        # sink to feed on one listener is no loop.
+        if route.source == route.destination and listeners.get(route.source) != "dmp":
             reason = "a route must not deliver back to where it takes from"
             problems.append(ConfigProblem(file, prefix + "to", reason))
 

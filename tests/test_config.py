@@ -425,7 +425,9 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         tmp_path / "gateway.toml",
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
-    _only_problem(main, "listeners.hub.protocol", "must be one of qmqp, ssmp, stream, not 'smtp'")
+    _only_problem(
+        main, "listeners.hub.protocol", "must be one of dmp, qmqp, ssmp, stream, not 'smtp'"
+    )
 
 
 def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> None:
@@ -794,3 +796,30 @@ def test_stream_upstream_consume_from(tmp_path: Path) -> None:
     assert upstream.settings.consume_from == "replica"
     main = _write(tmp_path / "gateway.toml", body.format(value="follower"))
     _only_problem(main, "upstreams.rabbit.consume_from", "leader, replica")
+
+
+def test_dmp_listener_leases(tmp_path: Path) -> None:
+    """Leases name one sink or feed that exists, an optional expiry, and a text in the secrets."""
+    _write(tmp_path / "secrets.toml", '[logins]\nwriter = "W-1"\n')
+    main = _write(
+        tmp_path / "gateway.toml",
+        """
+        [gateway]
+        secrets = "secrets.toml"
+
+        [listeners.dmp]
+        protocol = "dmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        sinks = ["orders"]
+        feeds = ["alerts"]
+
+        [listeners.dmp.leases]
+        writer = { sink = "orders", expires = "2030-01-01T00:00:00Z" }
+        """,
+    )
+    [listener] = load_config(main).listeners
+    grant = listener.settings.leases["writer"]
+    assert (grant.kind, grant.target, grant.expires) == ("sink", "orders", 1893456000.0)
+    bad = main.read_text().replace('writer = { sink = "orders"', 'writer = { feed = "nope"')
+    main.write_text(bad)
+    _only_problem(main, "listeners.dmp.leases.writer.feed", "no feed named 'nope'")

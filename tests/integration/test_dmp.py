@@ -1,0 +1,280 @@
+"""DMP end to end: gateways under twistd and a raw-socket DMP peer written from the spec.
+
+Gateway B (the DMP server) has a sink ``orders`` routed to its feed
+``alerts``. Gateway A takes QMQP mail and writes it into B's sink through a
+DMP upstream. The peer here speaks DMP with plain sockets and struct, from
+the spec's dialog and envelope layout (not the project's codec): it reads
+the feed, writes into the sink, presents bad leases and garbage.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.codecs import qmqp
+from tests.integration.harness import GatewayProcess
+from tests.integration.test_qmqp import QMQPSession, mail
+
+pytestmark = pytest.mark.integration
+
+HEADER = b"AMQP\x0a\x01\x00\x01"  # "AMQP" %d10 1 0 1
+
+SERVER = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.dmp]
+protocol = "dmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+sinks = ["orders"]
+feeds = ["alerts"]
+heartbeat_seconds = 0.5
+max_envelope_bytes = 65536
+
+[listeners.dmp.leases]
+writer = { sink = "orders" }
+reader = { feed = "alerts" }
+expired = { sink = "orders", expires = "2001-01-01T00:00:00Z" }
+"""
+SERVER_SECRETS = '[logins]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\n'
+SERVER_ROUTES = {
+    "to-feed": 'from = "dmp"\nmatch = "orders.#"\nto = "dmp"\naddress = "alerts"\n',
+}
+
+CLIENT = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.mail]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[upstreams.orders]
+protocol = "dmp"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "put"
+exchange = "orders"
+"""
+CLIENT_SECRETS = '[upstreams]\norders = "lease-w"\n'
+CLIENT_ROUTES = {"mail": 'from = "mail"\nmatch = "#"\nto = "orders"\n'}
+
+
+BASIC_PROPERTIES = (
+    ("content_type", "shortstr"),
+    ("content_encoding", "shortstr"),
+    ("headers", "table"),
+    ("delivery_mode", "octet"),
+    ("priority", "octet"),
+    ("correlation_id", "shortstr"),
+    ("reply_to", "shortstr"),
+    ("expiration", "shortstr"),
+    ("message_id", "shortstr"),
+    ("timestamp", "timestamp"),
+    ("type", "shortstr"),
+    ("user_id", "shortstr"),
+    ("app_id", "shortstr"),
+    ("cluster_id", "shortstr"),
+)
+"""AMQP 0-9-1 Basic properties in flag order, bit 15 first."""
+
+
+class Peer:
+    """A DMP client on a plain socket, written from the spec."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.sock = socket.create_connection(address, timeout=10)
+        self.buffer = b""
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def _read(self, count: int) -> bytes:
+        while len(self.buffer) < count:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed with {self.buffer!r} read")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data
+
+    def short_string(self) -> bytes:
+        """One length octet, then that many bytes."""
+        return self._read(self._read(1)[0])
+
+    def open(self, lease: bytes) -> list[bytes]:
+        """Header, then the lease; return both responses."""
+        self.sock.sendall(HEADER)
+        first = self.short_string()
+        self.sock.sendall(bytes((len(lease),)) + lease)
+        return [first, self.short_string()]
+
+    def closed(self) -> bool:
+        """Whether the server closed the connection."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def envelope(self) -> dict[str, object]:
+        """The next non-null envelope, decoded field by field as the spec lays it out."""
+        while True:
+            (size,) = struct.unpack(">I", self._read(4))
+            if size:
+                break  # null messages are heartbeats
+        data = self._read(size)
+        pos = 0
+        fields: dict[str, object] = {}
+        for name in ("exchange", "routing_key"):
+            fields[name] = data[pos + 1 : pos + 1 + data[pos]].decode()
+            pos += 1 + data[pos]
+        (flags,) = struct.unpack_from(">H", data, pos)
+        pos += 2
+        for index, (name, kind) in enumerate(BASIC_PROPERTIES):
+            if not flags & (1 << (15 - index)):
+                continue
+            if kind == "shortstr":
+                fields[name] = data[pos + 1 : pos + 1 + data[pos]].decode()
+                pos += 1 + data[pos]
+            elif kind == "table":  # kept raw: u32 length and the pairs
+                (length,) = struct.unpack_from(">I", data, pos)
+                fields[name] = data[pos + 4 : pos + 4 + length]
+                pos += 4 + length
+            elif kind == "octet":
+                fields[name] = data[pos]
+                pos += 1
+            else:
+                fields[name] = struct.unpack_from(">Q", data, pos)[0]
+                pos += 8
+        fields["options"] = data[pos]
+        length = int.from_bytes(data[pos + 1 : pos + 4], "big")
+        fields["body"] = data[pos + 4 : pos + 4 + length]
+        assert pos + 4 + length == size, "the size counts everything up to the end of the body"
+        return fields
+
+    def write(self, routing_key: bytes, body: bytes, message_id: bytes = b"") -> None:
+        """One envelope: empty exchange, the routing key, an optional message-id, the body."""
+        flags = 0x0080 if message_id else 0  # bit 7: message-id
+        props = bytes((len(message_id),)) + message_id if message_id else b""
+        rest = (
+            b"\x00"
+            + bytes((len(routing_key),))
+            + routing_key
+            + struct.pack(">H", flags)
+            + props
+            + b"\x00"
+            + len(body).to_bytes(3, "big")
+            + body
+        )
+        self.sock.sendall(struct.pack(">I", len(rest)) + rest)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """Gateway B: the DMP listener."""
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("dmp-server"), SERVER, routes=SERVER_ROUTES, secrets=SERVER_SECRETS
+    ).start()
+    yield process
+    process.stop()
+
+
+def test_the_dialog_and_bad_leases(server: GatewayProcess) -> None:
+    """200 OK DMP/0.1 then 200 for a good lease; 402 for unknown and expired ones."""
+    writer = Peer(server.address("dmp"))
+    assert writer.open(b"lease-w") == [b"200 OK DMP/0.1", b'200 OK Ready to write to "orders"']
+    for lease in (b"nope", b"lease-x"):
+        peer = Peer(server.address("dmp"))
+        answers = peer.open(lease)
+        assert answers[0] == b"200 OK DMP/0.1" and answers[1].startswith(b"402 BAD-LEASE")
+        assert peer.closed()
+        peer.close()
+    writer.close()
+
+
+def test_many_writers_one_reader(server: GatewayProcess) -> None:
+    """Three writers into the sink reach the one reader; a second reader gets 403."""
+    reader = Peer(server.address("dmp"))
+    assert reader.open(b"lease-r")[1] == b'200 OK Ready to read from "alerts"'
+    second = Peer(server.address("dmp"))
+    assert second.open(b"lease-r")[1].startswith(b"403 NO-ACCESS")
+    assert second.closed()
+    writers = [Peer(server.address("dmp")) for _ in range(3)]
+    for index, writer in enumerate(writers):
+        writer.open(b"lease-w")
+        writer.write(b"eu", b"from writer %d" % index, message_id=b"w%d" % index)
+    bodies = sorted(reader.envelope()["body"] for _ in writers)  # type: ignore[type-var]
+    assert bodies == [b"from writer 0", b"from writer 1", b"from writer 2"]
+    for peer in (reader, second, *writers):
+        peer.close()
+
+
+def test_garbage_and_oversized_envelopes_close_only_their_connection(
+    server: GatewayProcess,
+) -> None:
+    """A wrong header gets 503; an envelope over the limit closes; others keep working."""
+    peer = Peer(server.address("dmp"))
+    peer.sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    assert peer.short_string().startswith(b"503 INVALID")
+    assert peer.closed()
+    big = Peer(server.address("dmp"))
+    big.open(b"lease-w")
+    big.sock.sendall(struct.pack(">I", 1 << 20))
+    assert big.closed()
+    reader = Peer(server.address("dmp"))
+    reader.open(b"lease-r")
+    writer = Peer(server.address("dmp"))
+    writer.open(b"lease-w")
+    writer.write(b"", b"still served")
+    assert reader.envelope()["body"] == b"still served"
+    for each in (peer, big, reader, writer):
+        each.close()
+
+
+def test_qmqp_to_a_dmp_sink_to_the_feed_reader(server: GatewayProcess, tmp_path: Path) -> None:
+    """QMQP mail through gateway A's DMP upstream into B's sink reaches B's feed reader."""
+    reader = Peer(server.address("dmp"))
+    reader.open(b"lease-r")
+    client = GatewayProcess(
+        tmp_path / "a",
+        CLIENT.format(port=server.address("dmp")[1]),
+        routes=CLIENT_ROUTES,
+        secrets=CLIENT_SECRETS,
+    ).start()
+    try:
+        client.wait_for_log("upstream orders: connected")
+        session = QMQPSession(client.address("mail"))
+        try:
+            session.send(mail("q-17", "ops@example.org", "dev@example.org") + b"1:D,")
+            reply, done = session.read_blocks(2)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+            assert done == qmqp.DoneBlock()
+        finally:
+            session.close()
+        envelope = reader.envelope()
+    finally:
+        client.stop()
+        reader.close()
+    assert envelope["body"].startswith(b"From: app@example.org\nSubject: hi\n")  # type: ignore[union-attr]
+    assert envelope["routing_key"] == "alerts"
+    assert envelope["message_id"] == "q-17"
+    assert envelope["app_id"] == "msggateway"
+    headers = envelope["headers"]
+    assert isinstance(headers, bytes)
+    # x-gateway-sender: long string; x-gateway-recipients: an array of long strings.
+    assert b"\x10x-gateway-senderS\x00\x00\x00\x0fapp@example.org" in headers
+    recipients = b"S\x00\x00\x00\x0fops@example.orgS\x00\x00\x00\x0fdev@example.org"
+    assert b"\x14x-gateway-recipientsA\x00\x00\x00\x28" + recipients in headers
