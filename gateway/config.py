@@ -421,6 +421,7 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
     for name, grant in section.table_items("leases"):
         sink, feed = grant.string("sink", None), grant.string("feed", None)
         expires_text = grant.string("expires", None)
+        text = grant.string("text", None)
         grant.done()
         if (sink is None) == (feed is None):
             grant.problem(None, "a lease names exactly one sink or one feed")
@@ -440,7 +441,12 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
                 grant.problem("expires", "needs a time zone, such as 2027-01-01T00:00:00Z")
                 continue
             expires = moment.timestamp()
-        leases[name] = LeaseGrant(kind=kind, target=target, expires=expires)
+        leases[name] = LeaseGrant(
+            kind=kind,
+            target=target,
+            expires=expires,
+            text=text.encode("utf-8") if isinstance(text, str) else None,
+        )
     return DMPListenerSettings(
         sinks=sinks,
         feeds=feeds,
@@ -769,8 +775,8 @@ def _parse_main(
     secrets_path = base / secrets_name if isinstance(secrets_name, str) else None
     secrets = _load_secrets(secrets_path, problems) if secrets_path else Secrets()
     for listener in listeners:
-        for lease in getattr(listener.settings, "leases", {}):
-            if lease not in secrets.logins:
+        for lease, grant in getattr(listener.settings, "leases", {}).items():
+            if grant.text is None and lease not in secrets.logins:
                 problems.append(
                     ConfigProblem(
                         str(secrets_path) if secrets_path else file,

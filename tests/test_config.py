@@ -258,13 +258,15 @@ def test_admin_can_be_disabled(tmp_path: Path) -> None:
 
 
 def test_embedded_default_listens_on_loopback() -> None:
-    """The default: SSMP on 8787 (open, anonymous), QMQP on 8628, admin on 8790, loopback."""
+    """The default: SSMP 8787 (open), QMQP 8628, stream 5552, DMP 5554, admin 8790, loopback."""
     config = load_default_config()
     assert config.source == DEFAULT_CONFIG_NAME
     assert config.upstreams == ()
-    [route] = config.routes
-    assert (route.source, route.destination, route.body) == ("qmqp", "ssmp", "subject")
-    ssmp_listener, qmqp_listener, stream_listener = config.listeners
+    routes = {route.name: route for route in config.routes}
+    mail = routes["mail-to-ssmp"]
+    assert (mail.source, mail.destination, mail.body) == ("qmqp", "ssmp", "subject")
+    assert (routes["dmp-demo"].source, routes["dmp-demo"].destination) == ("dmp", "dmp")
+    ssmp_listener, qmqp_listener, stream_listener, dmp_listener = config.listeners
     assert stream_listener.protocol == "stream"
     assert stream_listener.settings.guest
     assert config.log.fsync == "always"
@@ -273,9 +275,11 @@ def test_embedded_default_listens_on_loopback() -> None:
     assert ssmp_listener.settings.schemes == frozenset({"open"})
     assert ssmp_listener.settings.anonymous
     assert qmqp_listener.protocol == "qmqp"
+    assert dmp_listener.protocol == "dmp"
+    assert dmp_listener.settings.sinks == dmp_listener.settings.feeds == frozenset({"demo"})
 
     reactor = MemoryReactor()
-    endpoints = (ssmp_listener, qmqp_listener, stream_listener)
+    endpoints = (ssmp_listener, qmqp_listener, stream_listener, dmp_listener)
     for endpoint in (*(listener.endpoint for listener in endpoints), config.admin.endpoint):
         assert endpoint is not None
         serverFromString(reactor, endpoint).listen(Factory.forProtocol(Protocol))
@@ -283,6 +287,7 @@ def test_embedded_default_listens_on_loopback() -> None:
         (8787, "127.0.0.1"),
         (8628, "127.0.0.1"),
         (5552, "127.0.0.1"),
+        (5554, "127.0.0.1"),
         (8790, "127.0.0.1"),
     ]
 

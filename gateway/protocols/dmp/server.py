@@ -351,7 +351,7 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
         presented = lease.encode("utf-8")
         found: LeaseGrant | None = None
         for name, grant in self.settings.leases.items():
-            secret = self.secrets.logins.get(name)
+            secret = grant.text if grant.text is not None else self.secrets.logins.get(name)
             # Every grant is compared (in constant time), found or not.
             if secret is not None and hmac.compare_digest(secret, presented):
                 found = grant

@@ -24,11 +24,15 @@ class LeaseGrant:
         kind: ``sink`` (write) or ``feed`` (read).
         target: The sink's or feed's name.
         expires: Unix time after which the lease is refused (None: never).
+        text: The lease text itself, when written in the main config (the
+            embedded loopback default does); else it is the secret of the
+            lease's name in the secrets file.
     """
 
     kind: str
     target: str
     expires: float | None = None
+    text: bytes | None = None
 
 
 def _frozen(value: Mapping[str, LeaseGrant]) -> Mapping[str, LeaseGrant]:
