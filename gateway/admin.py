@@ -6,14 +6,18 @@ paths:
 
 - ``/healthz``: whether the gateway is serving, as JSON (see `HealthReport`);
 - ``/metrics``: the service's own Prometheus registry in the text format;
-- ``/routes``: the route table in use right now, with live per-route numbers.
+- ``/routes``: the route table in use right now, with live per-route numbers;
+- ``/leases`` (when the gateway has DMP listeners): ``POST`` makes a DMP
+  lease, ``DELETE /leases/TEXT`` revokes one; both need ``Authorization:
+  Bearer TOKEN`` with the secret of ``admin`` in the secrets file.
 
 ``/`` lists them. Every answer is JSON except ``/metrics``, carries
 ``Cache-Control: no-store`` and is generated afresh per request, so a route
 reload or a listener going down shows at once. Only GET and HEAD are allowed;
 any other method gets a JSON 405 with an ``Allow`` header, any other path a
-JSON 404. There is no authentication: nothing served here is secret (names,
-patterns, counts), and the endpoint is not meant to leave the host.
+JSON 404. The read-only paths need no authentication: nothing served there
+is secret (names, patterns, counts), and the endpoint is not meant to leave
+the host.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -250,6 +254,84 @@ class _Routes(_AdminResource):
         return _json_body(request, http.OK, [describe(bound) for bound in table.routes])
 
 
+class LeaseMaker(Protocol):
+    """What ``/leases`` needs (`gateway.protocols.dmp.leases.LeaseDesk` is one)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether an admin token is configured."""
+
+    def authorized(self, token: bytes | None) -> bool:
+        """Whether the token is the admin token."""
+
+    def make(self, listener: str, kind: str, target: str, ttl_seconds: float) -> dict[str, object]:
+        """Grant a lease (raises an error with ``status`` and ``reason``)."""
+
+    def revoke(self, text: str) -> bool:
+        """Revoke a lease; whether it existed."""
+
+
+class _Leases(_AdminResource):
+    """``POST /leases`` makes a DMP lease; ``DELETE /leases/TEXT`` revokes it."""
+
+    def __init__(self, desk: LeaseMaker, text: str | None = None) -> None:
+        super().__init__()
+        self._desk = desk
+        self._text = text
+
+    def getChild(self, path: bytes, request: IRequest) -> IResource:
+        """``/leases/TEXT``: one lease, for DELETE."""
+        if self._text is None and path:
+            return _Leases(self._desk, path.decode("utf-8", "replace"))
+        return _NotFound()
+
+    def _respond(self, request: IRequest) -> bytes:
+        allowed = b"DELETE" if self._text is not None else b"POST"
+        if request.method != allowed:
+            request.setHeader(b"Allow", allowed)
+            return _json_body(request, http.NOT_ALLOWED, {"error": "method not allowed"})
+        if not self._desk.enabled:
+            return _json_body(
+                request,
+                http.FORBIDDEN,
+                {"error": "the lease API is off: give [logins] admin a secret to turn it on"},
+            )
+        header = request.getHeader(b"Authorization") or b""
+        token = header[7:] if header.startswith(b"Bearer ") else None
+        if not self._desk.authorized(token):
+            request.setHeader(b"WWW-Authenticate", b'Bearer realm="msggateway"')
+            return _json_body(
+                request, http.UNAUTHORIZED, {"error": "a valid admin token is needed"}
+            )
+        if self._text is not None:
+            if self._desk.revoke(self._text):
+                return _json_body(request, http.OK, {"revoked": True})
+            return _json_body(request, http.NOT_FOUND, {"error": "no such lease"})
+        try:
+            asked = json.loads(request.content.read() if request.content else b"")
+            if not isinstance(asked, dict):
+                raise ValueError("not an object")
+            listener = str(asked["listener"])
+            kind = "sink" if "sink" in asked else "feed"
+            target = str(asked[kind])
+            ttl = float(asked.get("ttl_seconds", 3600))
+        except (ValueError, KeyError, TypeError) as exc:
+            return _json_body(
+                request,
+                http.BAD_REQUEST,
+                {
+                    "error": f'want JSON like {{"listener": "dmp", "sink": "orders",'
+                    f' "ttl_seconds": 3600}} ({exc})'
+                },
+            )
+        try:
+            made = self._desk.make(listener, kind, target, ttl)
+        except ValueError as exc:
+            status = getattr(exc, "status", http.BAD_REQUEST)
+            return _json_body(request, status, {"error": getattr(exc, "reason", str(exc))})
+        return _json_body(request, http.CREATED, made)
+
+
 class _QuietSite(Site):
     """A `Site` that keeps no access log and does not announce its factory.
 
@@ -275,6 +357,7 @@ def make_admin_resource(
     metrics: GatewayMetrics,
     router: Router,
     health: Callable[[], HealthReport],
+    leases: LeaseMaker | None = None,
 ) -> IResource:
     """Build the admin resource tree (also what in-memory tests serve).
 
@@ -283,14 +366,18 @@ def make_admin_resource(
             ``/routes`` reads its per-route collectors.
         router: The router whose current table ``/routes`` lists.
         health: Called per ``/healthz`` request for a fresh report.
+        leases: Makes and revokes DMP leases (``/leases``), if any.
 
     Returns:
-        The root resource: ``/``, ``/healthz``, ``/metrics`` and ``/routes``.
+        The root resource: ``/``, ``/healthz``, ``/metrics``, ``/routes``
+        and ``/leases``.
     """
     root = _Index()
     root.putChild(b"healthz", _Health(health))
     root.putChild(b"metrics", _Metrics(metrics))
     root.putChild(b"routes", _Routes(router, metrics))
+    if leases is not None:
+        root.putChild(b"leases", _Leases(leases))
     return root
 
 
@@ -300,6 +387,7 @@ def make_admin_site(
     router: Router,
     health: Callable[[], HealthReport],
     reactor: IReactorTime,
+    leases: LeaseMaker | None = None,
 ) -> Site:
     """Build the admin site, ready to listen on a (loopback) endpoint.
 
@@ -309,9 +397,10 @@ def make_admin_site(
         router: The router whose current table ``/routes`` lists.
         health: Called per ``/healthz`` request for a fresh report.
         reactor: Times out idle HTTP connections.
+        leases: Makes and revokes DMP leases (``/leases``), if any.
 
     Returns:
         A `Site` over `make_admin_resource`, without an access log.
     """
-    resource = make_admin_resource(metrics=metrics, router=router, health=health)
+    resource = make_admin_resource(metrics=metrics, router=router, health=health, leases=leases)
     return _QuietSite(resource, reactor=reactor)

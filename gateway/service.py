@@ -49,6 +49,7 @@ from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
+from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.qmqp.client import QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
@@ -518,8 +519,17 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
             upstream.name, destination, client, healthy, upstream=True
         )
     if config.admin.endpoint is not None:
+        dmp_listeners = {
+            name: endpoint.destination
+            for name, endpoint in gateway.endpoints.items()
+            if isinstance(endpoint.destination, DMPServerFactory)
+        }
         site = make_admin_site(
-            metrics=metrics, router=router, health=gateway.health, reactor=reactor
+            metrics=metrics,
+            router=router,
+            health=gateway.health,
+            reactor=reactor,
+            leases=LeaseDesk(dmp_listeners, config.secrets, reactor) if dmp_listeners else None,
         )
         gateway.admin = ListenerService(
             "admin", serverFromString(reactor, config.admin.endpoint), site

@@ -9,8 +9,11 @@ the feed, writes into the sink, presents bad leases and garbage.
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +33,7 @@ routes = "routes"
 secrets = "secrets.toml"
 
 [admin]
-enabled = false
+endpoint = "tcp:0:interface=127.0.0.1"
 
 [listeners.dmp]
 protocol = "dmp"
@@ -45,7 +48,9 @@ writer = { sink = "orders" }
 reader = { feed = "alerts" }
 expired = { sink = "orders", expires = "2001-01-01T00:00:00Z" }
 """
-SERVER_SECRETS = '[logins]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\n'
+SERVER_SECRETS = (
+    '[logins]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\nadmin = "t0ken"\n'
+)
 SERVER_ROUTES = {
     "to-feed": 'from = "dmp"\nmatch = "orders.#"\nto = "dmp"\naddress = "alerts"\n',
 }
@@ -278,3 +283,38 @@ def test_qmqp_to_a_dmp_sink_to_the_feed_reader(server: GatewayProcess, tmp_path:
     assert b"\x10x-gateway-senderS\x00\x00\x00\x0fapp@example.org" in headers
     recipients = b"S\x00\x00\x00\x0fops@example.orgS\x00\x00\x00\x0fdev@example.org"
     assert b"\x14x-gateway-recipientsA\x00\x00\x00\x28" + recipients in headers
+
+
+def admin(
+    server: GatewayProcess, method: str, path: str, body: object = None, token: str = "t0ken"
+) -> tuple[int, dict[str, object]]:
+    """One admin API request; the status and the JSON answer."""
+    host, port = server.address("admin")
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refusal:
+        return refusal.code, json.loads(refusal.read())
+
+
+def test_leases_from_the_admin_api(server: GatewayProcess) -> None:
+    """POST makes a lease that opens the sink; DELETE revokes it; the token is checked."""
+    status, made = admin(server, "POST", "/leases", {"listener": "dmp", "sink": "orders"})
+    assert status == 201 and made["sink"] == "orders"
+    lease = str(made["lease"]).encode()
+    peer = Peer(server.address("dmp"))
+    assert peer.open(lease)[1] == b'200 OK Ready to write to "orders"'
+    peer.close()
+    assert admin(server, "DELETE", f"/leases/{made['lease']}")[0] == 200
+    refused = Peer(server.address("dmp"))
+    assert refused.open(lease)[1].startswith(b"402")
+    refused.close()
+    assert admin(server, "POST", "/leases", {"listener": "dmp", "sink": "x"})[0] == 404
+    assert admin(server, "POST", "/leases", {"listener": "dmp", "feed": "alerts"}, "bad")[0] == 401
+    assert admin(server, "DELETE", "/leases/unknown")[0] == 404

@@ -1,0 +1,104 @@
+"""Leases made and revoked at run time (the admin API), for DMP listeners.
+
+A lease made here is a random text (`secrets.token_urlsafe`) granting one
+sink or feed of one DMP listener until it expires; it is kept in that
+listener's factory (`DMPServerFactory.granted`) and lives as long as the
+process. Making and revoking need the admin token: the secret of the
+identity ``admin`` in the secrets file's ``[logins]``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets as random_texts
+from collections.abc import Mapping
+from typing import Final
+
+from twisted.internet.interfaces import IReactorTime
+
+from gateway.core.auth import Secrets
+from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.dmp.settings import LeaseGrant
+
+__all__ = ["ADMIN_IDENTITY", "LeaseDesk", "LeaseRefusedError"]
+
+ADMIN_IDENTITY: Final = "admin"
+"""The ``[logins]`` identity whose secret is the admin API token."""
+MAX_TTL_SECONDS: Final = 366 * 86400
+
+
+class LeaseRefusedError(ValueError):
+    """A lease request that cannot be granted; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class LeaseDesk:
+    """Makes and revokes run-time leases on the gateway's DMP listeners.
+
+    Args:
+        listeners: DMP listener name to its factory.
+        secrets: Where the admin token is.
+        clock: For expiry times.
+    """
+
+    def __init__(
+        self, listeners: Mapping[str, DMPServerFactory], secrets: Secrets, clock: IReactorTime
+    ) -> None:
+        self._listeners = dict(listeners)
+        self._secrets = secrets
+        self._clock = clock
+
+    @property
+    def enabled(self) -> bool:
+        """Whether an admin token is configured."""
+        return ADMIN_IDENTITY in self._secrets.logins
+
+    def authorized(self, token: bytes | None) -> bool:
+        """Whether ``token`` is the admin token (constant-time)."""
+        expected = self._secrets.logins.get(ADMIN_IDENTITY)
+        if expected is None or token is None:
+            return False
+        return hmac.compare_digest(expected, token)
+
+    def make(self, listener: str, kind: str, target: str, ttl_seconds: float) -> dict[str, object]:
+        """Grant a lease; return its text and expiry.
+
+        Raises:
+            LeaseRefusedError: No such listener (404), sink or feed (404), or a bad
+                kind or time to live (400).
+        """
+        factory = self._listeners.get(listener)
+        if factory is None:
+            known = ", ".join(sorted(self._listeners)) or "none"
+            raise LeaseRefusedError(404, f"no DMP listener named {listener!r} (known: {known})")
+        if kind not in ("sink", "feed"):
+            raise LeaseRefusedError(400, "name a sink or a feed")
+        targets = factory.settings.sinks if kind == "sink" else factory.settings.feeds
+        if target not in targets:
+            raise LeaseRefusedError(404, f"{listener} has no {kind} named {target!r}")
+        if not 0 < ttl_seconds <= MAX_TTL_SECONDS:
+            raise LeaseRefusedError(
+                400, f"ttl_seconds must be above 0 and at most {MAX_TTL_SECONDS}"
+            )
+        text = random_texts.token_urlsafe(24)
+        expires = self._clock.seconds() + ttl_seconds
+        factory.granted[text] = LeaseGrant(kind=kind, target=target, expires=expires)
+        self._forget_expired()
+        return {"lease": text, "listener": listener, kind: target, "expires": expires}
+
+    def revoke(self, text: str) -> bool:
+        """Revoke a run-time lease; whether it existed. Open connections stay open."""
+        found = False
+        for factory in self._listeners.values():
+            found = factory.granted.pop(text, None) is not None or found
+        return found
+
+    def _forget_expired(self) -> None:
+        now = self._clock.seconds()
+        for factory in self._listeners.values():
+            for text in [t for t, g in factory.granted.items() if (g.expires or now + 1) <= now]:
+                del factory.granted[text]
