@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gateway.codecs import qmqp
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, LineClient
 from tests.integration.test_qmqp import QMQPSession, mail
 
 pytestmark = pytest.mark.integration
@@ -318,3 +318,47 @@ def test_leases_from_the_admin_api(server: GatewayProcess) -> None:
     assert admin(server, "POST", "/leases", {"listener": "dmp", "sink": "x"})[0] == 404
     assert admin(server, "POST", "/leases", {"listener": "dmp", "feed": "alerts"}, "bad")[0] == 401
     assert admin(server, "DELETE", "/leases/unknown")[0] == 404
+
+
+READER = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.alerts]
+protocol = "dmp"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "get"
+dead_after_seconds = 5
+"""
+
+
+def test_an_upstream_reads_a_feed_into_ssmp(server: GatewayProcess, tmp_path: Path) -> None:
+    """Gateway C reads B's feed through a DMP upstream and publishes it on its SSMP hub."""
+    reader = GatewayProcess(
+        tmp_path / "c",
+        READER.format(port=server.address("dmp")[1]),
+        routes={"feed": 'from = "alerts"\nmatch = "#"\nto = "hub"\naddress = "dmp.alerts"\n'},
+        secrets='[upstreams]\nalerts = "lease-r"\n',
+    ).start()
+    try:
+        reader.wait_for_log("upstream alerts: connected")
+        with LineClient(reader.address("hub")) as watcher:
+            watcher.send("LOGIN watcher open", "SUBSCRIBE dmp.alerts")
+            watcher.expect("200")
+            watcher.expect("200")
+            writer = Peer(server.address("dmp"))
+            writer.open(b"lease-w")
+            writer.write(b"eu", b"to the hub")
+            watcher.expect("000 . MCAST dmp.alerts to the hub")
+            writer.close()
+    finally:
+        reader.stop()
