@@ -35,6 +35,11 @@ secrets = "secrets.toml"
 [admin]
 endpoint = "tcp:0:interface=127.0.0.1"
 
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
 [listeners.dmp]
 protocol = "dmp"
 endpoint = "tcp:0:interface=127.0.0.1"
@@ -53,6 +58,7 @@ SERVER_SECRETS = (
 )
 SERVER_ROUTES = {
     "to-feed": 'from = "dmp"\nmatch = "orders.#"\nto = "dmp"\naddress = "alerts"\n',
+    "ssmp-to-feed": 'from = "hub"\nmatch = "alerts.#"\nto = "dmp"\naddress = "alerts"\n',
 }
 
 CLIENT = """
@@ -362,3 +368,18 @@ def test_an_upstream_reads_a_feed_into_ssmp(server: GatewayProcess, tmp_path: Pa
             writer.close()
     finally:
         reader.stop()
+
+
+def test_ssmp_topics_reach_a_feed(server: GatewayProcess) -> None:
+    """An MCAST on an SSMP topic routed to the feed reaches its reader; 200 once written."""
+    reader = Peer(server.address("dmp"))
+    reader.open(b"lease-r")
+    with LineClient(server.address("hub")) as publisher:
+        publisher.send("LOGIN sensor-3 open", "MCAST alerts.fire smoke in hall 2")
+        publisher.expect("200")
+        publisher.expect("200")
+    envelope = reader.envelope()
+    reader.close()
+    assert envelope["body"] == b"smoke in hall 2"
+    assert envelope["routing_key"] == "alerts"
+    assert b"sensor-3" in envelope["headers"]  # type: ignore[operator]
