@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
-from twisted.internet.interfaces import ITCPTransport, ITransport
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["disable_nagle"]
+from twisted.internet.interfaces import ITCPTransport, ITransport
+from twisted.internet.protocol import Factory, Protocol
+
+__all__ = ["UpstreamFactory", "disable_nagle"]
+
+U = TypeVar("U")
+P = TypeVar("P", bound=Protocol)
+
+
+class UpstreamFactory(Factory, Generic[U, P]):
+    """Builds an upstream's connections: ``protocol(upstream)`` each time.
+
+    Quiet: the upstream logs its own connection events.
+    """
+
+    noisy = False
+
+    def __init__(self, protocol: Callable[[U], P], upstream: U) -> None:
+        self._protocol = protocol
+        self.upstream = upstream
+
+    def buildProtocol(self, addr: Any) -> P:
+        """A new connection of the upstream."""
+        return self._protocol(self.upstream)
 
 
 def disable_nagle(transport: ITransport | None) -> None:

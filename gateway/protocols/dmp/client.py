@@ -23,7 +23,7 @@ dead and the connection closed (the server heartbeats its feeds).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred, succeed
@@ -33,7 +33,7 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -46,7 +46,7 @@ from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
 __all__ = ["DMPClientProtocol", "DMPUpstream"]
 
@@ -210,16 +210,6 @@ class DMPClientProtocol(Protocol):
         self._closing = True
 
 
-class _ClientFactory(Factory):
-    noisy = False
-
-    def __init__(self, upstream: DMPUpstream) -> None:
-        self.upstream = upstream
-
-    def buildProtocol(self, addr: Any) -> DMPClientProtocol:
-        return DMPClientProtocol(self.upstream)
-
-
 @implementer(IDestination)
 class DMPUpstream:
     """A DMP server's sink (put) or feed (get).
@@ -257,7 +247,7 @@ class DMPUpstream:
         self._connection: DMPClientProtocol | None = None
         self.service = ClientService(
             endpoint,
-            _ClientFactory(self),
+            UpstreamFactory(DMPClientProtocol, self),
             retryPolicy=backoffPolicy(
                 initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
             ),

@@ -27,7 +27,7 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -39,7 +39,7 @@ from gateway.core.message import Message, Outcome
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.qmqp.mapping import block_for, outcome_from_reply, raw
 from gateway.protocols.qmqp.settings import QMQPUpstreamSettings
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
 __all__ = ["QMQPClientProtocol", "QMQPUpstream"]
 
@@ -174,16 +174,6 @@ class QMQPClientProtocol(Protocol):
             self.close(f"authentication as {self.upstream.settings.username!r} refused")
 
 
-class _ClientFactory(Factory):
-    noisy = False
-
-    def __init__(self, upstream: QMQPUpstream) -> None:
-        self.upstream = upstream
-
-    def buildProtocol(self, addr: object) -> QMQPClientProtocol:
-        return QMQPClientProtocol(self.upstream)
-
-
 @implementer(IDestination)
 class QMQPUpstream:
     """A QMQP streaming server the gateway delivers to.
@@ -222,7 +212,7 @@ class QMQPUpstream:
         self._connection: QMQPClientProtocol | None = None
         self.service = ClientService(
             endpoint,
-            _ClientFactory(self),
+            UpstreamFactory(QMQPClientProtocol, self),
             retryPolicy=backoffPolicy(
                 initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
                 maxDelay=RECONNECT_MAX_DELAY_SECONDS,

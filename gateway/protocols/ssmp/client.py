@@ -21,7 +21,7 @@ from typing import Final, cast
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -34,7 +34,7 @@ from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.ssmp.mapping import mcast_request, message_from_mcast
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
 __all__ = ["SSMPClientProtocol", "SSMPUpstream"]
 
@@ -255,16 +255,6 @@ class SSMPClientProtocol(Protocol):
         self._arm_timer(settings.ping_interval_seconds - quiet)
 
 
-class _ClientFactory(Factory):
-    noisy = False  # the upstream logs its own connection events
-
-    def __init__(self, upstream: SSMPUpstream) -> None:
-        self.upstream = upstream
-
-    def buildProtocol(self, addr: object) -> SSMPClientProtocol:
-        return SSMPClientProtocol(self.upstream)
-
-
 @implementer(IDestination)
 class SSMPUpstream:
     """An SSMP server the gateway connects to, as destination and source.
@@ -308,7 +298,7 @@ class SSMPUpstream:
         self._in_flight = 0
         self.service = ClientService(
             endpoint,
-            _ClientFactory(self),
+            UpstreamFactory(SSMPClientProtocol, self),
             retryPolicy=backoffPolicy(
                 initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
                 maxDelay=RECONNECT_MAX_DELAY_SECONDS,

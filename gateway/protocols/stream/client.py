@@ -41,7 +41,7 @@ from typing import Any, Final, cast
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -56,7 +56,7 @@ from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.settings import StreamUpstreamSettings
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
 __all__ = ["StreamClientProtocol", "StreamUpstream", "parse_offset"]
 
@@ -287,16 +287,6 @@ class StreamClientProtocol(Protocol):
         self._timers.append(self.upstream.clock.callLater(self.heartbeat, self._beat))
 
 
-class _ClientFactory(Factory):
-    noisy = False
-
-    def __init__(self, upstream: StreamUpstream) -> None:
-        self.upstream = upstream
-
-    def buildProtocol(self, addr: object) -> StreamClientProtocol:
-        return StreamClientProtocol(self.upstream)
-
-
 @implementer(IDestination)
 class StreamUpstream:
     """A RabbitMQ stream node the gateway publishes to and consumes from.
@@ -426,7 +416,7 @@ class StreamUpstream:
         self._connect_call = None
         if not self._running:
             return
-        self._connecting = self._endpoint.connect(_ClientFactory(self))
+        self._connecting = self._endpoint.connect(UpstreamFactory(StreamClientProtocol, self))
         self._connecting.addErrback(self._connect_failed)
 
     def _connect_failed(self, failure: Failure) -> None:
