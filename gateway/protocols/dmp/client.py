@@ -44,6 +44,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.dmp.flow import HeldWrites, InFlight
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
@@ -71,11 +72,8 @@ class DMPClientProtocol(Protocol):
         self._closing = False
         self._timer: IDelayedCall | None = None
         self._last_heard = upstream.clock.seconds()
-        self._in_flight = 0
-        self._reading_paused = False
-        self.writing_paused = False
-        self.backlog: list[bytes] = []
-        self.backlog_bytes = 0
+        self._in_flight = InFlight(MAX_IN_FLIGHT, self._stop_reading, self._read)
+        self.writes = HeldWrites(self._write)
 
     def connectionMade(self) -> None:
         """Send the protocol header."""
@@ -148,19 +146,16 @@ class DMPClientProtocol(Protocol):
         if isinstance(result, Unrouted):
             upstream.count_error("unrouted")
             return
-        self._in_flight += 1
-        if self._in_flight >= MAX_IN_FLIGHT and not self._reading_paused:
-            self._reading_paused = True
-            assert self.transport is not None
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
-        result.addBoth(self._drained)
+        self._in_flight.add()
+        result.addBoth(self._in_flight.done)
 
-    def _drained(self, result: object) -> None:
-        self._in_flight -= 1
-        if self._reading_paused and self._in_flight <= MAX_IN_FLIGHT // 2:
-            self._reading_paused = False
-            if not self._closing and self.transport is not None:
-                self.transport.resumeProducing()  # type: ignore[attr-defined]
+    def _stop_reading(self) -> None:
+        assert self.transport is not None
+        self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _read(self) -> None:
+        if not self._closing and self.transport is not None:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     def _schedule_beat(self) -> None:
         settings = self.upstream.settings
@@ -179,31 +174,26 @@ class DMPClientProtocol(Protocol):
             self.upstream.count_error("dead-peer")
             self.close(f"the feed sent nothing for {silent:g} s")
             return
-        if settings.heartbeat_seconds > 0 and not self.writing_paused:
+        if settings.heartbeat_seconds > 0 and not self.writes.paused:
             self.write(dmp.HEARTBEAT_BYTES)
         self._schedule_beat()
 
     def write(self, data: bytes) -> None:
         """Write (or hold while the server is not reading)."""
-        if self.writing_paused:
-            self.backlog.append(data)
-            self.backlog_bytes += len(data)
-            return
+        self.writes.write(data)
+
+    def _write(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.write(data)
         self.upstream.traffic.bytes_out += len(data)
 
     def pauseProducing(self) -> None:
         """The server is not reading: hold what we write."""
-        self.writing_paused = True
+        self.writes.pause()
 
     def resumeProducing(self) -> None:
         """The server reads again."""
-        self.writing_paused = False
-        if self.backlog:
-            data = b"".join(self.backlog)
-            self.backlog, self.backlog_bytes = [], 0
-            self.write(data)
+        self.writes.resume()
 
     def stopProducing(self) -> None:
         """The connection is going away."""
@@ -289,10 +279,9 @@ class DMPUpstream:
             return succeed(Outcome.rejected(f"upstream {self.name} reads a feed; it takes nothing"))
         if connection is None:
             return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
-        if connection.backlog_bytes > self.settings.max_backlog_bytes:
-            return succeed(
-                Outcome.retry(f"upstream {self.name}: {connection.backlog_bytes} bytes unwritten")
-            )
+        held = connection.writes.held_bytes
+        if held > self.settings.max_backlog_bytes:
+            return succeed(Outcome.retry(f"upstream {self.name}: {held} bytes unwritten"))
         try:
             data = dmp.encode_envelope(envelope_from_message(message, self.settings.exchange))
         except dmp.DMPLocalError as exc:

@@ -44,6 +44,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.flow import HeldWrites, InFlight
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.listener import ListenerFactory
@@ -69,11 +70,8 @@ class DMPServerProtocol(Protocol):
         self.target = ""
         self._closing = False
         self._timer: IDelayedCall | None = None
-        self._in_flight = 0
-        self._reading_paused = False
-        self._writing_paused = False
-        self._backlog: list[bytes] = []
-        self._backlog_bytes = 0
+        self._in_flight = InFlight(factory.settings.max_in_flight, self._stop_reading, self._read)
+        self._writes = HeldWrites(self._write)
         self._heard = True
 
     # --- connection life -------------------------------------------------------------------
@@ -206,12 +204,9 @@ class DMPServerProtocol(Protocol):
                 id=message.id,
             )
             return
-        self._in_flight += 1
-        if self._in_flight >= factory.settings.max_in_flight and not self._reading_paused:
-            self._reading_paused = True
-            assert self.transport is not None
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
+        self._in_flight.add()
         result.addCallbacks(self._outcome, self._failed, callbackArgs=(message,))
+        result.addCallback(self._in_flight.done)
 
     def _outcome(self, outcome: Outcome, message: Message) -> None:
         if not outcome.is_accepted:
@@ -223,24 +218,23 @@ class DMPServerProtocol(Protocol):
                 id=message.id,
                 reason=outcome.reason,
             )
-        self._drained()
 
     def _failed(self, failure: Failure) -> None:
         self._log.failure("{listener}: routing failed", failure, listener=self.factory.name)
-        self._drained()
 
-    def _drained(self) -> None:
-        self._in_flight -= 1
-        if self._reading_paused and self._in_flight <= self.factory.settings.max_in_flight // 2:
-            self._reading_paused = False
-            if not self._closing and self.transport is not None:
-                self.transport.resumeProducing()  # type: ignore[attr-defined]
+    def _stop_reading(self) -> None:
+        assert self.transport is not None
+        self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _read(self) -> None:
+        if not self._closing and self.transport is not None:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     def _check_idle(self) -> None:
         self._timer = None
         if self._closing:
             return
-        if not self._heard and self._in_flight == 0:
+        if not self._heard and self._in_flight.count == 0:
             self.factory.count_error("idle-timeout")
             self._close(f"sink writer silent for {self.factory.settings.idle_timeout_seconds:g} s")
             return
@@ -254,33 +248,25 @@ class DMPServerProtocol(Protocol):
         settings = self.factory.settings
         if self._closing:
             return Outcome.retry(f"the reader of feed {self.target!r} is leaving")
-        if self._backlog_bytes > settings.max_feed_backlog_bytes:
+        if self._writes.held_bytes > settings.max_feed_backlog_bytes:
             return Outcome.retry(
-                f"the reader of feed {self.target!r} is {self._backlog_bytes} bytes behind"
+                f"the reader of feed {self.target!r} is {self._writes.held_bytes} bytes behind"
             )
         try:
             data = dmp.encode_envelope(envelope_from_message(message, self.target))
         except dmp.DMPLocalError as exc:
             return Outcome.rejected(f"feed {self.target!r} cannot carry the message: {exc.reason}")
         self.factory.traffic.messages_out += 1
-        if self._writing_paused:
-            self._backlog.append(data)
-            self._backlog_bytes += len(data)
-        else:
-            self._write(data)
+        self._writes.write(data)
         return Outcome.accepted()
 
     def pauseProducing(self) -> None:
         """The reader's socket buffer is full: hold further messages here."""
-        self._writing_paused = True
+        self._writes.pause()
 
     def resumeProducing(self) -> None:
         """The reader caught up: write what waited."""
-        self._writing_paused = False
-        if self._backlog:
-            backlog, self._backlog = self._backlog, []
-            self._backlog_bytes = 0
-            self._write(b"".join(backlog))
+        self._writes.resume()
 
     def stopProducing(self) -> None:
         """The connection is going away."""
@@ -290,7 +276,7 @@ class DMPServerProtocol(Protocol):
         self._timer = None
         if self._closing:
             return
-        if not self._writing_paused:
+        if not self._writes.paused:
             self._write(dmp.HEARTBEAT_BYTES)
         self._schedule(self.factory.settings.heartbeat_seconds, self._beat)
 
