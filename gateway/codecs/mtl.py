@@ -1,0 +1,334 @@
+"""MTL, the Message Transport Layer (../shared/specs/mtl.txt): control and data frames.
+
+Sans-IO: ZeroMQ delivers whole multipart messages, so the codec works on
+lists of frames (the ROUTER identity frame already taken off).
+
+Control flow (REQ to ROUTER): a request is two frames, the command name
+(case-insensitive, ``Connection.Open`` ...) and a JSON object; a reply is a
+three-digit status and a JSON object. `parse_request` returns None for an
+ill-formed request (wrong frame count, not JSON, not an object), which the
+spec says to drop silently.
+
+Data flow (DEALER to ROUTER): every command is two frames, a header (one
+command-type byte and its fields) and a body::
+
+    0x01 Lease     sequence:u64  lease:shortstr                body unused
+    0x02 Response  sequence:u64                                body "200", "403"...
+    0x03 Summon    sequence:u64  resource:shortstr             body unused
+    0x04 Dismiss   sequence:u64  resource:shortstr             body unused
+    0x05 Content   sequence:u64  resource:shortstr  properties:table   body content
+    0x06 Confirm   sequence:u64  multiple:bool                 body unused
+    0x07 Reject    sequence:u64  multiple:bool  recycle:bool   body unused
+    0x08 Ping                                                  body unused
+    0x09 Pong                                                  body unused
+
+Spec, "Field Encodings": integers are 64-bit unsigned big-endian, short
+strings one length octet and up to 255 bytes, booleans one octet 0 or 1.
+Spec ambiguity: the field table is "to be defined"; we use the AMQP 0-9-1
+field table (`gateway.codecs.fieldtable`), as DMP's headers do. Another
+reading: the spec lists a "shortint" encoding that no command uses; it is
+not needed here.
+
+`decode_data` raises `MTLError` for an ill-formed data command (wrong frame
+count, unknown type, fields cut short or left over, a boolean other than 0
+or 1); the spec says to drop those silently.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gateway.codecs.errors import LocalProtocolError, RemoteProtocolError
+from gateway.codecs.fieldtable import (
+    FieldTableError,
+    FieldTableLocalError,
+    FieldValue,
+    decode_table,
+    encode_short_string,
+    encode_table,
+)
+
+__all__ = [
+    "CONFIRM",
+    "CONTENT",
+    "DISMISS",
+    "LEASE",
+    "PING",
+    "PONG",
+    "REJECT",
+    "RESPONSE",
+    "SUMMON",
+    "Confirm",
+    "Content",
+    "ControlRequest",
+    "DataCommand",
+    "Dismiss",
+    "Lease",
+    "MTLError",
+    "MTLLocalError",
+    "Ping",
+    "Pong",
+    "Reject",
+    "Response",
+    "Summon",
+    "decode_data",
+    "encode_data",
+    "parse_request",
+    "reply",
+]
+
+LEASE: Final = 0x01
+RESPONSE: Final = 0x02
+SUMMON: Final = 0x03
+DISMISS: Final = 0x04
+CONTENT: Final = 0x05
+CONFIRM: Final = 0x06
+REJECT: Final = 0x07
+PING: Final = 0x08
+PONG: Final = 0x09
+
+_U64: Final = struct.Struct(">Q")
+
+
+class MTLError(RemoteProtocolError):
+    """An ill-formed command from a peer (to be dropped)."""
+
+
+class MTLLocalError(LocalProtocolError):
+    """A command that cannot be encoded."""
+
+
+# --- control flow --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequest:
+    """A well-formed control request: the command name in lower case and its JSON body."""
+
+    command: str
+    body: dict[str, Any]
+
+
+def parse_request(frames: list[bytes]) -> ControlRequest | None:
+    """A control request, or None when it is ill-formed (the spec: drop it silently)."""
+    if len(frames) != 2:
+        return None
+    try:
+        command = frames[0].decode("utf-8")
+        body = json.loads(frames[1])
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    return ControlRequest(command.lower(), body)
+
+
+def reply(status: int, body: dict[str, Any]) -> list[bytes]:
+    """A control reply: the three-digit status and the JSON body."""
+    return [b"%03d" % status, json.dumps(body).encode("utf-8")]
+
+
+# --- data flow -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """0x01: open a data flow with the lease from a 202 reply."""
+
+    sequence: int
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """0x02: the answer to a Lease, Summon or Dismiss (``code`` such as 200)."""
+
+    sequence: int
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summon:
+    """0x03: start receiving content from a resource."""
+
+    sequence: int
+    resource: str
+
+
+@dataclass(frozen=True, slots=True)
+class Dismiss:
+    """0x04: stop receiving content from a resource."""
+
+    sequence: int
+    resource: str
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """0x05: content to or from a resource."""
+
+    sequence: int
+    resource: str
+    properties: dict[str, FieldValue] = field(default_factory=dict)
+    body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """0x06: content received safely (up to and including ``sequence`` if multiple)."""
+
+    sequence: int
+    multiple: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """0x07: content refused; ``recycle`` asks for it to be sent again later."""
+
+    sequence: int
+    multiple: bool = False
+    recycle: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """0x08: are you there?"""
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """0x09: yes."""
+
+
+DataCommand = Lease | Response | Summon | Dismiss | Content | Confirm | Reject | Ping | Pong
+
+
+class _Reader:
+    def __init__(self, header: bytes) -> None:
+        self.data = header
+        self.pos = 1
+
+    def integer(self) -> int:
+        if self.pos + 8 > len(self.data):
+            raise MTLError("integer field cut short", where=f"byte {self.pos}")
+        (value,) = _U64.unpack_from(self.data, self.pos)
+        self.pos += 8
+        return int(value)
+
+    def short_string(self) -> str:
+        if self.pos >= len(self.data) or self.pos + 1 + self.data[self.pos] > len(self.data):
+            raise MTLError("short string cut short", where=f"byte {self.pos}")
+        raw = self.data[self.pos + 1 : self.pos + 1 + self.data[self.pos]]
+        self.pos += 1 + len(raw)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MTLError("short string is not UTF-8", where=f"byte {self.pos}") from None
+
+    def boolean(self) -> bool:
+        if self.pos >= len(self.data) or self.data[self.pos] not in (0, 1):
+            raise MTLError("boolean must be one octet, 0 or 1", where=f"byte {self.pos}")
+        self.pos += 1
+        return self.data[self.pos - 1] == 1
+
+    def table(self) -> dict[str, FieldValue]:
+        try:
+            value, self.pos = decode_table(self.data, self.pos)
+        except FieldTableError as exc:
+            raise MTLError(f"properties: {exc.reason}", where=exc.where) from None
+        return value
+
+    def end(self) -> None:
+        if self.pos != len(self.data):
+            raise MTLError(f"{len(self.data) - self.pos} bytes after the fields")
+
+
+def decode_data(frames: list[bytes]) -> DataCommand:
+    """Decode one data command (header and body frames).
+
+    Raises:
+        MTLError: Ill-formed.
+    """
+    if len(frames) != 2:
+        raise MTLError(f"a data command has 2 frames, not {len(frames)}")
+    header, body = frames
+    if not header:
+        raise MTLError("empty header frame")
+    kind = header[0]
+    read = _Reader(header)
+    command: DataCommand
+    if kind == LEASE:
+        command = Lease(read.integer(), read.short_string())
+    elif kind == RESPONSE:
+        sequence = read.integer()
+        if len(body) != 3 or not body.isdigit():
+            raise MTLError(f"a response code is three digits, not {body[:10]!r}")
+        command = Response(sequence, int(body))
+    elif kind == SUMMON:
+        command = Summon(read.integer(), read.short_string())
+    elif kind == DISMISS:
+        command = Dismiss(read.integer(), read.short_string())
+    elif kind == CONTENT:
+        command = Content(read.integer(), read.short_string(), read.table(), body)
+    elif kind == CONFIRM:
+        command = Confirm(read.integer(), read.boolean())
+    elif kind == REJECT:
+        command = Reject(read.integer(), read.boolean(), read.boolean())
+    elif kind == PING:
+        command = Ping()
+    elif kind == PONG:
+        command = Pong()
+    else:
+        raise MTLError(f"unknown data command type {kind:#04x}")
+    read.end()
+    return command
+
+
+def encode_data(command: DataCommand) -> list[bytes]:
+    """The two frames of a data command.
+
+    Raises:
+        MTLLocalError: A name over 255 bytes, an integer out of range, or
+            properties a field table cannot carry.
+    """
+    try:
+        if isinstance(command, Lease):
+            return [
+                bytes((LEASE,)) + _int(command.sequence) + encode_short_string(command.lease),
+                b"",
+            ]
+        if isinstance(command, Response):
+            return [bytes((RESPONSE,)) + _int(command.sequence), b"%03d" % command.code]
+        if isinstance(command, Summon | Dismiss):
+            kind = SUMMON if isinstance(command, Summon) else DISMISS
+            return [
+                bytes((kind,)) + _int(command.sequence) + encode_short_string(command.resource),
+                b"",
+            ]
+        if isinstance(command, Content):
+            header = (
+                bytes((CONTENT,))
+                + _int(command.sequence)
+                + encode_short_string(command.resource)
+                + encode_table(command.properties)
+            )
+            return [header, command.body]
+        if isinstance(command, Confirm):
+            return [bytes((CONFIRM,)) + _int(command.sequence) + bytes((command.multiple,)), b""]
+        if isinstance(command, Reject):
+            flags = bytes((command.multiple, command.recycle))
+            return [bytes((REJECT,)) + _int(command.sequence) + flags, b""]
+        if isinstance(command, Ping):
+            return [bytes((PING,)), b""]
+        return [bytes((PONG,)), b""]
+    except FieldTableLocalError as exc:
+        raise MTLLocalError(exc.reason) from None
+
+
+def _int(value: int) -> bytes:
+    if not 0 <= value < 2**64:
+        raise MTLLocalError(f"{value} does not fit a 64-bit unsigned integer")
+    return _U64.pack(value)
