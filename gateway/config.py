@@ -31,6 +31,8 @@ from gateway.core.auth import Secrets
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
+from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
+from gateway.protocols.mtl.settings import MTLListenerSettings, zmq_bind_address
 from gateway.protocols.qmqp.settings import (
     DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_QMQP_MAX_MESSAGE_BYTES,
 )
@@ -464,6 +466,28 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
     )
 
 
+def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
+    profiles = tuple(
+        profile.lower() for profile in section.strings("profiles", ("test", "gateway"))
+    )
+    unknown = [profile for profile in profiles if profile not in MTL_PROFILES]
+    if unknown or not profiles:
+        section.problem("profiles", f"choose from {', '.join(sorted(MTL_PROFILES))}")
+    endpoint = section.table.get("endpoint")
+    if isinstance(endpoint, str):
+        try:
+            zmq_bind_address(endpoint)
+        except ValueError as exc:
+            section.problem("endpoint", str(exc))
+    return MTLListenerSettings(
+        profiles=profiles,
+        require_auth=section.boolean("require_auth", False),
+        data_port=section.integer("data_port", 0, minimum=0),
+        ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
+        dead_after_seconds=section.positive("dead_after_seconds", 30.0),
+    )
+
+
 def _dmp_upstream(section: _Section) -> DMPUpstreamSettings:
     return DMPUpstreamSettings(
         mode=section.choice("mode", frozenset({"put", "get"}), "put"),
@@ -546,6 +570,7 @@ _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
     "qmqp": _qmqp_listener,
     "stream": _stream_listener,
     "dmp": _dmp_listener,
+    "mtl": _mtl_listener,
 }
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,

@@ -51,6 +51,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.mtl.server import MTLServer
+from gateway.protocols.mtl.service import MTLEndpoint
+from gateway.protocols.mtl.settings import zmq_bind_address
 from gateway.protocols.qmqp.client import QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.ssmp.client import SSMPUpstream
@@ -371,6 +374,24 @@ def _dmp_listener(
     return factory, factory  # the feeds are its route destination
 
 
+def _mtl_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    host, port = zmq_bind_address(config.endpoint)
+    server = MTLServer(
+        name=config.name,
+        settings=config.settings,
+        host=host,
+        port=port,
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        reactor=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return MTLEndpoint(server), server  # type: ignore[return-value]
+
+
 def _dmp_upstream(
     gateway: GatewayService, config: UpstreamConfig
 ) -> tuple[IService, IDestination, Callable[[], bool]]:
@@ -467,6 +488,7 @@ _LISTENERS: dict[
     "qmqp": _qmqp_listener,
     "stream": _stream_listener,
     "dmp": _dmp_listener,
+    "mtl": _mtl_listener,
 }
 _UPSTREAMS: dict[
     str,
@@ -505,9 +527,11 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         )
     for listener in config.listeners:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
-        service = ListenerService(
-            listener.name, serverFromString(reactor, listener.endpoint), factory
-        )
+        if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
+            endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
+        else:
+            endpoint = serverFromString(reactor, listener.endpoint)
+        service = ListenerService(listener.name, endpoint, factory)
         service.setServiceParent(gateway)
         gateway.endpoints[listener.name] = _Endpoint(
             listener.name, destination, service, lambda: True, upstream=False

@@ -1,0 +1,1 @@
+"""MTL, the Message Transport Layer over ZeroMQ: control and data flows."""

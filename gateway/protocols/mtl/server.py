@@ -1,0 +1,474 @@
+"""The MTL server role: a control ROUTER socket and a data ROUTER socket.
+
+Control (spec, "Control Flow"): per REQ peer, Connection.Open (protocol
+``MTL`` version 1) is answered ``201 Ready`` with the profiles, or ``401
+Unauthorized`` with ``["PLAIN"]`` when ``require_auth``; Connection.Authorize
+takes PLAIN (base64 of ``authzid NUL user NUL password``, checked against
+the secrets file): ``201`` on success, ``401`` on failure, ``402
+Challenged`` with an empty challenge when the response is empty (the
+client is to send its credentials in the next round, RFC 4616). A peer
+whose secret changed (SIGHUP) is asked again with ``401`` on its next
+request. Connection.Profile: ``200`` or ``400``. Connection.Reader and
+Connection.Writer (after a profile, else ``400``): ``202`` with the data
+port and a lease, ``501`` for a confirmation model the profile lacks,
+``400`` for resources it does not have. Ill-formed requests (frame count,
+JSON) are dropped silently, as the spec says; other invalid requests get
+``400`` with a reason. Every reply is valid JSON (the spec's 202 example is
+not).
+
+Data (spec, "Data Flow"): a DEALER peer sends Lease and gets Response
+200/403; Summon and Dismiss get 200/400 in order; Content follows the
+lease's profile; Confirm and Reject settle what the gateway sent; Ping is
+answered Pong; the listener pings idle peers every
+``ping_interval_seconds`` and forgets one silent for ``dead_after_seconds``.
+Ill-formed commands are dropped.
+
+Profile ``test``: one resource, ``resource``; no confirmations (``full``
+is ``501``); every writer's content goes to every reader that summoned it.
+
+Profile ``gateway``: resources are addresses. A writer's content is routed
+from the listener with its resource as the address (properties with text
+values become headers, ``message-id`` the id); with ``confirm = "full"`` the
+outcome comes back as Confirm (accepted), Reject (rejected) or Reject with
+recycle (retry later). Routes deliver to the listener: a message goes to
+every reader that summoned its address; readers with ``confirm = "full"``
+answer for it (Confirm: accepted, Reject: rejected, Reject recycle: retry
+later), readers without confirmations count as accepted once written; no
+reader: retry later.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import secrets as random_texts
+from typing import Any, Final
+
+import attrs
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from gateway.codecs import mtl
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome, Status, worst
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.mtl.settings import MTLListenerSettings
+
+__all__ = ["MTLServer"]
+
+TEST_RESOURCE: Final = "resource"
+MECHANISMS: Final = ["PLAIN"]
+
+
+@attrs.define
+class _Session:
+    """One control peer (a REQ socket)."""
+
+    opened: bool = False
+    identity: str | None = None
+    secret: bytes | None = None
+    profile: str | None = None
+
+
+@attrs.define
+class _Lease:
+    """A data lease granted by a 202 reply."""
+
+    profile: str
+    kind: str  # "reader" or "writer"
+    resources: tuple[str, ...]
+    confirm: str
+
+
+@attrs.define(eq=False)
+class _DataPeer:
+    """One data peer (a DEALER socket) and what it holds."""
+
+    identity: bytes
+    lease: _Lease | None = None
+    summoned: set[str] = attrs.Factory(set)
+    heard: float = 0.0
+    sequence: Any = attrs.Factory(lambda: itertools.count(1))
+    unconfirmed: dict[int, Deferred[Outcome]] = attrs.Factory(dict)
+
+
+@implementer(IDestination)
+class MTLServer:
+    """One MTL listener: its two sockets, sessions, leases and data peers.
+
+    Args:
+        name: The listener's name.
+        settings: Its validated settings.
+        host: The interface both sockets bind to.
+        port: The control port (0: the OS picks).
+        router: Where writers' content goes (gateway profile).
+        secrets: For PLAIN.
+        clock: Timers.
+        reactor: The sockets' reactor.
+        metrics: Counters, or None.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: MTLListenerSettings,
+        host: str,
+        port: int,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        reactor: Any,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self._reactor = reactor
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self.data_port = 0
+        self._sessions: dict[bytes, _Session] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._peers: dict[bytes, _DataPeer] = {}
+        self._control: Any = None
+        self._data: Any = None
+        self._zmq: Any = None
+        self._timer: IDelayedCall | None = None
+
+    # --- life --------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Bind both sockets; return the control port bound."""
+        import zmq
+
+        from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
+
+        self._zmq = zmq_factory(self._reactor)
+        self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
+        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data)
+        control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
+        data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
+        self.port = int(control.rsplit(":", 1)[1])
+        self.data_port = int(data.rsplit(":", 1)[1])
+        if self.settings.ping_interval_seconds > 0:
+            self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+        return self.port
+
+    def stop(self) -> None:
+        """Close the sockets; what waits for a confirmation is retried elsewhere."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        for peer in list(self._peers.values()):
+            self._forget(peer, "the listener is stopping")
+        if self._zmq is not None:
+            self._zmq.shutdown()
+            self._zmq = None
+
+    # --- control flow ------------------------------------------------------------------
+
+    def _on_control(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        identity, rest = frames[0], frames[1:]
+        # A REQ peer's messages carry an empty delimiter frame after the identity.
+        envelope = [identity]
+        if rest and rest[0] == b"":
+            envelope.append(b"")
+            rest = rest[1:]
+        self.traffic.messages_in += 1
+        request = mtl.parse_request(rest)
+        if request is None:
+            self.count_error("ill-formed-request")
+            return  # the spec: drop it silently
+        session = self._sessions.setdefault(identity, _Session())
+        status, body = self._answer(session, request)
+        self._control.send(envelope + mtl.reply(status, body))
+        self.traffic.messages_out += 1
+
+    def _answer(self, session: _Session, request: mtl.ControlRequest) -> tuple[int, dict[str, Any]]:
+        command, body = request.command, request.body
+        if command == "connection.open":
+            protocol = body.get("protocol")
+            if (
+                not isinstance(protocol, dict)
+                or str(protocol.get("name", "")).upper() != "MTL"
+                or protocol.get("version") != 1
+            ):
+                return _bad('Connection.Open needs "protocol": {"name": "MTL", "version": 1}')
+            session.opened = True
+            session.profile = None
+            return self._ready_or_challenge(session)
+        if not session.opened:
+            return _bad("send Connection.Open first")
+        if command == "connection.authorize":
+            return self._authorize(session, body)
+        if self.settings.require_auth and not self._still_valid(session):
+            session.identity = session.secret = None
+            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        if command == "connection.profile":
+            profile = str(body.get("profile", "")).lower()
+            if profile not in self.settings.profiles:
+                return _bad(f"unknown profile {body.get('profile')!r}")
+            session.profile = profile
+            return 200, {"status": "OK"}
+        if command in ("connection.reader", "connection.writer"):
+            return self._lease(session, command.split(".")[1], body)
+        return _bad(f"unknown command {request.command!r}")
+
+    def _ready_or_challenge(self, session: _Session) -> tuple[int, dict[str, Any]]:
+        if self.settings.require_auth and not self._still_valid(session):
+            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _still_valid(self, session: _Session) -> bool:
+        if session.identity is None or session.secret is None:
+            return False
+        return self.secrets.verify(session.identity, session.secret)
+
+    def _authorize(self, session: _Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        mechanism = str(body.get("mechanism", "")).upper()
+        if mechanism not in MECHANISMS:
+            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        try:
+            raw = base64.b64decode(str(body.get("response", "")), validate=True)
+        except (binascii.Error, ValueError):
+            return _bad("the response is not base64")
+        if not raw:
+            return 402, {"status": "Challenged", "mechanism": "PLAIN", "challenge": ""}
+        parts = raw.split(b"\0")
+        if len(parts) != 3:
+            return _bad("PLAIN is authzid NUL user NUL password")
+        user, password = parts[1].decode("utf-8", "replace"), parts[2]
+        if not self.secrets.verify(user, password):
+            self.count_error("unauthorized")
+            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        session.identity, session.secret = user, password
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _lease(
+        self, session: _Session, kind: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        if session.profile is None:
+            return _bad("select a profile with Connection.Profile first")
+        confirm = str(body.get("confirm", "none")).lower()
+        if confirm not in ("none", "full"):
+            return _bad('confirm is "none" or "full"')
+        resources = body.get("resources", [])
+        if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+            return _bad("resources is a list of names")
+        if session.profile == "test":
+            if confirm == "full":
+                return 501, {
+                    "status": "Not implemented",
+                    "reason": "the test profile never confirms",
+                }
+            if any(resource != TEST_RESOURCE for resource in resources):
+                return _bad(f'the test profile has one resource, "{TEST_RESOURCE}"')
+            resources = [TEST_RESOURCE]
+        lease = random_texts.token_urlsafe(18)
+        self._leases[lease] = _Lease(session.profile, kind, tuple(resources), confirm)
+        return 202, {"status": "Data Lease", "port": self.data_port, "lease": lease}
+
+    # --- data flow ---------------------------------------------------------------------
+
+    def _on_data(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        identity = frames[0]
+        try:
+            command = mtl.decode_data(frames[1:])
+        except mtl.MTLError:
+            self.count_error("ill-formed-data")
+            return  # the spec: drop it silently
+        self.traffic.messages_in += 1
+        peer = self._peers.get(identity)
+        if peer is None:
+            peer = self._peers[identity] = _DataPeer(identity)
+        peer.heard = self.clock.seconds()
+        if isinstance(command, mtl.Lease):
+            lease = self._leases.get(command.lease)
+            if lease is not None:
+                peer.lease = lease
+            self._send(peer, mtl.Response(command.sequence, 200 if lease else 403))
+        elif isinstance(command, mtl.Summon | mtl.Dismiss):
+            self._summon(peer, command)
+        elif isinstance(command, mtl.Content):
+            self._content(peer, command)
+        elif isinstance(command, mtl.Confirm | mtl.Reject):
+            self._settle(peer, command)
+        elif isinstance(command, mtl.Ping):
+            self._send(peer, mtl.Pong())
+        # Pong and stray Responses: being heard is all.
+
+    def _summon(self, peer: _DataPeer, command: mtl.Summon | mtl.Dismiss) -> None:
+        lease = peer.lease
+        if lease is None:
+            self._send(peer, mtl.Response(command.sequence, 403))
+            return
+        allowed = lease.kind == "reader" and (
+            not lease.resources or command.resource in lease.resources
+        )
+        if isinstance(command, mtl.Summon):
+            ok = allowed and command.resource not in peer.summoned
+            if ok:
+                peer.summoned.add(command.resource)
+        else:
+            ok = command.resource in peer.summoned
+            peer.summoned.discard(command.resource)
+        self._send(peer, mtl.Response(command.sequence, 200 if ok else 400))
+
+    def _content(self, peer: _DataPeer, content: mtl.Content) -> None:
+        lease = peer.lease
+        if lease is None or lease.kind != "writer":
+            self.count_error("content-without-writer-lease")
+            self._send(peer, mtl.Reject(content.sequence, False, False))
+            return
+        resource = content.resource
+        if not resource and len(lease.resources) == 1:
+            resource = lease.resources[0]
+        if not resource or (lease.resources and resource not in lease.resources):
+            self.count_error("bad-resource")
+            if lease.confirm == "full":
+                self._send(peer, mtl.Reject(content.sequence, False, False))
+            return
+        if lease.profile == "test":
+            for reader in self._readers(resource, "test"):
+                self._send(
+                    reader,
+                    mtl.Content(next(reader.sequence), resource, content.properties, content.body),
+                )
+            return
+        message = _message(content, resource, self.clock.seconds())
+        result = self.router.dispatch(self.name, message)
+        if lease.confirm != "full":
+            if isinstance(result, Unrouted):
+                self.count_error("unrouted")
+            return
+        if isinstance(result, Unrouted):
+            self._send(peer, mtl.Reject(content.sequence, False, False))
+            return
+        result.addCallback(self._answer_writer, peer, content.sequence)
+
+    def _answer_writer(self, outcome: Outcome, peer: _DataPeer, sequence: int) -> None:
+        if peer.identity not in self._peers:
+            return
+        if outcome.status is Status.ACCEPTED:
+            self._send(peer, mtl.Confirm(sequence, False))
+        else:
+            self._send(peer, mtl.Reject(sequence, False, outcome.status is Status.RETRY))
+
+    def _settle(self, peer: _DataPeer, command: mtl.Confirm | mtl.Reject) -> None:
+        if command.multiple:
+            sequences = [s for s in peer.unconfirmed if s <= command.sequence]
+        else:
+            sequences = [command.sequence] if command.sequence in peer.unconfirmed else []
+        for sequence in sorted(sequences):
+            waiting = peer.unconfirmed.pop(sequence)
+            if isinstance(command, mtl.Confirm):
+                waiting.callback(Outcome.accepted())
+            elif command.recycle:
+                waiting.callback(Outcome.retry(f"an MTL reader of {self.name} asked to recycle it"))
+            else:
+                waiting.callback(Outcome.rejected(f"an MTL reader of {self.name} rejected it"))
+
+    def _readers(self, resource: str, profile: str) -> list[_DataPeer]:
+        return [
+            peer
+            for peer in self._peers.values()
+            if peer.lease is not None
+            and peer.lease.profile == profile
+            and peer.lease.kind == "reader"
+            and resource in peer.summoned
+        ]
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Send a routed message to every gateway-profile reader that summoned its address."""
+        readers = self._readers(message.address, "gateway")
+        if not readers:
+            return succeed(
+                Outcome.retry(f"no MTL reader of {self.name} summoned {message.address!r}")
+            )
+        properties = {
+            key: value for key, value in message.headers.items() if isinstance(value, str)
+        }
+        properties["message-id"] = message.id
+        if message.sender:
+            properties["x-gateway-sender"] = message.sender
+        answers: list[Deferred[Outcome]] = []
+        for reader in readers:
+            sequence = next(reader.sequence)
+            if not self._send(
+                reader, mtl.Content(sequence, message.address, properties, message.body)
+            ):
+                answers.append(
+                    succeed(Outcome.retry(f"an MTL reader of {self.name} is not reading"))
+                )
+            elif reader.lease is not None and reader.lease.confirm == "full":
+                waiting: Deferred[Outcome] = Deferred()
+                reader.unconfirmed[sequence] = waiting
+                answers.append(waiting)
+            else:
+                answers.append(succeed(Outcome.accepted()))
+        if len(answers) == 1:
+            return answers[0]
+        return gatherResults(answers).addCallback(worst)
+
+    # --- heartbeats --------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        now = self.clock.seconds()
+        for peer in list(self._peers.values()):
+            if now - peer.heard >= self.settings.dead_after_seconds:
+                self.count_error("dead-peer")
+                self._forget(peer, f"silent for {now - peer.heard:g} s")
+            else:
+                self._send(peer, mtl.Ping())
+        self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def _forget(self, peer: _DataPeer, why: str) -> None:
+        self._peers.pop(peer.identity, None)
+        for waiting in peer.unconfirmed.values():
+            waiting.callback(Outcome.retry(f"an MTL reader of {self.name} went away ({why})"))
+        peer.unconfirmed.clear()
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _send(self, peer: _DataPeer, command: mtl.DataCommand) -> bool:
+        self.traffic.messages_out += 1
+        sent: bool = self._data.send([peer.identity, *mtl.encode_data(command)])
+        return sent
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
+
+
+def _bad(reason: str) -> tuple[int, dict[str, Any]]:
+    return 400, {"status": "Bad Request", "reason": reason}
+
+
+def _message(content: mtl.Content, resource: str, timestamp: float) -> Message:
+    headers = {key: value for key, value in content.properties.items() if isinstance(value, str)}
+    message_id = headers.pop("message-id", None)
+    sender = headers.pop("x-gateway-sender", None)
+    if message_id:
+        return Message(
+            body=content.body, address=resource, id=message_id, sender=sender,
+            headers=headers, timestamp=timestamp,
+        )  # fmt: skip
+    return Message(
+        body=content.body, address=resource, sender=sender, headers=headers, timestamp=timestamp
+    )

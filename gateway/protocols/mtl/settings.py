@@ -1,0 +1,64 @@
+"""Settings of MTL listeners, as validated by `gateway.config`."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["PROFILES", "MTLListenerSettings"]
+
+PROFILES = frozenset({"test", "gateway"})
+"""The profiles an MTL listener can offer."""
+
+
+@attrs.frozen(kw_only=True)
+class MTLListenerSettings:
+    """How an MTL listener behaves.
+
+    Attributes:
+        profiles: Offered in ``201 Ready``: ``test`` (the spec's: one
+            resource ``resource``, no confirmations, every writer's content
+            to every reader) and ``gateway`` (resources are route addresses).
+        require_auth: Answer Connection.Open with ``401`` and take SASL PLAIN
+            against the secrets file's ``[logins]``.
+        data_port: Port of the data ROUTER socket (0: one the OS picks); the
+            202 reply names it.
+        ping_interval_seconds: Pings to data peers this often.
+        dead_after_seconds: A data peer heard from for this long is forgotten
+            (its leases' summons dropped, its unconfirmed content retried).
+    """
+
+    profiles: tuple[str, ...] = ("test", "gateway")
+    require_auth: bool = False
+    data_port: int = 0
+    ping_interval_seconds: float = 10.0
+    dead_after_seconds: float = 30.0
+
+
+def zmq_bind_address(description: str) -> tuple[str, int]:
+    """Host and port of a ``tcp:PORT:interface=HOST`` listener endpoint, for ZeroMQ.
+
+    ``tcp:port=PORT:interface=HOST`` works too; the interface defaults to
+    127.0.0.1 (MTL listeners are loopback unless told otherwise).
+
+    Raises:
+        ValueError: Not a ``tcp:`` endpoint with a port (ZeroMQ sockets
+            cannot use ``mtls:``: TLS for MTL is not built, see the README).
+    """
+    kind, _, rest = description.partition(":")
+    if kind != "tcp":
+        raise ValueError(f"an MTL listener takes a tcp: endpoint, not {kind!r}")
+    port: int | None = None
+    host = "127.0.0.1"
+    for field in rest.split(":"):
+        key, equals, value = field.partition("=")
+        if not equals and port is None and key.isdigit():
+            port = int(key)
+        elif key == "port" and value.isdigit():
+            port = int(value)
+        elif key == "interface" and value:
+            host = value.replace("\\", "")
+        elif field:
+            raise ValueError(f"an MTL endpoint takes a port and an interface, not {field!r}")
+    if port is None or port > 65535:
+        raise ValueError(f"no port in {description!r}")
+    return host, port
