@@ -258,7 +258,7 @@ def test_admin_can_be_disabled(tmp_path: Path) -> None:
 
 
 def test_embedded_default_listens_on_loopback() -> None:
-    """The default: SSMP 8787 (open), QMQP 8628, stream 5552, DMP 5554, admin 8790, loopback."""
+    """The default on loopback: SSMP 8787, QMQP 8628, stream 5552, DMP 5554, MTL 5555, admin."""
     config = load_default_config()
     assert config.source == DEFAULT_CONFIG_NAME
     assert config.upstreams == ()
@@ -266,7 +266,8 @@ def test_embedded_default_listens_on_loopback() -> None:
     mail = routes["mail-to-ssmp"]
     assert (mail.source, mail.destination, mail.body) == ("qmqp", "ssmp", "subject")
     assert (routes["dmp-demo"].source, routes["dmp-demo"].destination) == ("dmp", "dmp")
-    ssmp_listener, qmqp_listener, stream_listener, dmp_listener = config.listeners
+    ssmp_listener, qmqp_listener, stream_listener, dmp_listener, mtl_listener = config.listeners
+    assert mtl_listener.protocol == "mtl" and mtl_listener.settings.data_port == 5556
     assert stream_listener.protocol == "stream"
     assert stream_listener.settings.guest
     assert config.log.fsync == "always"
@@ -290,6 +291,7 @@ def test_embedded_default_listens_on_loopback() -> None:
         (5554, "127.0.0.1"),
         (8790, "127.0.0.1"),
     ]
+    assert mtl_listener.endpoint == "tcp:5555:interface=127.0.0.1"  # ZeroMQ binds it
 
 
 def test_repository_example_is_valid() -> None:
@@ -431,7 +433,7 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
     _only_problem(
-        main, "listeners.hub.protocol", "must be one of dmp, qmqp, ssmp, stream, not 'smtp'"
+        main, "listeners.hub.protocol", "must be one of dmp, mtl, qmqp, ssmp, stream, not 'smtp'"
     )
 
 
