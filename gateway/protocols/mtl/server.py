@@ -6,9 +6,9 @@ Unauthorized`` with ``["PLAIN"]`` when ``require_auth``; Connection.Authorize
 takes PLAIN (base64 of ``authzid NUL user NUL password``, checked against
 the secrets file): ``201`` on success, ``401`` on failure, ``402
 Challenged`` with an empty challenge when the response is empty (the
-client is to send its credentials in the next round, RFC 4616). A peer
-whose secret changed (SIGHUP) is asked again with ``401`` on its next
-request. Connection.Profile: ``200`` or ``400``. Connection.Reader and
+client is to send its credentials in the next round, RFC 4616). A
+session whose login no longer verifies against the secrets is asked again
+with ``401`` on its next request. Connection.Profile: ``200`` or ``400``. Connection.Reader and
 Connection.Writer (after a profile, else ``400``): ``202`` with the data
 port and a lease, ``501`` for a confirmation model the profile lacks,
 ``400`` for resources it does not have. Ill-formed requests (frame count,
