@@ -76,8 +76,10 @@ __all__ = [
     "Summon",
     "decode_data",
     "encode_data",
+    "parse_reply",
     "parse_request",
     "reply",
+    "request",
 ]
 
 LEASE: Final = 0x01
@@ -129,6 +131,19 @@ def parse_request(frames: list[bytes]) -> ControlRequest | None:
 def reply(status: int, body: dict[str, Any]) -> list[bytes]:
     """A control reply: the three-digit status and the JSON body."""
     return [b"%03d" % status, json.dumps(body).encode("utf-8")]
+
+
+def request(command: str, body: dict[str, Any]) -> list[bytes]:
+    """A control request: the command name and the JSON body."""
+    return [command.encode("utf-8"), json.dumps(body).encode("utf-8")]
+
+
+def parse_reply(frames: list[bytes]) -> tuple[int, dict[str, Any]] | None:
+    """A control reply's status and body, or None when it is ill-formed."""
+    parsed = parse_request(frames)
+    if parsed is None or len(parsed.command) != 3 or not parsed.command.isdigit():
+        return None
+    return int(parsed.command), parsed.body
 
 
 # --- data flow -----------------------------------------------------------------------------

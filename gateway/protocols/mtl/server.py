@@ -57,6 +57,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.mtl.mapping import content_properties, message_from_content
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["MTLServer"]
@@ -350,7 +351,9 @@ class MTLServer:
                     mtl.Content(next(reader.sequence), resource, content.properties, content.body),
                 )
             return
-        message = _message(content, resource, self.clock.seconds())
+        message = message_from_content(
+            resource, content.properties, content.body, self.clock.seconds()
+        )
         result = self.router.dispatch(self.name, message)
         if lease.confirm != "full":
             if isinstance(result, Unrouted):
@@ -400,12 +403,7 @@ class MTLServer:
             return succeed(
                 Outcome.retry(f"no MTL reader of {self.name} summoned {message.address!r}")
             )
-        properties = {
-            key: value for key, value in message.headers.items() if isinstance(value, str)
-        }
-        properties["message-id"] = message.id
-        if message.sender:
-            properties["x-gateway-sender"] = message.sender
+        properties = content_properties(message)
         answers: list[Deferred[Outcome]] = []
         for reader in readers:
             sequence = next(reader.sequence)
@@ -458,17 +456,3 @@ class MTLServer:
 
 def _bad(reason: str) -> tuple[int, dict[str, Any]]:
     return 400, {"status": "Bad Request", "reason": reason}
-
-
-def _message(content: mtl.Content, resource: str, timestamp: float) -> Message:
-    headers = {key: value for key, value in content.properties.items() if isinstance(value, str)}
-    message_id = headers.pop("message-id", None)
-    sender = headers.pop("x-gateway-sender", None)
-    if message_id:
-        return Message(
-            body=content.body, address=resource, id=message_id, sender=sender,
-            headers=headers, timestamp=timestamp,
-        )  # fmt: skip
-    return Message(
-        body=content.body, address=resource, sender=sender, headers=headers, timestamp=timestamp
-    )

@@ -62,3 +62,31 @@ def zmq_bind_address(description: str) -> tuple[str, int]:
     if port is None or port > 65535:
         raise ValueError(f"no port in {description!r}")
     return host, port
+
+
+@attrs.frozen(kw_only=True)
+class MTLUpstreamSettings:
+    """How the gateway works with a remote MTL server.
+
+    Attributes:
+        mode: ``writer`` (routes deliver to it: Content to the server) or
+            ``reader`` (what the server sends is routed from it).
+        profile: The profile to select (``gateway`` on another msggateway).
+        resources: Resources to lease (a reader summons each); empty: all.
+        confirm: ``none`` or ``full``.
+        username: Log in with PLAIN as this user (the password is the
+            upstream's secret) when the server answers 401.
+        request_timeout_seconds: A control request unanswered this long
+            means the server is gone: start over (with backoff).
+        ping_interval_seconds: Pings on the data flow this often.
+        dead_after_seconds: A data flow silent this long is dead: start over.
+    """
+
+    mode: str = "writer"
+    profile: str = "gateway"
+    resources: tuple[str, ...] = ()
+    confirm: str = "full"
+    username: str | None = None
+    request_timeout_seconds: float = 10.0
+    ping_interval_seconds: float = 10.0
+    dead_after_seconds: float = 30.0

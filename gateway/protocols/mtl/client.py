@@ -1,0 +1,322 @@
+"""The MTL client role: a REQ control socket and a DEALER data socket to a remote server.
+
+`MTLUpstream` opens (Connection.Open), logs in with PLAIN when answered
+401 (``username``, the upstream's secret as password), selects its
+profile, asks for a reader or writer lease, connects its DEALER to the data
+port of the 202 reply and presents the lease; a reader then summons each
+resource. Any refusal, a control request unanswered for
+``request_timeout_seconds`` or a data flow silent for
+``dead_after_seconds`` makes it start over after a growing delay (a REQ
+socket that lost its reply cannot be used again, so both sockets are made
+anew).
+
+Writer: the upstream is a route destination; a message becomes a Content
+on its address (the resource) with its text headers, id and sender as
+properties; with ``confirm = "full"`` Confirm is accepted, Reject rejected
+and Reject with recycle retry later; without, written is accepted. Not
+ready: retry later.
+
+Reader: every Content is routed from the upstream with its resource as the
+address; with ``confirm = "full"`` the route's outcome goes back as
+Confirm, Reject, or Reject with recycle.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from typing import Any, Final
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from gateway.codecs import mtl
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Router, Unrouted
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.mtl.mapping import content_properties, message_from_content
+from gateway.protocols.mtl.settings import MTLUpstreamSettings
+
+__all__ = ["MTLUpstream"]
+
+RETRY_INITIAL_SECONDS: Final = 0.5
+RETRY_MAX_SECONDS: Final = 30.0
+
+
+@implementer(IDestination)
+class MTLUpstream:
+    """A remote MTL server, as a writer (destination) or a reader (source).
+
+    Args:
+        name: The upstream's name.
+        settings: Its validated settings.
+        host: The server's host.
+        port: Its control port.
+        router: Where a reader's content goes.
+        secrets: The PLAIN password (the upstream's secret).
+        clock: Timers.
+        reactor: The sockets' reactor.
+        metrics: Counters, or None.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: MTLUpstreamSettings,
+        host: str,
+        port: int,
+        router: Router,
+        secrets: Secrets,
+        clock: IReactorTime,
+        reactor: Any,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.host = host
+        self.port = port
+        self.router = router
+        self.secrets = secrets
+        self.clock = clock
+        self._reactor = reactor
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._zmq: Any = None
+        self._control: Any = None
+        self._data: Any = None
+        self._step = ""
+        self._ready = False
+        self._running = False
+        self._attempt = 0
+        self._timer: IDelayedCall | None = None
+        self._ping: IDelayedCall | None = None
+        self._heard = 0.0
+        self._sequence = itertools.count(1)
+        self._unconfirmed: dict[int, Deferred[Outcome]] = {}
+        if metrics is not None:
+            metrics.upstream_up.labels(name).set(0)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the data flow is open."""
+        return self._ready
+
+    # --- life --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the control flow (and keep trying)."""
+        self._running = True
+        self._begin()
+
+    def stop(self) -> None:
+        """Close both sockets; stop trying."""
+        self._running = False
+        self._teardown("the gateway is stopping")
+
+    def _begin(self) -> None:
+        import zmq
+
+        from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
+
+        self._timer = None
+        if not self._running:
+            return
+        self._zmq = zmq_factory(self._reactor)
+        self._control = ZmqSocket(self._zmq, zmq.REQ, self._on_reply)
+        self._control.connect(f"tcp://{self.host}:{self.port}")
+        self._request("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
+
+    def _teardown(self, why: str) -> None:
+        for call in (self._timer, self._ping):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._ping = None
+        if self._ready:
+            self._log.info("upstream {upstream}: closed: {why}", upstream=self.name, why=why)
+        self._ready = False
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(self.name).set(0)
+        waiting, self._unconfirmed = self._unconfirmed, {}
+        for deferred in waiting.values():
+            deferred.callback(Outcome.retry(f"upstream {self.name}: {why}"))
+        if self._zmq is not None:
+            self._zmq.shutdown()
+        self._zmq = self._control = self._data = None
+
+    def _start_over(self, why: str) -> None:
+        self._log.warn("upstream {upstream}: starting over: {why}", upstream=self.name, why=why)
+        self._teardown(why)
+        if self._running:
+            self._attempt += 1
+            delay = min(RETRY_INITIAL_SECONDS * 2 ** (self._attempt - 1), RETRY_MAX_SECONDS)
+            self._timer = self.clock.callLater(delay, self._begin)
+
+    # --- control flow ------------------------------------------------------------------
+
+    def _request(self, command: str, body: dict[str, Any]) -> None:
+        self._step = command.lower()
+        self._control.send(mtl.request(command, body))
+        self._timer = self.clock.callLater(
+            self.settings.request_timeout_seconds,
+            self._start_over,
+            f"no answer to {command} in {self.settings.request_timeout_seconds:g} s",
+        )
+
+    def _on_reply(self, frames: list[bytes]) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        parsed = mtl.parse_reply(frames)
+        if parsed is None:
+            self._start_over("an ill-formed control reply")
+            return
+        status, body = parsed
+        settings = self.settings
+        if status == 401:
+            password = self.secrets.credential_for(self.name)
+            if settings.username is None or password is None:
+                self._start_over("the server wants a login and none is configured")
+                return
+            plain = b"\0" + settings.username.encode() + b"\0" + password
+            response = base64.b64encode(plain).decode("ascii")
+            self._request("Connection.Authorize", {"mechanism": "PLAIN", "response": response})
+        elif status == 201:
+            self._request("Connection.Profile", {"profile": settings.profile})
+        elif status == 200 and self._step == "connection.profile":
+            kind = "Connection.Reader" if settings.mode == "reader" else "Connection.Writer"
+            self._request(
+                kind, {"resources": list(settings.resources), "confirm": settings.confirm}
+            )
+        elif status == 202:
+            self._open_data(int(body.get("port", 0)), str(body.get("lease", "")))
+        else:
+            self._start_over(
+                f"{self._step} answered {status} {body.get('reason') or body.get('status')}"
+            )
+
+    # --- data flow ---------------------------------------------------------------------
+
+    def _open_data(self, port: int, lease: str) -> None:
+        import zmq
+
+        from gateway.protocols.mtl.zmq import ZmqSocket
+
+        self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data)
+        self._data.connect(f"tcp://{self.host}:{port}")
+        self._heard = self.clock.seconds()
+        self._send(mtl.Lease(next(self._sequence), lease))
+        self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def _on_data(self, frames: list[bytes]) -> None:
+        try:
+            command = mtl.decode_data(frames)
+        except mtl.MTLError:
+            self.count_error("ill-formed-data")
+            return
+        self._heard = self.clock.seconds()
+        self.traffic.messages_in += 1
+        if isinstance(command, mtl.Response):
+            self._response(command)
+        elif isinstance(command, mtl.Content):
+            self._content(command)
+        elif isinstance(command, mtl.Confirm | mtl.Reject):
+            self._settle(command)
+        elif isinstance(command, mtl.Ping):
+            self._send(mtl.Pong())
+
+    def _response(self, response: mtl.Response) -> None:
+        if response.code != 200:
+            self._start_over(f"the server answered {response.code} on the data flow")
+            return
+        if not self._ready:
+            self._ready = True
+            self._attempt = 0
+            self._log.info("upstream {upstream}: connected", upstream=self.name)
+            if self._metrics is not None:
+                self._metrics.upstream_up.labels(self.name).set(1)
+            if self.settings.mode == "reader":
+                for resource in self.settings.resources:
+                    self._send(mtl.Summon(next(self._sequence), resource))
+
+    def _content(self, content: mtl.Content) -> None:
+        message = message_from_content(
+            content.resource, content.properties, content.body, self.clock.seconds()
+        )
+        result = self.router.dispatch(self.name, message)
+        if self.settings.confirm != "full":
+            return
+        if isinstance(result, Unrouted):
+            self._send(mtl.Reject(content.sequence, False, False))
+            return
+        result.addCallback(self._answer, content.sequence)
+
+    def _answer(self, outcome: Outcome, sequence: int) -> None:
+        if not self._ready:
+            return
+        if outcome.status is Status.ACCEPTED:
+            self._send(mtl.Confirm(sequence, False))
+        else:
+            self._send(mtl.Reject(sequence, False, outcome.status is Status.RETRY))
+
+    def _settle(self, command: mtl.Confirm | mtl.Reject) -> None:
+        if command.multiple:
+            sequences = sorted(s for s in self._unconfirmed if s <= command.sequence)
+        else:
+            sequences = [command.sequence] if command.sequence in self._unconfirmed else []
+        for sequence in sequences:
+            waiting = self._unconfirmed.pop(sequence)
+            if isinstance(command, mtl.Confirm):
+                waiting.callback(Outcome.accepted())
+            elif command.recycle:
+                waiting.callback(Outcome.retry(f"upstream {self.name}: the server asks to resend"))
+            else:
+                waiting.callback(Outcome.rejected(f"upstream {self.name}: the server rejected it"))
+
+    def _tick(self) -> None:
+        silent = self.clock.seconds() - self._heard
+        if silent >= self.settings.dead_after_seconds:
+            self.count_error("dead-peer")
+            self._ping = None
+            self._start_over(f"the data flow was silent for {silent:g} s")
+            return
+        self._send(mtl.Ping())
+        self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Send a message to the server as Content on its address."""
+        if self.settings.mode != "writer":
+            return succeed(Outcome.rejected(f"upstream {self.name} is a reader; it takes nothing"))
+        if not self._ready:
+            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
+        sequence = next(self._sequence)
+        content = mtl.Content(sequence, message.address, content_properties(message), message.body)
+        try:
+            sent = self._send(content)
+        except mtl.MTLLocalError as exc:
+            return succeed(Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
+        if not sent:
+            return succeed(Outcome.retry(f"upstream {self.name}: the server is not reading"))
+        if self.settings.confirm != "full":
+            return succeed(Outcome.accepted())
+        waiting: Deferred[Outcome] = Deferred()
+        self._unconfirmed[sequence] = waiting
+        return waiting
+
+    def _send(self, command: mtl.DataCommand) -> bool:
+        if self._data is None:
+            return False
+        self.traffic.messages_out += 1
+        sent: bool = self._data.send(mtl.encode_data(command))
+        return sent
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
