@@ -32,7 +32,12 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
-from gateway.protocols.mtl.settings import MTLListenerSettings, zmq_bind_address
+from gateway.protocols.mtl.settings import (
+    MTLListenerSettings,
+    MTLUpstreamSettings,
+    zmq_bind_address,
+    zmq_connect_address,
+)
 from gateway.protocols.qmqp.settings import (
     DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_QMQP_MAX_MESSAGE_BYTES,
 )
@@ -488,6 +493,29 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
     )
 
 
+def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
+    endpoint = section.table.get("endpoint")
+    if isinstance(endpoint, str):
+        try:
+            zmq_connect_address(endpoint)
+        except ValueError as exc:
+            section.problem("endpoint", str(exc))
+    username = section.string("username", None)
+    profile = section.string("profile", "gateway")
+    if isinstance(profile, str) and profile.lower() not in MTL_PROFILES:
+        section.problem("profile", f"choose from {', '.join(sorted(MTL_PROFILES))}")
+    return MTLUpstreamSettings(
+        mode=section.choice("mode", frozenset({"writer", "reader"}), "writer"),
+        profile=profile.lower() if isinstance(profile, str) else "gateway",
+        resources=section.strings("resources"),
+        confirm=section.choice("confirm", frozenset({"none", "full"}), "full"),
+        username=username if isinstance(username, str) else None,
+        request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
+        ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
+        dead_after_seconds=section.positive("dead_after_seconds", 30.0),
+    )
+
+
 def _dmp_upstream(section: _Section) -> DMPUpstreamSettings:
     return DMPUpstreamSettings(
         mode=section.choice("mode", frozenset({"put", "get"}), "put"),
@@ -577,6 +605,7 @@ _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "qmqp": _qmqp_upstream,
     "stream": _stream_upstream,
     "dmp": _dmp_upstream,
+    "mtl": _mtl_upstream,
 }
 
 

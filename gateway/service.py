@@ -51,9 +51,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.mtl.client import MTLUpstream
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.service import MTLEndpoint
-from gateway.protocols.mtl.settings import zmq_bind_address
+from gateway.protocols.mtl.settings import zmq_bind_address, zmq_connect_address
 from gateway.protocols.qmqp.client import QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.ssmp.client import SSMPUpstream
@@ -392,6 +393,25 @@ def _mtl_listener(
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 
+def _mtl_upstream(
+    gateway: GatewayService, config: UpstreamConfig
+) -> tuple[IService, IDestination, Callable[[], bool]]:
+    host, port = zmq_connect_address(config.endpoint)
+    upstream = MTLUpstream(
+        name=config.name,
+        settings=config.settings,
+        host=host,
+        port=port,
+        router=gateway.router,
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        reactor=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    service = _StartStopService(config.name, upstream.start, upstream.stop)
+    return service, upstream, lambda: upstream.connected
+
+
 def _dmp_upstream(
     gateway: GatewayService, config: UpstreamConfig
 ) -> tuple[IService, IDestination, Callable[[], bool]]:
@@ -498,6 +518,7 @@ _UPSTREAMS: dict[
     "qmqp": _qmqp_upstream,
     "stream": _stream_upstream,
     "dmp": _dmp_upstream,
+    "mtl": _mtl_upstream,
 }
 
 

@@ -14,6 +14,7 @@ import base64
 import json
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
@@ -268,3 +269,58 @@ def test_gateway_profile_with_confirmations(
         kind, fields, body = reader.next()
         reader.command(b"\x07" + fields[:8] + b"\x00\x00")  # Reject: the publisher hears 400
         assert watcher.read_line().startswith(b"400 rejected")
+
+
+CLIENT = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.far]
+protocol = "mtl"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "writer"
+profile = "gateway"
+confirm = "full"
+username = "alice"
+"""
+
+
+def test_our_client_against_our_server(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """SSMP on gateway A through its MTL upstream into gateway B: 200 on Confirm, 400 on Reject."""
+    client = GatewayProcess(
+        tmp_path / "a",
+        CLIENT.format(port=gateway.address("mtl")[1]),
+        routes={
+            "out": 'from = "hub"\nmatch = "weather.#"\nto = "far"\n',
+            # B's hub cannot publish on a topic with a space: rejected there.
+            "bad": 'from = "hub"\nmatch = "reject.#"\nto = "far"\naddress = "no good"\n',
+        },
+        secrets='[upstreams]\nfar = "wonderland"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream far: connected")
+        with (
+            LineClient(gateway.address("hub")) as watcher,
+            LineClient(client.address("hub")) as publisher,
+        ):
+            watcher.send("LOGIN watcher2 open", "SUBSCRIBE weather.rome")
+            watcher.expect("200")
+            watcher.expect("200")
+            publisher.send("LOGIN sensor-9 open", "MCAST weather.rome sunny")
+            publisher.expect("200")
+            publisher.expect("200")  # B's hub took it: Confirm came back
+            watcher.expect("000 sensor-9 MCAST weather.rome sunny")
+            publisher.send("MCAST reject.me please")
+            answer = publisher.read_line()
+            assert answer.startswith(b"400 rejected"), answer
+    finally:
+        client.stop()

@@ -90,3 +90,36 @@ class MTLUpstreamSettings:
     request_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
+
+
+def zmq_connect_address(description: str) -> tuple[str, int]:
+    """Host and port of a ``tcp:host=HOST:port=PORT`` (or ``tcp:HOST:PORT``) upstream endpoint.
+
+    Raises:
+        ValueError: Not a ``tcp:`` endpoint with a host and a port.
+    """
+    kind, _, rest = description.partition(":")
+    if kind != "tcp":
+        raise ValueError(f"an MTL upstream takes a tcp: endpoint, not {kind!r}")
+    host: str | None = None
+    port: int | None = None
+    positional: list[str] = []
+    for field in rest.split(":"):
+        key, equals, value = field.partition("=")
+        if key == "host" and equals:
+            host = value
+        elif key == "port" and value.isdigit():
+            port = int(value)
+        elif key == "timeout" and equals:
+            continue
+        elif not equals and field:
+            positional.append(field)
+        else:
+            raise ValueError(f"an MTL endpoint takes a host and a port, not {field!r}")
+    if positional:
+        host = host or positional[0]
+        if len(positional) > 1 and positional[1].isdigit():
+            port = port or int(positional[1])
+    if not host or port is None or port > 65535:
+        raise ValueError(f"no host and port in {description!r}")
+    return host, port
