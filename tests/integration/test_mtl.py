@@ -49,6 +49,7 @@ ROUTES = {
     # be carried (an SSMP topic may not contain a space): rejected.
     "to-hub": 'from = "mtl"\nmatch = "#"\nto = "hub"\n',
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
+    "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
 }
 
 TIMEOUT_MS = 10_000
@@ -322,5 +323,31 @@ def test_our_client_against_our_server(gateway: GatewayProcess, tmp_path: Path) 
             publisher.send("MCAST reject.me please")
             answer = publisher.read_line()
             assert answer.startswith(b"400 rejected"), answer
+    finally:
+        client.stop()
+
+
+READER = CLIENT.replace('mode = "writer"', 'mode = "reader"\nresources = ["alerts"]')
+
+
+def test_our_client_reading(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """Gateway C reads B's "alerts" through an MTL upstream; B's publisher hears C's answer."""
+    client = GatewayProcess(
+        tmp_path / "c",
+        READER.format(port=gateway.address("mtl")[1]),
+        routes={"in": 'from = "far"\nmatch = "alerts"\nto = "hub"\naddress = "relay.alerts"\n'},
+        secrets='[upstreams]\nfar = "wonderland"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream far: summoned alerts")
+        with LineClient(client.address("hub")) as watcher:
+            watcher.send("LOGIN watcher3 open", "SUBSCRIBE relay.alerts")
+            watcher.expect("200")
+            watcher.expect("200")
+            with LineClient(gateway.address("hub")) as publisher:
+                publisher.send("LOGIN sensor-4 open", "MCAST alerts.fire smoke")
+                publisher.expect("200")
+                publisher.expect("200")  # C's reader confirmed after its route delivered
+            watcher.expect("000 sensor-4 MCAST relay.alerts smoke")
     finally:
         client.stop()

@@ -100,6 +100,7 @@ class MTLUpstream:
         self._heard = 0.0
         self._sequence = itertools.count(1)
         self._unconfirmed: dict[int, Deferred[Outcome]] = {}
+        self._summons: dict[int, str] = {}
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
 
@@ -235,7 +236,12 @@ class MTLUpstream:
         if response.code != 200:
             self._start_over(f"the server answered {response.code} on the data flow")
             return
-        if not self._ready:
+        resource = self._summons.pop(response.sequence, None)
+        if resource is not None:
+            self._log.info(
+                "upstream {upstream}: summoned {resource}", upstream=self.name, resource=resource
+            )
+        elif not self._ready:
             self._ready = True
             self._attempt = 0
             self._log.info("upstream {upstream}: connected", upstream=self.name)
@@ -243,7 +249,9 @@ class MTLUpstream:
                 self._metrics.upstream_up.labels(self.name).set(1)
             if self.settings.mode == "reader":
                 for resource in self.settings.resources:
-                    self._send(mtl.Summon(next(self._sequence), resource))
+                    sequence = next(self._sequence)
+                    self._summons[sequence] = resource
+                    self._send(mtl.Summon(sequence, resource))
 
     def _content(self, content: mtl.Content) -> None:
         message = message_from_content(
