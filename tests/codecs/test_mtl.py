@@ -131,8 +131,7 @@ SPEC_REPLIES = {
     ),
     b"200": b'{\n    "status": "OK"\n}',
     b"202": (
-        b'{\n    "status": "Data Lease",\n    "port": port number\n'
-        b'    "lease" : "data lease"\n}'
+        b'{\n    "status": "Data Lease",\n    "port": port number\n    "lease" : "data lease"\n}'
     ),
     b"501": b'{\n    "status": "Not implemented"\n}',
 }
