@@ -4,22 +4,29 @@ The clients here use pyzmq directly (REQ for control, DEALER for data) and
 encode data commands with struct from the spec's field lists, not with the
 project's codec: the whole control dialogue, the test profile's fan-out
 with several writers and readers, the gateway profile bridged to SSMP with
-confirm=full (a rejection from the destination comes back as Reject), and
-ill-formed requests that must not stop the listener.
+confirm=full (a rejection from the destination comes back as Reject),
+QMQP mail to a confirm=full reader (Confirm K, Reject D, recycle Z), pings
+and dead-peer detection, ill-formed requests that must not stop the
+listener; and our upstream against our server, including a server killed
+and started again on the same port.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
 
+from gateway.codecs import qmqp
 from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.test_qmqp import QMQPSession, mail
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +43,10 @@ protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
 
+[listeners.qmqp]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
 [listeners.mtl]
 protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
@@ -50,6 +61,8 @@ ROUTES = {
     "to-hub": 'from = "mtl"\nmatch = "#"\nto = "hub"\n',
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
     "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
+    # QMQP mail for anyone at mtl.example goes to MTL readers of "inbox".
+    "mail-in": 'from = "qmqp"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
 }
 
 TIMEOUT_MS = 10_000
@@ -351,3 +364,191 @@ def test_our_client_reading(gateway: GatewayProcess, tmp_path: Path) -> None:
             watcher.expect("000 sensor-4 MCAST relay.alerts smoke")
     finally:
         client.stop()
+
+
+def test_qmqp_to_an_mtl_reader(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """QMQP mail routed to a confirm=full reader: Confirm is K, Reject D, Reject recycle Z."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["inbox"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("inbox"))
+    assert reader.response(2) == 200
+    session = QMQPSession(gateway.address("qmqp"))
+    try:
+        answers = {
+            b"kept": b"\x06" + b"\x00",
+            b"refused": b"\x07\x00\x00",
+            b"later": b"\x07\x00\x01",
+        }
+        for block_id in answers:
+            session.send(mail(block_id.decode(), "ops@mtl.example", subject=block_id.decode()))
+            kind, fields, body = reader.next()
+            assert kind == 0x05 and fields[8:].startswith(short("inbox")), (kind, fields)
+            assert b"Subject: " + block_id in body
+            kind_and_flags = answers[block_id]
+            reader.command(kind_and_flags[:1] + fields[:8] + kind_and_flags[1:])
+            (reply,) = session.read_blocks(1)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.id == block_id
+            expected = {b"kept": qmqp.K, b"refused": qmqp.D, b"later": qmqp.Z}[block_id]
+            assert reply.status == expected, reply
+    finally:
+        session.close()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+DEAD = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:{port}:interface=127.0.0.1"
+ping_interval_seconds = 0.2
+dead_after_seconds = 1
+"""
+
+
+def test_dead_data_peers_are_forgotten(
+    tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """The listener pings; a peer that never answers loses its lease, one that pongs keeps it."""
+    server = GatewayProcess(tmp_path / "dead", DEAD.format(port=0)).start()
+    try:
+        port = server.address("mtl")[1]
+        peers = []
+        for _ in range(2):
+            control = Control(context, port)
+            assert (
+                control.ask("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})[0]
+                == 201
+            )
+            assert control.ask("Connection.Profile", {"profile": "test"})[0] == 200
+            status, reply = control.ask("Connection.Reader", {"resources": [], "confirm": "none"})
+            assert status == 202
+            peer = Data(context, int(reply["port"]))  # type: ignore[call-overload]
+            assert peer.lease(str(reply["lease"])) == 200
+            peer.command(b"\x03" + u64(2) + short("resource"))
+            assert peer.response(2) == 200
+            peers.append(peer)
+        silent, alive = peers
+        kind, _, _ = silent.next(skip_pings=False)
+        assert kind == 0x08  # a Ping, left unanswered
+        deadline = time.monotonic() + 15
+        while "forgot a dead data peer" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            if alive.socket.poll(50):  # answer the listener's Pings meanwhile
+                header, _ = alive.socket.recv_multipart()
+                assert header == b"\x08"
+                alive.command(b"\x09")
+        assert "silent for" in server.wait_for_log("forgot a dead data peer")
+        # The silent peer is a stranger now: its Summon needs a lease first.
+        silent.command(b"\x04" + u64(3) + short("resource"))
+        while True:
+            kind, fields, body = silent.next(skip_pings=False)
+            if kind == 0x02:
+                break
+        assert (fields, body) == (u64(3), b"403")
+        # The peer that answered every Ping still holds its lease and summons.
+        alive.command(b"\x04" + u64(3) + short("resource"))
+        assert alive.response(3) == 200
+    finally:
+        server.stop()
+
+
+RECOVER = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.far]
+protocol = "mtl"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "writer"
+profile = "gateway"
+confirm = "full"
+request_timeout_seconds = 0.5
+ping_interval_seconds = 0.2
+dead_after_seconds = 1
+"""
+
+FAR = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:{port}:interface=127.0.0.1"
+"""
+
+
+def wait_for_count(process: GatewayProcess, text: str, count: int, timeout: float = 15.0) -> None:
+    """Wait (polling the captured log, bounded) until ``text`` appears ``count`` times."""
+    deadline = time.monotonic() + timeout
+    while process.output().count(text) < count:
+        assert time.monotonic() < deadline, f"{text!r} not seen {count} times:\n{process.output()}"
+        time.sleep(0.05)
+
+
+def test_our_client_recovers_when_the_server_goes_away(tmp_path: Path) -> None:
+    """The server is killed: deliveries answer retry; a new server on the port: carried again."""
+    port = free_port()
+    far_routes = {"in": 'from = "mtl"\nmatch = "#"\nto = "hub"\n'}
+    far = GatewayProcess(tmp_path / "far1", FAR.format(port=port), routes=far_routes).start()
+    near = GatewayProcess(
+        tmp_path / "near",
+        RECOVER.format(port=port),
+        routes={"out": 'from = "hub"\nmatch = "weather.#"\nto = "far"\n'},
+        secrets='[upstreams]\nfar = "unused"\n',
+    ).start()
+    try:
+        near.wait_for_log("upstream far: connected")
+        with LineClient(near.address("hub")) as publisher:
+            publisher.send("LOGIN sensor-1 open", "MCAST weather.oslo snow")
+            publisher.expect("200")
+            publisher.expect("200")
+            far.kill()
+            near.wait_for_log("upstream far: starting over")
+            publisher.send("MCAST weather.oslo sleet")
+            answer = publisher.read_line()
+            assert answer.startswith(b"400 retry"), answer
+            far = GatewayProcess(tmp_path / "far2", FAR.format(port=port), routes=far_routes)
+            far.start()
+            wait_for_count(near, "upstream far: connected", 2)
+            with LineClient(far.address("hub")) as watcher:
+                watcher.send("LOGIN watcher open", "SUBSCRIBE weather.oslo")
+                watcher.expect("200")
+                watcher.expect("200")
+                publisher.send("MCAST weather.oslo sun")
+                publisher.expect("200")
+                watcher.expect("000 sensor-1 MCAST weather.oslo sun")
+    finally:
+        near.stop()
+        far.stop()

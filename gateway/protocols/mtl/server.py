@@ -430,7 +430,13 @@ class MTLServer:
         for peer in list(self._peers.values()):
             if now - peer.heard >= self.settings.dead_after_seconds:
                 self.count_error("dead-peer")
-                self._forget(peer, f"silent for {now - peer.heard:g} s")
+                why = f"silent for {now - peer.heard:.1f} s"
+                self._log.info(
+                    "MTL listener {listener}: forgot a dead data peer ({why})",
+                    listener=self.name,
+                    why=why,
+                )
+                self._forget(peer, why)
             else:
                 self._send(peer, mtl.Ping())
         self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
