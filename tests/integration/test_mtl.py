@@ -61,6 +61,7 @@ ROUTES = {
     "to-hub": 'from = "mtl"\nmatch = "#"\nto = "hub"\n',
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
     "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
+    "bulk": 'from = "hub"\nmatch = "bulk.#"\nto = "mtl"\naddress = "bulk"\n',
     # QMQP mail for anyone at mtl.example goes to MTL readers of "inbox".
     "mail-in": 'from = "qmqp"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
 }
@@ -283,6 +284,37 @@ def test_gateway_profile_with_confirmations(
         kind, fields, body = reader.next()
         reader.command(b"\x07" + fields[:8] + b"\x00\x00")  # Reject: the publisher hears 400
         assert watcher.read_line().startswith(b"400 rejected")
+
+
+def test_confirm_and_reject_multiple(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """One Confirm with multiple settles three contents; one Reject multiple+recycle two more."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["bulk"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("bulk"))
+    assert reader.response(2) == 200
+    with LineClient(gateway.address("hub")) as publisher:
+        publisher.send("LOGIN bulk-sender open")
+        publisher.expect("200")
+        for rounds, answer, expected in (
+            (3, b"\x06", b"200"),  # Confirm, multiple
+            (2, b"\x07", b"400 retry"),  # Reject, multiple, recycle: retry later
+        ):
+            for index in range(rounds):
+                publisher.send(f"MCAST bulk.items item {index}")
+            sequences = []
+            for _ in range(rounds):
+                kind, fields, _ = reader.next()
+                assert kind == 0x05
+                sequences.append(fields[:8])
+            flags = b"\x01" if answer == b"\x06" else b"\x01\x01"
+            reader.command(answer + max(sequences) + flags)
+            for _ in range(rounds):
+                line = publisher.read_line()
+                assert line.startswith(expected), line
 
 
 CLIENT = """
