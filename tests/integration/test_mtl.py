@@ -217,6 +217,70 @@ def test_ill_formed_requests_are_dropped(
     raw.close(linger=0)
 
 
+def test_invalid_control_requests_are_answered(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Well-formed but invalid requests get 400 or 401 with a reason; the session goes on."""
+    control = Control(context, gateway.address("mtl")[1])
+    status, reply = control.ask("Connection.Open", {"protocol": {"name": "AMQP", "version": 1}})
+    assert status == 400 and "MTL" in str(reply["reason"])
+    status, reply = control.ask("Connection.Open", {"protocol": {"name": "MTL", "version": 2}})
+    assert status == 400
+    assert control.ask("Connection.Open", {"protocol": {"name": "mtl", "version": 1}})[0] == 401
+    status, reply = control.ask("Connection.Authorize", {"mechanism": "GSSAPI", "response": ""})
+    assert (status, reply["mechanisms"]) == (401, ["PLAIN"])
+    status, reply = control.ask("Connection.Authorize", {"mechanism": "plain", "response": "!!"})
+    assert status == 400 and "base64" in str(reply["reason"])
+    no_separators = base64.b64encode(b"alice wonderland").decode()
+    status, reply = control.ask(
+        "Connection.Authorize", {"mechanism": "PLAIN", "response": no_separators}
+    )
+    assert status == 400 and "NUL" in str(reply["reason"])
+    assert control.ask("Connection.Profile", {"profile": "test"})[0] == 401  # not logged in
+    right = base64.b64encode(b"\0alice\0wonderland").decode()
+    assert control.ask("Connection.Authorize", {"mechanism": "PLAIN", "response": right})[0] == 201
+    status, reply = control.ask("Connection.Frobnicate", {})
+    assert status == 400 and "connection.frobnicate" in str(reply["reason"])
+    assert control.ask("Connection.Profile", {"profile": "Gateway"})[0] == 200
+    status, reply = control.ask("Connection.Reader", {"resources": "news", "confirm": "none"})
+    assert status == 400 and "list" in str(reply["reason"])
+    status, reply = control.ask("Connection.Reader", {"resources": [], "confirm": "some"})
+    assert status == 400
+    assert control.ask("Connection.Reader", {"resources": [], "confirm": "FULL"})[0] == 202
+
+
+def test_data_flow_garbage_and_invalid_commands(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Ill-formed data commands get nothing; invalid ones 403, 400 or Reject; the peer goes on."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("test", "Reader", ["resource"])
+    data = Data(context, data_port)
+    for frames in ([b"\x08"], [b"\x08", b"", b""], [b"\x0a", b""], [b"\x01\x00\x01", b""],
+                   [b"\x06" + u64(1) + b"\x02", b""], [b"", b""], [b"\x05" + u64(1), b"x"],
+                   [b"\x05" + u64(1) + b"\x00\x00\x00\x00\x09", b"x"]):  # fmt: skip
+        data.socket.send_multipart(frames)
+    data.command(b"\x06" + u64(77) + b"\x00")  # Confirm of nothing: ignored silently
+    data.command(b"\x07" + u64(78) + b"\x01\x01")  # Reject of nothing: ignored silently
+    assert not data.socket.poll(300)
+    data.command(b"\x03" + u64(5) + short("resource"))  # Summon before Lease
+    assert data.response(5) == 403
+    data.content(6, "resource", b"no lease")  # Content before Lease: rejected
+    kind, fields, _ = data.next()
+    assert (kind, fields) == (0x07, u64(6) + b"\x00\x00")
+    assert data.lease("no such lease") == 403
+    assert data.lease(lease) == 200
+    data.command(b"\x03" + u64(7) + short("elsewhere"))  # not a leased resource
+    assert data.response(7) == 400
+    data.command(b"\x04" + u64(8) + short("resource"))  # Dismiss before Summon
+    assert data.response(8) == 400
+    data.command(b"\x08")  # Ping: Pong
+    assert data.next(skip_pings=False)[0] == 0x09
+    data.content(9, "resource", b"a reader may not write")
+    kind, fields, _ = data.next()
+    assert (kind, fields) == (0x07, u64(9) + b"\x00\x00")
+
+
 def test_test_profile_fans_out(
     gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:

@@ -226,7 +226,10 @@ class MTLServer:
             return 200, {"status": "OK"}
         if command in ("connection.reader", "connection.writer"):
             return self._lease(session, command.split(".")[1], body)
-        return _bad(f"unknown command {request.command!r}")
+        return _bad(
+            f"unknown command {request.command!r}; MTL has Connection.Open, .Authorize,"
+            " .Profile, .Reader and .Writer"
+        )
 
     def _ready_or_challenge(self, session: _Session) -> tuple[int, dict[str, Any]]:
         if self.settings.require_auth and not self._still_valid(session):
