@@ -585,7 +585,7 @@ endpoint = "tcp:host=127.0.0.1:port={port}"
 mode = "writer"
 profile = "gateway"
 confirm = "full"
-request_timeout_seconds = 0.5
+request_timeout_seconds = 1
 ping_interval_seconds = 0.2
 dead_after_seconds = 1
 """
@@ -608,7 +608,7 @@ endpoint = "tcp:{port}:interface=127.0.0.1"
 """
 
 
-def wait_for_count(process: GatewayProcess, text: str, count: int, timeout: float = 15.0) -> None:
+def wait_for_count(process: GatewayProcess, text: str, count: int, timeout: float = 30.0) -> None:
     """Wait (polling the captured log, bounded) until ``text`` appears ``count`` times."""
     deadline = time.monotonic() + timeout
     while process.output().count(text) < count:
