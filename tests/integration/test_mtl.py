@@ -312,6 +312,17 @@ def test_test_profile_fans_out(
         assert got == [b"from writer 0", b"from writer 1"]
     readers[0].command(b"\x04" + u64(9) + short("resource"))  # Dismiss
     assert readers[0].response(9) == 200
+    # After the Response to Dismiss, nothing more from the resource for that reader.
+    writers[0].content(2, "resource", b"after the dismiss")
+    for reader in readers[1:]:
+        assert reader.next()[2] == b"after the dismiss"
+    readers[0].command(b"\x08")  # a Ping: its Pong comes after anything already sent
+    assert readers[0].next()[0] == 0x09
+    # Summoned again: content flows again, after the Response.
+    readers[0].command(b"\x03" + u64(10) + short("resource"))
+    assert readers[0].response(10) == 200
+    writers[1].content(2, "", b"summoned again")
+    assert readers[0].next()[2] == b"summoned again"
 
 
 def test_gateway_profile_with_confirmations(
