@@ -282,6 +282,14 @@ def test_data_flow_garbage_and_invalid_commands(
     data.content(9, "resource", b"a reader may not write")
     kind, fields, _ = data.next()
     assert (kind, fields) == (0x07, u64(9) + b"\x00\x00")
+    writer_port, writer_lease = Control(context, port).ready("gateway", "Writer", ["a", "b"])
+    writer = Data(context, writer_port)
+    assert writer.lease(writer_lease) == 200
+    writer.content(1, "", b"two resources leased: which one?")
+    writer.content(2, "c", b"not leased")
+    for sequence in (1, 2):  # rejected although the lease has no confirmations
+        kind, fields, _ = writer.next()
+        assert (kind, fields) == (0x07, u64(sequence) + b"\x00\x00")
 
 
 def test_test_profile_fans_out(

@@ -343,9 +343,10 @@ class MTLServer:
         if not resource and len(lease.resources) == 1:
             resource = lease.resources[0]
         if not resource or (lease.resources and resource not in lease.resources):
+            # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
+            # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
-            if lease.confirm == "full":
-                self._send(peer, mtl.Reject(content.sequence, False, False))
+            self._send(peer, mtl.Reject(content.sequence, False, False))
             return
         if lease.profile == "test":
             for reader in self._readers(resource, "test"):
