@@ -62,6 +62,7 @@ ROUTES = {
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
     "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
     "bulk": 'from = "hub"\nmatch = "bulk.#"\nto = "mtl"\naddress = "bulk"\n',
+    "gone": 'from = "hub"\nmatch = "gone.#"\nto = "mtl"\naddress = "gone"\n',
     # QMQP mail for anyone at mtl.example goes to MTL readers of "inbox".
     "mail-in": 'from = "qmqp"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
 }
@@ -401,6 +402,33 @@ def test_confirm_and_reject_multiple(
             for _ in range(rounds):
                 line = publisher.read_line()
                 assert line.startswith(expected), line
+
+
+def test_a_reader_that_went_away_is_not_counted_as_delivered(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A confirm=none reader closes its socket: its content is no longer "accepted" but retried."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["gone"])
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("gone"))
+    assert reader.response(2) == 200
+    with LineClient(gateway.address("hub")) as publisher:
+        publisher.send("LOGIN gone-sender open", "MCAST gone.now first")
+        publisher.expect("200")
+        publisher.expect("200")  # written to the reader: accepted
+        assert reader.next()[2] == b"first"
+        reader.socket.close(linger=0)
+        # ZeroMQ notices the closed connection on its own time: poll, bounded.
+        deadline = time.monotonic() + 10
+        while True:
+            publisher.send("MCAST gone.now again")
+            answer = publisher.read_line()
+            if answer.startswith(b"400 retry"):
+                break
+            assert answer.startswith(b"200") and time.monotonic() < deadline, answer
+            time.sleep(0.05)
 
 
 CLIENT = """

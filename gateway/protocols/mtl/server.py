@@ -159,6 +159,10 @@ class MTLServer:
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
         self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data)
+        # A command for a peer that is gone or whose queue is full fails to send
+        # instead of vanishing: a routed message then answers retry later rather
+        # than counting as delivered.
+        self._data.set_option(zmq.ROUTER_MANDATORY, 1)
         control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
         data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
         self.port = int(control.rsplit(":", 1)[1])
