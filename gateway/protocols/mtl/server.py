@@ -34,7 +34,8 @@ recycle (retry later). Routes deliver to the listener: a message goes to
 every reader that summoned its address; readers with ``confirm = "full"``
 answer for it (Confirm: accepted, Reject: rejected, Reject recycle: retry
 later), readers without confirmations count as accepted once written; no
-reader: retry later.
+reader, or one ZeroMQ cannot hand it to (gone, queue full: the data socket
+is ROUTER_MANDATORY): retry later.
 """
 
 from __future__ import annotations
