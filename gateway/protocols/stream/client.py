@@ -31,6 +31,7 @@ stored every ``store_offset_interval_seconds``.
 from __future__ import annotations
 
 import itertools
+import sys
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -65,6 +66,8 @@ PUBLISH_OVERHEAD_BYTES: Final = 13
 """Size, key, version, publisher id and count of a Publish frame."""
 ENTRY_OVERHEAD_BYTES: Final = 12
 """Publishing id and length of each message in a Publish frame."""
+MAX_PUBLISHER_ID: Final = 255
+"""Publisher ids are a uint8 on the wire."""
 
 _REJECTING_CODES: Final = frozenset({2, 16, 17})
 """PublishError codes that no retry will fix: stream missing, access refused,
@@ -126,15 +129,24 @@ class _Publisher:
 class _Subscription:
     """One consumed stream."""
 
-    __slots__ = ("after", "id", "last_stored", "pending", "stream")
+    __slots__ = ("after", "chunks", "id", "last_stored", "settled", "stream")
 
     def __init__(self, subscription_id: int, stream: str) -> None:
         self.id = subscription_id
         self.stream = stream
         self.after = -1
         """Offsets up to this one were dispatched already (whole chunks come again)."""
+        self.settled = -1
+        """Offsets up to this one have outcomes: the offset that may be stored."""
         self.last_stored = -1
-        self.pending = 0
+        self.chunks: deque[list[int]] = deque()
+        """Dispatched chunks in order, as [last offset, 1 once settled else 0]."""
+
+    def settle(self, chunk: list[int]) -> None:
+        """Mark a chunk settled; move `settled` past the settled chunks at the front."""
+        chunk[1] = 1
+        while self.chunks and self.chunks[0][1]:
+            self.settled = max(self.settled, self.chunks.popleft()[0])
 
 
 class StreamClientProtocol(Protocol):
@@ -348,6 +360,7 @@ class StreamUpstream:
         self._connecting: Deferred[Any] | None = None
         self._stopped: Deferred[None] | None = None
         self._pump_call: IDelayedCall | None = None
+        self._live: set[StreamClientProtocol] = set()
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
 
@@ -371,6 +384,9 @@ class StreamUpstream:
                 call.cancel()
         if self._connecting is not None and not self._connecting.called:
             self._connecting.cancel()
+        for other in list(self._live):
+            if other is not self._connection:
+                other.close("the gateway is stopping")  # still in its handshake
         connection = self._connection
         if connection is None:
             return succeed(None)
@@ -410,6 +426,7 @@ class StreamUpstream:
     async def handshake(self, protocol: StreamClientProtocol) -> None:
         """Peer properties, SASL PLAIN, tune, open; then publishers and subscriptions."""
         settings = self.settings
+        self._live.add(protocol)
         await protocol.request(
             sp.PeerProperties,
             properties={
@@ -434,7 +451,7 @@ class StreamUpstream:
         frame_max = _smaller(tune.frame_max, settings.frame_max)
         heartbeat = _smaller(tune.heartbeat, settings.heartbeat_seconds)
         protocol.send(sp.Tune(frame_max=frame_max, heartbeat=heartbeat))
-        protocol.frame_max = frame_max or settings.frame_max
+        protocol.frame_max = frame_max  # 0: neither side set a limit
         protocol.start_heartbeats(heartbeat)
         opened = await protocol.request(sp.Open, virtual_host=settings.virtual_host)
         if opened.code != 1:
@@ -442,6 +459,9 @@ class StreamUpstream:
                 f"virtual host {settings.virtual_host!r} refused (code {opened.code})"
             )
         if not await self._at_leader(protocol):
+            return
+        if not self._running:
+            protocol.close("the gateway is stopping")
             return
         self._connection = protocol
         self._attempt = 0
@@ -515,10 +535,13 @@ class StreamUpstream:
         job = _Job(stream, entry_from_message(message), outcome)
         publisher = self._publishers.get(stream)
         if publisher is None:
-            publisher = self._publishers[stream] = _Publisher(len(self._publishers), stream)
-            if len(self._publishers) > 255:
-                del self._publishers[stream]
+            # The smallest id not in use: a publisher dropped after a refusal
+            # frees its id, and an id must never name two streams at once.
+            used = {p.id for p in self._publishers.values()}
+            free = next(i for i in range(len(used) + 1) if i not in used)
+            if free > MAX_PUBLISHER_ID:
                 return succeed(Outcome.rejected(f"upstream {self.name}: too many streams"))
+            publisher = self._publishers[stream] = _Publisher(free, stream)
             connection = self._connection
             if connection is not None:
                 Deferred.fromCoroutine(self._declare(connection, stream)).addErrback(
@@ -596,20 +619,36 @@ class StreamUpstream:
         if connection is None or connection.closing:
             return
         settings = self.settings
-        budget = max(connection.frame_max, 4096) - PUBLISH_OVERHEAD_BYTES
+        frame_max = connection.frame_max
+        budget = frame_max - PUBLISH_OVERHEAD_BYTES if frame_max else sys.maxsize
         for publisher in self._publishers.values():
             queue = publisher.queue
             while publisher.ready and queue and self._unconfirmed < settings.max_unconfirmed:
+                # Within batch_size and within what max_unconfirmed still allows.
+                room = min(settings.batch_size, settings.max_unconfirmed - self._unconfirmed)
                 ids: list[int] = []
                 entries: list[bytes] = []
                 size = 0
-                while queue and len(ids) < settings.batch_size:
+                while queue and len(ids) < room:
                     job = queue[0]
                     if job.cancelled:
                         queue.popleft()
                         self._queued -= 1
                         continue
                     cost = ENTRY_OVERHEAD_BYTES + len(job.entry)
+                    if cost > budget:
+                        # It would never fit: sent alone, its frame would make
+                        # the server close the connection, again and again.
+                        queue.popleft()
+                        self._queued -= 1
+                        self._settle(
+                            job,
+                            Outcome.rejected(
+                                f"upstream {self.name}: a message of {len(job.entry)} bytes"
+                                f" does not fit in a frame of {frame_max} bytes"
+                            ),
+                        )
+                        continue
                     if ids and size + cost > budget:
                         break
                     queue.popleft()
@@ -694,6 +733,7 @@ class StreamUpstream:
             if stored.code == 1:
                 spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=stored.offset + 1)
                 subscription.after = stored.offset
+                subscription.settled = stored.offset
                 subscription.last_stored = stored.offset
             else:
                 spec = parse_offset(self.settings.offset)
@@ -750,8 +790,16 @@ class StreamUpstream:
         self.traffic.messages_in += len(entries)
         last = header.first_offset + header.num_records - 1
         subscription.after = max(subscription.after, last)
+        chunk_state = [last, 0]
+        subscription.chunks.append(chunk_state)
         done: Deferred[Any] = DeferredList(outcomes, consumeErrors=True)
-        done.addCallback(lambda _: self._credit(protocol, subscription))
+        done.addCallback(lambda _: self._chunk_settled(protocol, subscription, chunk_state))
+
+    def _chunk_settled(
+        self, protocol: StreamClientProtocol, subscription: _Subscription, chunk: list[int]
+    ) -> None:
+        subscription.settle(chunk)
+        self._credit(protocol, subscription)
 
     def _consumed(self, outcome: Outcome, message: Message) -> Outcome:
         if not outcome.is_accepted:
@@ -785,20 +833,23 @@ class StreamUpstream:
         if connection is None or connection.closing:
             return
         for subscription in self._subscriptions.values():
-            if subscription.after > subscription.last_stored:
+            # Only offsets whose messages all have outcomes: a restart must not
+            # skip messages that were dispatched but never delivered.
+            if subscription.settled > subscription.last_stored:
                 connection.send(
                     sp.StoreOffset(
                         reference=self.consumer_name,
                         stream=subscription.stream,
-                        offset=subscription.after,
+                        offset=subscription.settled,
                     )
                 )
-                subscription.last_stored = subscription.after
+                subscription.last_stored = subscription.settled
 
     # --- connection state -----------------------------------------------------
 
     def connection_lost(self, protocol: StreamClientProtocol, reason: Failure) -> None:
         """Reconnect with backoff; sent messages stay in flight until the next sequence query."""
+        self._live.discard(protocol)
         if self._connection is protocol:
             self._connection = None
             self._log.info(

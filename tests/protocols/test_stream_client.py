@@ -1,0 +1,856 @@
+"""In-memory tests of the stream upstream: `gateway.protocols.stream.client`.
+
+The upstream connects through a `TCP4ClientEndpoint` (and `HostnameEndpoint`
+for a leader elsewhere) on a `MemoryReactorClock`, which is also its clock:
+each connection attempt shows up in ``tcpClients`` and the test builds the
+protocol itself over a `StringTransport`. The test plays the stream node with
+the sans-IO codec in the server role: it decodes what the client wrote and
+answers with encoded frames, so every await of the client's handshake
+resumes synchronously. Chunks delivered to subscriptions are built with
+`gateway.codecs.osiris`. The behaviour checked is the module's docstring,
+the settings' and the README's "RabbitMQ Stream upstream" section.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.error import ConnectionLost
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from gateway.codecs import osiris
+from gateway.codecs import stream as sp
+from gateway.core.addressing import AddressPattern
+from gateway.core.auth import Secrets
+from gateway.core.interfaces import IDestination
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Route, Router, bind_routes
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.stream.client import (
+    ENTRY_OVERHEAD_BYTES,
+    PUBLISH_OVERHEAD_BYTES,
+    REQUEST_TIMEOUT_SECONDS,
+    StreamClientProtocol,
+    StreamUpstream,
+    parse_offset,
+)
+from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.settings import StreamUpstreamSettings
+
+T = TypeVar("T")
+
+UPSTREAM = "rabbit"
+SINK = "sink"
+HOST = "127.0.0.1"
+PORT = 5552
+STREAM = "events"
+SETTINGS = StreamUpstreamSettings(stream=STREAM, heartbeat_seconds=0, batch_size=3)
+"""Publish everything to ``events``; no heartbeats unless a test asks for them."""
+CONSUMED = Route(name="consumed", source=UPSTREAM, pattern=AddressPattern("#"), destination=SINK)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@implementer(IDestination)
+class Sink:
+    """A destination that keeps what it gets and answers when the test says so."""
+
+    def __init__(self, name: str = SINK) -> None:
+        self.name = name
+        self.messages: list[Message] = []
+        self.pending: list[Deferred[Outcome]] = []
+        self.auto = True
+
+    def deliver(self, message: Message) -> Deferred[Outcome]:
+        """Keep the message; accept it at once unless ``auto`` is off."""
+        self.messages.append(message)
+        if self.auto:
+            return succeed(Outcome.accepted())
+        d: Deferred[Outcome] = Deferred()
+        self.pending.append(d)
+        return d
+
+
+class Node:
+    """One connection of the upstream, with the test playing the stream node."""
+
+    def __init__(self, wrapper: Any, transport: StringTransport) -> None:
+        self.wrapper = wrapper
+        self.protocol: StreamClientProtocol = wrapper._wrappedProtocol
+        self.transport = transport
+        self.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=0)
+        self.seen: list[sp.Event] = []
+
+    def received(self) -> list[sp.Event]:
+        """Decode the frames the client wrote since the last call."""
+        data = self.transport.value()
+        self.transport.clear()
+        events = list(self.codec.receive_data(data)) if data else []
+        self.seen.extend(events)
+        return events
+
+    def one(self, kind: type[T]) -> T:
+        """The single frame the client wrote since the last call, of type ``kind``."""
+        events = self.received()
+        assert len(events) == 1 and isinstance(events[0], kind), events
+        return events[0]
+
+    def of(self, kind: type[T]) -> list[T]:
+        """The frames of type ``kind`` the client wrote since the last call (others dropped)."""
+        return [event for event in self.received() if isinstance(event, kind)]
+
+    def say(self, *events: sp.Event) -> None:
+        """Send frames to the client in one read."""
+        self.wrapper.dataReceived(b"".join(self.codec.send(event) for event in events))
+
+    def lose(self) -> None:
+        """The connection ends (after the client closed it, or not)."""
+        self.wrapper.connectionLost(Failure(ConnectionLost("gone")))
+
+    # --- the handshake, step by step ---------------------------------------------------
+
+    def login(self, *, code: int = 1, mechanisms: tuple[str, ...] = ("PLAIN",)) -> bytes | None:
+        """Answer PeerProperties, SaslHandshake and SaslAuthenticate; return the PLAIN data."""
+        peer = self.one(sp.PeerProperties)
+        assert peer.properties["connection_name"] == UPSTREAM
+        self.say(
+            sp.PeerPropertiesResponse(correlation_id=peer.correlation_id, code=1, properties={})
+        )
+        hello = self.one(sp.SaslHandshake)
+        self.say(
+            sp.SaslHandshakeResponse(
+                correlation_id=hello.correlation_id, code=1, mechanisms=mechanisms
+            )
+        )
+        if "PLAIN" not in mechanisms:
+            return None
+        auth = self.one(sp.SaslAuthenticate)
+        assert auth.mechanism == "PLAIN"
+        self.say(sp.SaslAuthenticateResponse(correlation_id=auth.correlation_id, code=code))
+        return auth.data
+
+    def tune(self, frame_max: int = 1024 * 1024, heartbeat: int = 0, open_code: int = 1) -> sp.Tune:
+        """Send Tune, answer Open; return the client's Tune."""
+        self.say(sp.Tune(frame_max=frame_max, heartbeat=heartbeat))
+        events = self.received()
+        assert [type(event) for event in events] == [sp.Tune, sp.Open], events
+        reply, opened = events
+        assert isinstance(reply, sp.Tune) and isinstance(opened, sp.Open)
+        assert opened.virtual_host == "/"
+        self.say(
+            sp.OpenResponse(correlation_id=opened.correlation_id, code=open_code, properties={})
+        )
+        return reply
+
+    def metadata(
+        self,
+        brokers: dict[int, tuple[str, int]] | None = None,
+        leader: int = 0,
+        replicas: tuple[int, ...] = (),
+    ) -> sp.Metadata:
+        """Answer the Metadata request: every stream asked for has ``leader``."""
+        asked = self.one(sp.Metadata)
+        brokers = brokers if brokers is not None else {0: (HOST, PORT)}
+        self.say(
+            sp.MetadataResponse(
+                correlation_id=asked.correlation_id,
+                brokers=tuple(
+                    sp.Broker(reference=ref, host=host, port=port)
+                    for ref, (host, port) in brokers.items()
+                ),
+                streams=tuple(
+                    sp.StreamMetadata(stream=name, code=1, leader=leader, replicas=replicas)
+                    for name in asked.streams
+                ),
+            )
+        )
+        return asked
+
+    def declare(
+        self, sequence: int = 0, code: int = 1, sequence_code: int = 1
+    ) -> sp.DeclarePublisher:
+        """Answer DeclarePublisher and QueryPublisherSequence."""
+        declared = self.one(sp.DeclarePublisher)
+        self.say(
+            sp.Response(
+                key=sp.Key.DECLARE_PUBLISHER, correlation_id=declared.correlation_id, code=code
+            )
+        )
+        if code != 1:
+            return declared
+        query = self.one(sp.QueryPublisherSequence)
+        assert (query.reference, query.stream) == (declared.reference, declared.stream)
+        self.say(
+            sp.QueryPublisherSequenceResponse(
+                correlation_id=query.correlation_id, code=sequence_code, sequence=sequence
+            )
+        )
+        return declared
+
+    def subscribe(self, stored: int | None = None, code: int = 1) -> sp.Subscribe:
+        """Answer QueryOffset (``stored`` None: no offset) and Subscribe."""
+        query = self.one(sp.QueryOffset)
+        self.say(
+            sp.QueryOffsetResponse(
+                correlation_id=query.correlation_id,
+                code=1 if stored is not None else 19,
+                offset=stored or 0,
+            )
+        )
+        subscribe = self.one(sp.Subscribe)
+        self.say(
+            sp.Response(key=sp.Key.SUBSCRIBE, correlation_id=subscribe.correlation_id, code=code)
+        )
+        return subscribe
+
+    def confirm(self, publisher_id: int, *ids: int) -> None:
+        """Confirm publishing ids."""
+        self.say(sp.PublishConfirm(publisher_id=publisher_id, publishing_ids=list(ids)))
+
+    def deliver_chunk(self, subscription_id: int, first_offset: int, *bodies: bytes) -> None:
+        """Deliver one chunk of AMQP entries made from ``bodies``."""
+        entries = [
+            entry_from_message(Message(body=body, address="ignored", id=body.decode()))
+            for body in bodies
+        ]
+        chunk = osiris.encode_chunk(entries, first_offset=first_offset, timestamp_ms=1_000)
+        self.say(sp.Deliver(subscription_id=subscription_id, chunk=chunk))
+
+
+class World:
+    """One stream upstream with a router, a sink for consumed messages and a clock."""
+
+    def __init__(
+        self, settings: StreamUpstreamSettings = SETTINGS, secret: bytes | None = None
+    ) -> None:
+        self.reactor = MemoryReactorClock()
+        self.metrics = GatewayMetrics()
+        self.sink = Sink()
+        self.upstream = StreamUpstream(
+            name=UPSTREAM,
+            settings=settings,
+            endpoint=TCP4ClientEndpoint(self.reactor, HOST, PORT),
+            router=Router(bind_routes([], {}), self.reactor),
+            secrets=Secrets(upstreams={UPSTREAM: secret}) if secret else Secrets(),
+            clock=self.reactor,
+            reactor=self.reactor,
+            metrics=self.metrics,
+        )
+        self.upstream.router.replace_table(
+            bind_routes([CONSUMED], {SINK: self.sink, UPSTREAM: self.upstream})
+        )
+        self._taken = 0
+
+    def attempts(self) -> list[tuple[str, int]]:
+        """Where the upstream tried to connect, in order."""
+        return [(host, port) for host, port, *_ in self.reactor.tcpClients]
+
+    def accept(self) -> Node:
+        """Accept the newest connection attempt not taken yet."""
+        assert len(self.reactor.tcpClients) > self._taken, "no connection attempt"
+        host, port, factory, *_ = self.reactor.tcpClients[self._taken]
+        self._taken += 1
+        address = IPv4Address("TCP", host, port)
+        wrapper = factory.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        wrapper.makeConnection(transport)
+        return Node(wrapper, transport)
+
+    def open(self, *, frame_max: int = 1024 * 1024, sequence: int = 0) -> Node:
+        """Start the upstream (first call) and take a connection through to ready."""
+        if not self.upstream._running:
+            self.upstream.start()
+        node = self.accept()
+        node.login()
+        node.tune(frame_max=frame_max)
+        if self.upstream.settings.create_streams:
+            for _ in self.upstream._streams_used():
+                create = node.one(sp.Create)
+                node.say(
+                    sp.Response(key=sp.Key.CREATE, correlation_id=create.correlation_id, code=1)
+                )
+        if self.upstream._streams_used():
+            node.metadata()
+        for _ in list(self.upstream._publishers):
+            node.declare(sequence=sequence)
+        for _ in self.upstream.settings.subscribe:
+            node.subscribe()
+        assert self.upstream.connected
+        return node
+
+    def publish(self, name: str, body: bytes = b"hello") -> Deferred[Outcome]:
+        """Deliver a message with id ``name`` to the upstream."""
+        return self.upstream.deliver(Message(body=body, address="anything", id=name))
+
+    def sample(self, name: str, **labels: str) -> float:
+        """A metric's current value (0 when never set)."""
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+def tracked(deferred: Deferred[T]) -> list[T | Failure]:
+    """Collect what the Deferred fires with."""
+    results: list[T | Failure] = []
+    deferred.addBoth(results.append)
+    return results
+
+
+def status(results: list[Any]) -> Status | None:
+    """The status of the one outcome collected, or None when none yet."""
+    assert len(results) <= 1
+    return results[0].status if results else None
+
+
+def ids_of(node: Node) -> list[str]:
+    """Message ids of the Publish frames the client wrote since the last look."""
+    found: list[str] = []
+    for publish in node.of(sp.Publish):
+        for entry in publish.messages:
+            found.append(message_from_entry(bytes(entry), stream=STREAM, timestamp=0).id)
+    return found
+
+
+@pytest.fixture
+def world() -> World:
+    """An upstream publishing to ``events`` in batches of 3, no heartbeats."""
+    return World()
+
+
+# --- connecting -----------------------------------------------------------------------------
+
+
+def test_upstream_is_a_destination(world: World) -> None:
+    """The upstream is a real IDestination named after its config entry."""
+    assert verifyObject(IDestination, world.upstream)
+    assert world.upstream.name == UPSTREAM
+
+
+def test_guest_login_by_default_then_tune_open_and_metadata(world: World) -> None:
+    """Without a secret user guest logs in with password guest; tune, open, metadata follow."""
+    world.upstream.start()
+    assert world.attempts() == [(HOST, PORT)]
+    node = world.accept()
+    assert node.login() == b"\0guest\0guest"
+    assert not world.upstream.connected
+    node.tune()
+    assert node.metadata().streams == (STREAM,)
+    assert world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 1
+
+
+def test_sasl_plain_sends_the_secret() -> None:
+    """The upstream's secret is the password for the configured user."""
+    world = World(attrs.evolve(SETTINGS, username="gw"), secret=b"s3cret")
+    world.upstream.start()
+    assert world.accept().login() == b"\0gw\0s3cret"
+
+
+def test_no_plain_mechanism_closes() -> None:
+    """A server that offers no PLAIN is left."""
+    world = World()
+    world.upstream.start()
+    node = world.accept()
+    node.login(mechanisms=("ANONYMOUS",))
+    assert node.transport.disconnecting
+    assert not world.upstream.connected
+
+
+def test_refused_login_closes_and_retries_with_backoff(world: World) -> None:
+    """A refused login closes; attempts follow after 0.5, 1, 2 s; success resets the delay."""
+    world.upstream.start()
+    for delay in (0.5, 1.0, 2.0):
+        node = world.accept()
+        node.login(code=8)
+        assert node.transport.disconnecting
+        node.lose()
+        before = len(world.attempts())
+        world.reactor.advance(delay - 0.01)
+        assert len(world.attempts()) == before
+        world.reactor.advance(0.01)
+        assert len(world.attempts()) == before + 1
+    assert (
+        world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="auth-refused")
+        == 3
+    )
+    node = world.open()
+    node.lose()
+    world.reactor.advance(0.5)
+    assert len(world.attempts()) == 5
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "agreed"),
+    [
+        (1_048_576, 131_072, 131_072),
+        (65_536, 1_048_576, 65_536),
+        (0, 131_072, 131_072),
+        (65_536, 0, 65_536),
+    ],
+)
+def test_tune_takes_the_smaller_frame_max_where_zero_is_no_limit(
+    theirs: int, ours: int, agreed: int
+) -> None:
+    """The client's Tune carries the smaller frame_max; 0 on one side means the other's applies."""
+    world = World(attrs.evolve(SETTINGS, frame_max=ours))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    assert node.tune(frame_max=theirs).frame_max == agreed
+
+
+def test_tune_heartbeat_smaller_of_both() -> None:
+    """The heartbeat agreed is the smaller non-zero one."""
+    world = World(attrs.evolve(SETTINGS, heartbeat_seconds=30))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    assert node.tune(heartbeat=60).heartbeat == 30
+
+
+def test_open_refused_closes_and_retries(world: World) -> None:
+    """A refused virtual host closes the connection and tries again later."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune(open_code=12)
+    assert node.transport.disconnecting
+    assert not world.upstream.connected
+    node.lose()
+    world.reactor.advance(0.5)
+    assert len(world.attempts()) == 2
+
+
+@pytest.mark.parametrize("code", [1, 5])
+def test_streams_created_when_configured(code: int) -> None:
+    """With create_streams each stream used is created; 1 (created) and 5 (exists) are fine."""
+    world = World(attrs.evolve(SETTINGS, create_streams=True, subscribe=("in",)))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    for name in ("in", STREAM):
+        create = node.one(sp.Create)
+        assert create.stream == name
+        node.say(sp.Response(key=sp.Key.CREATE, correlation_id=create.correlation_id, code=code))
+    assert node.metadata().streams == ("in", STREAM)
+    node.subscribe()
+    assert world.upstream.connected
+
+
+def test_no_create_unless_configured(world: World) -> None:
+    """Without create_streams the client goes straight to Metadata."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    assert not [event for event in node.seen if isinstance(event, sp.Create)]
+
+
+def test_moves_to_a_leader_on_another_host_and_port(world: World) -> None:
+    """Metadata naming a leader elsewhere: close, connect there, stay there."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata({0: ("127.0.0.1", PORT), 7: ("127.0.0.1", 5553)}, leader=7)
+    assert node.transport.disconnecting
+    assert not world.upstream.connected
+    node.lose()
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1][1] == 5553
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    leader.metadata({7: ("127.0.0.1", 5553)}, leader=7)
+    assert world.upstream.connected
+
+
+def test_leader_gone_goes_back_to_the_locator(world: World) -> None:
+    """When the leader cannot be reached, the next attempt asks the locator again."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata({7: ("127.0.0.1", 5553)}, leader=7)
+    node.lose()
+    world.reactor.advance(0.5)
+    _host, port, factory, *_ = world.reactor.tcpClients[-1]
+    assert port == 5553
+    world._taken += 1
+    factory.clientConnectionFailed(world.reactor.connectors[-1], Failure(ConnectionLost("refused")))
+    world.reactor.advance(1)  # the endpoint reports the failure a little later
+    world.reactor.advance(30)
+    assert world.attempts()[-1] == (HOST, PORT)
+
+
+# --- publishing -----------------------------------------------------------------------------
+
+
+def test_not_connected_is_retry_later_at_once(world: World) -> None:
+    """Before the connection is open a delivery is answered retry later at once."""
+    results = tracked(world.publish("m1"))
+    assert status(results) is Status.RETRY
+
+
+def test_publishes_in_batches_and_confirms_accept(world: World) -> None:
+    """Messages of one turn go in Publish frames of batch_size; confirms accept them."""
+    node = world.open()
+    outcomes = [tracked(world.publish(f"m{i}")) for i in range(7)]
+    declared = node.declare()
+    assert declared.stream == STREAM
+    assert declared.reference == f"msggateway.{UPSTREAM}"
+    world.reactor.advance(0)
+    frames = node.of(sp.Publish)
+    assert [list(frame.publishing_ids) for frame in frames] == [[1, 2, 3], [4, 5, 6], [7]]
+    ids = [
+        message_from_entry(bytes(entry), stream=STREAM, timestamp=0).id
+        for frame in frames
+        for entry in frame.messages
+    ]
+    assert ids == [f"m{i}" for i in range(7)]
+    assert all(status(results) is None for results in outcomes)
+    node.confirm(declared.publisher_id, 1, 2, 3, 5)
+    assert [status(results) for results in outcomes] == [Status.ACCEPTED] * 3 + [
+        None,
+        Status.ACCEPTED,
+        None,
+        None,
+    ]
+
+
+def test_batches_stay_within_frame_max() -> None:
+    """A Publish frame never grows past the negotiated frame_max."""
+    world = World(attrs.evolve(SETTINGS, batch_size=1000))
+    node = world.open(frame_max=4096)
+    body = b"x" * 1000
+    for i in range(10):
+        world.publish(f"m{i}", body)
+    node.declare()
+    world.reactor.advance(0)
+    node.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=4096)  # it refuses larger frames
+    frames = node.of(sp.Publish)
+    assert sum(len(frame.publishing_ids) for frame in frames) == 10
+    assert len(frames) > 1
+    for frame in frames:
+        size = PUBLISH_OVERHEAD_BYTES + sum(ENTRY_OVERHEAD_BYTES + len(m) for m in frame.messages)
+        assert size <= 4096
+
+
+def test_small_frame_max_is_honoured() -> None:
+    """A frame_max under 4 KiB still bounds each Publish frame."""
+    world = World(attrs.evolve(SETTINGS, batch_size=1000))
+    node = world.open(frame_max=1024)
+    for i in range(6):
+        world.publish(f"m{i}", b"y" * 300)
+    node.declare()
+    world.reactor.advance(0)
+    node.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=1024)
+    frames = node.of(sp.Publish)
+    assert sum(len(frame.publishing_ids) for frame in frames) == 6
+
+
+def test_message_larger_than_frame_max_is_rejected(world: World) -> None:
+    """A message that can never fit in a frame is rejected, not sent to break the connection."""
+    node = world.open(frame_max=2048)
+    big = tracked(world.publish("big", b"z" * 4000))
+    world.publish("small")
+    node.declare()
+    world.reactor.advance(0)
+    assert status(big) is Status.REJECTED
+    assert ids_of(node) == ["small"]
+    assert not node.transport.disconnecting
+
+
+def test_max_unconfirmed_holds_messages_until_confirms() -> None:
+    """At most max_unconfirmed messages are in flight; confirms let the next go."""
+    world = World(attrs.evolve(SETTINGS, max_unconfirmed=2))
+    node = world.open()
+    for i in range(5):
+        world.publish(f"m{i}")
+    declared = node.declare()
+    world.reactor.advance(0)
+    assert ids_of(node) == ["m0", "m1"]
+    node.confirm(declared.publisher_id, 1)
+    assert ids_of(node) == ["m2"]
+    node.confirm(declared.publisher_id, 2, 3)
+    assert ids_of(node) == ["m3", "m4"]
+
+
+def test_max_queue_answers_retry_later() -> None:
+    """Past max_queue waiting messages, a delivery is answered retry later at once."""
+    world = World(attrs.evolve(SETTINGS, max_queue=3))
+    world.open()
+    outcomes = [tracked(world.publish(f"m{i}")) for i in range(4)]
+    assert [status(results) for results in outcomes] == [None, None, None, Status.RETRY]
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (2, Status.REJECTED),
+        (16, Status.REJECTED),
+        (17, Status.REJECTED),
+        (6, Status.RETRY),
+        (18, Status.RETRY),
+    ],
+)
+def test_publish_error_codes(world: World, code: int, expected: Status) -> None:
+    """PublishError 2, 16 and 17 reject; other codes ask for a retry."""
+    node = world.open()
+    results = tracked(world.publish("m1"))
+    declared = node.declare()
+    world.reactor.advance(0)
+    node.of(sp.Publish)
+    node.say(sp.PublishError(publisher_id=declared.publisher_id, publishing_ids=[1], codes=[code]))
+    assert status(results) is expected
+    assert results[0].code == str(code)
+
+
+def test_refused_publisher_fails_its_queue(world: World) -> None:
+    """A DeclarePublisher refused with code 2 rejects what waited for it."""
+    node = world.open()
+    results = tracked(world.publish("m1"))
+    node.declare(code=2)
+    assert status(results) is Status.REJECTED
+
+
+def test_publisher_ids_stay_unique_after_a_refused_publisher() -> None:
+    """A publisher dropped after a refusal does not hand its id to a stream still in use."""
+    world = World(attrs.evolve(SETTINGS, stream=None))
+    node = world.open()
+    world.upstream.deliver(Message(body=b"a", address="a", id="a"))
+    world.upstream.deliver(Message(body=b"b", address="b", id="b"))
+    first, second = node.of(sp.DeclarePublisher)
+    node.say(sp.Response(key=sp.Key.DECLARE_PUBLISHER, correlation_id=first.correlation_id, code=2))
+    node.say(
+        sp.Response(key=sp.Key.DECLARE_PUBLISHER, correlation_id=second.correlation_id, code=1)
+    )
+    query = node.one(sp.QueryPublisherSequence)
+    node.say(
+        sp.QueryPublisherSequenceResponse(correlation_id=query.correlation_id, code=1, sequence=0)
+    )
+    world.upstream.deliver(Message(body=b"c", address="c", id="c"))
+    world.reactor.advance(0)
+    third = node.of(sp.DeclarePublisher)
+    assert [event.stream for event in third] == ["c"]
+    assert third[0].publisher_id != second.publisher_id
+
+
+def test_reconnect_confirms_stored_and_resends_the_rest_with_their_ids(world: World) -> None:
+    """After a reconnect, ids up to the sequence are accepted, the others resent once, same ids."""
+    node = world.open()
+    outcomes = [tracked(world.publish(f"m{i}")) for i in range(5)]
+    declared = node.declare()
+    world.reactor.advance(0)
+    assert ids_of(node) == [f"m{i}" for i in range(5)]
+    node.confirm(declared.publisher_id, 1)
+    node.lose()
+    assert not world.upstream.connected
+    assert status(tracked(world.publish("late"))) is Status.RETRY
+
+    world.reactor.advance(0.5)
+    node = world.open(sequence=3)  # the broker stored 1 to 3 (2 and 3 unconfirmed)
+    assert [status(results) for results in outcomes] == [Status.ACCEPTED] * 3 + [None, None]
+    frames = node.of(sp.Publish)
+    assert [list(frame.publishing_ids) for frame in frames] == [[4, 5]]
+    node.confirm(declared.publisher_id, 4, 5)
+    assert all(status(results) is Status.ACCEPTED for results in outcomes)
+    after = tracked(world.publish("next"))
+    world.reactor.advance(0)
+    frames = node.of(sp.Publish)
+    assert [list(frame.publishing_ids) for frame in frames] == [[6]]
+    node.confirm(declared.publisher_id, 6)
+    assert status(after) is Status.ACCEPTED
+
+
+def test_sequence_above_local_ids_moves_the_next_id(world: World) -> None:
+    """A broker sequence past our ids (another gateway with the reference) is respected."""
+    node = world.open()
+    world.publish("m1")
+    node.declare(sequence=41)
+    world.reactor.advance(0)
+    assert [list(frame.publishing_ids) for frame in node.of(sp.Publish)] == [[42]]
+
+
+# --- consuming -----------------------------------------------------------------------------
+
+
+def consuming(**changes: Any) -> World:
+    """An upstream consuming ``in`` (credit 2, offsets stored every 5 s)."""
+    return World(attrs.evolve(SETTINGS, stream=None, subscribe=("in",), credit=2, **changes))
+
+
+def test_subscribes_with_credit_and_the_configured_offset() -> None:
+    """Without a stored offset the subscription starts at the configured spec, with credit."""
+    world = consuming(offset="first")
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    subscribe = node.subscribe(stored=None)
+    assert subscribe.stream == "in"
+    assert subscribe.credit == 2
+    assert subscribe.offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.FIRST)
+    assert subscribe.properties == {"name": f"msggateway.{UPSTREAM}"}
+
+
+def test_resumes_after_the_stored_offset() -> None:
+    """A stored offset N resumes at N + 1, and entries up to N in that chunk are skipped."""
+    world = consuming()
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    subscribe = node.subscribe(stored=11)
+    assert subscribe.offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=12)
+    node.deliver_chunk(subscribe.subscription_id, 10, b"a", b"b", b"c", b"d")
+    assert [m.body for m in world.sink.messages] == [b"c", b"d"]
+    assert world.sink.messages[0].address == "in"
+
+
+def test_chunks_routed_and_credit_granted_once_settled() -> None:
+    """Credit 1 is granted only when every message of the chunk has an outcome."""
+    world = consuming()
+    node = world.open()
+    world.sink.auto = False
+    node.deliver_chunk(0, 0, b"a", b"b")
+    assert [m.body for m in world.sink.messages] == [b"a", b"b"]
+    assert node.of(sp.Credit) == []
+    world.sink.pending[0].callback(Outcome.accepted())
+    assert node.of(sp.Credit) == []
+    world.sink.pending[1].callback(Outcome.retry("later"))
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+
+
+def test_offsets_stored_at_the_interval_and_at_stop() -> None:
+    """The last settled offset is stored every interval (once) and again at stop."""
+    world = consuming(store_offset_interval_seconds=5.0)
+    node = world.open()
+    node.deliver_chunk(0, 0, b"a", b"b")
+    world.reactor.advance(4.9)
+    assert node.of(sp.StoreOffset) == []
+    world.reactor.advance(0.1)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)
+    ]
+    world.reactor.advance(5)
+    assert node.of(sp.StoreOffset) == []
+    node.deliver_chunk(0, 2, b"c")
+    stopped = tracked(world.upstream.stop())
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=2)
+    ]
+    assert node.transport.disconnecting
+    node.lose()
+    assert stopped == [None]
+    world.reactor.advance(60)
+    assert len(world.attempts()) == 1
+
+
+def test_offsets_not_stored_past_unsettled_messages() -> None:
+    """An offset is stored only once its chunk's messages all have outcomes."""
+    world = consuming()
+    node = world.open()
+    world.sink.auto = False
+    node.deliver_chunk(0, 0, b"a")
+    world.reactor.advance(5)
+    assert node.of(sp.StoreOffset) == []
+    world.sink.pending[0].callback(Outcome.accepted())
+    world.reactor.advance(5)
+    assert [event.offset for event in node.of(sp.StoreOffset)] == [0]
+
+
+def test_bad_chunk_closes() -> None:
+    """A chunk whose CRC does not match closes the connection."""
+    world = consuming()
+    node = world.open()
+    chunk = bytearray(osiris.encode_chunk([b"x"], first_offset=0, timestamp_ms=0))
+    chunk[-1] ^= 0xFF
+    node.say(sp.Deliver(subscription_id=0, chunk=bytes(chunk)))
+    assert node.transport.disconnecting
+    assert world.sink.messages == []
+
+
+# --- heartbeats, close, requests -----------------------------------------------------------
+
+
+def test_heartbeats_sent_and_silence_closes() -> None:
+    """A heartbeat goes out every period; two silent periods close the connection."""
+    world = World(attrs.evolve(SETTINGS, stream=None, heartbeat_seconds=10))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune(heartbeat=10)
+    world.reactor.advance(10)
+    assert node.of(sp.Heartbeat) == [sp.Heartbeat()]
+    node.say(sp.Heartbeat())
+    world.reactor.advance(10)
+    assert node.of(sp.Heartbeat) == [sp.Heartbeat()]
+    assert not node.transport.disconnecting
+    world.reactor.advance(10)
+    assert not node.transport.disconnecting
+    world.reactor.advance(10)
+    assert node.transport.disconnecting
+
+
+def test_server_close_is_answered() -> None:
+    """The server's Close gets a CloseResponse with the same correlation id, then we close."""
+    world = World()
+    node = world.open()
+    node.say(sp.Close(correlation_id=77, code=1, reason="bye"))
+    assert node.one(sp.CloseResponse) == sp.CloseResponse(correlation_id=77, code=1)
+    assert node.transport.disconnecting
+    node.lose()
+    assert not world.upstream.connected
+
+
+def test_metadata_update_reconnects(world: World) -> None:
+    """MetadataUpdate on a stream in use closes the connection to look again."""
+    node = world.open()
+    node.say(sp.MetadataUpdate(code=6, stream=STREAM))
+    assert node.transport.disconnecting
+
+
+def test_unanswered_request_times_out_and_closes(world: World) -> None:
+    """A request without an answer fails after the time-out and the connection is closed."""
+    world.upstream.start()
+    node = world.accept()
+    node.one(sp.PeerProperties)
+    world.reactor.advance(REQUEST_TIMEOUT_SECONDS)
+    assert node.transport.disconnecting
+
+
+def test_parse_offset() -> None:
+    """Offset specifications from the config."""
+    assert parse_offset("last") == sp.OffsetSpec(kind=sp.OffsetKind.LAST)
+    assert parse_offset("offset:5") == sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=5)
+    assert parse_offset("timestamp:-1") == sp.OffsetSpec(kind=sp.OffsetKind.TIMESTAMP, value=-1)
+    for bad in ("offset:-1", "offset:", "later", "first:1"):
+        with pytest.raises(ValueError, match="is not first"):
+            parse_offset(bad)
+
+
+def test_stop_during_the_handshake_closes_that_connection(world: World) -> None:
+    """A connection still in its handshake when the upstream stops is closed, not kept."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    stopped = tracked(world.upstream.stop())
+    assert stopped == [None]
+    assert node.transport.disconnecting
+    node.lose()
+    world.reactor.advance(60)
+    assert len(world.attempts()) == 1
+    assert not world.upstream.connected
