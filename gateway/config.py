@@ -40,6 +40,7 @@ from gateway.protocols.ssmp.settings import (
 )
 from gateway.protocols.stream.client import parse_offset
 from gateway.protocols.stream.settings import (
+    CONSUME_FROM,
     DEFAULT_FRAME_MAX,
     StreamListenerSettings,
     StreamUpstreamSettings,
@@ -449,6 +450,9 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
         except ValueError as exc:
             section.problem("offset", str(exc))
             offset = "next"
+    consume_from = section.string("consume_from", "leader")
+    if isinstance(consume_from, str) and consume_from not in CONSUME_FROM:
+        section.problem("consume_from", f'{consume_from!r} is not "leader" or "replica"')
     return StreamUpstreamSettings(
         username=section.string("username", "guest"),
         virtual_host=section.string("virtual_host", "/"),
@@ -463,6 +467,7 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
         store_offset_interval_seconds=section.positive("store_offset_interval_seconds", 5.0),
         credit=section.integer("credit", 10, minimum=1),
         create_streams=section.boolean("create_streams", False),
+        consume_from=consume_from if consume_from in CONSUME_FROM else "leader",
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
     )

@@ -118,10 +118,12 @@ class Node:
 
     # --- the handshake, step by step ---------------------------------------------------
 
-    def login(self, *, code: int = 1, mechanisms: tuple[str, ...] = ("PLAIN",)) -> bytes | None:
+    def login(
+        self, *, code: int = 1, mechanisms: tuple[str, ...] = ("PLAIN",), name: str = UPSTREAM
+    ) -> bytes | None:
         """Answer PeerProperties, SaslHandshake and SaslAuthenticate; return the PLAIN data."""
         peer = self.one(sp.PeerProperties)
-        assert peer.properties["connection_name"] == UPSTREAM
+        assert peer.properties["connection_name"] == name
         self.say(
             sp.PeerPropertiesResponse(correlation_id=peer.correlation_id, code=1, properties={})
         )
@@ -854,3 +856,120 @@ def test_stop_during_the_handshake_closes_that_connection(world: World) -> None:
     world.reactor.advance(60)
     assert len(world.attempts()) == 1
     assert not world.upstream.connected
+
+
+# --- consuming from a replica ---------------------------------------------------------------
+
+REPLICA_PORT = 5554
+CLUSTER = {0: (HOST, PORT), 1: (HOST, REPLICA_PORT)}
+"""The leader is the locator's node; the one replica listens on another port."""
+
+
+def replica_world() -> World:
+    """An upstream publishing to ``events`` and consuming ``in`` from a replica."""
+    return World(
+        attrs.evolve(SETTINGS, subscribe=("in",), consume_from="replica", credit=2),
+        secret=b"s3cret",
+    )
+
+
+def test_replica_consumer_reads_from_a_replica_while_publishing_stays_on_the_leader() -> None:
+    """Subscriptions move to the replica Metadata names; Publish stays on the leader link."""
+    world = replica_world()
+    consumer = world.upstream.consumer
+    assert consumer is not None
+    world.upstream.start()
+    assert world.attempts() == [(HOST, PORT), (HOST, PORT)]
+
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    assert leader.metadata(CLUSTER, leader=0, replicas=(1,)).streams == (STREAM,)
+    assert not leader.transport.disconnecting
+    assert world.upstream._connection is not None  # publishing is ready; no Subscribe here
+
+    locator = world.accept()
+    assert locator.login(name=f"{UPSTREAM}.consumer") == b"\0guest\0s3cret"
+    locator.tune()
+    assert locator.metadata(CLUSTER, leader=0, replicas=(1,)).streams == ("in",)
+    assert locator.transport.disconnecting
+    locator.lose()
+    assert not world.upstream.connected
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1] == (HOST, REPLICA_PORT)
+
+    replica = world.accept()
+    replica.login(name=f"{UPSTREAM}.consumer")
+    replica.tune()
+    replica.metadata(CLUSTER, leader=0, replicas=(1,))
+    subscribe = replica.subscribe(stored=None)
+    assert subscribe.stream == "in"
+    assert subscribe.properties == {"name": f"msggateway.{UPSTREAM}"}
+    assert world.upstream.connected
+    assert world.sample("msggateway_upstream_connected", upstream=f"{UPSTREAM}.consumer") == 1
+
+    published = tracked(world.publish("m1"))
+    declared = leader.declare()
+    world.reactor.advance(0)
+    assert ids_of(leader) == ["m1"]
+    assert replica.of(sp.Publish) == [] and replica.of(sp.DeclarePublisher) == []
+    leader.confirm(declared.publisher_id, 1)
+    assert status(published) is Status.ACCEPTED
+
+    replica.deliver_chunk(subscribe.subscription_id, 0, b"a", b"b")
+    assert [(m.body, m.address) for m in world.sink.messages] == [(b"a", "in"), (b"b", "in")]
+    assert leader.of(sp.Subscribe) == []
+    world.reactor.advance(SETTINGS.store_offset_interval_seconds)
+    stored = replica.of(sp.StoreOffset)
+    assert stored == [sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)]
+    assert leader.of(sp.StoreOffset) == []
+
+    stopped = tracked(world.upstream.stop())
+    assert leader.transport.disconnecting and replica.transport.disconnecting
+    assert stopped == []
+    leader.lose()
+    assert stopped == []
+    replica.lose()
+    assert stopped == [None]
+
+
+def test_replica_consumer_falls_back_to_the_leader_without_replicas() -> None:
+    """A stream with no replica (a single node) is consumed from the leader it is on."""
+    world = replica_world()
+    world.upstream.start()
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    leader.metadata()
+    consumer = world.accept()
+    consumer.login(name=f"{UPSTREAM}.consumer")
+    consumer.tune()
+    consumer.metadata({0: (HOST, PORT)}, leader=0, replicas=())
+    assert not consumer.transport.disconnecting
+    consumer.subscribe(stored=4)
+    assert world.upstream.connected
+    consumer.deliver_chunk(0, 5, b"x")
+    assert [m.body for m in world.sink.messages] == [b"x"]
+
+
+def test_replica_consumer_stays_on_the_replica_it_reached() -> None:
+    """Connected to one of the replicas already, the consumer link does not move."""
+    world = replica_world()
+    consumer = world.upstream.consumer
+    assert consumer is not None
+    consumer.start()
+    node = world.accept()
+    node.login(name=f"{UPSTREAM}.consumer")
+    node.tune()
+    node.metadata({0: (HOST, 6000), 1: (HOST, PORT)}, leader=0, replicas=(1,))
+    assert not node.transport.disconnecting
+    node.subscribe()
+    assert consumer.connected
+
+
+def test_leader_consumption_is_one_connection_by_default() -> None:
+    """With consume_from leader (the default) there is no consumer link."""
+    world = World(attrs.evolve(SETTINGS, subscribe=("in",)))
+    assert world.upstream.consumer is None
+    world.upstream.start()
+    assert world.attempts() == [(HOST, PORT)]

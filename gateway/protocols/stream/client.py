@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, cast
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
@@ -311,6 +312,12 @@ class _ClientFactory(Factory):
 class StreamUpstream:
     """A RabbitMQ stream node the gateway publishes to and consumes from.
 
+    With ``consume_from = "replica"`` and streams to subscribe to, the
+    subscriptions live on a second, consumer-only `StreamUpstream` (`consumer`),
+    named ``<name>.consumer`` in metrics and in its connection name, which
+    reads from a replica; it logs in with this upstream's secret and
+    dispatches under this upstream's name, so routes see one source.
+
     Args:
         name: The upstream's config name.
         settings: Its validated settings.
@@ -320,6 +327,8 @@ class StreamUpstream:
         clock: Timers and reconnect delays.
         reactor: For connecting to a leader elsewhere (a HostnameEndpoint).
         metrics: Counters, or None.
+        source: For a consumer link: the upstream it reads for (its route
+            source, secret and default names); None for a configured upstream.
     """
 
     _log = Logger()
@@ -335,8 +344,11 @@ class StreamUpstream:
         clock: IReactorTime,
         reactor: Any,
         metrics: GatewayMetrics | None = None,
+        source: str | None = None,
     ) -> None:
         self.name = name
+        self.source = source or name
+        """The name routes see as the source of consumed messages."""
         self.settings = settings
         self.router = router
         self.secrets = secrets
@@ -346,8 +358,25 @@ class StreamUpstream:
         self._endpoint = endpoint
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
-        self.reference = settings.publisher_reference or f"msggateway.{name}"
-        self.consumer_name = settings.consumer_name or f"msggateway.{name}"
+        self.reference = settings.publisher_reference or f"msggateway.{self.source}"
+        self.consumer_name = settings.consumer_name or f"msggateway.{self.source}"
+        self._publishing = source is None
+        self._prefer_replica = source is not None
+        self.consumer: StreamUpstream | None = None
+        """The consumer-only link reading from a replica, if configured."""
+        if source is None and settings.consume_from == "replica" and settings.subscribe:
+            self.consumer = StreamUpstream(
+                name=f"{name}.consumer",
+                settings=attrs.evolve(settings, stream=None),
+                endpoint=endpoint,
+                router=router,
+                secrets=secrets,
+                clock=clock,
+                reactor=reactor,
+                metrics=metrics,
+                source=name,
+            )
+        self._subscribing = settings.subscribe if self.consumer is None else ()
         self._connection: StreamClientProtocol | None = None
         self._publishers: dict[str, _Publisher] = {}
         self._subscriptions: dict[int, _Subscription] = {}
@@ -366,8 +395,8 @@ class StreamUpstream:
 
     @property
     def connected(self) -> bool:
-        """Whether the upstream is connected and open."""
-        return self._connection is not None
+        """Whether the upstream is connected and open (its consumer link too, if any)."""
+        return self._connection is not None and (self.consumer is None or self.consumer.connected)
 
     # --- service life ---------------------------------------------------------
 
@@ -375,9 +404,18 @@ class StreamUpstream:
         """Connect (and keep reconnecting)."""
         self._running = True
         self._connect()
+        if self.consumer is not None:
+            self.consumer.start()
 
     def stop(self) -> Deferred[None]:
         """Store consumed offsets, close, and stop reconnecting."""
+        own = self._stop_own()
+        if self.consumer is None:
+            return own
+        both: Deferred[Any] = DeferredList([own, self.consumer.stop()])
+        return both.addCallback(lambda _: None)
+
+    def _stop_own(self) -> Deferred[None]:
         self._running = False
         for call in (self._connect_call, self._store_call, self._pump_call):
             if call is not None and call.active():
@@ -438,7 +476,7 @@ class StreamUpstream:
         mechanisms = await protocol.request(sp.SaslHandshake)
         if "PLAIN" not in mechanisms.mechanisms:
             raise ConnectionError(f"the server offers no PLAIN login ({mechanisms.mechanisms})")
-        password = self.secrets.credential_for(self.name)
+        password = self.secrets.credential_for(self.source)
         if password is None and settings.username == "guest":
             password = b"guest"
         plain = b"\0" + settings.username.encode() + b"\0" + (password or b"")
@@ -475,13 +513,18 @@ class StreamUpstream:
         self.pump()
 
     def _streams_used(self) -> list[str]:
-        streams = list(self.settings.subscribe)
-        if self.settings.stream is not None:
+        streams = list(self._subscribing)
+        if self._publishing and self.settings.stream is not None:
             streams.append(self.settings.stream)
         return list(dict.fromkeys(streams))
 
     async def _at_leader(self, protocol: StreamClientProtocol) -> bool:
-        """Create streams if configured; move to the leader if it is elsewhere."""
+        """Create streams if configured; move to the member it should use if elsewhere.
+
+        That is the leader, or for a consumer link a replica (the leader when
+        the stream has none, as on a single node). Only the first stream that
+        Metadata reports well decides; once moved it stays where it went.
+        """
         streams = self._streams_used()
         if self.settings.create_streams:
             for stream in streams:
@@ -501,20 +544,29 @@ class StreamUpstream:
             leader = brokers.get(entry.leader)
             if entry.code != 1 or leader is None:
                 continue
+            members = [leader]
+            role = "leader"
+            if self._prefer_replica:
+                replicas = [brokers[r] for r in entry.replicas if r in brokers]
+                if replicas:
+                    members, role = replicas, "replica"
             peer = protocol.transport.getPeer() if protocol.transport is not None else None
             here = (getattr(peer, "host", None), getattr(peer, "port", None))
-            if (leader.host, leader.port) != here and self._endpoint is self._locator:
+            if here not in {(m.host, m.port) for m in members} and self._endpoint is self._locator:
+                target = members[0]
                 self._log.info(
-                    "upstream {upstream}: the leader of {stream} is {host}:{port}; moving there",
+                    "upstream {upstream}: the {role} of {stream} is {host}:{port}; moving there",
                     upstream=self.name,
+                    role=role,
                     stream=entry.stream,
-                    host=leader.host,
-                    port=leader.port,
+                    host=target.host,
+                    port=target.port,
                 )
-                self._endpoint = HostnameEndpoint(self._reactor, leader.host.encode(), leader.port)
-                protocol.close("moving to the stream leader")
+                self._endpoint = HostnameEndpoint(self._reactor, target.host.encode(), target.port)
+                protocol.close(f"moving to a stream {role}")
                 self._attempt = 0
                 return False
+            break
         return True
 
     # --- publishing -----------------------------------------------------------
@@ -725,7 +777,7 @@ class StreamUpstream:
 
     async def _subscribe_all(self, protocol: StreamClientProtocol) -> None:
         self._subscriptions.clear()
-        for index, stream in enumerate(self.settings.subscribe):
+        for index, stream in enumerate(self._subscribing):
             stored = await protocol.request(
                 sp.QueryOffset, reference=self.consumer_name, stream=stream
             )
@@ -782,7 +834,7 @@ class StreamUpstream:
             message = message_from_entry(
                 entry, stream=subscription.stream, timestamp=timestamp, offset=offset
             )
-            result = self.router.dispatch(self.name, message)
+            result = self.router.dispatch(self.source, message)
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
                 continue
