@@ -973,3 +973,40 @@ def test_leader_consumption_is_one_connection_by_default() -> None:
     assert world.upstream.consumer is None
     world.upstream.start()
     assert world.attempts() == [(HOST, PORT)]
+
+
+def test_reconnect_resumes_after_what_was_settled_but_not_stored() -> None:
+    """Messages settled before a reconnect are not routed again; their offset is stored next."""
+    world = consuming()
+    node = world.open()
+    node.deliver_chunk(0, 0, b"a", b"b")
+    node.lose()
+    world.reactor.advance(0.5)
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    subscribe = node.subscribe(stored=None)
+    assert subscribe.offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=2)
+    node.deliver_chunk(0, 0, b"a", b"b", b"c")
+    assert [m.body for m in world.sink.messages] == [b"a", b"b", b"c"]
+    world.reactor.advance(5)
+    assert [event.offset for event in node.of(sp.StoreOffset)] == [2]
+
+
+def test_reconnect_redelivers_what_was_not_settled() -> None:
+    """A chunk still without outcomes when the connection ended is read again."""
+    world = consuming(offset="first")
+    node = world.open()
+    world.sink.auto = False
+    node.deliver_chunk(0, 0, b"a")
+    node.lose()
+    world.reactor.advance(0.5)
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    assert node.subscribe(stored=None).offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.FIRST)
+    world.sink.auto = True
+    node.deliver_chunk(0, 0, b"a")
+    assert [m.body for m in world.sink.messages] == [b"a", b"a"]

@@ -23,9 +23,19 @@ precondition failed) or retry later (the rest).
 
 Consuming: each stream of ``subscribe`` is read under credit from the
 offset stored under ``consumer_name`` (or the configured offset the first
-time); each chunk's messages are dispatched along the routes from this
-upstream, credit is granted once they all have outcomes, and the offset is
-stored every ``store_offset_interval_seconds``.
+time; after a reconnect, from past what was already settled if that is
+further); each chunk's messages are dispatched along the routes from this
+upstream, credit is granted once they all have outcomes, and the last
+offset whose messages all have outcomes is stored every
+``store_offset_interval_seconds`` and at stop.
+
+With ``consume_from = "replica"`` the subscriptions are read over a
+connection of their own, by a consumer-only `StreamUpstream` inside this
+one (``<upstream>.consumer`` in metrics and in its connection name), which
+moves to a replica that Metadata names for its first stream (to the leader
+when the stream has none, as on a single node); it stores offsets there
+(RabbitMQ accepts StoreOffset on any member) and routes see its messages
+as coming from this upstream. Publishing stays on the leader connection.
 """
 
 from __future__ import annotations
@@ -776,17 +786,22 @@ class StreamUpstream:
     # --- consuming ------------------------------------------------------------
 
     async def _subscribe_all(self, protocol: StreamClientProtocol) -> None:
+        # What the last connection settled but had not stored yet: resuming
+        # from the stored offset alone would route those messages twice.
+        settled = {sub.stream: sub.settled for sub in self._subscriptions.values()}
         self._subscriptions.clear()
         for index, stream in enumerate(self._subscribing):
             stored = await protocol.request(
                 sp.QueryOffset, reference=self.consumer_name, stream=stream
             )
             subscription = _Subscription(index, stream)
-            if stored.code == 1:
-                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=stored.offset + 1)
-                subscription.after = stored.offset
-                subscription.settled = stored.offset
-                subscription.last_stored = stored.offset
+            stored_offset = stored.offset if stored.code == 1 else -1
+            resume = max(stored_offset, settled.get(stream, -1))
+            if resume >= 0:
+                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=resume + 1)
+                subscription.after = resume
+                subscription.settled = resume
+                subscription.last_stored = stored_offset
             else:
                 spec = parse_offset(self.settings.offset)
                 if spec.kind is sp.OffsetKind.OFFSET and spec.value is not None:
