@@ -8,21 +8,28 @@ the sans-IO codec in the server role: it decodes what the client wrote and
 answers with encoded frames, so every await of the client's handshake
 resumes synchronously. Chunks delivered to subscriptions are built with
 `gateway.codecs.osiris`. The behaviour checked is the module's docstring,
-the settings' and the README's "RabbitMQ Stream upstream" section.
+the settings' and the README's "RabbitMQ Stream upstream" section. The
+last test pairs the upstream with the gateway's own stream listener over a
+real log in a temporary directory through `twisted.test.iosim`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 import pytest
+import pytest_twisted
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionLost
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
+from twisted.test import iosim
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -31,6 +38,7 @@ from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
+from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
@@ -43,7 +51,8 @@ from gateway.protocols.stream.client import (
     parse_offset,
 )
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
-from gateway.protocols.stream.settings import StreamUpstreamSettings
+from gateway.protocols.stream.server import StreamServerFactory
+from gateway.protocols.stream.settings import StreamListenerSettings, StreamUpstreamSettings
 
 T = TypeVar("T")
 
@@ -1010,3 +1019,79 @@ def test_reconnect_redelivers_what_was_not_settled() -> None:
     world.sink.auto = True
     node.deliver_chunk(0, 0, b"a")
     assert [m.body for m in world.sink.messages] == [b"a", b"a"]
+
+
+# --- paired with the gateway's own stream listener ------------------------------------------
+
+
+POLL_SECONDS = 0.005
+POLL_LIMIT = 2000
+"""At most 10 s of polling: the log commits in its writer thread."""
+
+
+def _reactor() -> Any:
+    """The reactor pytest-twisted runs (imported late, as Twisted's standard asks)."""
+    from twisted.internet import reactor
+
+    return reactor
+
+
+@pytest_twisted.ensureDeferred
+async def test_paired_with_our_own_listener_over_a_real_log(tmp_path: Path) -> None:
+    """Against our listener: stream created, publishes confirmed, read back, offset stored."""
+    store = LogStore(tmp_path / "log", _reactor(), fsync=FsyncPolicy.NEVER)
+    store.open()
+    try:
+        listener = StreamServerFactory(
+            name="streams",
+            settings=StreamListenerSettings(guest=True, heartbeat_seconds=0),
+            store=store,
+            secrets=Secrets(),
+            clock=Clock(),
+        )
+        listener.listening_on(IPv4Address("TCP", HOST, PORT))
+        world = World(
+            attrs.evolve(
+                SETTINGS, create_streams=True, subscribe=(STREAM,), offset="first", batch_size=2
+            )
+        )
+        world.upstream.start()
+        _host, _port, factory, *_ = world.reactor.tcpClients[0]
+        here, there = IPv4Address("TCP", HOST, 40404), IPv4Address("TCP", HOST, PORT)
+        client = factory.buildProtocol(there)
+        server = listener.buildProtocol(here)
+        pump = iosim.connect(
+            server,
+            iosim.FakeTransport(server, isServer=True, hostAddress=there, peerAddress=here),
+            client,
+            iosim.FakeTransport(client, isServer=False, hostAddress=here, peerAddress=there),
+            greet=False,
+        )
+
+        async def until(condition: Callable[[], bool]) -> None:
+            for _ in range(POLL_LIMIT):
+                pump.flush()
+                world.reactor.advance(0)
+                pump.flush()
+                if condition():
+                    return
+                await deferLater(_reactor(), POLL_SECONDS, lambda: None)
+            raise AssertionError("the condition never held")
+
+        pump.flush()
+        await until(lambda: world.upstream.connected)
+        assert store.get(STREAM) is not None
+        outcomes = [tracked(world.publish(f"m{i}", b"body %d" % i)) for i in range(5)]
+        await until(lambda: all(outcomes))
+        assert [status(results) for results in outcomes] == [Status.ACCEPTED] * 5
+        await until(lambda: len(world.sink.messages) == 5)
+        assert [(m.id, m.body) for m in world.sink.messages] == [
+            (f"m{i}", b"body %d" % i) for i in range(5)
+        ]
+        log = store.get(STREAM)
+        assert log is not None
+        assert log.writer_sequence(f"msggateway.{UPSTREAM}") == 5
+        stopped = tracked(world.upstream.stop())
+        await until(lambda: bool(stopped) and log.query_offset(f"msggateway.{UPSTREAM}") == 4)
+    finally:
+        await store.close()
