@@ -841,6 +841,43 @@ def test_unanswered_request_times_out_and_closes(world: World) -> None:
     node.one(sp.PeerProperties)
     world.reactor.advance(REQUEST_TIMEOUT_SECONDS)
     assert node.transport.disconnecting
+    node.lose()
+    world.reactor.advance(0.5)
+    assert len(world.attempts()) == 2
+
+
+def test_request_timing_out_on_an_open_connection(world: World) -> None:
+    """A publisher declaration without an answer closes the connection; the loss is clean."""
+    node = world.open()
+    results = tracked(world.publish("m1"))
+    node.one(sp.DeclarePublisher)
+    world.reactor.advance(REQUEST_TIMEOUT_SECONDS)
+    assert node.transport.disconnecting
+    node.lose()
+    assert status(results) is None  # still queued: it goes out after the reconnect
+    world.reactor.advance(0.5)
+    node = world.open()
+    world.reactor.advance(0)
+    assert ids_of(node) == ["m1"]
+
+
+def test_metadata_update_asks_the_locator_again(world: World) -> None:
+    """After a leader moved, the next connection goes through the locator to find it."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata({7: (HOST, 5553)}, leader=7)
+    node.lose()
+    world.reactor.advance(0.5)
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    leader.metadata({7: (HOST, 5553)}, leader=7)
+    leader.say(sp.MetadataUpdate(code=6, stream=STREAM))
+    leader.lose()
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1] == (HOST, PORT)
 
 
 def test_parse_offset() -> None:

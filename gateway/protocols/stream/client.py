@@ -272,6 +272,7 @@ class StreamClientProtocol(Protocol):
                 if isinstance(event, sp.CreditResponse):
                     upstream.count_error("credit-refused")
             elif isinstance(event, sp.MetadataUpdate):
+                upstream.forget_member()
                 self.close(f"stream {event.stream} changed (code {event.code})")
             elif isinstance(event, sp.Close):
                 self.send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
@@ -460,6 +461,10 @@ class StreamUpstream:
                 reason=failure.getErrorMessage(),
             )
             self._retry_later()
+
+    def forget_member(self) -> None:
+        """Connect through the locator next time: the leader or replica may have moved."""
+        self._endpoint = self._locator
 
     def _retry_later(self) -> None:
         self._attempt += 1
