@@ -448,11 +448,11 @@ def test_streams_created_when_configured(code: int) -> None:
     node = world.accept()
     node.login()
     node.tune()
-    for name in ("in", STREAM):
+    for name in (STREAM, "in"):
         create = node.one(sp.Create)
         assert create.stream == name
         node.say(sp.Response(key=sp.Key.CREATE, correlation_id=create.correlation_id, code=code))
-    assert node.metadata().streams == ("in", STREAM)
+    assert node.metadata().streams == (STREAM, "in")
     node.subscribe()
     assert world.upstream.connected
 
@@ -1132,3 +1132,30 @@ async def test_paired_with_our_own_listener_over_a_real_log(tmp_path: Path) -> N
         await until(lambda: bool(stopped) and log.query_offset(f"msggateway.{UPSTREAM}") == 4)
     finally:
         await store.close()
+
+
+def test_the_published_stream_decides_where_the_connection_goes() -> None:
+    """With a leader-consumed stream elsewhere, the publishing stream's leader wins."""
+    world = World(attrs.evolve(SETTINGS, subscribe=("in",)))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    asked = node.one(sp.Metadata)
+    assert asked.streams == (STREAM, "in")
+    node.say(
+        sp.MetadataResponse(
+            correlation_id=asked.correlation_id,
+            brokers=(
+                sp.Broker(reference=0, host=HOST, port=PORT),
+                sp.Broker(reference=1, host=HOST, port=5553),
+            ),
+            streams=(
+                sp.StreamMetadata(stream=STREAM, code=1, leader=0, replicas=()),
+                sp.StreamMetadata(stream="in", code=1, leader=1, replicas=()),
+            ),
+        )
+    )
+    assert not node.transport.disconnecting
+    node.subscribe()
+    assert world.upstream.connected

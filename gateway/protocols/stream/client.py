@@ -528,17 +528,19 @@ class StreamUpstream:
         self.pump()
 
     def _streams_used(self) -> list[str]:
+        # The stream published to first: it decides where the connection goes.
         streams = list(self._subscribing)
         if self._publishing and self.settings.stream is not None:
-            streams.append(self.settings.stream)
+            streams.insert(0, self.settings.stream)
         return list(dict.fromkeys(streams))
 
     async def _at_leader(self, protocol: StreamClientProtocol) -> bool:
         """Create streams if configured; move to the member it should use if elsewhere.
 
         That is the leader, or for a consumer link a replica (the leader when
-        the stream has none, as on a single node). Only the first stream that
-        Metadata reports well decides; once moved it stays where it went.
+        the stream has none, as on a single node). The first stream that
+        Metadata reports well decides (the one published to, if any); once
+        moved it stays where it went until a MetadataUpdate.
         """
         streams = self._streams_used()
         if self.settings.create_streams:
