@@ -50,6 +50,7 @@ from gateway.protocols.ssmp.settings import (
 )
 from gateway.protocols.stream.client import parse_offset
 from gateway.protocols.stream.settings import (
+    CONSUME_FROM,
     DEFAULT_FRAME_MAX,
     StreamListenerSettings,
     StreamUpstreamSettings,
@@ -583,7 +584,7 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
         create_streams=section.boolean("create_streams", False),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
-        consume_from=section.choice("consume_from", frozenset({"leader", "replica"}), "leader"),
+        consume_from=section.choice("consume_from", CONSUME_FROM, "leader"),
     )
 
 
