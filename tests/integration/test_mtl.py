@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import zmq
 
+from gateway.codecs import qmqp
 from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.test_qmqp import QMQPSession, mail
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +38,10 @@ protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
 
+[listeners.mail]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
 [listeners.mtl]
 protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
@@ -50,6 +56,7 @@ ROUTES = {
     "to-hub": 'from = "mtl"\nmatch = "#"\nto = "hub"\n',
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
     "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
+    "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "mtl"\naddress = "mail"\n',
 }
 
 TIMEOUT_MS = 10_000
@@ -351,3 +358,26 @@ def test_our_client_reading(gateway: GatewayProcess, tmp_path: Path) -> None:
             watcher.expect("000 sensor-4 MCAST relay.alerts smoke")
     finally:
         client.stop()
+
+
+def test_qmqp_mail_to_an_mtl_reader(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """QMQP mail routed to resource "mail": the reader's Confirm is the K, its Reject the D."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["mail"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("mail"))
+    assert reader.response(2) == 200
+    session = QMQPSession(gateway.address("mail"))
+    try:
+        session.send(mail("m-1", "ops@example.org") + mail("m-2", "ops@example.org"))
+        for answer in (b"\x06", b"\x07"):  # Confirm the first, Reject the second
+            kind, fields, body = reader.next()
+            assert kind == 0x05 and body.startswith(b"From: app@example.org")
+            reader.command(answer + fields[:8] + (b"\x00" if answer == b"\x06" else b"\x00\x00"))
+        replies = {block.id: block.status for block in session.read_blocks(2)}  # type: ignore[union-attr]
+        assert replies == {b"m-1": qmqp.K, b"m-2": qmqp.D}
+    finally:
+        session.close()
