@@ -31,6 +31,7 @@ from gateway.core.auth import Secrets
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
+from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
     MTLListenerSettings,
@@ -118,12 +119,15 @@ class ListenerConfig:
         protocol: ``ssmp`` (more protocols arrive with their issues).
         endpoint: A Twisted server endpoint string (``tcp:``, ``mtls:``...).
         settings: The protocol's own settings object.
+        max_connections: Open connections at most (past it, new ones are
+            closed at once).
     """
 
     name: str
     protocol: str
     endpoint: str
     settings: Any
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def tls(self) -> bool:
@@ -930,8 +934,15 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     _check_server_endpoint(section, "endpoint", endpoint)
     tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
     settings = _LISTENER_SETTINGS[protocol](section, tls)
+    max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
     section.done()
-    return ListenerConfig(name=name, protocol=protocol, endpoint=endpoint, settings=settings)
+    return ListenerConfig(
+        name=name,
+        protocol=protocol,
+        endpoint=endpoint,
+        settings=settings,
+        max_connections=max_connections,
+    )
 
 
 def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:

@@ -839,3 +839,13 @@ def test_dmp_listener_leases(tmp_path: Path) -> None:
     bad = main.read_text().replace('writer = { sink = "orders"', 'writer = { feed = "nope"')
     main.write_text(bad)
     _only_problem(main, "listeners.dmp.leases.writer.feed", "no feed named 'nope'")
+
+
+def test_listener_max_connections(tmp_path: Path) -> None:
+    """Every listener takes max_connections (1024 unless set); it must be at least 1."""
+    main = _write(tmp_path / "gateway.toml", HUB)
+    assert load_config(main).listeners[0].max_connections == 1024
+    main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 10\n")
+    assert load_config(main).listeners[0].max_connections == 10
+    main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 0\n")
+    _only_problem(main, "listeners.hub.max_connections", "at least 1")

@@ -322,10 +322,6 @@ class QMQPServerFactory(ListenerFactory[QMQPServerProtocol]):
         self.clock = clock
         self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
 
-    def buildProtocol(self, addr: object) -> QMQPServerProtocol:
-        """Build a connection."""
-        return QMQPServerProtocol(self)
-
     def count_reply(self, status: bytes) -> None:
         """Count a reply by its status (K, Z or D)."""
         if self._metrics is not None:

@@ -954,10 +954,6 @@ class StreamServerFactory(ListenerFactory[StreamServerProtocol]):
         self._bound: tuple[str, int] = ("127.0.0.1", 0)
         self.on_stream_created: list[Callable[[str], None]] = []
 
-    def buildProtocol(self, addr: object) -> StreamServerProtocol:
-        """Build a connection."""
-        return StreamServerProtocol(self)
-
     def listening_on(self, address: IAddress) -> None:
         """Learn the address the listener got (port 0 in tests) to advertise it."""
         host = getattr(address, "host", "127.0.0.1")
