@@ -409,6 +409,7 @@ def _qmqp_listener(section: _Section, tls: bool) -> QMQPListenerSettings:
         ),
         max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
         max_in_flight_bytes=section.integer("max_in_flight_bytes", 64 * 1024 * 1024, minimum=65536),
+        idle_timeout_seconds=section.positive("idle_timeout_seconds", 120.0),
     )
 
 
@@ -558,6 +559,7 @@ def _stream_listener(section: _Section, tls: bool) -> StreamListenerSettings:
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         max_unconfirmed=section.integer("max_unconfirmed", 50_000, minimum=1),
+        handshake_timeout_seconds=section.positive("handshake_timeout_seconds", 10.0),
     )
 
 
