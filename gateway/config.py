@@ -31,6 +31,7 @@ from gateway.core.auth import Secrets
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
+from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
     MTLListenerSettings,
@@ -50,6 +51,7 @@ from gateway.protocols.ssmp.settings import (
 )
 from gateway.protocols.stream.client import parse_offset
 from gateway.protocols.stream.settings import (
+    CONSUME_FROM,
     DEFAULT_FRAME_MAX,
     StreamListenerSettings,
     StreamUpstreamSettings,
@@ -117,12 +119,15 @@ class ListenerConfig:
         protocol: ``ssmp`` (more protocols arrive with their issues).
         endpoint: A Twisted server endpoint string (``tcp:``, ``mtls:``...).
         settings: The protocol's own settings object.
+        max_connections: Open connections at most (past it, new ones are
+            closed at once).
     """
 
     name: str
     protocol: str
     endpoint: str
     settings: Any
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def tls(self) -> bool:
@@ -404,6 +409,7 @@ def _qmqp_listener(section: _Section, tls: bool) -> QMQPListenerSettings:
         ),
         max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
         max_in_flight_bytes=section.integer("max_in_flight_bytes", 64 * 1024 * 1024, minimum=65536),
+        idle_timeout_seconds=section.positive("idle_timeout_seconds", 120.0),
     )
 
 
@@ -553,6 +559,7 @@ def _stream_listener(section: _Section, tls: bool) -> StreamListenerSettings:
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         max_unconfirmed=section.integer("max_unconfirmed", 50_000, minimum=1),
+        handshake_timeout_seconds=section.positive("handshake_timeout_seconds", 10.0),
     )
 
 
@@ -583,7 +590,7 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
         create_streams=section.boolean("create_streams", False),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
-        consume_from=section.choice("consume_from", frozenset({"leader", "replica"}), "leader"),
+        consume_from=section.choice("consume_from", CONSUME_FROM, "leader"),
     )
 
 
@@ -929,8 +936,15 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     _check_server_endpoint(section, "endpoint", endpoint)
     tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
     settings = _LISTENER_SETTINGS[protocol](section, tls)
+    max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
     section.done()
-    return ListenerConfig(name=name, protocol=protocol, endpoint=endpoint, settings=settings)
+    return ListenerConfig(
+        name=name,
+        protocol=protocol,
+        endpoint=endpoint,
+        settings=settings,
+        max_connections=max_connections,
+    )
 
 
 def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:

@@ -51,6 +51,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.mtl.client import MTLUpstream
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.service import MTLEndpoint
@@ -548,6 +549,8 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         )
     for listener in config.listeners:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
+        if isinstance(factory, ListenerFactory):
+            factory.max_connections = listener.max_connections
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

@@ -789,20 +789,29 @@ def test_bad_fsync_policy(tmp_path: Path) -> None:
     _only_problem(main, "log.fsync", "always, interval, never")
 
 
-def test_stream_upstream_consume_from(tmp_path: Path) -> None:
-    """consume_from takes leader or replica; anything else is reported with the choices."""
-    body = """
-        [upstreams.rabbit]
-        protocol = "stream"
-        endpoint = "tcp:host=127.0.0.1:port=5552"
-        subscribe = ["in"]
-        consume_from = "{value}"
-        """
-    main = _write(tmp_path / "gateway.toml", body.format(value="replica"))
+RABBIT = """
+    [upstreams.rabbit]
+    protocol = "stream"
+    endpoint = "tcp:host=127.0.0.1:port=5552"
+    subscribe = ["in"]
+"""
+"""A stream upstream consuming ``in``, with guest's default password."""
+
+
+@pytest.mark.parametrize("where", ["leader", "replica"])
+def test_stream_upstream_consume_from(tmp_path: Path, where: str) -> None:
+    """``consume_from`` takes leader or replica; leader when absent."""
+    main = _write(tmp_path / "gateway.toml", RABBIT + f'consume_from = "{where}"\n')
     [upstream] = load_config(main).upstreams
-    assert upstream.settings.consume_from == "replica"
-    main = _write(tmp_path / "gateway.toml", body.format(value="follower"))
-    _only_problem(main, "upstreams.rabbit.consume_from", "leader, replica")
+    assert upstream.settings.consume_from == where
+    default = _write(tmp_path / "default.toml", RABBIT)
+    assert load_config(default).upstreams[0].settings.consume_from == "leader"
+
+
+def test_stream_upstream_bad_consume_from(tmp_path: Path) -> None:
+    """Any other ``consume_from`` is reported with file, key and the choices."""
+    main = _write(tmp_path / "gateway.toml", RABBIT + 'consume_from = "follower"\n')
+    _only_problem(main, "upstreams.rabbit.consume_from", "'follower'", "leader", "replica")
 
 
 def test_dmp_listener_leases(tmp_path: Path) -> None:
@@ -830,3 +839,13 @@ def test_dmp_listener_leases(tmp_path: Path) -> None:
     bad = main.read_text().replace('writer = { sink = "orders"', 'writer = { feed = "nope"')
     main.write_text(bad)
     _only_problem(main, "listeners.dmp.leases.writer.feed", "no feed named 'nope'")
+
+
+def test_listener_max_connections(tmp_path: Path) -> None:
+    """Every listener takes max_connections (1024 unless set); it must be at least 1."""
+    main = _write(tmp_path / "gateway.toml", HUB)
+    assert load_config(main).listeners[0].max_connections == 1024
+    main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 10\n")
+    assert load_config(main).listeners[0].max_connections == 10
+    main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 0\n")
+    _only_problem(main, "listeners.hub.max_connections", "at least 1")

@@ -1,20 +1,27 @@
-"""What every listener's factory shares: its connections and their counters.
+"""What every listener's factory shares: its connections, their limit and their counters.
 
 A protocol's server factory subclasses `ListenerFactory`, names its protocol
-(the ``protocol`` label of the connection metrics) and calls
-`connection_opened` / `connection_closed` from its connections; errors are
-counted by kind with `count_error`, traffic in `traffic`.
+(the ``protocol`` label of the connection metrics) and its connection class
+(``protocol``, built with the factory), and its connections call
+`connection_opened` / `connection_closed`; errors are counted by kind with
+`count_error`, traffic in `traffic`. Past ``max_connections`` open
+connections a new one is closed at once, before a byte is read or written
+(counted as ``too-many-connections``): none of the protocols has an answer
+for "busy" before its handshake.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from twisted.internet.protocol import Factory, Protocol
 
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
-__all__ = ["ListenerFactory"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
+
+DEFAULT_MAX_CONNECTIONS = 1024
+"""Open connections per listener unless its config says otherwise."""
 
 P = TypeVar("P", bound=Protocol)
 
@@ -34,6 +41,8 @@ class ListenerFactory(Factory, Generic[P]):
     kind: ClassVar[str]
     """The protocol, as the connection metrics label it."""
     noisy = False  # the service logs one "ready" line for every listener
+    max_connections = DEFAULT_MAX_CONNECTIONS
+    """Open connections at most; the assembly sets it from the listener's config."""
 
     def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
         self.name = name
@@ -43,6 +52,15 @@ class ListenerFactory(Factory, Generic[P]):
         if metrics is not None:
             self._m_open = metrics.connections.labels(name, self.kind)
             self._m_opened = metrics.connections_total.labels(name, self.kind)
+
+    def buildProtocol(self, addr: Any) -> P | None:
+        """A new connection, or None (closed at once) past ``max_connections``."""
+        if len(self.connections) >= self.max_connections:
+            self.count_error("too-many-connections")
+            return None
+        connection_class: Any = self.protocol  # takes the factory, unlike Protocol()
+        built: P = connection_class(self)
+        return built
 
     def connection_opened(self, connection: P) -> None:
         """Count a new connection."""

@@ -43,7 +43,7 @@ protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
 
-[listeners.qmqp]
+[listeners.mail]
 protocol = "qmqp"
 endpoint = "tcp:0:interface=127.0.0.1"
 
@@ -64,7 +64,8 @@ ROUTES = {
     "bulk": 'from = "hub"\nmatch = "bulk.#"\nto = "mtl"\naddress = "bulk"\n',
     "gone": 'from = "hub"\nmatch = "gone.#"\nto = "mtl"\naddress = "gone"\n',
     # QMQP mail for anyone at mtl.example goes to MTL readers of "inbox".
-    "mail-in": 'from = "qmqp"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
+    "mail-in": 'from = "mail"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
+    "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "mtl"\naddress = "mail"\n',
 }
 
 TIMEOUT_MS = 10_000
@@ -522,7 +523,7 @@ def test_qmqp_to_an_mtl_reader(
     assert reader.lease(lease) == 200
     reader.command(b"\x03" + u64(2) + short("inbox"))
     assert reader.response(2) == 200
-    session = QMQPSession(gateway.address("qmqp"))
+    session = QMQPSession(gateway.address("mail"))
     try:
         answers = {
             b"kept": b"\x06" + b"\x00",
@@ -698,3 +699,26 @@ def test_our_client_recovers_when_the_server_goes_away(tmp_path: Path) -> None:
     finally:
         near.stop()
         far.stop()
+
+
+def test_qmqp_mail_to_an_mtl_reader(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """QMQP mail routed to resource "mail": the reader's Confirm is the K, its Reject the D."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["mail"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("mail"))
+    assert reader.response(2) == 200
+    session = QMQPSession(gateway.address("mail"))
+    try:
+        session.send(mail("m-1", "ops@example.org") + mail("m-2", "ops@example.org"))
+        for answer in (b"\x06", b"\x07"):  # Confirm the first, Reject the second
+            kind, fields, body = reader.next()
+            assert kind == 0x05 and body.startswith(b"From: app@example.org")
+            reader.command(answer + fields[:8] + (b"\x00" if answer == b"\x06" else b"\x00\x00"))
+        replies = {block.id: block.status for block in session.read_blocks(2)}  # type: ignore[union-attr]
+        assert replies == {b"m-1": qmqp.K, b"m-2": qmqp.D}
+    finally:
+        session.close()

@@ -49,8 +49,6 @@ create_streams = true
 subscribe = ["{inbound}"]
 offset = "first"
 store_offset_interval_seconds = 0.5
-# Subscriptions on a link of their own (a single node has no replica: its leader).
-consume_from = "replica"
 """
 
 
@@ -169,6 +167,35 @@ def test_rabbitmq_to_ssmp(gateway: GatewayProcess, rabbitmq: Any, stream_name: s
 
         run(publish())
         watcher.expect("000 . MCAST from-rabbit from rstream")
+
+
+def test_rabbitmq_replica_consumer_falls_back_to_the_leader(
+    rabbitmq: Any, stream_name: str, tmp_path: Path
+) -> None:
+    """consume_from = "replica" on a single node reads from the leader over its own link."""
+    port = rabbitmq.stream_connection()["port"]
+    inbound = stream_name + "-in"
+    config = CONFIG.format(port=port, inbound=inbound) + 'consume_from = "replica"\n'
+    process = GatewayProcess(tmp_path, config, routes=routes(stream_name, inbound)).start()
+    try:
+        process.wait_for_log("upstream rabbit: connected")
+        process.wait_for_log("upstream rabbit.consumer: connected")
+        with LineClient(process.address("hub")) as watcher:
+            watcher.send("LOGIN watcher open", "SUBSCRIBE from-rabbit", "MCAST ticks out")
+            watcher.expect("200")
+            watcher.expect("200")
+            watcher.expect("200")  # published over the leader link, after the confirm
+
+            async def publish() -> None:
+                async with rstream.Producer(**rabbitmq.stream_connection()) as producer:
+                    await producer.create_stream(inbound, exists_ok=True)
+                    await producer.send_wait(inbound, rstream.AMQPMessage(body=b"via replica"))
+
+            run(publish())
+            watcher.expect("000 . MCAST from-rabbit via replica")
+        assert [bytes(m.body) for m in run(read(rabbitmq, stream_name, count(1)))] == [b"out"]
+    finally:
+        process.stop()
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
@@ -326,10 +326,6 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
         self.readers: dict[str, DMPServerProtocol] = {}
         self.granted: dict[str, LeaseGrant] = {}
         """Leases made at run time (admin API): lease text to grant."""
-
-    def buildProtocol(self, addr: Any) -> DMPServerProtocol:
-        """Build a connection."""
-        return DMPServerProtocol(self)
 
     def grant_for(self, lease: str) -> LeaseGrant | None:
         """The grant a lease text opens, if it is known and not expired."""

@@ -58,7 +58,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.mtl.mapping import content_properties, message_from_content
+from gateway.protocols.mtl.mapping import content_properties, message_from_content, settle
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["MTLServer"]
@@ -382,18 +382,7 @@ class MTLServer:
             self._send(peer, mtl.Reject(sequence, False, outcome.status is Status.RETRY))
 
     def _settle(self, peer: _DataPeer, command: mtl.Confirm | mtl.Reject) -> None:
-        if command.multiple:
-            sequences = [s for s in peer.unconfirmed if s <= command.sequence]
-        else:
-            sequences = [command.sequence] if command.sequence in peer.unconfirmed else []
-        for sequence in sorted(sequences):
-            waiting = peer.unconfirmed.pop(sequence)
-            if isinstance(command, mtl.Confirm):
-                waiting.callback(Outcome.accepted())
-            elif command.recycle:
-                waiting.callback(Outcome.retry(f"an MTL reader of {self.name} asked to recycle it"))
-            else:
-                waiting.callback(Outcome.rejected(f"an MTL reader of {self.name} rejected it"))
+        settle(peer.unconfirmed, command, f"an MTL reader of {self.name}")
 
     def _readers(self, resource: str, profile: str) -> list[_DataPeer]:
         return [

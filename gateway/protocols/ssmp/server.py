@@ -580,10 +580,6 @@ class SSMPServerFactory(ListenerFactory[SSMPServerProtocol]):
         """Whether any route takes messages from this listener."""
         return self.name in self.router.table.sources()
 
-    def buildProtocol(self, addr: object) -> SSMPServerProtocol:
-        """Build a connection."""
-        return SSMPServerProtocol(self)
-
     def schemes_for(self, tls: bool) -> frozenset[str]:
         """Login schemes offered on a plain or a TLS connection."""
         return self._offered_tls if tls else self._offered_plain

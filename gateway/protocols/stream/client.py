@@ -5,10 +5,8 @@ the stream plugin, or another gateway's stream listener): peer properties,
 SASL PLAIN, tune, open, then Metadata for the streams it uses. When the
 leader that Metadata names is another host or port than the one it is
 connected to, it reconnects there (through ``relocate``: the service keeps
-the locator's TLS settings). With ``consume_from = "replica"`` the
-subscriptions get a second link of their own (``part="consumer"``) that
-moves to a replica instead (the leader when there is none). It reconnects
-with backoff when a connection ends.
+the locator's TLS settings). It reconnects with backoff when a connection
+ends.
 
 Publishing: it is the route destination. While it is not connected it
 answers "retry later" at once. Messages are encoded as AMQP 1.0
@@ -25,19 +23,31 @@ precondition failed) or retry later (the rest).
 
 Consuming: each stream of ``subscribe`` is read under credit from the
 offset stored under ``consumer_name`` (or the configured offset the first
-time); each chunk's messages are dispatched along the routes from this
-upstream, credit is granted once they all have outcomes, and the offset is
-stored every ``store_offset_interval_seconds``.
+time; after a reconnect, from past what was already settled if that is
+further); each chunk's messages are dispatched along the routes from this
+upstream, credit is granted once they all have outcomes, and the last
+offset whose messages all have outcomes is stored every
+``store_offset_interval_seconds`` and at stop.
+
+With ``consume_from = "replica"`` the subscriptions are read over a
+connection of their own, by a consumer-only `StreamUpstream` inside this
+one (``<upstream>.consumer`` in metrics and in its connection name), which
+moves to a replica that Metadata names for its first stream (to the leader
+when the stream has none, as on a single node); it stores offsets there
+(RabbitMQ accepts StoreOffset on any member) and routes see its messages
+as coming from this upstream. Publishing stays on the leader connection.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, cast
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
@@ -67,6 +77,8 @@ PUBLISH_OVERHEAD_BYTES: Final = 13
 """Size, key, version, publisher id and count of a Publish frame."""
 ENTRY_OVERHEAD_BYTES: Final = 12
 """Publishing id and length of each message in a Publish frame."""
+MAX_PUBLISHER_ID: Final = 255
+"""Publisher ids are a uint8 on the wire."""
 
 _REJECTING_CODES: Final = frozenset({2, 16, 17})
 """PublishError codes that no retry will fix: stream missing, access refused,
@@ -128,15 +140,24 @@ class _Publisher:
 class _Subscription:
     """One consumed stream."""
 
-    __slots__ = ("after", "id", "last_stored", "pending", "stream")
+    __slots__ = ("after", "chunks", "id", "last_stored", "settled", "stream")
 
     def __init__(self, subscription_id: int, stream: str) -> None:
         self.id = subscription_id
         self.stream = stream
         self.after = -1
         """Offsets up to this one were dispatched already (whole chunks come again)."""
+        self.settled = -1
+        """Offsets up to this one have outcomes: the offset that may be stored."""
         self.last_stored = -1
-        self.pending = 0
+        self.chunks: deque[list[int]] = deque()
+        """Dispatched chunks in order, as [last offset, 1 once settled else 0]."""
+
+    def settle(self, chunk: list[int]) -> None:
+        """Mark a chunk settled; move `settled` past the settled chunks at the front."""
+        chunk[1] = 1
+        while self.chunks and self.chunks[0][1]:
+            self.settled = max(self.settled, self.chunks.popleft()[0])
 
 
 class StreamClientProtocol(Protocol):
@@ -251,6 +272,7 @@ class StreamClientProtocol(Protocol):
                 if isinstance(event, sp.CreditResponse):
                     upstream.count_error("credit-refused")
             elif isinstance(event, sp.MetadataUpdate):
+                upstream.forget_member()
                 self.close(f"stream {event.stream} changed (code {event.code})")
             elif isinstance(event, sp.Close):
                 self.send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
@@ -291,6 +313,12 @@ class StreamClientProtocol(Protocol):
 class StreamUpstream:
     """A RabbitMQ stream node the gateway publishes to and consumes from.
 
+    With ``consume_from = "replica"`` and streams to subscribe to, the
+    subscriptions live on a second, consumer-only `StreamUpstream` (`consumer`),
+    named ``<name>.consumer`` in metrics and in its connection name, which
+    reads from a replica; it logs in with this upstream's secret and
+    dispatches under this upstream's name, so routes see one source.
+
     Args:
         name: The upstream's config name.
         settings: Its validated settings.
@@ -303,9 +331,8 @@ class StreamUpstream:
         relocate: The endpoint of another node (host, port) that Metadata
             names; plain TCP by default (the service passes one that keeps
             the locator's TLS settings).
-        part: ``all`` (publish and consume on one connection), or, when
-            ``consume_from = "replica"``, ``publisher`` for this object and
-            ``consumer`` for the second link it makes for subscriptions.
+        source: For a consumer link: the upstream it reads for (its route
+            source, secret and default names); None for a configured upstream.
     """
 
     _log = Logger()
@@ -322,21 +349,33 @@ class StreamUpstream:
         reactor: Any,
         metrics: GatewayMetrics | None = None,
         relocate: Callable[[str, int], IStreamClientEndpoint] | None = None,
-        part: str = "all",
+        source: str | None = None,
     ) -> None:
         self.name = name
+        self.source = source or name
+        """The name routes see as the source of consumed messages."""
         self.settings = settings
         self.router = router
         self.secrets = secrets
         self._relocate = relocate or (
             lambda host, port: HostnameEndpoint(reactor, host.encode(), port)
         )
-        self._consumer: StreamUpstream | None = None
-        if part == "all" and settings.consume_from == "replica" and settings.subscribe:
-            part = "publisher"
-            self._consumer = StreamUpstream(
-                name=name,
-                settings=settings,
+        self.clock = clock
+        self._reactor = reactor
+        self._locator = endpoint
+        self._endpoint = endpoint
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self.reference = settings.publisher_reference or f"msggateway.{self.source}"
+        self.consumer_name = settings.consumer_name or f"msggateway.{self.source}"
+        self._publishing = source is None
+        self._prefer_replica = source is not None
+        self.consumer: StreamUpstream | None = None
+        """The consumer-only link reading from a replica, if configured."""
+        if source is None and settings.consume_from == "replica" and settings.subscribe:
+            self.consumer = StreamUpstream(
+                name=f"{name}.consumer",
+                settings=attrs.evolve(settings, stream=None),
                 endpoint=endpoint,
                 router=router,
                 secrets=secrets,
@@ -344,21 +383,9 @@ class StreamUpstream:
                 reactor=reactor,
                 metrics=metrics,
                 relocate=relocate,
-                part="consumer",
+                source=name,
             )
-        self.part = part
-        self.label = f"{name}.consumer" if part == "consumer" else name
-        """How logs, metrics and the broker's connection list call this link."""
-        self._subscribe = () if part == "publisher" else settings.subscribe
-        self._stream = None if part == "consumer" else settings.stream
-        self.clock = clock
-        self._reactor = reactor
-        self._locator = endpoint
-        self._endpoint = endpoint
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
-        self.reference = settings.publisher_reference or f"msggateway.{name}"
-        self.consumer_name = settings.consumer_name or f"msggateway.{name}"
+        self._subscribing = settings.subscribe if self.consumer is None else ()
         self._connection: StreamClientProtocol | None = None
         self._publishers: dict[str, _Publisher] = {}
         self._subscriptions: dict[int, _Subscription] = {}
@@ -371,13 +398,14 @@ class StreamUpstream:
         self._connecting: Deferred[Any] | None = None
         self._stopped: Deferred[None] | None = None
         self._pump_call: IDelayedCall | None = None
+        self._live: set[StreamClientProtocol] = set()
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
 
     @property
     def connected(self) -> bool:
-        """Whether the upstream is connected and open."""
-        return self._connection is not None
+        """Whether the upstream is connected and open (its consumer link too, if any)."""
+        return self._connection is not None and (self.consumer is None or self.consumer.connected)
 
     # --- service life ---------------------------------------------------------
 
@@ -385,25 +413,27 @@ class StreamUpstream:
         """Connect (and keep reconnecting)."""
         self._running = True
         self._connect()
-        if self._consumer is not None:
-            self._consumer.start()
+        if self.consumer is not None:
+            self.consumer.start()
 
     def stop(self) -> Deferred[None]:
         """Store consumed offsets, close, and stop reconnecting."""
-        if self._consumer is not None:
-            consumer_stopped = self._consumer.stop()
-            stopped = self._stop_link()
-            both: Deferred[Any] = DeferredList([consumer_stopped, stopped])
-            return both.addCallback(lambda _: None)
-        return self._stop_link()
+        own = self._stop_own()
+        if self.consumer is None:
+            return own
+        both: Deferred[Any] = DeferredList([own, self.consumer.stop()])
+        return both.addCallback(lambda _: None)
 
-    def _stop_link(self) -> Deferred[None]:
+    def _stop_own(self) -> Deferred[None]:
         self._running = False
         for call in (self._connect_call, self._store_call, self._pump_call):
             if call is not None and call.active():
                 call.cancel()
         if self._connecting is not None and not self._connecting.called:
             self._connecting.cancel()
+        for other in list(self._live):
+            if other is not self._connection:
+                other.close("the gateway is stopping")  # still in its handshake
         connection = self._connection
         if connection is None:
             return succeed(None)
@@ -425,10 +455,14 @@ class StreamUpstream:
         if self._running:
             self._log.info(
                 "upstream {upstream}: cannot connect: {reason}",
-                upstream=self.label,
+                upstream=self.name,
                 reason=failure.getErrorMessage(),
             )
             self._retry_later()
+
+    def forget_member(self) -> None:
+        """Connect through the locator next time: the leader or replica may have moved."""
+        self._endpoint = self._locator
 
     def _retry_later(self) -> None:
         self._attempt += 1
@@ -443,18 +477,19 @@ class StreamUpstream:
     async def handshake(self, protocol: StreamClientProtocol) -> None:
         """Peer properties, SASL PLAIN, tune, open; then publishers and subscriptions."""
         settings = self.settings
+        self._live.add(protocol)
         await protocol.request(
             sp.PeerProperties,
             properties={
                 "product": "msggateway",
                 "version": __version__,
-                "connection_name": self.label,
+                "connection_name": self.name,
             },
         )
         mechanisms = await protocol.request(sp.SaslHandshake)
         if "PLAIN" not in mechanisms.mechanisms:
             raise ConnectionError(f"the server offers no PLAIN login ({mechanisms.mechanisms})")
-        password = self.secrets.credential_for(self.name)
+        password = self.secrets.credential_for(self.source)
         if password is None and settings.username == "guest":
             password = b"guest"
         plain = b"\0" + settings.username.encode() + b"\0" + (password or b"")
@@ -467,7 +502,7 @@ class StreamUpstream:
         frame_max = _smaller(tune.frame_max, settings.frame_max)
         heartbeat = _smaller(tune.heartbeat, settings.heartbeat_seconds)
         protocol.send(sp.Tune(frame_max=frame_max, heartbeat=heartbeat))
-        protocol.frame_max = frame_max or settings.frame_max
+        protocol.frame_max = frame_max  # 0: neither side set a limit
         protocol.start_heartbeats(heartbeat)
         opened = await protocol.request(sp.Open, virtual_host=settings.virtual_host)
         if opened.code != 1:
@@ -476,11 +511,14 @@ class StreamUpstream:
             )
         if not await self._at_leader(protocol):
             return
+        if not self._running:
+            protocol.close("the gateway is stopping")
+            return
         self._connection = protocol
         self._attempt = 0
-        self._log.info("upstream {upstream}: connected", upstream=self.label)
+        self._log.info("upstream {upstream}: connected", upstream=self.name)
         if self._metrics is not None:
-            self._metrics.upstream_up.labels(self.label).set(1)
+            self._metrics.upstream_up.labels(self.name).set(1)
         for stream in list(self._publishers):
             await self._declare(protocol, stream)
         await self._subscribe_all(protocol)
@@ -488,13 +526,20 @@ class StreamUpstream:
         self.pump()
 
     def _streams_used(self) -> list[str]:
-        streams = list(self._subscribe)
-        if self._stream is not None:
-            streams.append(self._stream)
+        # The stream published to first: it decides where the connection goes.
+        streams = list(self._subscribing)
+        if self._publishing and self.settings.stream is not None:
+            streams.insert(0, self.settings.stream)
         return list(dict.fromkeys(streams))
 
     async def _at_leader(self, protocol: StreamClientProtocol) -> bool:
-        """Create streams if configured; move to the leader if it is elsewhere."""
+        """Create streams if configured; move to the member it should use if elsewhere.
+
+        That is the leader, or for a consumer link a replica (the leader when
+        the stream has none, as on a single node). The first stream that
+        Metadata reports well decides (the one published to, if any); once
+        moved it stays where it went until a MetadataUpdate.
+        """
         streams = self._streams_used()
         if self.settings.create_streams:
             for stream in streams:
@@ -502,7 +547,7 @@ class StreamUpstream:
                 if created.code not in (1, 5):
                     self._log.warn(
                         "upstream {upstream}: cannot create stream {stream} (code {code})",
-                        upstream=self.label,
+                        upstream=self.name,
                         stream=stream,
                         code=created.code,
                     )
@@ -511,28 +556,32 @@ class StreamUpstream:
         metadata = await protocol.request(sp.Metadata, streams=tuple(streams))
         brokers = {broker.reference: broker for broker in metadata.brokers}
         for entry in metadata.streams:
-            role, node = "leader", brokers.get(entry.leader)
-            if self.part == "consumer":
-                replica = next((brokers[r] for r in entry.replicas if r in brokers), None)
-                if replica is not None:
-                    role, node = "replica", replica
-            if entry.code != 1 or node is None:
+            leader = brokers.get(entry.leader)
+            if entry.code != 1 or leader is None:
                 continue
+            members = [leader]
+            role = "leader"
+            if self._prefer_replica:
+                replicas = [brokers[r] for r in entry.replicas if r in brokers]
+                if replicas:
+                    members, role = replicas, "replica"
             peer = protocol.transport.getPeer() if protocol.transport is not None else None
             here = (getattr(peer, "host", None), getattr(peer, "port", None))
-            if (node.host, node.port) != here and self._endpoint is self._locator:
+            if here not in {(m.host, m.port) for m in members} and self._endpoint is self._locator:
+                target = members[0]
                 self._log.info(
-                    "upstream {upstream}: a {role} of {stream} is {host}:{port}; moving there",
-                    upstream=self.label,
+                    "upstream {upstream}: the {role} of {stream} is {host}:{port}; moving there",
+                    upstream=self.name,
                     role=role,
                     stream=entry.stream,
-                    host=node.host,
-                    port=node.port,
+                    host=target.host,
+                    port=target.port,
                 )
-                self._endpoint = self._relocate(node.host, node.port)
-                protocol.close("moving to the stream leader")
+                self._endpoint = self._relocate(target.host, target.port)
+                protocol.close(f"moving to a stream {role}")
                 self._attempt = 0
                 return False
+            break
         return True
 
     # --- publishing -----------------------------------------------------------
@@ -547,15 +596,17 @@ class StreamUpstream:
             return succeed(
                 Outcome.retry(f"upstream {self.name}: {self._queued} messages queued already")
             )
-        stream = self._stream or message.address
+        stream = self.settings.stream or message.address
         job: _Job
         outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
         job = _Job(stream, entry_from_message(message), outcome)
         publisher = self._publishers.get(stream)
         if publisher is None:
-            taken = {publisher.id for publisher in self._publishers.values()}
-            free = next((i for i in range(256) if i not in taken), None)
-            if free is None:  # publisher ids are a byte
+            # The smallest id not in use: a publisher dropped after a refusal
+            # frees its id, and an id must never name two streams at once.
+            used = {p.id for p in self._publishers.values()}
+            free = next(i for i in range(len(used) + 1) if i not in used)
+            if free > MAX_PUBLISHER_ID:
                 return succeed(Outcome.rejected(f"upstream {self.name}: too many streams"))
             publisher = self._publishers[stream] = _Publisher(free, stream)
             connection = self._connection
@@ -635,14 +686,16 @@ class StreamUpstream:
         if connection is None or connection.closing:
             return
         settings = self.settings
-        budget = max(connection.frame_max, 4096) - PUBLISH_OVERHEAD_BYTES
+        frame_max = connection.frame_max
+        budget = frame_max - PUBLISH_OVERHEAD_BYTES if frame_max else sys.maxsize
         for publisher in self._publishers.values():
             queue = publisher.queue
             while publisher.ready and queue and self._unconfirmed < settings.max_unconfirmed:
+                # Within batch_size and within what max_unconfirmed still allows.
+                room = min(settings.batch_size, settings.max_unconfirmed - self._unconfirmed)
                 ids: list[int] = []
                 entries: list[bytes] = []
                 size = 0
-                room = min(settings.batch_size, settings.max_unconfirmed - self._unconfirmed)
                 while queue and len(ids) < room:
                     job = queue[0]
                     if job.cancelled:
@@ -650,6 +703,19 @@ class StreamUpstream:
                         self._queued -= 1
                         continue
                     cost = ENTRY_OVERHEAD_BYTES + len(job.entry)
+                    if cost > budget:
+                        # It would never fit: sent alone, its frame would make
+                        # the server close the connection, again and again.
+                        queue.popleft()
+                        self._queued -= 1
+                        self._settle(
+                            job,
+                            Outcome.rejected(
+                                f"upstream {self.name}: a message of {len(job.entry)} bytes"
+                                f" does not fit in a frame of {frame_max} bytes"
+                            ),
+                        )
+                        continue
                     if ids and size + cost > budget:
                         break
                     queue.popleft()
@@ -725,16 +791,22 @@ class StreamUpstream:
     # --- consuming ------------------------------------------------------------
 
     async def _subscribe_all(self, protocol: StreamClientProtocol) -> None:
+        # What the last connection settled but had not stored yet: resuming
+        # from the stored offset alone would route those messages twice.
+        settled = {sub.stream: sub.settled for sub in self._subscriptions.values()}
         self._subscriptions.clear()
-        for index, stream in enumerate(self._subscribe):
+        for index, stream in enumerate(self._subscribing):
             stored = await protocol.request(
                 sp.QueryOffset, reference=self.consumer_name, stream=stream
             )
             subscription = _Subscription(index, stream)
-            if stored.code == 1:
-                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=stored.offset + 1)
-                subscription.after = stored.offset
-                subscription.last_stored = stored.offset
+            stored_offset = stored.offset if stored.code == 1 else -1
+            resume = max(stored_offset, settled.get(stream, -1))
+            if resume >= 0:
+                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=resume + 1)
+                subscription.after = resume
+                subscription.settled = resume
+                subscription.last_stored = stored_offset
             else:
                 spec = parse_offset(self.settings.offset)
                 if spec.kind is sp.OffsetKind.OFFSET and spec.value is not None:
@@ -752,7 +824,7 @@ class StreamUpstream:
             else:
                 self._log.warn(
                     "upstream {upstream}: cannot subscribe to {stream} (code {code})",
-                    upstream=self.label,
+                    upstream=self.name,
                     stream=stream,
                     code=answer.code,
                 )
@@ -783,7 +855,7 @@ class StreamUpstream:
             self._log.error(
                 "upstream {upstream}: skipping the rest of chunk {chunk_id} of {stream}"
                 " after {read} readable records: {reason}",
-                upstream=self.label,
+                upstream=self.name,
                 chunk_id=header.first_offset,
                 stream=subscription.stream,
                 read=len(entries),
@@ -798,7 +870,7 @@ class StreamUpstream:
             message = message_from_entry(
                 entry, stream=subscription.stream, timestamp=timestamp, offset=offset
             )
-            result = self.router.dispatch(self.name, message)
+            result = self.router.dispatch(self.source, message)
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
                 continue
@@ -806,14 +878,22 @@ class StreamUpstream:
         self.traffic.messages_in += len(entries)
         last = header.first_offset + header.num_records - 1
         subscription.after = max(subscription.after, last)
+        chunk_state = [last, 0]
+        subscription.chunks.append(chunk_state)
         done: Deferred[Any] = DeferredList(outcomes, consumeErrors=True)
-        done.addCallback(lambda _: self._credit(protocol, subscription))
+        done.addCallback(lambda _: self._chunk_settled(protocol, subscription, chunk_state))
+
+    def _chunk_settled(
+        self, protocol: StreamClientProtocol, subscription: _Subscription, chunk: list[int]
+    ) -> None:
+        subscription.settle(chunk)
+        self._credit(protocol, subscription)
 
     def _consumed(self, outcome: Outcome, message: Message) -> Outcome:
         if not outcome.is_accepted:
             self._log.warn(
                 "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
-                upstream=self.label,
+                upstream=self.name,
                 id=message.id,
                 stream=message.address,
                 reason=outcome.reason,
@@ -841,29 +921,32 @@ class StreamUpstream:
         if connection is None or connection.closing:
             return
         for subscription in self._subscriptions.values():
-            if subscription.after > subscription.last_stored:
+            # Only offsets whose messages all have outcomes: a restart must not
+            # skip messages that were dispatched but never delivered.
+            if subscription.settled > subscription.last_stored:
                 connection.send(
                     sp.StoreOffset(
                         reference=self.consumer_name,
                         stream=subscription.stream,
-                        offset=subscription.after,
+                        offset=subscription.settled,
                     )
                 )
-                subscription.last_stored = subscription.after
+                subscription.last_stored = subscription.settled
 
     # --- connection state -----------------------------------------------------
 
     def connection_lost(self, protocol: StreamClientProtocol, reason: Failure) -> None:
         """Reconnect with backoff; sent messages stay in flight until the next sequence query."""
+        self._live.discard(protocol)
         if self._connection is protocol:
             self._connection = None
             self._log.info(
                 "upstream {upstream}: connection lost: {reason}",
-                upstream=self.label,
+                upstream=self.name,
                 reason=reason.getErrorMessage(),
             )
             if self._metrics is not None:
-                self._metrics.upstream_up.labels(self.label).set(0)
+                self._metrics.upstream_up.labels(self.name).set(0)
         for publisher in self._publishers.values():
             publisher.ready = False
         if self._running:

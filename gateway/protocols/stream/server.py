@@ -178,6 +178,21 @@ class StreamServerProtocol(Protocol):
         disable_nagle(self.transport)
         cast(IConsumer, self.transport).registerProducer(self, True)
         self.factory.connection_opened(self)
+        self._timers.append(
+            self.factory.clock.callLater(
+                self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out
+            )
+        )
+
+    def _handshake_timed_out(self) -> None:
+        if self._state != "open" and not self._closing:
+            self.factory.count_error("handshake-timeout")
+            self._log.info(
+                "{listener}: closing a connection not open after {seconds:g} s",
+                listener=self.factory.name,
+                seconds=self.factory.settings.handshake_timeout_seconds,
+            )
+            self._close()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Forget publishers and subscriptions; stop timers."""
@@ -953,10 +968,6 @@ class StreamServerFactory(ListenerFactory[StreamServerProtocol]):
         self.clock = clock
         self._bound: tuple[str, int] = ("127.0.0.1", 0)
         self.on_stream_created: list[Callable[[str], None]] = []
-
-    def buildProtocol(self, addr: object) -> StreamServerProtocol:
-        """Build a connection."""
-        return StreamServerProtocol(self)
 
     def listening_on(self, address: IAddress) -> None:
         """Learn the address the listener got (port 0 in tests) to advertise it."""

@@ -6,10 +6,12 @@ from typing import Final
 
 import attrs
 
-__all__ = ["DEFAULT_FRAME_MAX", "StreamListenerSettings", "StreamUpstreamSettings"]
+__all__ = ["CONSUME_FROM", "DEFAULT_FRAME_MAX", "StreamListenerSettings", "StreamUpstreamSettings"]
 
 DEFAULT_FRAME_MAX: Final = 1024 * 1024
 """RabbitMQ's default frame_max (1 MiB)."""
+CONSUME_FROM: Final = frozenset({"leader", "replica"})
+"""Where an upstream's subscriptions read from."""
 
 
 @attrs.frozen(kw_only=True)
@@ -28,6 +30,8 @@ class StreamListenerSettings:
         heartbeat_seconds: Heartbeat interval proposed in Tune (0: none).
         max_unconfirmed: Published messages not yet confirmed, per
             connection, before the listener stops reading from it.
+        handshake_timeout_seconds: A connection not through Open this long
+            after it was made is closed (slow or silent clients).
     """
 
     advertised_host: str | None = None
@@ -38,6 +42,7 @@ class StreamListenerSettings:
     frame_max: int = DEFAULT_FRAME_MAX
     heartbeat_seconds: int = 60
     max_unconfirmed: int = 50_000
+    handshake_timeout_seconds: float = 10.0
 
 
 @attrs.frozen(kw_only=True)
@@ -66,12 +71,12 @@ class StreamUpstreamSettings:
         store_offset_interval_seconds: How often consumed offsets are stored.
         credit: Chunks granted to a subscription at a time.
         create_streams: Create the streams it publishes to and consumes from.
+        consume_from: ``leader``: subscriptions share the publishing
+            connection to the leader; ``replica``: they are read over a
+            connection of their own to a replica that Metadata names (the
+            leader when the stream has none).
         heartbeat_seconds: Heartbeat proposed in Tune (0: none).
         frame_max: Largest frame proposed in Tune.
-        consume_from: ``leader``: subscriptions share the publishing
-            connection to the leader; ``replica``: they use a connection of
-            their own to a replica that Metadata names (the leader when a
-            stream has none).
     """
 
     username: str = "guest"
@@ -87,6 +92,6 @@ class StreamUpstreamSettings:
     store_offset_interval_seconds: float = 5.0
     credit: int = 10
     create_streams: bool = False
+    consume_from: str = "leader"
     heartbeat_seconds: int = 60
     frame_max: int = DEFAULT_FRAME_MAX
-    consume_from: str = "leader"
