@@ -48,6 +48,7 @@ class GatewayProcess:
         config: The main file's TOML text.
         routes: Route file name (without ``.toml``) to TOML text.
         secrets: The secrets file's TOML text, if any.
+        reactor: twistd's ``--reactor`` choice (e.g. ``asyncio``); its default if None.
     """
 
     def __init__(
@@ -56,8 +57,10 @@ class GatewayProcess:
         config: str,
         routes: dict[str, str] | None = None,
         secrets: str | None = None,
+        reactor: str | None = None,
     ) -> None:
         self.directory = directory
+        self.reactor = reactor
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "routes").mkdir(exist_ok=True)
         for name, text in (routes or {}).items():
@@ -95,6 +98,7 @@ class GatewayProcess:
             "--nodaemon",
             "--pidfile=",
             "--logfile=-",
+            *([f"--reactor={self.reactor}"] if self.reactor else []),
             "msggateway",
             "--config",
             str(self.config_path),

@@ -722,3 +722,48 @@ def test_qmqp_mail_to_an_mtl_reader(
         assert replies == {b"m-1": qmqp.K, b"m-2": qmqp.D}
     finally:
         session.close()
+
+
+OPEN_TEST = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+profiles = ["test"]
+ping_interval_seconds = 0.2
+"""
+
+
+def test_under_twistds_asyncio_reactor(
+    tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """``twistd --reactor=asyncio``: txzmq is imported after the choice; the flows work."""
+    process = GatewayProcess(tmp_path / "asyncio", OPEN_TEST, reactor="asyncio").start()
+    try:
+        assert "AsyncioSelectorReactor" in process.wait_for_log("reactor class")
+        port = process.address("mtl")[1]
+        peers = {}
+        for kind in ("Reader", "Writer"):
+            control = Control(context, port)
+            opened = {"protocol": {"name": "MTL", "version": 1}}
+            assert control.ask("Connection.Open", opened)[0] == 201
+            assert control.ask("Connection.Profile", {"profile": "test"})[0] == 200
+            status, reply = control.ask(f"Connection.{kind}", {"resources": [], "confirm": "none"})
+            assert status == 202
+            peers[kind] = Data(context, int(reply["port"]))  # type: ignore[call-overload]
+            assert peers[kind].lease(str(reply["lease"])) == 200
+        peers["Reader"].command(b"\x03" + u64(2) + short("resource"))
+        assert peers["Reader"].response(2) == 200
+        for sequence in range(1, 101):
+            peers["Writer"].content(sequence, "", b"body %d" % sequence)
+        got = [peers["Reader"].next()[2] for _ in range(100)]
+        assert got == [b"body %d" % sequence for sequence in range(1, 101)]
+        kind, _, _ = peers["Writer"].next(skip_pings=False)
+        assert kind == 0x08  # the listener's timer runs on this reactor too
+    finally:
+        process.stop()
