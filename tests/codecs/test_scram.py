@@ -98,7 +98,7 @@ def test_server_refuses_bad_client_first(client_first: bytes) -> None:
 
 
 def test_out_of_turn_and_replayed_messages() -> None:
-    """final before first, first twice, or a final for another exchange are refused."""
+    """A final before a first, a first twice, or a final for another exchange are refused."""
     with pytest.raises(ScramError, match="out of turn"):
         rfc_server().final(CLIENT_FINAL)
     server = rfc_server()
