@@ -32,6 +32,7 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
     MTLListenerSettings,
@@ -490,9 +491,13 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
             zmq_bind_address(endpoint)
         except ValueError as exc:
             section.problem("endpoint", str(exc))
+    mechanisms = tuple(mechanism.upper() for mechanism in section.strings("mechanisms", ("PLAIN",)))
+    if not mechanisms or any(mechanism not in MTL_MECHANISMS for mechanism in mechanisms):
+        section.problem("mechanisms", f"choose from {', '.join(MTL_MECHANISMS)}")
     return MTLListenerSettings(
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
+        mechanisms=mechanisms,
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),

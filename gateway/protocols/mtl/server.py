@@ -2,11 +2,18 @@
 
 Control (spec, "Control Flow"): per REQ peer, Connection.Open (protocol
 ``MTL`` version 1) is answered ``201 Ready`` with the profiles, or ``401
-Unauthorized`` with ``["PLAIN"]`` when ``require_auth``; Connection.Authorize
-takes PLAIN (base64 of ``authzid NUL user NUL password``, checked against
-the secrets file): ``201`` on success, ``401`` on failure, ``402
-Challenged`` with an empty challenge when the response is empty (the
-client is to send its credentials in the next round, RFC 4616). A
+Unauthorized`` with the configured mechanisms when ``require_auth``;
+Connection.Authorize takes PLAIN (base64 of ``authzid NUL user NUL
+password``, checked against the secrets file): ``201`` on success, ``401``
+on failure, ``402 Challenged`` with an empty challenge when the response is
+empty (the client is to send its credentials in the next round, RFC 4616).
+SCRAM-SHA-256 (RFC 7677), when offered, takes rounds of ``402``: the
+client-first message is answered with the server-first as the challenge,
+the client-final with the server-final (``v=``, the server's proof that it
+knows the secret too), and the empty response that acknowledges it with
+``201``. Spec ambiguity: 201 has no field for SASL's "additional data with
+success", so the server-final travels in a last 402, as RFC 4422 section 3
+prescribes for such protocols. A
 session whose login no longer verifies against the secrets is asked again
 with ``401`` on its next request. Connection.Profile: ``200`` or ``400``. Connection.Reader and
 Connection.Writer (after a profile, else ``400``): ``202`` with the data
@@ -52,8 +59,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from gateway.codecs import mtl
-from gateway.core.auth import Secrets
+from gateway.codecs import mtl, scram
+from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
@@ -64,7 +71,6 @@ from gateway.protocols.mtl.settings import MTLListenerSettings
 __all__ = ["MTLServer"]
 
 TEST_RESOURCE: Final = "resource"
-MECHANISMS: Final = ["PLAIN"]
 
 
 @attrs.define
@@ -75,6 +81,7 @@ class _Session:
     identity: str | None = None
     secret: bytes | None = None
     profile: str | None = None
+    scram: scram.ScramServer | None = None
 
 
 @attrs.define
@@ -214,7 +221,7 @@ class MTLServer:
             ):
                 return _bad('Connection.Open needs "protocol": {"name": "MTL", "version": 1}')
             session.opened = True
-            session.profile = None
+            session.profile = session.scram = None
             return self._ready_or_challenge(session)
         if not session.opened:
             return _bad("send Connection.Open first")
@@ -222,7 +229,7 @@ class MTLServer:
             return self._authorize(session, body)
         if self.settings.require_auth and not self._still_valid(session):
             session.identity = session.secret = None
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         if command == "connection.profile":
             profile = str(body.get("profile", "")).lower()
             if profile not in self.settings.profiles:
@@ -238,7 +245,7 @@ class MTLServer:
 
     def _ready_or_challenge(self, session: _Session) -> tuple[int, dict[str, Any]]:
         if self.settings.require_auth and not self._still_valid(session):
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
 
     def _still_valid(self, session: _Session) -> bool:
@@ -246,14 +253,26 @@ class MTLServer:
             return False
         return self.secrets.verify(session.identity, session.secret)
 
+    def _unauthorized(self, reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "status": "Unauthorized",
+            "mechanisms": list(self.settings.mechanisms),
+        }
+        if reason is not None:
+            body["reason"] = reason
+        return body
+
     def _authorize(self, session: _Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         mechanism = str(body.get("mechanism", "")).upper()
-        if mechanism not in MECHANISMS:
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        exchange, session.scram = session.scram, None
+        if mechanism not in self.settings.mechanisms:
+            return 401, self._unauthorized()
         try:
             raw = base64.b64decode(str(body.get("response", "")), validate=True)
         except (binascii.Error, ValueError):
             return _bad("the response is not base64")
+        if mechanism == scram.MECHANISM:
+            return self._scram(session, exchange, raw)
         if not raw:
             return 402, {"status": "Challenged", "mechanism": "PLAIN", "challenge": ""}
         parts = raw.split(b"\0")
@@ -262,9 +281,44 @@ class MTLServer:
         user, password = parts[1].decode("utf-8", "replace"), parts[2]
         if not self.secrets.verify(user, password):
             self.count_error("unauthorized")
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         session.identity, session.secret = user, password
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _scram(
+        self, session: _Session, exchange: scram.ScramServer | None, raw: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        """One round of SCRAM-SHA-256; ``exchange`` is the session's one under way, if any."""
+        try:
+            if exchange is None:
+                if not raw:  # no initial response: ask for the client-first message
+                    return self._challenge(session, None, b"")
+                exchange = scram.ScramServer(self._login_secret)
+                return self._challenge(session, exchange, exchange.first(raw))
+            if exchange.secret is None:
+                return self._challenge(session, exchange, exchange.final(raw))
+            if raw:
+                raise scram.ScramError("the server-final message is acknowledged empty")
+        except scram.ScramError as exc:
+            self.count_error("unauthorized")
+            return 401, self._unauthorized(f"SCRAM-SHA-256: {exc}")
+        session.identity, session.secret = exchange.user, exchange.secret
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _challenge(
+        self, session: _Session, exchange: scram.ScramServer | None, challenge: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        session.scram = exchange
+        return 402, {
+            "status": "Challenged",
+            "mechanism": scram.MECHANISM,
+            "challenge": base64.b64encode(challenge).decode(),
+        }
+
+    def _login_secret(self, user: str) -> bytes | None:
+        logins = self.secrets.logins
+        secret = logins.get(user)
+        return secret if secret is not None else logins.get(ANY_IDENTITY)
 
     def _lease(
         self, session: _Session, kind: str, body: dict[str, Any]

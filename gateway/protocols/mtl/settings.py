@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["PROFILES", "MTLListenerSettings"]
+__all__ = ["MECHANISMS", "PROFILES", "MTLListenerSettings"]
 
 PROFILES = frozenset({"test", "gateway"})
 """The profiles an MTL listener can offer."""
+
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256")
+"""The SASL mechanisms an MTL listener can offer."""
 
 
 @attrs.frozen(kw_only=True)
@@ -18,8 +21,11 @@ class MTLListenerSettings:
         profiles: Offered in ``201 Ready``: ``test`` (the spec's: one
             resource ``resource``, no confirmations, every writer's content
             to every reader) and ``gateway`` (resources are route addresses).
-        require_auth: Answer Connection.Open with ``401`` and take SASL PLAIN
-            against the secrets file's ``[logins]``.
+        require_auth: Answer Connection.Open with ``401`` and take SASL
+            (``mechanisms``) against the secrets file's ``[logins]``.
+        mechanisms: The SASL mechanisms offered in ``401``, in order:
+            ``PLAIN`` (one round) and ``SCRAM-SHA-256`` (``402 Challenged``
+            rounds; the password never crosses the wire).
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         ping_interval_seconds: Pings to data peers this often.
@@ -29,6 +35,7 @@ class MTLListenerSettings:
 
     profiles: tuple[str, ...] = ("test", "gateway")
     require_auth: bool = False
+    mechanisms: tuple[str, ...] = ("PLAIN",)
     data_port: int = 0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
