@@ -521,6 +521,7 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
         resources=section.strings("resources"),
         confirm=section.choice("confirm", frozenset({"none", "full"}), "full"),
         username=username if isinstance(username, str) else None,
+        mechanism=section.choice("mechanism", frozenset(MTL_MECHANISMS), "PLAIN"),
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),

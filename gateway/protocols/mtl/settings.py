@@ -81,8 +81,9 @@ class MTLUpstreamSettings:
         profile: The profile to select (``gateway`` on another msggateway).
         resources: Resources to lease (a reader summons each); empty: all.
         confirm: ``none`` or ``full``.
-        username: Log in with PLAIN as this user (the password is the
-            upstream's secret) when the server answers 401.
+        username: Log in as this user (the password is the upstream's
+            secret) when the server answers 401.
+        mechanism: ``PLAIN`` or ``SCRAM-SHA-256``.
         request_timeout_seconds: A control request unanswered this long
             means the server is gone: start over (with backoff).
         ping_interval_seconds: Pings on the data flow this often.
@@ -94,6 +95,7 @@ class MTLUpstreamSettings:
     resources: tuple[str, ...] = ()
     confirm: str = "full"
     username: str | None = None
+    mechanism: str = "PLAIN"
     request_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
