@@ -37,6 +37,8 @@ from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
     MTLListenerSettings,
     MTLUpstreamSettings,
+    curve_key,
+    read_curve_secret_key,
     zmq_bind_address,
     zmq_connect_address,
 )
@@ -498,10 +500,33 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
         mechanisms=mechanisms,
+        curve_secret_key=_mtl_curve_secret(section),
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),
     )
+
+
+def _mtl_curve_secret(section: _Section) -> bytes | None:
+    name = section.string("curve_secret_key_file", None)
+    if not isinstance(name, str):
+        return None
+    try:  # relative to the file that names it
+        return read_curve_secret_key(Path(section.file).parent / name)
+    except ValueError as exc:
+        section.problem("curve_secret_key_file", str(exc))
+        return None
+
+
+def _mtl_curve_public(section: _Section) -> bytes | None:
+    text = section.string("curve_server_key", None)
+    if not isinstance(text, str):
+        return None
+    try:
+        return curve_key(text)
+    except ValueError as exc:
+        section.problem("curve_server_key", str(exc))
+        return None
 
 
 def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
@@ -522,6 +547,7 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
         confirm=section.choice("confirm", frozenset({"none", "full"}), "full"),
         username=username if isinstance(username, str) else None,
         mechanism=section.choice("mechanism", frozenset(MTL_MECHANISMS), "PLAIN"),
+        curve_server_key=_mtl_curve_public(section),
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),

@@ -136,8 +136,21 @@ class MTLUpstream:
             return
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.REQ, self._on_reply)
+        self._curve(self._control)
         self._control.connect(f"tcp://{self.host}:{self.port}")
         self._request("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
+
+    def _curve(self, socket: Any) -> None:
+        """Make ``socket`` a CURVE client of the server, with a key pair of its own."""
+        import zmq
+
+        server_key = self.settings.curve_server_key
+        if server_key is None:
+            return
+        public_key, secret_key = zmq.curve_keypair()
+        socket.set_option(zmq.CURVE_SERVERKEY, server_key)
+        socket.set_option(zmq.CURVE_PUBLICKEY, public_key)
+        socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
 
     def _teardown(self, why: str) -> None:
         for call in (self._timer, self._ping):
@@ -252,6 +265,7 @@ class MTLUpstream:
         from gateway.protocols.mtl.zmq import ZmqSocket
 
         self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data)
+        self._curve(self._data)
         self._data.connect(f"tcp://{self.host}:{port}")
         self._heard = self.clock.seconds()
         self._send(mtl.Lease(next(self._sequence), lease))

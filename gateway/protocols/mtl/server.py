@@ -171,6 +171,16 @@ class MTLServer:
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
+        secret_key = self.settings.curve_secret_key
+        if secret_key is not None:
+            for socket in (self._control, self._data):
+                socket.set_option(zmq.CURVE_SERVER, 1)
+                socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
+            self._log.info(
+                "MTL listener {listener}: CURVE on, server public key {public_key}",
+                listener=self.name,
+                public_key=zmq.curve_public(secret_key).decode("ascii"),
+            )
         control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
         data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
         self.port = int(control.rsplit(":", 1)[1])

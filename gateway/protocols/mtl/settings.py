@@ -2,9 +2,55 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Final
+
 import attrs
 
-__all__ = ["MECHANISMS", "PROFILES", "MTLListenerSettings"]
+__all__ = [
+    "MECHANISMS",
+    "PROFILES",
+    "MTLListenerSettings",
+    "MTLUpstreamSettings",
+    "curve_key",
+    "read_curve_secret_key",
+    "zmq_bind_address",
+    "zmq_connect_address",
+]
+
+_Z85: Final = frozenset(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+)
+CURVE_KEY_CHARS: Final = 40
+"""A CURVE key (32 bytes) in Z85 text, as ``zmq.curve_keypair()`` gives it."""
+
+
+def curve_key(text: str) -> bytes:
+    """Check a Z85 CURVE key (40 characters); return it as bytes for ``setsockopt``.
+
+    Raises:
+        ValueError: Not 40 Z85 characters.
+    """
+    text = text.strip()
+    if len(text) != CURVE_KEY_CHARS or not _Z85.issuperset(text):
+        raise ValueError(
+            f"a CURVE key is {CURVE_KEY_CHARS} Z85 characters, as zmq.curve_keypair() makes"
+        )
+    return text.encode("ascii")
+
+
+def read_curve_secret_key(path: Path) -> bytes:
+    """Read a CURVE secret key file (its Z85 key, surrounding whitespace ignored).
+
+    Raises:
+        ValueError: Unreadable, or not a Z85 key.
+    """
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    return curve_key(text)
+
 
 PROFILES = frozenset({"test", "gateway"})
 """The profiles an MTL listener can offer."""
@@ -26,6 +72,10 @@ class MTLListenerSettings:
         mechanisms: The SASL mechanisms offered in ``401``, in order:
             ``PLAIN`` (one round) and ``SCRAM-SHA-256`` (``402 Challenged``
             rounds; the password never crosses the wire).
+        curve_secret_key: The listener's CURVE secret key (Z85), from
+            ``curve_secret_key_file``: both sockets then encrypt and only
+            CURVE clients that know the public key can talk to them. None:
+            plaintext.
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         ping_interval_seconds: Pings to data peers this often.
@@ -36,6 +86,7 @@ class MTLListenerSettings:
     profiles: tuple[str, ...] = ("test", "gateway")
     require_auth: bool = False
     mechanisms: tuple[str, ...] = ("PLAIN",)
+    curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
     data_port: int = 0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
@@ -84,6 +135,8 @@ class MTLUpstreamSettings:
         username: Log in as this user (the password is the upstream's
             secret) when the server answers 401.
         mechanism: ``PLAIN`` or ``SCRAM-SHA-256``.
+        curve_server_key: The server's CURVE public key (Z85): both sockets
+            then use CURVE with a fresh key pair of their own. None: plaintext.
         request_timeout_seconds: A control request unanswered this long
             means the server is gone: start over (with backoff).
         ping_interval_seconds: Pings on the data flow this often.
@@ -96,6 +149,7 @@ class MTLUpstreamSettings:
     confirm: str = "full"
     username: str | None = None
     mechanism: str = "PLAIN"
+    curve_server_key: bytes | None = None
     request_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
