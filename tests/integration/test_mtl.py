@@ -767,3 +767,36 @@ def test_under_twistds_asyncio_reactor(
         assert kind == 0x08  # the listener's timer runs on this reactor too
     finally:
         process.stop()
+
+
+TEST_READER = CLIENT.replace(
+    'mode = "writer"', 'mode = "reader"\nresources = ["resource"]'
+).replace('profile = "gateway"\nconfirm = "full"', 'profile = "test"\nconfirm = "none"')
+
+
+def test_our_client_on_the_test_profile(
+    gateway: GatewayProcess, tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Gateway D's upstream reads the test profile's "resource": a raw writer reaches SSMP."""
+    assert 'profile = "test"' in TEST_READER
+    client = GatewayProcess(
+        tmp_path / "d",
+        TEST_READER.format(port=gateway.address("mtl")[1]),
+        routes={"in": 'from = "far"\nmatch = "resource"\nto = "hub"\naddress = "relay.test"\n'},
+        secrets='[upstreams]\nfar = "wonderland"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream far: summoned resource")
+        with LineClient(client.address("hub")) as watcher:
+            watcher.send("LOGIN watcher4 open", "SUBSCRIBE relay.test")
+            watcher.expect("200")
+            watcher.expect("200")
+            data_port, lease = Control(context, gateway.address("mtl")[1]).ready(
+                "test", "Writer", ["resource"]
+            )
+            writer = Data(context, data_port)
+            assert writer.lease(lease) == 200
+            writer.content(1, "resource", b"hello through the test profile")
+            watcher.expect("000 . MCAST relay.test hello through the test profile")
+    finally:
+        client.stop()
