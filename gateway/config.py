@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import ipaddress
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -496,11 +497,14 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
     mechanisms = tuple(mechanism.upper() for mechanism in section.strings("mechanisms", ("PLAIN",)))
     if not mechanisms or any(mechanism not in MTL_MECHANISMS for mechanism in mechanisms):
         section.problem("mechanisms", f"choose from {', '.join(MTL_MECHANISMS)}")
+    curve_secret = _mtl_curve_secret(section)
     return MTLListenerSettings(
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
         mechanisms=mechanisms,
-        curve_secret_key=_mtl_curve_secret(section),
+        curve_secret_key=curve_secret,
+        curve_client_keys=_mtl_client_keys(section, curve_secret),
+        allow_addresses=_mtl_networks(section),
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),
@@ -516,6 +520,28 @@ def _mtl_curve_secret(section: _Section) -> bytes | None:
     except ValueError as exc:
         section.problem("curve_secret_key_file", str(exc))
         return None
+
+
+def _mtl_client_keys(section: _Section, curve_secret: bytes | None) -> tuple[bytes, ...]:
+    keys = []
+    for text in section.strings("curve_client_keys"):
+        try:
+            keys.append(curve_key(text))
+        except ValueError as exc:
+            section.problem("curve_client_keys", str(exc))
+    if keys and curve_secret is None and "curve_secret_key_file" not in section.table:
+        section.problem("curve_client_keys", "needs curve_secret_key_file (CURVE on)")
+    return tuple(keys)
+
+
+def _mtl_networks(section: _Section) -> tuple[str, ...]:
+    networks = section.strings("allow_addresses")
+    for text in networks:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError as exc:
+            section.problem("allow_addresses", str(exc))
+    return networks
 
 
 def _mtl_curve_public(section: _Section) -> bytes | None:

@@ -108,3 +108,42 @@ def test_bad_upstream_curve_server_key_and_mechanism(tmp_path: Path) -> None:
         load_config(main)
     keys = sorted(problem.key for problem in caught.value.problems)
     assert keys == ["upstreams.far.curve_server_key", "upstreams.far.mechanism"]
+
+
+def test_allow_addresses_and_client_keys(tmp_path: Path) -> None:
+    """Networks and Z85 client keys are taken as given on a CURVE listener."""
+    import zmq
+
+    client_key, _ = zmq.curve_keypair()
+    _, secret_key = zmq.curve_keypair()
+    (tmp_path / "mtl.key").write_bytes(secret_key)
+    main = tmp_path / "gateway.toml"
+    main.write_text(
+        LISTENER
+        + 'curve_secret_key_file = "mtl.key"\n'
+        + f'curve_client_keys = ["{client_key.decode()}"]\n'
+        + 'allow_addresses = ["127.0.0.1", "10.0.0.0/8", "::1/128"]\n'
+    )
+    (listener,) = load_config(main).listeners
+    assert isinstance(listener.settings, MTLListenerSettings)
+    assert listener.settings.curve_client_keys == (client_key,)
+    assert listener.settings.allow_addresses == ("127.0.0.1", "10.0.0.0/8", "::1/128")
+
+
+def test_bad_allow_addresses_and_client_keys(tmp_path: Path) -> None:
+    """A network that is not one, and client keys without CURVE, are named."""
+    import zmq
+
+    client_key, _ = zmq.curve_keypair()
+    main = tmp_path / "gateway.toml"
+    main.write_text(
+        LISTENER
+        + f'curve_client_keys = ["{client_key.decode()}"]\n'
+        + 'allow_addresses = ["10.0.0.0/33"]\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(main)
+    reasons = {problem.key: problem.reason for problem in caught.value.problems}
+    assert sorted(reasons) == ["listeners.mtl.allow_addresses", "listeners.mtl.curve_client_keys"]
+    assert "10.0.0.0/33" in reasons["listeners.mtl.allow_addresses"]
+    assert "curve_secret_key_file" in reasons["listeners.mtl.curve_client_keys"]

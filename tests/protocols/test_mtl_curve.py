@@ -47,10 +47,16 @@ def curve_server() -> tuple[MTLServer, bytes]:
     return server, public_key
 
 
-def raw_dialogue(control: int, server_key: bytes | None, wait_ms: int = TIMEOUT_MS) -> list[Any]:
+def raw_dialogue(
+    control: int,
+    server_key: bytes | None,
+    wait_ms: int = TIMEOUT_MS,
+    client_keys: tuple[bytes, bytes] | None = None,
+) -> list[Any]:
     """Open, profile, reader lease, then Lease and Summon on the data flow, raw pyzmq.
 
-    A reply not there within ``wait_ms`` is recorded as ``"silence"`` and ends it.
+    A reply not there within ``wait_ms`` is recorded as ``"silence"`` and ends
+    it. CURVE sockets use ``client_keys`` (public, secret), or fresh ones.
     """
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
@@ -58,7 +64,7 @@ def raw_dialogue(control: int, server_key: bytes | None, wait_ms: int = TIMEOUT_
         for socket in sockets:
             socket.linger = 0
             if server_key is not None:
-                public_key, secret_key = zmq.curve_keypair()
+                public_key, secret_key = client_keys or zmq.curve_keypair()
                 socket.curve_serverkey = server_key
                 socket.curve_publickey = public_key
                 socket.curve_secretkey = secret_key

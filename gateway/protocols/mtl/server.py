@@ -162,6 +162,7 @@ class MTLServer:
         """Bind both sockets; return the control port bound."""
         import zmq
 
+        from gateway.protocols.mtl.zap import ZAPHandler, ZAPPolicy
         from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
 
         self._zmq = zmq_factory(self._reactor)
@@ -171,6 +172,14 @@ class MTLServer:
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
+        policy = ZAPPolicy.from_settings(
+            self.settings.allow_addresses, self.settings.curve_client_keys
+        )
+        if policy.needed:
+            # Bound before the sockets, so that no peer gets in unasked.
+            ZAPHandler(self._zmq, policy, self.name)
+            for socket in (self._control, self._data):
+                socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
         secret_key = self.settings.curve_secret_key
         if secret_key is not None:
             for socket in (self._control, self._data):

@@ -76,6 +76,11 @@ class MTLListenerSettings:
             ``curve_secret_key_file``: both sockets then encrypt and only
             CURVE clients that know the public key can talk to them. None:
             plaintext.
+        curve_client_keys: CURVE public keys (Z85) of the clients let in,
+            on a CURVE listener; empty: any client key.
+        allow_addresses: Networks (``127.0.0.1/32``, ``10.0.0.0/8``, IPv6
+            too) a peer's address must be in; empty: any. Enforced for both
+            sockets by a ZAP handler, before a peer's first message.
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         ping_interval_seconds: Pings to data peers this often.
@@ -87,6 +92,8 @@ class MTLListenerSettings:
     require_auth: bool = False
     mechanisms: tuple[str, ...] = ("PLAIN",)
     curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
+    curve_client_keys: tuple[bytes, ...] = ()
+    allow_addresses: tuple[str, ...] = ()
     data_port: int = 0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
