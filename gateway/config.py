@@ -571,6 +571,9 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
         section.problem(
             "confirm", 'the test profile never confirms (the server answers 501): set "none"'
         )
+    server_key = _mtl_curve_public(section)
+    if server_key is None and "curve_secret_key_file" in section.table:
+        section.problem("curve_secret_key_file", "needs curve_server_key (CURVE on)")
     return MTLUpstreamSettings(
         mode=section.choice("mode", frozenset({"writer", "reader"}), "writer"),
         profile=profile.lower() if isinstance(profile, str) else "gateway",
@@ -578,7 +581,8 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
         confirm=confirm,
         username=username if isinstance(username, str) else None,
         mechanism=section.choice("mechanism", frozenset(MTL_MECHANISMS), "PLAIN"),
-        curve_server_key=_mtl_curve_public(section),
+        curve_server_key=server_key,
+        curve_secret_key=_mtl_curve_secret(section),
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),

@@ -147,3 +147,27 @@ def test_bad_allow_addresses_and_client_keys(tmp_path: Path) -> None:
     assert sorted(reasons) == ["listeners.mtl.allow_addresses", "listeners.mtl.curve_client_keys"]
     assert "10.0.0.0/33" in reasons["listeners.mtl.allow_addresses"]
     assert "curve_secret_key_file" in reasons["listeners.mtl.curve_client_keys"]
+
+
+def test_upstream_curve_secret_key_file(tmp_path: Path) -> None:
+    """An upstream's own key file is read beside the config; without a server key it is refused."""
+    import zmq
+
+    server_key, _ = zmq.curve_keypair()
+    _, secret_key = zmq.curve_keypair()
+    (tmp_path / "client.key").write_bytes(secret_key)
+    main = tmp_path / "gateway.toml"
+    main.write_text(
+        UPSTREAM
+        + f'curve_server_key = "{server_key.decode()}"\n'
+        + 'curve_secret_key_file = "client.key"\n'
+    )
+    (upstream,) = load_config(main).upstreams
+    assert isinstance(upstream.settings, MTLUpstreamSettings)
+    assert upstream.settings.curve_secret_key == secret_key
+    main.write_text(UPSTREAM + 'curve_secret_key_file = "client.key"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(main)
+    (problem,) = caught.value.problems
+    assert problem.key == "upstreams.far.curve_secret_key_file"
+    assert "curve_server_key" in problem.reason

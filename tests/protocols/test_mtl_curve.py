@@ -10,6 +10,7 @@ import json
 from collections.abc import Generator
 from typing import Any
 
+import pytest
 import pytest_twisted
 import zmq
 from twisted.internet import threads
@@ -28,14 +29,16 @@ SILENCE_MS = 300
 """How long a plaintext peer waits to see that a CURVE listener ignores it."""
 
 
-def curve_server() -> tuple[MTLServer, bytes]:
-    """A listener with a fresh CURVE key pair; and its public key."""
+def curve_server(client_keys: tuple[bytes, ...] = ()) -> tuple[MTLServer, bytes]:
+    """A listener with a fresh CURVE key pair (and these client keys only); its public key."""
     from twisted.internet import reactor
 
     public_key, secret_key = zmq.curve_keypair()
     server = MTLServer(
         name="mtl",
-        settings=MTLListenerSettings(curve_secret_key=secret_key, ping_interval_seconds=0),
+        settings=MTLListenerSettings(
+            curve_secret_key=secret_key, curve_client_keys=client_keys, ping_interval_seconds=0
+        ),
         host="127.0.0.1",
         port=0,
         router=Router(RouteTable(), reactor),
@@ -114,11 +117,33 @@ def test_curve_peer_is_served_and_plaintext_peer_is_not() -> Generator[Any, Any,
         server.stop()
 
 
-@pytest_twisted.inlineCallbacks
-def test_our_upstream_over_curve() -> Generator[Any, Any, None]:
-    """Our upstream, given the server's public key, leases and summons over CURVE."""
+def curve_upstream(port: int, server_key: bytes, secret_key: bytes | None) -> MTLUpstream:
+    """Our reader upstream (test profile) over CURVE, with its own secret key or none."""
     from twisted.internet import reactor
 
+    return MTLUpstream(
+        name="remote",
+        settings=MTLUpstreamSettings(
+            mode="reader",
+            profile="test",
+            resources=("resource",),
+            confirm="none",
+            curve_server_key=server_key,
+            curve_secret_key=secret_key,
+        ),
+        host="127.0.0.1",
+        port=port,
+        router=Router(RouteTable(), reactor),
+        secrets=Secrets(),
+        clock=reactor,
+        reactor=reactor,
+    )
+
+
+@pytest.mark.parametrize("own_key", [False, True])
+@pytest_twisted.inlineCallbacks
+def test_our_upstream_over_curve(own_key: bool) -> Generator[Any, Any, None]:
+    """Our upstream leases and summons over CURVE: any key, or its own where only it is let in."""
     summoned: list[str] = []
 
     def observe(event: dict[str, Any]) -> None:
@@ -126,26 +151,36 @@ def test_our_upstream_over_curve() -> Generator[Any, Any, None]:
             summoned.append(event["resource"])
 
     globalLogPublisher.addObserver(observe)
-    server, public_key = curve_server()
-    upstream = MTLUpstream(
-        name="remote",
-        settings=MTLUpstreamSettings(
-            mode="reader",
-            profile="test",
-            resources=("resource",),
-            confirm="none",
-            curve_server_key=public_key,
-        ),
-        host="127.0.0.1",
-        port=server.port,
-        router=Router(RouteTable(), reactor),
-        secrets=Secrets(),
-        clock=reactor,
-        reactor=reactor,
-    )
+    public_key, secret_key = zmq.curve_keypair()
+    server, server_key = curve_server((public_key,) if own_key else ())
+    upstream = curve_upstream(server.port, server_key, secret_key if own_key else None)
     upstream.start()
     try:
         yield wait_for(lambda: upstream.connected and summoned == ["resource"])
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        upstream.stop()
+        server.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_upstream_with_an_unknown_key_is_refused() -> Generator[Any, Any, None]:
+    """A listener that knows other client keys refuses our upstream's (logged), never serves it."""
+    refused: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "refused a peer" in event.get("log_format", ""):
+            refused.append(event["reason"])
+
+    globalLogPublisher.addObserver(observe)
+    other_key, _ = zmq.curve_keypair()
+    server, server_key = curve_server((other_key,))
+    upstream = curve_upstream(server.port, server_key, None)
+    upstream.start()
+    try:
+        yield wait_for(lambda: bool(refused))
+        assert refused[0] == "CURVE key not allowed"
+        assert not upstream.connected and server.traffic.messages_in == 0
     finally:
         globalLogPublisher.removeObserver(observe)
         upstream.stop()

@@ -141,13 +141,17 @@ class MTLUpstream:
         self._request("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
 
     def _curve(self, socket: Any) -> None:
-        """Make ``socket`` a CURVE client of the server, with a key pair of its own."""
+        """Make ``socket`` a CURVE client of the server, with its key pair or a fresh one."""
         import zmq
 
         server_key = self.settings.curve_server_key
         if server_key is None:
             return
-        public_key, secret_key = zmq.curve_keypair()
+        secret_key = self.settings.curve_secret_key
+        if secret_key is None:
+            public_key, secret_key = zmq.curve_keypair()
+        else:
+            public_key = zmq.curve_public(secret_key)
         socket.set_option(zmq.CURVE_SERVERKEY, server_key)
         socket.set_option(zmq.CURVE_PUBLICKEY, public_key)
         socket.set_option(zmq.CURVE_SECRETKEY, secret_key)

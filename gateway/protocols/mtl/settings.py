@@ -143,7 +143,10 @@ class MTLUpstreamSettings:
             secret) when the server answers 401.
         mechanism: ``PLAIN`` or ``SCRAM-SHA-256``.
         curve_server_key: The server's CURVE public key (Z85): both sockets
-            then use CURVE with a fresh key pair of their own. None: plaintext.
+            then use CURVE. None: plaintext.
+        curve_secret_key: The upstream's own CURVE secret key (Z85, from
+            ``curve_secret_key_file``), for servers that let in known
+            client keys only; None: a fresh key pair per attempt.
         request_timeout_seconds: A control request unanswered this long
             means the server is gone: start over (with backoff).
         ping_interval_seconds: Pings on the data flow this often.
@@ -157,6 +160,7 @@ class MTLUpstreamSettings:
     username: str | None = None
     mechanism: str = "PLAIN"
     curve_server_key: bytes | None = None
+    curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
     request_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
