@@ -38,6 +38,11 @@ require_auth = true
 mechanisms = ["SCRAM-SHA-256"]
 curve_secret_key_file = "mtl.key"
 ping_interval_seconds = 5
+
+[listeners.guarded]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+allow_addresses = ["10.0.0.0/8"]
 """
 SECRETS = '[logins]\nalice = "wonderland"\n'
 TIMEOUT_MS = 10_000
@@ -128,5 +133,19 @@ def test_scram_and_curve_dialogue_with_fan_out(gateway: GatewayProcess) -> None:
                 reader.send_multipart([b"\x09", b""])
                 frames = recv(reader)
             assert frames[0][0] == 5 and frames[1] == b"secret payload"
+    finally:
+        context.destroy(linger=0)
+
+
+def test_peer_from_a_network_not_allowed_is_never_answered(gateway: GatewayProcess) -> None:
+    """The ZAP handler refuses a loopback peer where only 10.0.0.0/8 is allowed, and logs it."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        control = context.socket(zmq.REQ)
+        control.connect(f"tcp://127.0.0.1:{gateway.address('guarded')[1]}")
+        control.send_multipart([b"Connection.Open", b'{"protocol": {"name": "MTL", "version": 1}}'])
+        line = gateway.wait_for_log("guarded: refused a peer")
+        assert line.endswith("address 127.0.0.1 is not allowed")
+        assert not control.poll(0)
     finally:
         context.destroy(linger=0)
