@@ -51,6 +51,7 @@ import base64
 import binascii
 import itertools
 import secrets as random_texts
+from collections import OrderedDict
 from typing import Any, Final
 
 import attrs
@@ -148,8 +149,10 @@ class MTLServer:
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self.data_port = 0
-        self._sessions: dict[bytes, _Session] = {}
-        self._leases: dict[str, _Lease] = {}
+        # Both bounded (settings.max_sessions, max_leases), least recently used
+        # first out: nothing a peer sends grows them without limit.
+        self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
+        self._leases: OrderedDict[str, _Lease] = OrderedDict()
         self._peers: dict[bytes, _DataPeer] = {}
         self._control: Any = None
         self._data: Any = None
@@ -224,10 +227,31 @@ class MTLServer:
         if request is None:
             self.count_error("ill-formed-request")
             return  # the spec: drop it silently
-        session = self._sessions.setdefault(identity, _Session())
-        status, body = self._answer(session, request)
+        session = self._session(identity, request.command == "connection.open")
+        if session is None:
+            status, body = _bad("send Connection.Open first")
+        else:
+            status, body = self._answer(session, request)
         self._control.send(envelope + mtl.reply(status, body))
         self.traffic.messages_out += 1
+
+    def _session(self, identity: bytes, opening: bool) -> _Session | None:
+        """The control peer's session, made the most recently used; the oldest may go.
+
+        Only Connection.Open makes a session: other requests from an unknown
+        peer are refused without anything kept.
+        """
+        sessions = self._sessions
+        session = sessions.get(identity)
+        if session is None:
+            if not opening:
+                return None
+            session = sessions[identity] = _Session()
+            if len(sessions) > self.settings.max_sessions:
+                sessions.popitem(last=False)  # it must Open again
+        else:
+            sessions.move_to_end(identity)
+        return session
 
     def _answer(self, session: _Session, request: mtl.ControlRequest) -> tuple[int, dict[str, Any]]:
         command, body = request.command, request.body
@@ -361,6 +385,9 @@ class MTLServer:
             resources = [TEST_RESOURCE]
         lease = random_texts.token_urlsafe(18)
         self._leases[lease] = _Lease(session.profile, kind, tuple(resources), confirm)
+        if len(self._leases) > self.settings.max_leases:
+            # Data peers keep the leases they presented; the oldest token no longer works.
+            self._leases.popitem(last=False)
         return 202, {"status": "Data Lease", "port": self.data_port, "lease": lease}
 
     # --- data flow ---------------------------------------------------------------------

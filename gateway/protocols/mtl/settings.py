@@ -81,6 +81,10 @@ class MTLListenerSettings:
         allow_addresses: Networks (``127.0.0.1/32``, ``10.0.0.0/8``, IPv6
             too) a peer's address must be in; empty: any. Enforced for both
             sockets by a ZAP handler, before a peer's first message.
+        max_sessions: Control peers remembered; past it the least recently
+            heard from is forgotten (it must send Connection.Open again).
+        max_leases: Lease tokens remembered; past it the oldest no longer
+            works for a new data peer (those presented are kept by their peers).
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         ping_interval_seconds: Pings to data peers this often.
@@ -94,6 +98,8 @@ class MTLListenerSettings:
     curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
     curve_client_keys: tuple[bytes, ...] = ()
     allow_addresses: tuple[str, ...] = ()
+    max_sessions: int = 10_000
+    max_leases: int = 10_000
     data_port: int = 0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
