@@ -473,6 +473,8 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
         max_feed_backlog_bytes=section.integer(
             "max_feed_backlog_bytes", 4 * 1024 * 1024, minimum=65536
         ),
+        principals=frozenset(section.strings("principals")),
+        principal_lease_seconds=section.positive("principal_lease_seconds", 60.0),
     )
 
 
