@@ -120,17 +120,12 @@ def test_garbage_gives_events_or_our_error(chunks: list[bytes]) -> None:
 
 def test_garbage_ids_after_a_good_frame() -> None:
     """An unknown method is 540 after the good frame before it, in any split."""
-    unknown = b"\x01\x00\x00\x00\x00\x00\x04\x00\x3c\x00\x28\xce"  # basic.consume-ok-ish 60.40
-    [error] = {
-        type(e)
-        for e in assert_split_error(
-            FrameCodec,
-            CHANNEL_OPEN + unknown,
-            AMQPError,
-            [Method(channel=1, name="channel.open", arguments={"reserved_1": ""})],
-        )
-    }
-    assert error is AMQPError
+    unknown = (
+        b"\x01\x00\x00\x00\x00\x00\x04\x00\x3c\x00\x28\xce"  # class 60 method 40: Basic.Publish
+    )
+    good = Method(channel=1, name="channel.open", arguments={"reserved_1": ""})
+    errors = assert_split_error(FrameCodec, CHANNEL_OPEN + unknown, AMQPError, [good])
+    assert {e.code for e in errors if isinstance(e, AMQPError)} == {540}
     with pytest.raises(AMQPError) as caught:
         FrameCodec().receive_data(unknown)
     assert (caught.value.code, caught.value.class_id, caught.value.method_id) == (540, 60, 40)
