@@ -841,6 +841,31 @@ def test_dmp_listener_leases(tmp_path: Path) -> None:
     _only_problem(main, "listeners.dmp.leases.writer.feed", "no feed named 'nope'")
 
 
+def test_dmp_listener_principals(tmp_path: Path) -> None:
+    """``principals`` lists login identities; ``principal_lease_seconds`` must be positive."""
+    text = """
+        [listeners.dmp]
+        protocol = "dmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        sinks = ["orders"]
+        principals = ["app"]
+        principal_lease_seconds = 5
+        """
+    main = _write(tmp_path / "gateway.toml", text)
+    [listener] = load_config(main).listeners
+    assert listener.settings.principals == frozenset({"app"})
+    assert listener.settings.principal_lease_seconds == 5.0
+    main.write_text(
+        main.read_text().replace("principal_lease_seconds = 5", "principal_lease_seconds = 0")
+    )
+    _only_problem(main, "listeners.dmp.principal_lease_seconds", "greater than 0")
+    main.write_text(main.read_text().replace('principals = ["app"]', "principals = [1]"))
+    main.write_text(
+        main.read_text().replace("principal_lease_seconds = 0", "principal_lease_seconds = 9")
+    )
+    _only_problem(main, "listeners.dmp.principals", "only strings")
+
+
 def test_listener_max_connections(tmp_path: Path) -> None:
     """Every listener takes max_connections (1024 unless set); it must be at least 1."""
     main = _write(tmp_path / "gateway.toml", HUB)
