@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from gateway.codecs import dmp
-from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, Method
+from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, HeartbeatFrame, Method
 from gateway.core.auth import Secrets
 from gateway.core.router import Router, bind_routes
 from gateway.metrics import GatewayMetrics
@@ -298,3 +298,36 @@ def test_dmp_still_works_split_in_the_header() -> None:
     for octet in dmp.PROTOCOL_HEADER:
         protocol.dataReceived(bytes((octet,)))
     assert take(transport)[1:] == b"200 OK DMP/0.1"
+
+
+def test_heartbeats_when_the_client_asks_for_them() -> None:
+    """Tune-Ok heartbeat 5: a heartbeat frame every 5 s; closed after 2 silent intervals."""
+    listener = Listener()
+    protocol, transport = listener.connect()
+    tune_ok = frame(0, 10, 31, struct.pack(">HIH", 16, 4096, 5))
+    protocol.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"pw-a") + tune_ok + OPEN)
+    codec = FrameCodec()
+    codec.receive_data(take(transport))
+    listener.clock.advance(5)
+    assert codec.receive_data(take(transport)) == [HeartbeatFrame()]
+    protocol.dataReceived(b"\x08\x00\x00\x00\x00\x00\x00\xce")  # the client's heartbeat
+    listener.clock.advance(5)
+    listener.clock.advance(5)
+    assert codec.receive_data(take(transport)) == [HeartbeatFrame(), HeartbeatFrame()]
+    assert not transport.disconnecting
+    listener.clock.advance(5)  # the second interval with nothing from the client
+    assert transport.disconnecting
+    assert take(transport) == b""  # closed without Connection.Close (section 4.2.7)
+    protocol.connectionLost()
+    assert not listener.clock.getDelayedCalls()
+
+
+def test_no_timers_left_after_the_connection_is_lost() -> None:
+    """A principal connection with heartbeats, lost, leaves no delayed call behind."""
+    listener = Listener()
+    protocol, _ = listener.connect()
+    tune_ok = frame(0, 10, 31, struct.pack(">HIH", 16, 4096, 3))
+    protocol.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"pw-a") + tune_ok + OPEN)
+    assert listener.clock.getDelayedCalls()
+    protocol.connectionLost()
+    assert not listener.clock.getDelayedCalls()

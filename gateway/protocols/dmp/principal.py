@@ -26,8 +26,11 @@ sending a Connection.Start-Ok response", but Start-Ok is the client's; the
 server-properties table it names belongs to Connection.Start, so that is
 where we put it.
 
-Heartbeats are tuned to 0 (off): a principal connection is short-lived;
-the handshake time-out of the listener bounds the time to log in.
+The server proposes heartbeat 0 (a principal connection is short-lived);
+a client whose Tune-Ok asks for heartbeats anyway gets a heartbeat frame
+every that many seconds, and is closed (without Close, as AMQP 0-9-1
+section 4.2.7 says) after two intervals with nothing from it. The
+handshake time-out of the listener bounds the time to log in.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import secrets as random_texts
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
 from gateway.codecs import amqp091
@@ -86,6 +90,10 @@ class PrincipalConnection:
         self._channels: set[int] = set()
         self._closing_channels: set[int] = set()
         self._done = False
+        self._heartbeat_seconds = 0
+        self._heard = False
+        self._silent_beats = 0
+        self._timer: IDelayedCall | None = None
 
     def start(self) -> None:
         """Answer the protocol header with Connection.Start."""
@@ -107,6 +115,7 @@ class PrincipalConnection:
         """Handle what the peer sent."""
         if self._done:
             return
+        self._heard = True
         try:
             events = self._codec.receive_data(data)
         except amqp091.AMQPError as exc:
@@ -166,6 +175,9 @@ class PrincipalConnection:
                 )
                 return
             self._stage = "open-wait"
+            self._heartbeat_seconds = method.arguments["heartbeat"]
+            if self._heartbeat_seconds:
+                self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
         elif name == "connection.open" and stage == "open-wait":
             self._stage = "open"
             self._send(0, "connection.open-ok", reserved_1="")
@@ -267,8 +279,28 @@ class PrincipalConnection:
         # Without waiting for Close-Ok: a peer that broke framing may never send it.
         self._finish(f"principal connection refused: {reason}")
 
-    def _finish(self, why: str) -> None:
+    def _beat(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        self._silent_beats = 0 if self._heard else self._silent_beats + 1
+        self._heard = False
+        if self._silent_beats >= 2:
+            self._factory.count_error("heartbeat-timeout")
+            self._finish(f"principal connection silent for {2 * self._heartbeat_seconds} s")
+            return
+        self._write(amqp091.encode_heartbeat())
+        self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
+
+    def stop(self) -> None:
+        """The connection is gone: no more timers."""
         self._done = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _finish(self, why: str) -> None:
+        self.stop()
         self._close(why)
 
     def _send(self, channel: int, name: str, **arguments: object) -> None:

@@ -92,6 +92,8 @@ class DMPServerProtocol(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Forget the connection; a feed is free for its next reader."""
         self._closing = True
+        if self._principal is not None:
+            self._principal.stop()
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         if self.kind == "feed" and self.factory.readers.get(self.target) is self:
