@@ -533,7 +533,16 @@ def _dmp_upstream(section: _Section) -> DMPUpstreamSettings:
             "max_envelope_bytes", DEFAULT_DMP_MAX_ENVELOPE_BYTES, minimum=64
         ),
         max_backlog_bytes=section.integer("max_backlog_bytes", 4 * 1024 * 1024, minimum=65536),
+        **_dmp_principal(section),
     )
+
+
+def _dmp_principal(section: _Section) -> dict[str, Any]:
+    principal = section.string("principal", None)
+    target = section.string("target", "")
+    if principal is not None and not target:
+        section.problem("target", "names the remote sink or feed when principal is set")
+    return {"principal": principal, "target": target}
 
 
 def _log_settings(section: _Section) -> LogSettings:

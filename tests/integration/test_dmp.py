@@ -498,3 +498,50 @@ def test_a_bad_principal_login_is_refused(server: GatewayProcess) -> None:
     writer = Peer(server.address("dmp"))
     assert writer.open(b"lease-w")[1] == b'200 OK Ready to write to "orders"'
     writer.close()
+
+
+PRINCIPAL_CLIENT = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.mail]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[upstreams.orders]
+protocol = "dmp"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "put"
+principal = "app"
+target = "orders"
+"""
+
+
+def test_an_upstream_gets_its_lease_over_amqp(server: GatewayProcess, tmp_path: Path) -> None:
+    """Our upstream logs in as a principal, gets a Put-Ok lease, opens the sink; mail flows."""
+    reader = Peer(server.address("dmp"))
+    assert reader.open(b"lease-r")[1] == b'200 OK Ready to read from "alerts"'
+    client = GatewayProcess(
+        tmp_path / "p",
+        PRINCIPAL_CLIENT.format(port=server.address("dmp")[1]),
+        routes=CLIENT_ROUTES,
+        secrets='[upstreams]\norders = "app-pw"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream orders: connected")
+        session = QMQPSession(client.address("mail"))
+        try:
+            session.send(mail("q-21", "ops@example.org") + b"1:D,")
+            reply, _ = session.read_blocks(2)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+        finally:
+            session.close()
+        envelope = reader.envelope()
+    finally:
+        client.stop()
+        reader.close()
+    assert envelope["message_id"] == "q-21"

@@ -94,6 +94,11 @@ class DMPUpstreamSettings:
         max_envelope_bytes: Largest envelope taken from a feed.
         max_backlog_bytes: Bytes waiting for the connection beyond which
             deliveries are answered retry later.
+        principal: When set, the lease is not configured: before each
+            connection it is asked for over a principal AMQP 0-9-1
+            connection, logging in as this identity with the upstream's
+            secret, with Direct.Put (put) or Direct.Get (get) of ``target``.
+        target: The remote sink's or feed's name (with ``principal``).
     """
 
     mode: str = "put"
@@ -102,3 +107,5 @@ class DMPUpstreamSettings:
     dead_after_seconds: float = 0.0
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
     max_backlog_bytes: int = 4 * 1024 * 1024
+    principal: str | None = None
+    target: str = ""
