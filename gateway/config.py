@@ -858,6 +858,8 @@ def _parse_main(
         username = getattr(upstream.settings, "username", None)
         if getattr(upstream.settings, "scheme", None) == "secret":
             how = "logs in with scheme 'secret'"
+        elif upstream.protocol == "dmp" and getattr(upstream.settings, "principal", None):
+            how = f"logs in as principal {upstream.settings.principal!r} (its secret)"
         elif upstream.protocol == "dmp":
             how = "presents a lease (its secret)"
         elif username is not None and not (upstream.protocol == "stream" and username == "guest"):

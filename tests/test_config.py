@@ -866,6 +866,26 @@ def test_dmp_listener_principals(tmp_path: Path) -> None:
     _only_problem(main, "listeners.dmp.principals", "only strings")
 
 
+def test_dmp_upstream_principal_needs_a_target(tmp_path: Path) -> None:
+    """An upstream with ``principal`` names the remote sink or feed in ``target``."""
+    _write(tmp_path / "secrets.toml", '[upstreams]\norders = "pw"\n')
+    text = """
+        [gateway]
+        secrets = "secrets.toml"
+
+        [upstreams.orders]
+        protocol = "dmp"
+        endpoint = "tcp:host=127.0.0.1:port=5554"
+        principal = "app"
+        target = "orders"
+        """
+    main = _write(tmp_path / "gateway.toml", text)
+    [upstream] = load_config(main).upstreams
+    assert (upstream.settings.principal, upstream.settings.target) == ("app", "orders")
+    main.write_text(main.read_text().replace('target = "orders"', ""))
+    _only_problem(main, "upstreams.orders.target", "principal")
+
+
 def test_listener_max_connections(tmp_path: Path) -> None:
     """Every listener takes max_connections (1024 unless set); it must be at least 1."""
     main = _write(tmp_path / "gateway.toml", HUB)

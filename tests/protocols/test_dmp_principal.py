@@ -12,12 +12,14 @@ import struct
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.test import iosim
 
 from gateway.codecs import dmp
 from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, HeartbeatFrame, Method
 from gateway.core.auth import Secrets
 from gateway.core.router import Router, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.lease_request import LeaseRequest, LeaseRequestError
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings
 
@@ -331,3 +333,59 @@ def test_no_timers_left_after_the_connection_is_lost() -> None:
     assert listener.clock.getDelayedCalls()
     protocol.connectionLost()
     assert not listener.clock.getDelayedCalls()
+
+
+# --- our lease request (client role) against our listener, through iosim -------------------
+
+
+def ask(listener: Listener, identity: str, secret: bytes, mode: str, target: str) -> object:
+    """Run one `LeaseRequest` against the listener; the lease or the failure's message."""
+    server = listener.factory.buildProtocol(None)
+    assert server is not None
+    request = LeaseRequest(identity, secret, mode, target)
+    outcomes: list[object] = []
+    request.result.addCallbacks(outcomes.append, lambda f: outcomes.append(f.value))
+    pump = iosim.connect(
+        server,
+        iosim.FakeTransport(server, isServer=True),
+        request,
+        iosim.FakeTransport(request, isServer=False),
+        clock=listener.clock,
+    )
+    pump.flush()
+    [outcome] = outcomes
+    return outcome
+
+
+def test_lease_request_gets_leases_that_open_sink_and_feed() -> None:
+    """Our LeaseRequest gets Put-Ok and Get-Ok leases that the listener's DMP dialog accepts."""
+    listener = Listener()
+    sink_lease = ask(listener, "alice", b"pw-a", "put", "orders")
+    feed_lease = ask(listener, "alice", b"pw-a", "get", "alerts")
+    assert isinstance(sink_lease, str) and isinstance(feed_lease, str)
+    assert listener.dmp_open(sink_lease)[1][-1].text == 'Ready to write to "orders"'
+    assert listener.dmp_open(feed_lease)[1][-1].text == 'Ready to read from "alerts"'
+
+
+def test_lease_request_failures_say_why() -> None:
+    """A refused login, an unknown sink and a locked feed fail with the server's code and text."""
+    listener = Listener()
+    refused = ask(listener, "alice", b"nope", "put", "orders")
+    assert isinstance(refused, LeaseRequestError)
+    assert "connection.close 403" in str(refused)
+    missing = ask(listener, "alice", b"pw-a", "put", "nope")
+    assert isinstance(missing, LeaseRequestError)
+    assert "channel.close 404" in str(missing) and "nope" in str(missing)
+    feed_lease = ask(listener, "alice", b"pw-a", "get", "alerts")
+    assert isinstance(feed_lease, str)
+    listener.dmp_open(feed_lease)
+    locked = ask(listener, "alice", b"pw-a", "get", "alerts")
+    assert isinstance(locked, LeaseRequestError) and "405" in str(locked)
+
+
+def test_lease_request_against_a_listener_without_principals() -> None:
+    """A DMP listener that takes no principals answers DMP's 503: the request fails, clearly."""
+    listener = Listener(DMPListenerSettings(sinks=frozenset({"orders"})))
+    failed = ask(listener, "alice", b"pw-a", "put", "orders")
+    assert isinstance(failed, LeaseRequestError)
+    assert "takes no principal connections" in str(failed) and "503 INVALID" in str(failed)

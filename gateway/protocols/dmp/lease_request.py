@@ -64,8 +64,13 @@ class LeaseRequest(Protocol):
         """Answer the server's methods in turn."""
         if self.result.called:
             return
-        if data.startswith(b"AMQP") and not self._started:
+        if not self._started and data.startswith(b"AMQP"):
             self._fail(f"the server does not take AMQP 0-9-1 (it answered {data[:8]!r})")
+            return
+        if not self._started and data[1:4].isdigit():
+            # A DMP listener without principals answers with a DMP response (a short string).
+            answer = data[1 : 1 + data[0]].decode("utf-8", "replace")
+            self._fail(f"the server takes no principal connections: it answered {answer!r}")
             return
         try:
             events = self._codec.receive_data(data)
