@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import struct
 
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.test import iosim
+from zope.interface import implementer
 
 from gateway.codecs import dmp
 from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, HeartbeatFrame, Method
 from gateway.core.auth import Secrets
 from gateway.core.router import Router, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.client import DMPClientProtocol, DMPUpstream
 from gateway.protocols.dmp.lease_request import LeaseRequest, LeaseRequestError
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
-from gateway.protocols.dmp.settings import DMPListenerSettings
+from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings
 
 SETTINGS = DMPListenerSettings(
     sinks=frozenset({"orders"}),
@@ -389,3 +393,81 @@ def test_lease_request_against_a_listener_without_principals() -> None:
     failed = ask(listener, "alice", b"pw-a", "put", "orders")
     assert isinstance(failed, LeaseRequestError)
     assert "takes no principal connections" in str(failed) and "503 INVALID" in str(failed)
+
+
+@implementer(IStreamClientEndpoint)
+class InMemoryEndpoint:
+    """Connects to a listener's factory in memory (iosim), pumping at once."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.pumps: list[iosim.IOPump] = []
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        """Build both ends, connect them and flush what they say."""
+        client = factory.buildProtocol(None)
+        server = self.listener.factory.buildProtocol(None)
+        assert client is not None and server is not None
+        pump = iosim.connect(
+            server,
+            iosim.FakeTransport(server, isServer=True),
+            client,
+            iosim.FakeTransport(client, isServer=False),
+            clock=self.listener.clock,
+        )
+        self.pumps.append(pump)
+        return succeed(client)
+
+
+def upstream_with_principal(
+    listener: Listener, secret: bytes
+) -> tuple[DMPUpstream, InMemoryEndpoint, GatewayMetrics]:
+    """A put upstream logging in as alice for sink ``orders`` through the in-memory endpoint."""
+    endpoint = InMemoryEndpoint(listener)
+    metrics = GatewayMetrics()
+    made = DMPUpstream(
+        name="remote",
+        settings=DMPUpstreamSettings(mode="put", principal="alice", target="orders"),
+        endpoint=endpoint,
+        router=Router(bind_routes([], {}), listener.clock, metrics),
+        secrets=Secrets(upstreams={"remote": secret}),
+        clock=listener.clock,
+        metrics=metrics,
+    )
+    return made, endpoint, metrics
+
+
+def test_upstream_presents_the_lease_it_was_granted() -> None:
+    """The DMP connection waits for the principal's lease, then presents exactly it."""
+    listener = Listener()
+    up, endpoint, _ = upstream_with_principal(listener, b"pw-a")
+    connection = DMPClientProtocol(up)
+    transport = StringTransport()
+    connection.makeConnection(transport)
+    assert transport.value() == dmp.PROTOCOL_HEADER
+    for pump in endpoint.pumps:
+        pump.flush()
+    [granted] = listener.factory.granted
+    transport.clear()
+    connection.dataReceived(dmp.encode_response(dmp.Response(200, "DMP/0.1")))
+    assert transport.value() == short(granted.encode("ascii"))
+    connection.dataReceived(dmp.encode_response(dmp.Response(200, 'Ready to write to "orders"')))
+    assert up.connected
+
+
+def test_upstream_without_a_lease_closes_and_counts() -> None:
+    """A refused principal login closes the DMP connection (to retry later) and is counted."""
+    listener = Listener()
+    up, endpoint, metrics = upstream_with_principal(listener, b"wrong")
+    connection = DMPClientProtocol(up)
+    transport = StringTransport()
+    connection.makeConnection(transport)
+    connection.dataReceived(dmp.encode_response(dmp.Response(200, "DMP/0.1")))
+    for pump in endpoint.pumps:
+        pump.flush()
+    assert transport.disconnecting
+    assert not up.connected
+    count = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": "remote", "kind": "no-lease"}
+    )
+    assert count == 1.0
