@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
@@ -471,3 +473,23 @@ def test_upstream_without_a_lease_closes_and_counts() -> None:
         "msggateway_protocol_errors_total", {"endpoint": "remote", "kind": "no-lease"}
     )
     assert count == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=30), max_size=5), st.booleans())
+def test_garbage_never_escapes(chunks: list[bytes], logged_in: bool) -> None:
+    """Arbitrary bytes after the header (logged in or not) are answered or closed, never raised."""
+    listener = Listener()
+    if logged_in:
+        protocol, transport, _ = listener.logged_in()
+    else:
+        protocol, transport = listener.connect()
+        protocol.dataReceived(PROTOCOL_HEADER)
+    for chunk in chunks:
+        protocol.dataReceived(chunk)
+    written = transport.value()
+    if transport.disconnecting:
+        # What was written is whole frames; the last closes the connection.
+        last = FrameCodec().receive_data(written)[-1]
+        assert isinstance(last, Method)
+        assert last.name in ("connection.close", "connection.close-ok")
