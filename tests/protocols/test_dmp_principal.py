@@ -493,3 +493,33 @@ def test_garbage_never_escapes(chunks: list[bytes], logged_in: bool) -> None:
         last = FrameCodec().receive_data(written)[-1]
         assert isinstance(last, Method)
         assert last.name in ("connection.close", "connection.close-ok")
+
+
+def test_handshake_methods_only_in_their_place() -> None:
+    """A second Start-Ok after Open is 503 (no second login); Open before Tune-Ok is 503."""
+    listener = Listener()
+    protocol, transport, codec = listener.logged_in()
+    protocol.dataReceived(start_ok(b"alice", b"pw-a"))
+    [close] = replies(codec, transport)
+    assert (close.name, close.arguments["reply_code"]) == ("connection.close", 503)
+    assert "expected no connection method" in close.arguments["reply_text"]
+    protocol, transport = listener.connect()
+    protocol.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"pw-a") + OPEN)
+    *_, close = FrameCodec().receive_data(take(transport))
+    assert isinstance(close, Method) and close.arguments["reply_code"] == 503
+    assert "expected connection.tune-ok" in close.arguments["reply_text"]
+
+
+def test_channel_zero_and_crossing_closes() -> None:
+    """Direct.Put on channel 0 is 504; a Channel.Close crossing ours is answered with Close-Ok."""
+    listener = Listener()
+    protocol, transport, codec = listener.logged_in()
+    protocol.dataReceived(put(b"nope"))
+    assert [m.name for m in replies(codec, transport)] == ["channel.close"]
+    protocol.dataReceived(frame(1, 20, 40, struct.pack(">H", 200) + short(b"") + b"\0" * 4))
+    assert [m.name for m in replies(codec, transport)] == ["channel.close-ok"]
+    protocol.dataReceived(CHANNEL_OPEN)
+    assert [m.name for m in replies(codec, transport)] == ["channel.open-ok"]
+    protocol.dataReceived(put(b"orders", channel=0))
+    [close] = replies(codec, transport)
+    assert (close.name, close.arguments["reply_code"]) == ("connection.close", 504)

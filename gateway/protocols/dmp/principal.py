@@ -58,8 +58,6 @@ NOT_FOUND: Final = 404
 RESOURCE_LOCKED: Final = 405
 CHANNEL_ERROR: Final = 504
 
-_DIRECT_CLASS: Final = 61500
-
 
 class PrincipalConnection:
     """One principal AMQP 0-9-1 connection, after its protocol header.
@@ -142,11 +140,16 @@ class PrincipalConnection:
             self._finish("the client closed the principal connection")
         elif name.startswith("connection."):
             self._connection_method(event)
-        elif self._stage != "open" or event.channel == 0:
+        elif self._stage != "open":
             self._fail(amqp091.COMMAND_INVALID, f"{name} before the connection is open", *event.ids)
+        elif event.channel == 0:
+            self._fail(CHANNEL_ERROR, f"{name} on channel 0, the connection's", *event.ids)
         elif event.channel in self._closing_channels:
-            if name == "channel.close-ok":
+            # We closed it: wait for Close-Ok (a Close crossing ours is answered), drop the rest.
+            if name in ("channel.close-ok", "channel.close"):
                 self._closing_channels.discard(event.channel)
+            if name == "channel.close":
+                self._send(event.channel, "channel.close-ok")
         elif name == "channel.open":
             self._channel_open(event)
         elif event.channel not in self._channels:
@@ -160,10 +163,16 @@ class PrincipalConnection:
             self._fail(amqp091.COMMAND_INVALID, f"a client does not send {name}", *event.ids)
 
     def _connection_method(self, method: Method) -> None:
-        expected = {"start-ok": "connection.start-ok", "tune-ok": "connection.tune-ok"}
+        # Each handshake method belongs to exactly one stage; nothing else comes before "open".
+        expected = {
+            "start-ok": "connection.start-ok",
+            "tune-ok": "connection.tune-ok",
+            "open-wait": "connection.open",
+        }
         stage, name = self._stage, method.name
-        if stage in expected and name != expected[stage]:
-            why = f"{name} where {expected[stage]} belongs"
+        if expected.get(stage) != name:
+            wanted = expected.get(stage, "no connection method but Close")
+            why = f"{name} is out of place here (expected {wanted})"
             self._fail(amqp091.COMMAND_INVALID, why, *method.ids)
         elif name == "connection.start-ok":
             self._log_in(method)
@@ -178,12 +187,10 @@ class PrincipalConnection:
             self._heartbeat_seconds = method.arguments["heartbeat"]
             if self._heartbeat_seconds:
                 self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
-        elif name == "connection.open" and stage == "open-wait":
+        else:  # connection.open
             self._stage = "open"
             self._send(0, "connection.open-ok", reserved_1="")
             self._opened()
-        else:
-            self._fail(amqp091.COMMAND_INVALID, f"{name} is out of place here", *method.ids)
 
     def _log_in(self, method: Method) -> None:
         mechanism = method.arguments["mechanism"]
