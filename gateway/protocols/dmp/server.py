@@ -76,6 +76,7 @@ class DMPServerProtocol(Protocol):
         self._in_flight = InFlight(factory.settings.max_in_flight, self._stop_reading, self._read)
         self._writes = HeldWrites(self._write)
         self._heard = True
+        self._stalled_seconds = 0.0  # a feed reader not draining, counted at heartbeats
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
 
@@ -330,9 +331,20 @@ class DMPServerProtocol(Protocol):
         self._timer = None
         if self._closing:
             return
+        settings = self.factory.settings
         if not self._writes.paused:
+            self._stalled_seconds = 0.0
             self._write(dmp.HEARTBEAT_BYTES)
-        self._schedule(self.factory.settings.heartbeat_seconds, self._beat)
+        else:
+            # A reader that takes nothing (its socket stays full) for the idle
+            # time-out is hung or gone without a FIN: free the feed for another.
+            self._stalled_seconds += settings.heartbeat_seconds
+            limit = settings.idle_timeout_seconds
+            if limit > 0 and self._stalled_seconds >= limit:
+                self.factory.count_error("reader-stalled")
+                self._close(f"the reader of feed {self.target!r} read nothing for {limit:g} s")
+                return
+        self._schedule(settings.heartbeat_seconds, self._beat)
 
     # --- helpers -------------------------------------------------------------------------
 
