@@ -545,3 +545,34 @@ def test_an_upstream_gets_its_lease_over_amqp(server: GatewayProcess, tmp_path: 
         client.stop()
         reader.close()
     assert envelope["message_id"] == "q-21"
+
+
+DURABLE_CLIENT = CLIENT.replace(
+    'secrets = "secrets.toml"\n', 'secrets = "secrets.toml"\ndata_dir = "data"\n', 1
+)
+DURABLE_ROUTES = {"mail": 'from = "mail"\nmatch = "#"\nto = "orders"\ndurable = true\n'}
+
+
+def test_qmqp_to_a_dmp_sink_on_a_durable_route(server: GatewayProcess, tmp_path: Path) -> None:
+    """On a durable route K comes after the local commit; the forwarder then writes to the sink."""
+    reader = Peer(server.address("dmp"))
+    assert reader.open(b"lease-r")[1] == b'200 OK Ready to read from "alerts"'
+    client = GatewayProcess(
+        tmp_path / "d",
+        DURABLE_CLIENT.format(port=server.address("dmp")[1]),
+        routes=DURABLE_ROUTES,
+        secrets=CLIENT_SECRETS,
+    ).start()
+    try:
+        session = QMQPSession(client.address("mail"))
+        try:
+            session.send(mail("q-31", "ops@example.org") + b"1:D,")
+            reply, _ = session.read_blocks(2)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+        finally:
+            session.close()
+        envelope = reader.envelope()
+    finally:
+        client.stop()
+        reader.close()
+    assert envelope["message_id"] == "q-31"
