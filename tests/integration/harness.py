@@ -128,15 +128,18 @@ class GatewayProcess:
                     )
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                for raw in lines:
+                for index, raw in enumerate(lines):
                     line = raw.decode("utf-8", "replace")
                     with self._lock:
                         self._output.append(line + "\n")
                     found = _READY.search(line)
                     if found:
                         self._parse_ready(found.group(1))
+                        # Lines that came in the same read as the ready line
+                        # (an upstream connecting at once) are kept too.
+                        rest = b"".join(raw + b"\n" for raw in lines[index + 1 :]) + pending
                         with self._lock:
-                            self._output.append(pending.decode("utf-8", "replace"))
+                            self._output.append(rest.decode("utf-8", "replace"))
                         self._drain = threading.Thread(target=self._drain_output, daemon=True)
                         self._drain.start()
                         return self
