@@ -510,11 +510,16 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
     profile = section.string("profile", "gateway")
     if isinstance(profile, str) and profile.lower() not in MTL_PROFILES:
         section.problem("profile", f"choose from {', '.join(sorted(MTL_PROFILES))}")
+    confirm = section.choice("confirm", frozenset({"none", "full"}), "full")
+    if isinstance(profile, str) and profile.lower() == "test" and confirm == "full":
+        section.problem(
+            "confirm", 'the test profile never confirms (the server answers 501): set "none"'
+        )
     return MTLUpstreamSettings(
         mode=section.choice("mode", frozenset({"writer", "reader"}), "writer"),
         profile=profile.lower() if isinstance(profile, str) else "gateway",
         resources=section.strings("resources"),
-        confirm=section.choice("confirm", frozenset({"none", "full"}), "full"),
+        confirm=confirm,
         username=username if isinstance(username, str) else None,
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),

@@ -48,6 +48,7 @@ class GatewayProcess:
         config: The main file's TOML text.
         routes: Route file name (without ``.toml``) to TOML text.
         secrets: The secrets file's TOML text, if any.
+        reactor: twistd's ``--reactor`` choice (e.g. ``asyncio``); its default if None.
     """
 
     def __init__(
@@ -56,8 +57,10 @@ class GatewayProcess:
         config: str,
         routes: dict[str, str] | None = None,
         secrets: str | None = None,
+        reactor: str | None = None,
     ) -> None:
         self.directory = directory
+        self.reactor = reactor
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "routes").mkdir(exist_ok=True)
         for name, text in (routes or {}).items():
@@ -95,6 +98,7 @@ class GatewayProcess:
             "--nodaemon",
             "--pidfile=",
             "--logfile=-",
+            *([f"--reactor={self.reactor}"] if self.reactor else []),
             "msggateway",
             "--config",
             str(self.config_path),
@@ -183,6 +187,16 @@ class GatewayProcess:
                     break
                 self._lock.wait(left)
         raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
+
+    def wait_for_log_count(self, text: str, count: int, timeout: float) -> None:
+        """Wait until ``text`` appears ``count`` times in the log, woken by each new line."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while "".join(self._output).count(text) < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    raise AssertionError(f"{text!r} not seen {count} times:\n{self.output()}")
+                self._lock.wait(left)
 
     def kill(self) -> None:
         """Kill the process with SIGKILL (no clean shutdown) and reap it."""
