@@ -409,6 +409,7 @@ def _qmqp_listener(section: _Section, tls: bool) -> QMQPListenerSettings:
         ),
         max_in_flight=section.integer("max_in_flight", 1000, minimum=1),
         max_in_flight_bytes=section.integer("max_in_flight_bytes", 64 * 1024 * 1024, minimum=65536),
+        idle_timeout_seconds=section.positive("idle_timeout_seconds", 120.0),
     )
 
 
@@ -511,11 +512,16 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
     profile = section.string("profile", "gateway")
     if isinstance(profile, str) and profile.lower() not in MTL_PROFILES:
         section.problem("profile", f"choose from {', '.join(sorted(MTL_PROFILES))}")
+    confirm = section.choice("confirm", frozenset({"none", "full"}), "full")
+    if isinstance(profile, str) and profile.lower() == "test" and confirm == "full":
+        section.problem(
+            "confirm", 'the test profile never confirms (the server answers 501): set "none"'
+        )
     return MTLUpstreamSettings(
         mode=section.choice("mode", frozenset({"writer", "reader"}), "writer"),
         profile=profile.lower() if isinstance(profile, str) else "gateway",
         resources=section.strings("resources"),
-        confirm=section.choice("confirm", frozenset({"none", "full"}), "full"),
+        confirm=confirm,
         username=username if isinstance(username, str) else None,
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
@@ -569,6 +575,7 @@ def _stream_listener(section: _Section, tls: bool) -> StreamListenerSettings:
         frame_max=section.integer("frame_max", DEFAULT_FRAME_MAX, minimum=0),
         heartbeat_seconds=section.integer("heartbeat_seconds", 60, minimum=0),
         max_unconfirmed=section.integer("max_unconfirmed", 50_000, minimum=1),
+        handshake_timeout_seconds=section.positive("handshake_timeout_seconds", 10.0),
     )
 
 

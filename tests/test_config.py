@@ -437,6 +437,18 @@ def test_unknown_protocol(tmp_path: Path) -> None:
     )
 
 
+def test_mtl_upstream_on_the_test_profile_must_not_ask_for_confirmations(
+    tmp_path: Path,
+) -> None:
+    """The test profile never confirms: confirm = "full" (the default) is named as the problem."""
+    text = '[upstreams.far]\nprotocol = "mtl"\nendpoint = "tcp:host=127.0.0.1:port=5555"\n'
+    main = _write(tmp_path / "gateway.toml", text + 'profile = "test"\n')
+    _only_problem(main, "upstreams.far.confirm", "the test profile never confirms")
+    fine = _write(tmp_path / "fine.toml", text + 'profile = "TEST"\nconfirm = "none"\n')
+    (upstream,) = load_config(fine).upstreams
+    assert (upstream.settings.profile, upstream.settings.confirm) == ("test", "none")
+
+
 def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> None:
     """Without an endpoint, the protocol's own settings are not called unknown keys."""
     main = _write(

@@ -25,9 +25,9 @@ command-type byte and its fields) and a body::
 Spec, "Field Encodings": integers are 64-bit unsigned big-endian, short
 strings one length octet and up to 255 bytes, booleans one octet 0 or 1.
 Spec ambiguity: the field table is "to be defined"; we use the AMQP 0-9-1
-field table (`gateway.codecs.fieldtable`), as DMP's headers do. Another
-reading: the spec lists a "shortint" encoding that no command uses; it is
-not needed here.
+field table (`gateway.codecs.fieldtable`), as DMP's headers do. The spec
+lists a "shortint" (16-bit unsigned, network order) that no command uses;
+`encode_shortint` and `decode_shortint` carry it for profiles that will.
 
 `decode_data` raises `MTLError` for an ill-formed data command (wrong frame
 count, unknown type, fields cut short or left over, a boolean other than 0
@@ -74,8 +74,14 @@ __all__ = [
     "Reject",
     "Response",
     "Summon",
+    "decode_boolean",
     "decode_data",
+    "decode_integer",
+    "decode_shortint",
+    "encode_boolean",
     "encode_data",
+    "encode_integer",
+    "encode_shortint",
     "parse_reply",
     "parse_request",
     "reply",
@@ -93,6 +99,7 @@ PING: Final = 0x08
 PONG: Final = 0x09
 
 _U64: Final = struct.Struct(">Q")
+_U16: Final = struct.Struct(">H")
 
 
 class MTLError(RemoteProtocolError):
@@ -347,3 +354,64 @@ def _int(value: int) -> bytes:
     if not 0 <= value < 2**64:
         raise MTLLocalError(f"{value} does not fit a 64-bit unsigned integer")
     return _U64.pack(value)
+
+
+# --- field encodings (spec, "Field Encodings") ---------------------------------------------
+
+
+def encode_integer(value: int) -> bytes:
+    """An Integer: eight bytes, unsigned, network order.
+
+    Raises:
+        MTLLocalError: Out of range.
+    """
+    return _int(value)
+
+
+def decode_integer(data: bytes, offset: int = 0) -> tuple[int, int]:
+    """An Integer at ``offset``, and the offset after it.
+
+    Raises:
+        MTLError: Cut short.
+    """
+    if offset + 8 > len(data):
+        raise MTLError("integer field cut short", where=f"byte {offset}")
+    return int(_U64.unpack_from(data, offset)[0]), offset + 8
+
+
+def encode_shortint(value: int) -> bytes:
+    """A Shortint: two bytes, unsigned, network order.
+
+    Raises:
+        MTLLocalError: Out of range.
+    """
+    if not 0 <= value < 2**16:
+        raise MTLLocalError(f"{value} does not fit a 16-bit unsigned shortint")
+    return _U16.pack(value)
+
+
+def decode_shortint(data: bytes, offset: int = 0) -> tuple[int, int]:
+    """A Shortint at ``offset``, and the offset after it.
+
+    Raises:
+        MTLError: Cut short.
+    """
+    if offset + 2 > len(data):
+        raise MTLError("shortint field cut short", where=f"byte {offset}")
+    return int(_U16.unpack_from(data, offset)[0]), offset + 2
+
+
+def encode_boolean(value: bool) -> bytes:
+    """A Boolean: one byte, 0 or 1."""
+    return b"\x01" if value else b"\x00"
+
+
+def decode_boolean(data: bytes, offset: int = 0) -> tuple[bool, int]:
+    """A Boolean at ``offset``, and the offset after it.
+
+    Raises:
+        MTLError: Missing, or a byte other than 0 or 1.
+    """
+    if offset >= len(data) or data[offset] not in (0, 1):
+        raise MTLError("boolean must be one octet, 0 or 1", where=f"byte {offset}")
+    return data[offset] == 1, offset + 1

@@ -4,15 +4,20 @@ The clients here use pyzmq directly (REQ for control, DEALER for data) and
 encode data commands with struct from the spec's field lists, not with the
 project's codec: the whole control dialogue, the test profile's fan-out
 with several writers and readers, the gateway profile bridged to SSMP with
-confirm=full (a rejection from the destination comes back as Reject), and
-ill-formed requests that must not stop the listener.
+confirm=full (a rejection from the destination comes back as Reject),
+QMQP mail to a confirm=full reader (Confirm K, Reject D, recycle Z), pings
+and dead-peer detection, ill-formed requests that must not stop the
+listener; and our upstream against our server, including a server killed
+and started again on the same port.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +61,10 @@ ROUTES = {
     "to-hub": 'from = "mtl"\nmatch = "#"\nto = "hub"\n',
     "from-hub": 'from = "hub"\nmatch = "news.#"\nto = "mtl"\naddress = "news"\n',
     "alerts": 'from = "hub"\nmatch = "alerts.#"\nto = "mtl"\naddress = "alerts"\n',
+    "bulk": 'from = "hub"\nmatch = "bulk.#"\nto = "mtl"\naddress = "bulk"\n',
+    "gone": 'from = "hub"\nmatch = "gone.#"\nto = "mtl"\naddress = "gone"\n',
+    # QMQP mail for anyone at mtl.example goes to MTL readers of "inbox".
+    "mail-in": 'from = "mail"\nmatch = "#@mtl.example"\nto = "mtl"\naddress = "inbox"\n',
     "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "mtl"\naddress = "mail"\n',
 }
 
@@ -210,6 +219,81 @@ def test_ill_formed_requests_are_dropped(
     raw.close(linger=0)
 
 
+def test_invalid_control_requests_are_answered(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Well-formed but invalid requests get 400 or 401 with a reason; the session goes on."""
+    control = Control(context, gateway.address("mtl")[1])
+    status, reply = control.ask("Connection.Open", {"protocol": {"name": "AMQP", "version": 1}})
+    assert status == 400 and "MTL" in str(reply["reason"])
+    status, reply = control.ask("Connection.Open", {"protocol": {"name": "MTL", "version": 2}})
+    assert status == 400
+    assert control.ask("Connection.Open", {"protocol": {"name": "mtl", "version": 1}})[0] == 401
+    status, reply = control.ask("Connection.Authorize", {"mechanism": "GSSAPI", "response": ""})
+    assert (status, reply["mechanisms"]) == (401, ["PLAIN"])
+    status, reply = control.ask("Connection.Authorize", {"mechanism": "plain", "response": "!!"})
+    assert status == 400 and "base64" in str(reply["reason"])
+    no_separators = base64.b64encode(b"alice wonderland").decode()
+    status, reply = control.ask(
+        "Connection.Authorize", {"mechanism": "PLAIN", "response": no_separators}
+    )
+    assert status == 400 and "NUL" in str(reply["reason"])
+    assert control.ask("Connection.Profile", {"profile": "test"})[0] == 401  # not logged in
+    right = base64.b64encode(b"\0alice\0wonderland").decode()
+    assert control.ask("Connection.Authorize", {"mechanism": "PLAIN", "response": right})[0] == 201
+    status, reply = control.ask("Connection.Frobnicate", {})
+    assert status == 400 and "connection.frobnicate" in str(reply["reason"])
+    assert control.ask("Connection.Profile", {"profile": "Gateway"})[0] == 200
+    status, reply = control.ask("Connection.Reader", {"resources": "news", "confirm": "none"})
+    assert status == 400 and "list" in str(reply["reason"])
+    status, reply = control.ask("Connection.Reader", {"resources": [], "confirm": "some"})
+    assert status == 400
+    assert control.ask("Connection.Reader", {"resources": [], "confirm": "FULL"})[0] == 202
+
+
+def test_data_flow_garbage_and_invalid_commands(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Ill-formed data commands get nothing; invalid ones 403, 400 or Reject; the peer goes on."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("test", "Reader", ["resource"])
+    data = Data(context, data_port)
+    for frames in ([b"\x08"], [b"\x08", b"", b""], [b"\x0a", b""], [b"\x01\x00\x01", b""],
+                   [b"\x06" + u64(1) + b"\x02", b""], [b"", b""], [b"\x05" + u64(1), b"x"],
+                   [b"\x05" + u64(1) + b"\x00\x00\x00\x00\x09", b"x"]):  # fmt: skip
+        data.socket.send_multipart(frames)
+    data.command(b"\x06" + u64(77) + b"\x00")  # Confirm of nothing: ignored silently
+    data.command(b"\x07" + u64(78) + b"\x01\x01")  # Reject of nothing: ignored silently
+    deadline = time.monotonic() + 0.3
+    while data.socket.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        header, _ = data.socket.recv_multipart()
+        assert header == b"\x08", header  # the listener's Pings, and nothing else
+    data.command(b"\x03" + u64(5) + short("resource"))  # Summon before Lease
+    assert data.response(5) == 403
+    data.content(6, "resource", b"no lease")  # Content before Lease: rejected
+    kind, fields, _ = data.next()
+    assert (kind, fields) == (0x07, u64(6) + b"\x00\x00")
+    assert data.lease("no such lease") == 403
+    assert data.lease(lease) == 200
+    data.command(b"\x03" + u64(7) + short("elsewhere"))  # not a leased resource
+    assert data.response(7) == 400
+    data.command(b"\x04" + u64(8) + short("resource"))  # Dismiss before Summon
+    assert data.response(8) == 400
+    data.command(b"\x08")  # Ping: Pong
+    assert data.next()[0] == 0x09  # (a Ping from the listener meanwhile is answered)
+    data.content(9, "resource", b"a reader may not write")
+    kind, fields, _ = data.next()
+    assert (kind, fields) == (0x07, u64(9) + b"\x00\x00")
+    writer_port, writer_lease = Control(context, port).ready("gateway", "Writer", ["a", "b"])
+    writer = Data(context, writer_port)
+    assert writer.lease(writer_lease) == 200
+    writer.content(1, "", b"two resources leased: which one?")
+    writer.content(2, "c", b"not leased")
+    for sequence in (1, 2):  # rejected although the lease has no confirmations
+        kind, fields, _ = writer.next()
+        assert (kind, fields) == (0x07, u64(sequence) + b"\x00\x00")
+
+
 def test_test_profile_fans_out(
     gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
@@ -238,6 +322,17 @@ def test_test_profile_fans_out(
         assert got == [b"from writer 0", b"from writer 1"]
     readers[0].command(b"\x04" + u64(9) + short("resource"))  # Dismiss
     assert readers[0].response(9) == 200
+    # After the Response to Dismiss, nothing more from the resource for that reader.
+    writers[0].content(2, "resource", b"after the dismiss")
+    for reader in readers[1:]:
+        assert reader.next()[2] == b"after the dismiss"
+    readers[0].command(b"\x08")  # a Ping: its Pong comes after anything already sent
+    assert readers[0].next()[0] == 0x09
+    # Summoned again: content flows again, after the Response.
+    readers[0].command(b"\x03" + u64(10) + short("resource"))
+    assert readers[0].response(10) == 200
+    writers[1].content(2, "", b"summoned again")
+    assert readers[0].next()[2] == b"summoned again"
 
 
 def test_gateway_profile_with_confirmations(
@@ -277,6 +372,64 @@ def test_gateway_profile_with_confirmations(
         kind, fields, body = reader.next()
         reader.command(b"\x07" + fields[:8] + b"\x00\x00")  # Reject: the publisher hears 400
         assert watcher.read_line().startswith(b"400 rejected")
+
+
+def test_confirm_and_reject_multiple(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """One Confirm with multiple settles three contents; one Reject multiple+recycle two more."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["bulk"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("bulk"))
+    assert reader.response(2) == 200
+    with LineClient(gateway.address("hub")) as publisher:
+        publisher.send("LOGIN bulk-sender open")
+        publisher.expect("200")
+        for rounds, answer, expected in (
+            (3, b"\x06", b"200"),  # Confirm, multiple
+            (2, b"\x07", b"400 retry"),  # Reject, multiple, recycle: retry later
+        ):
+            for index in range(rounds):
+                publisher.send(f"MCAST bulk.items item {index}")
+            sequences = []
+            for _ in range(rounds):
+                kind, fields, _ = reader.next()
+                assert kind == 0x05
+                sequences.append(fields[:8])
+            flags = b"\x01" if answer == b"\x06" else b"\x01\x01"
+            reader.command(answer + max(sequences) + flags)
+            for _ in range(rounds):
+                line = publisher.read_line()
+                assert line.startswith(expected), line
+
+
+def test_a_reader_that_went_away_is_not_counted_as_delivered(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A confirm=none reader closes its socket: its content is no longer "accepted" but retried."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["gone"])
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("gone"))
+    assert reader.response(2) == 200
+    with LineClient(gateway.address("hub")) as publisher:
+        publisher.send("LOGIN gone-sender open", "MCAST gone.now first")
+        publisher.expect("200")
+        publisher.expect("200")  # written to the reader: accepted
+        assert reader.next()[2] == b"first"
+        reader.socket.close(linger=0)
+        # ZeroMQ notices the closed connection on its own time: poll, bounded.
+        deadline = time.monotonic() + 10
+        while True:
+            publisher.send("MCAST gone.now again")
+            answer = publisher.read_line()
+            if answer.startswith(b"400 retry"):
+                break
+            # Each try is a full round trip through the gateway: no sleep needed.
+            assert answer.startswith(b"200") and time.monotonic() < deadline, answer
 
 
 CLIENT = """
@@ -360,6 +513,191 @@ def test_our_client_reading(gateway: GatewayProcess, tmp_path: Path) -> None:
         client.stop()
 
 
+def test_qmqp_to_an_mtl_reader(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """QMQP mail routed to a confirm=full reader: Confirm is K, Reject D, Reject recycle Z."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Reader", ["inbox"], confirm="full")
+    reader = Data(context, data_port)
+    assert reader.lease(lease) == 200
+    reader.command(b"\x03" + u64(2) + short("inbox"))
+    assert reader.response(2) == 200
+    session = QMQPSession(gateway.address("mail"))
+    try:
+        answers = {
+            b"kept": b"\x06" + b"\x00",
+            b"refused": b"\x07\x00\x00",
+            b"later": b"\x07\x00\x01",
+        }
+        for block_id in answers:
+            session.send(mail(block_id.decode(), "ops@mtl.example", subject=block_id.decode()))
+            kind, fields, body = reader.next()
+            assert kind == 0x05 and fields[8:].startswith(short("inbox")), (kind, fields)
+            assert b"Subject: " + block_id in body
+            kind_and_flags = answers[block_id]
+            reader.command(kind_and_flags[:1] + fields[:8] + kind_and_flags[1:])
+            (reply,) = session.read_blocks(1)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.id == block_id
+            expected = {b"kept": qmqp.K, b"refused": qmqp.D, b"later": qmqp.Z}[block_id]
+            assert reply.status == expected, reply
+    finally:
+        session.close()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+DEAD = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:{port}:interface=127.0.0.1"
+ping_interval_seconds = 0.2
+dead_after_seconds = 1
+"""
+
+
+def test_dead_data_peers_are_forgotten(
+    tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """The listener pings; a peer that never answers loses its lease, one that pongs keeps it."""
+    server = GatewayProcess(tmp_path / "dead", DEAD.format(port=0)).start()
+    try:
+        port = server.address("mtl")[1]
+        peers = []
+        for _ in range(2):
+            control = Control(context, port)
+            assert (
+                control.ask("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})[0]
+                == 201
+            )
+            assert control.ask("Connection.Profile", {"profile": "test"})[0] == 200
+            status, reply = control.ask("Connection.Reader", {"resources": [], "confirm": "none"})
+            assert status == 202
+            peer = Data(context, int(reply["port"]))  # type: ignore[call-overload]
+            assert peer.lease(str(reply["lease"])) == 200
+            peer.command(b"\x03" + u64(2) + short("resource"))
+            assert peer.response(2) == 200
+            peers.append(peer)
+        silent, alive = peers
+        kind, _, _ = silent.next(skip_pings=False)
+        assert kind == 0x08  # a Ping, left unanswered
+        deadline = time.monotonic() + 15
+        while "forgot a dead data peer" not in server.output():
+            assert time.monotonic() < deadline, server.output()
+            if alive.socket.poll(50):  # answer the listener's Pings meanwhile
+                header, _ = alive.socket.recv_multipart()
+                assert header == b"\x08"
+                alive.command(b"\x09")
+        assert "silent for" in server.wait_for_log("forgot a dead data peer")
+        # The silent peer is a stranger now: its Summon needs a lease first.
+        silent.command(b"\x04" + u64(3) + short("resource"))
+        while True:
+            kind, fields, body = silent.next(skip_pings=False)
+            if kind == 0x02:
+                break
+        assert (fields, body) == (u64(3), b"403")
+        # The peer that answered every Ping still holds its lease and summons.
+        alive.command(b"\x04" + u64(3) + short("resource"))
+        assert alive.response(3) == 200
+    finally:
+        server.stop()
+
+
+RECOVER = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.far]
+protocol = "mtl"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "writer"
+profile = "gateway"
+confirm = "full"
+request_timeout_seconds = 1
+ping_interval_seconds = 0.2
+dead_after_seconds = 1
+"""
+
+FAR = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:{port}:interface=127.0.0.1"
+"""
+
+
+def wait_for_count(process: GatewayProcess, text: str, count: int, timeout: float = 30.0) -> None:
+    """Wait until ``text`` appears ``count`` times in the log (woken by each new line)."""
+    process.wait_for_log_count(text, count, timeout)
+
+
+def test_our_client_recovers_when_the_server_goes_away(tmp_path: Path) -> None:
+    """The server is killed: deliveries answer retry; a new server on the port: carried again."""
+    port = free_port()
+    far_routes = {"in": 'from = "mtl"\nmatch = "#"\nto = "hub"\n'}
+    far = GatewayProcess(tmp_path / "far1", FAR.format(port=port), routes=far_routes).start()
+    near = GatewayProcess(
+        tmp_path / "near",
+        RECOVER.format(port=port),
+        routes={"out": 'from = "hub"\nmatch = "weather.#"\nto = "far"\n'},
+        secrets='[upstreams]\nfar = "unused"\n',
+    ).start()
+    try:
+        near.wait_for_log("upstream far: connected")
+        with LineClient(near.address("hub")) as publisher:
+            publisher.send("LOGIN sensor-1 open", "MCAST weather.oslo snow")
+            publisher.expect("200")
+            publisher.expect("200")
+            far.kill()
+            near.wait_for_log("upstream far: starting over")
+            publisher.send("MCAST weather.oslo sleet")
+            answer = publisher.read_line()
+            assert answer.startswith(b"400 retry"), answer
+            far = GatewayProcess(tmp_path / "far2", FAR.format(port=port), routes=far_routes)
+            far.start()
+            wait_for_count(near, "upstream far: connected", 2)
+            with LineClient(far.address("hub")) as watcher:
+                watcher.send("LOGIN watcher open", "SUBSCRIBE weather.oslo")
+                watcher.expect("200")
+                watcher.expect("200")
+                publisher.send("MCAST weather.oslo sun")
+                publisher.expect("200")
+                watcher.expect("000 sensor-1 MCAST weather.oslo sun")
+    finally:
+        near.stop()
+        far.stop()
+
+
 def test_qmqp_mail_to_an_mtl_reader(
     gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:
@@ -381,3 +719,81 @@ def test_qmqp_mail_to_an_mtl_reader(
         assert replies == {b"m-1": qmqp.K, b"m-2": qmqp.D}
     finally:
         session.close()
+
+
+OPEN_TEST = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+profiles = ["test"]
+ping_interval_seconds = 0.2
+"""
+
+
+def test_under_twistds_asyncio_reactor(
+    tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """``twistd --reactor=asyncio``: txzmq is imported after the choice; the flows work."""
+    process = GatewayProcess(tmp_path / "asyncio", OPEN_TEST, reactor="asyncio").start()
+    try:
+        assert "AsyncioSelectorReactor" in process.wait_for_log("reactor class")
+        port = process.address("mtl")[1]
+        peers = {}
+        for kind in ("Reader", "Writer"):
+            control = Control(context, port)
+            opened = {"protocol": {"name": "MTL", "version": 1}}
+            assert control.ask("Connection.Open", opened)[0] == 201
+            assert control.ask("Connection.Profile", {"profile": "test"})[0] == 200
+            status, reply = control.ask(f"Connection.{kind}", {"resources": [], "confirm": "none"})
+            assert status == 202
+            peers[kind] = Data(context, int(reply["port"]))  # type: ignore[call-overload]
+            assert peers[kind].lease(str(reply["lease"])) == 200
+        peers["Reader"].command(b"\x03" + u64(2) + short("resource"))
+        assert peers["Reader"].response(2) == 200
+        for sequence in range(1, 101):
+            peers["Writer"].content(sequence, "", b"body %d" % sequence)
+        got = [peers["Reader"].next()[2] for _ in range(100)]
+        assert got == [b"body %d" % sequence for sequence in range(1, 101)]
+        kind, _, _ = peers["Writer"].next(skip_pings=False)
+        assert kind == 0x08  # the listener's timer runs on this reactor too
+    finally:
+        process.stop()
+
+
+TEST_READER = CLIENT.replace(
+    'mode = "writer"', 'mode = "reader"\nresources = ["resource"]'
+).replace('profile = "gateway"\nconfirm = "full"', 'profile = "test"\nconfirm = "none"')
+
+
+def test_our_client_on_the_test_profile(
+    gateway: GatewayProcess, tmp_path: Path, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Gateway D's upstream reads the test profile's "resource": a raw writer reaches SSMP."""
+    assert 'profile = "test"' in TEST_READER
+    client = GatewayProcess(
+        tmp_path / "d",
+        TEST_READER.format(port=gateway.address("mtl")[1]),
+        routes={"in": 'from = "far"\nmatch = "resource"\nto = "hub"\naddress = "relay.test"\n'},
+        secrets='[upstreams]\nfar = "wonderland"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream far: summoned resource")
+        with LineClient(client.address("hub")) as watcher:
+            watcher.send("LOGIN watcher4 open", "SUBSCRIBE relay.test")
+            watcher.expect("200")
+            watcher.expect("200")
+            data_port, lease = Control(context, gateway.address("mtl")[1]).ready(
+                "test", "Writer", ["resource"]
+            )
+            writer = Data(context, data_port)
+            assert writer.lease(lease) == 200
+            writer.content(1, "resource", b"hello through the test profile")
+            watcher.expect("000 . MCAST relay.test hello through the test profile")
+    finally:
+        client.stop()

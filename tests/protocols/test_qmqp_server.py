@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import attrs
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
@@ -777,3 +778,28 @@ def test_factory_without_metrics_still_serves() -> None:
     protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
     protocol.dataReceived(CLIENT_SESSION)
     assert transport.value() == SERVER_SESSION
+
+
+def test_idle_and_byte_a_second_clients_are_closed() -> None:
+    """No complete block in idle_timeout_seconds closes, even with a byte every second.
+
+    A connection whose messages await outcomes is not idle.
+    """
+    world = ListenerWorld(attrs.evolve(SETTINGS, idle_timeout_seconds=ROUTE_TIMEOUT_SECONDS / 4))
+    silent = world.connect()
+    dribbling = world.connect()
+    waiting = world.connect()
+    waiting.send(mail("w", "ops@held.example"))
+    data = mail("d", "ops@ok.example")
+    timeout = ROUTE_TIMEOUT_SECONDS / 4  # the held message's route has not timed out yet
+    for second in range(int(timeout) - 1):
+        dribbling.send(data[second : second + 1])
+        world.clock.advance(1)
+    assert not silent.transport.disconnecting
+    # Checked every timeout / 2: closed by 1.5 x the time-out at the latest.
+    for second in range(int(timeout) - 1, int(timeout * 1.5) + 1):
+        dribbling.send(data[second : second + 1])
+        world.clock.advance(1)
+    assert silent.transport.disconnecting and dribbling.transport.disconnecting
+    assert not waiting.transport.disconnecting
+    assert world.sample("msggateway_protocol_errors_total", kind="idle-timeout") == 2

@@ -1500,3 +1500,15 @@ async def test_route_feeds_skip_own_streams_and_follow_reloads(listener: Listene
     assert feeds.forwarders == {}
     assert not forwarder.running
     feeds.stop()
+
+
+def test_a_connection_not_open_in_time_is_closed(listener: Listener) -> None:
+    """Silent (or slow) before Open: closed at the handshake time-out; an open one stays."""
+    factory = listener.factory()
+    silent = listener.connect(factory)
+    opened = listener.opened(factory)
+    listener.clock.advance(9.9)
+    assert not silent.transport.disconnecting
+    listener.clock.advance(0.1)
+    assert silent.transport.disconnecting
+    assert not opened.transport.disconnecting

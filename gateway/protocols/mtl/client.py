@@ -38,7 +38,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.mtl.mapping import content_properties, message_from_content
+from gateway.protocols.mtl.mapping import content_properties, message_from_content, settle
 from gateway.protocols.mtl.settings import MTLUpstreamSettings
 
 __all__ = ["MTLUpstream"]
@@ -274,18 +274,7 @@ class MTLUpstream:
             self._send(mtl.Reject(sequence, False, outcome.status is Status.RETRY))
 
     def _settle(self, command: mtl.Confirm | mtl.Reject) -> None:
-        if command.multiple:
-            sequences = sorted(s for s in self._unconfirmed if s <= command.sequence)
-        else:
-            sequences = [command.sequence] if command.sequence in self._unconfirmed else []
-        for sequence in sequences:
-            waiting = self._unconfirmed.pop(sequence)
-            if isinstance(command, mtl.Confirm):
-                waiting.callback(Outcome.accepted())
-            elif command.recycle:
-                waiting.callback(Outcome.retry(f"upstream {self.name}: the server asks to resend"))
-            else:
-                waiting.callback(Outcome.rejected(f"upstream {self.name}: the server rejected it"))
+        settle(self._unconfirmed, command, f"the server of upstream {self.name}")
 
     def _tick(self) -> None:
         silent = self.clock.seconds() - self._heard

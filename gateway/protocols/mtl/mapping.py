@@ -8,10 +8,13 @@ as ``message-id`` and its sender as ``x-gateway-sender``.
 
 from __future__ import annotations
 
-from gateway.codecs.fieldtable import FieldValue
-from gateway.core.message import Message
+from twisted.internet.defer import Deferred
 
-__all__ = ["content_properties", "message_from_content"]
+from gateway.codecs import mtl
+from gateway.codecs.fieldtable import FieldValue
+from gateway.core.message import Message, Outcome
+
+__all__ = ["content_properties", "message_from_content", "settle"]
 
 
 def message_from_content(
@@ -42,3 +45,25 @@ def content_properties(message: Message) -> dict[str, FieldValue]:
     if message.sender:
         properties["x-gateway-sender"] = message.sender
     return properties
+
+
+def settle(
+    unconfirmed: dict[int, Deferred[Outcome]], command: mtl.Confirm | mtl.Reject, who: str
+) -> None:
+    """Answer the contents a Confirm or Reject covers; invalid ones are ignored (the spec).
+
+    Confirm is accepted, Reject rejected, Reject with recycle retry later;
+    ``multiple`` covers every unconfirmed sequence up to the one given.
+    """
+    if command.multiple:
+        sequences = sorted(s for s in unconfirmed if s <= command.sequence)
+    else:
+        sequences = [command.sequence] if command.sequence in unconfirmed else []
+    for sequence in sequences:
+        waiting = unconfirmed.pop(sequence)
+        if isinstance(command, mtl.Confirm):
+            waiting.callback(Outcome.accepted())
+        elif command.recycle:
+            waiting.callback(Outcome.retry(f"{who} asked to recycle it"))
+        else:
+            waiting.callback(Outcome.rejected(f"{who} rejected it"))

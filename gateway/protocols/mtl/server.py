@@ -34,7 +34,8 @@ recycle (retry later). Routes deliver to the listener: a message goes to
 every reader that summoned its address; readers with ``confirm = "full"``
 answer for it (Confirm: accepted, Reject: rejected, Reject recycle: retry
 later), readers without confirmations count as accepted once written; no
-reader: retry later.
+reader, or one ZeroMQ cannot hand it to (gone, queue full: the data socket
+is ROUTER_MANDATORY): retry later.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.mtl.mapping import content_properties, message_from_content
+from gateway.protocols.mtl.mapping import content_properties, message_from_content, settle
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["MTLServer"]
@@ -159,6 +160,10 @@ class MTLServer:
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
         self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data)
+        # A command for a peer that is gone or whose queue is full fails to send
+        # instead of vanishing: a routed message then answers retry later rather
+        # than counting as delivered.
+        self._data.set_option(zmq.ROUTER_MANDATORY, 1)
         control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
         data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
         self.port = int(control.rsplit(":", 1)[1])
@@ -226,7 +231,10 @@ class MTLServer:
             return 200, {"status": "OK"}
         if command in ("connection.reader", "connection.writer"):
             return self._lease(session, command.split(".")[1], body)
-        return _bad(f"unknown command {request.command!r}")
+        return _bad(
+            f"unknown command {request.command!r}; MTL has Connection.Open, .Authorize,"
+            " .Profile, .Reader and .Writer"
+        )
 
     def _ready_or_challenge(self, session: _Session) -> tuple[int, dict[str, Any]]:
         if self.settings.require_auth and not self._still_valid(session):
@@ -340,9 +348,10 @@ class MTLServer:
         if not resource and len(lease.resources) == 1:
             resource = lease.resources[0]
         if not resource or (lease.resources and resource not in lease.resources):
+            # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
+            # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
-            if lease.confirm == "full":
-                self._send(peer, mtl.Reject(content.sequence, False, False))
+            self._send(peer, mtl.Reject(content.sequence, False, False))
             return
         if lease.profile == "test":
             for reader in self._readers(resource, "test"):
@@ -373,18 +382,7 @@ class MTLServer:
             self._send(peer, mtl.Reject(sequence, False, outcome.status is Status.RETRY))
 
     def _settle(self, peer: _DataPeer, command: mtl.Confirm | mtl.Reject) -> None:
-        if command.multiple:
-            sequences = [s for s in peer.unconfirmed if s <= command.sequence]
-        else:
-            sequences = [command.sequence] if command.sequence in peer.unconfirmed else []
-        for sequence in sorted(sequences):
-            waiting = peer.unconfirmed.pop(sequence)
-            if isinstance(command, mtl.Confirm):
-                waiting.callback(Outcome.accepted())
-            elif command.recycle:
-                waiting.callback(Outcome.retry(f"an MTL reader of {self.name} asked to recycle it"))
-            else:
-                waiting.callback(Outcome.rejected(f"an MTL reader of {self.name} rejected it"))
+        settle(peer.unconfirmed, command, f"an MTL reader of {self.name}")
 
     def _readers(self, resource: str, profile: str) -> list[_DataPeer]:
         return [
@@ -430,7 +428,13 @@ class MTLServer:
         for peer in list(self._peers.values()):
             if now - peer.heard >= self.settings.dead_after_seconds:
                 self.count_error("dead-peer")
-                self._forget(peer, f"silent for {now - peer.heard:g} s")
+                why = f"silent for {now - peer.heard:.1f} s"
+                self._log.info(
+                    "MTL listener {listener}: forgot a dead data peer ({why})",
+                    listener=self.name,
+                    why=why,
+                )
+                self._forget(peer, why)
             else:
                 self._send(peer, mtl.Ping())
         self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)

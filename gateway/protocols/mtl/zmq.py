@@ -71,6 +71,10 @@ class ZmqSocket:
         endpoint: bytes = self._connection.socket.getsockopt(zmq.LAST_ENDPOINT)
         return endpoint.decode("ascii")
 
+    def set_option(self, option: int, value: int) -> None:
+        """Set a socket option (``zmq.ROUTER_MANDATORY`` and so on)."""
+        self._connection.socket.setsockopt(option, value)
+
     def connect(self, address: str) -> None:
         """Connect to an endpoint."""
         self._connection.socket.connect(address)

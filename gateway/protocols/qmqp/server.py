@@ -67,6 +67,8 @@ class QMQPServerProtocol(Protocol):
         self._closing = False
         self._reading_paused = False
         self._congested = False
+        self._last_block = factory.clock.seconds()
+        self._idle_call: IDelayedCall | None = None
 
     # --- connection life -------------------------------------------------------
 
@@ -75,13 +77,35 @@ class QMQPServerProtocol(Protocol):
         disable_nagle(self.transport)
         cast(IConsumer, self.transport).registerProducer(self, True)
         self.factory.connection_opened(self)
+        self._watch_idle()
+
+    def _watch_idle(self) -> None:
+        timeout = self.factory.settings.idle_timeout_seconds
+        self._idle_call = self.factory.clock.callLater(timeout / 2, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle_call = None
+        if self._closing:
+            return
+        quiet = self.factory.clock.seconds() - self._last_block
+        if self._outstanding == 0 and quiet >= self.factory.settings.idle_timeout_seconds:
+            self.factory.count_error("idle-timeout")
+            self._log.info(
+                "{listener}: closing a connection that completed no block in {seconds:g} s",
+                listener=self.factory.name,
+                seconds=quiet,
+            )
+            self._close()
+            return
+        self._watch_idle()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Forget the connection; outcomes still on their way are dropped."""
         self._closing = True
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-        self._flush_call = None
+        for call in (self._flush_call, self._idle_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._flush_call = self._idle_call = None
         self._out.clear()
         if self._outstanding and not self._done:
             self._log.info(
@@ -191,6 +215,8 @@ class QMQPServerProtocol(Protocol):
         except qmqp.QMQPError as exc:
             error = exc
             blocks = cast(list[qmqp.Block], exc.events)
+        if blocks:
+            self._last_block = self.factory.clock.seconds()
         traffic = self.factory.traffic
         traffic.messages_in += len(blocks)
         traffic.bytes_in += len(data)

@@ -23,12 +23,16 @@ class QMQPListenerSettings:
         max_in_flight: Messages awaiting their outcome, per connection,
             before the listener stops reading from it.
         max_in_flight_bytes: The same, counted in message bytes.
+        idle_timeout_seconds: A connection that completes no block for this
+            long, while none of its messages awaits an outcome, is closed:
+            silent clients and clients sending a byte at a time.
     """
 
     require_auth: bool = False
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_in_flight: int = 1000
     max_in_flight_bytes: int = 64 * 1024 * 1024
+    idle_timeout_seconds: float = 120.0
 
 
 @attrs.frozen(kw_only=True)

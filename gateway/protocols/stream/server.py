@@ -178,6 +178,21 @@ class StreamServerProtocol(Protocol):
         disable_nagle(self.transport)
         cast(IConsumer, self.transport).registerProducer(self, True)
         self.factory.connection_opened(self)
+        self._timers.append(
+            self.factory.clock.callLater(
+                self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out
+            )
+        )
+
+    def _handshake_timed_out(self) -> None:
+        if self._state != "open" and not self._closing:
+            self.factory.count_error("handshake-timeout")
+            self._log.info(
+                "{listener}: closing a connection not open after {seconds:g} s",
+                listener=self.factory.name,
+                seconds=self.factory.settings.handshake_timeout_seconds,
+            )
+            self._close()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Forget publishers and subscriptions; stop timers."""

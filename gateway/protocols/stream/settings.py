@@ -30,6 +30,8 @@ class StreamListenerSettings:
         heartbeat_seconds: Heartbeat interval proposed in Tune (0: none).
         max_unconfirmed: Published messages not yet confirmed, per
             connection, before the listener stops reading from it.
+        handshake_timeout_seconds: A connection not through Open this long
+            after it was made is closed (slow or silent clients).
     """
 
     advertised_host: str | None = None
@@ -40,6 +42,7 @@ class StreamListenerSettings:
     frame_max: int = DEFAULT_FRAME_MAX
     heartbeat_seconds: int = 60
     max_unconfirmed: int = 50_000
+    handshake_timeout_seconds: float = 10.0
 
 
 @attrs.frozen(kw_only=True)
