@@ -8,6 +8,8 @@ default without PATH) and prints every problem as ``file: key: reason``
 hand, against the gateway or any SSMP server.
 ``msggateway qmqp send [ADDRESS] PATH...`` streams mail files to a QMQP
 streaming server and prints what became of each (`gateway.mailsend`).
+``msggateway dmp put|get ADDRESS ...`` writes to a DMP sink or reads a DMP
+feed with a lease from the environment (`gateway.dmp_tool`).
 ``msggateway mtl keygen PATH`` writes a new CURVE secret key file for an MTL
 listener or upstream and prints its public key.
 """
@@ -25,6 +27,7 @@ from typing import TextIO
 from gateway import __version__
 from gateway.codecs import ssmp
 from gateway.config import ConfigError, load_config, load_default_config
+from gateway.dmp_tool import add_dmp_commands, run_dmp
 from gateway.mailsend import (
     DEFAULT_TIMEOUT_SECONDS,
     DEFAULT_WINDOW,
@@ -314,6 +317,7 @@ def main(
     run.add_argument("twistd_args", nargs=argparse.REMAINDER, help="e.g. --config etc/gateway.toml")
     _add_ssmp_commands(commands)
     _add_qmqp_commands(commands)
+    add_dmp_commands(commands)
     _add_mtl_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "check-config":
@@ -322,6 +326,8 @@ def main(
         return _ssmp(args, out, err)
     if args.command == "qmqp":
         return _qmqp_send(args, out, err)
+    if args.command == "dmp":
+        return run_dmp(args, out, err)
     if args.command == "mtl":
         return _mtl_keygen(args, out, err)
     return _run(args.twistd_args)

@@ -478,6 +478,8 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
         max_feed_backlog_bytes=section.integer(
             "max_feed_backlog_bytes", 4 * 1024 * 1024, minimum=65536
         ),
+        principals=frozenset(section.strings("principals")),
+        principal_lease_seconds=section.positive("principal_lease_seconds", 60.0),
     )
 
 
@@ -599,7 +601,16 @@ def _dmp_upstream(section: _Section) -> DMPUpstreamSettings:
             "max_envelope_bytes", DEFAULT_DMP_MAX_ENVELOPE_BYTES, minimum=64
         ),
         max_backlog_bytes=section.integer("max_backlog_bytes", 4 * 1024 * 1024, minimum=65536),
+        **_dmp_principal(section),
     )
+
+
+def _dmp_principal(section: _Section) -> dict[str, Any]:
+    principal = section.string("principal", None)
+    target = section.string("target", "")
+    if principal is not None and not target:
+        section.problem("target", "names the remote sink or feed when principal is set")
+    return {"principal": principal, "target": target}
 
 
 def _log_settings(section: _Section) -> LogSettings:
@@ -916,6 +927,8 @@ def _parse_main(
         username = getattr(upstream.settings, "username", None)
         if getattr(upstream.settings, "scheme", None) == "secret":
             how = "logs in with scheme 'secret'"
+        elif upstream.protocol == "dmp" and getattr(upstream.settings, "principal", None):
+            how = f"logs in as principal {upstream.settings.principal!r} (its secret)"
         elif upstream.protocol == "dmp":
             how = "presents a lease (its secret)"
         elif username is not None and not (upstream.protocol == "stream" and username == "guest"):

@@ -853,6 +853,51 @@ def test_dmp_listener_leases(tmp_path: Path) -> None:
     _only_problem(main, "listeners.dmp.leases.writer.feed", "no feed named 'nope'")
 
 
+def test_dmp_listener_principals(tmp_path: Path) -> None:
+    """``principals`` lists login identities; ``principal_lease_seconds`` must be positive."""
+    text = """
+        [listeners.dmp]
+        protocol = "dmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        sinks = ["orders"]
+        principals = ["app"]
+        principal_lease_seconds = 5
+        """
+    main = _write(tmp_path / "gateway.toml", text)
+    [listener] = load_config(main).listeners
+    assert listener.settings.principals == frozenset({"app"})
+    assert listener.settings.principal_lease_seconds == 5.0
+    main.write_text(
+        main.read_text().replace("principal_lease_seconds = 5", "principal_lease_seconds = 0")
+    )
+    _only_problem(main, "listeners.dmp.principal_lease_seconds", "greater than 0")
+    main.write_text(main.read_text().replace('principals = ["app"]', "principals = [1]"))
+    main.write_text(
+        main.read_text().replace("principal_lease_seconds = 0", "principal_lease_seconds = 9")
+    )
+    _only_problem(main, "listeners.dmp.principals", "only strings")
+
+
+def test_dmp_upstream_principal_needs_a_target(tmp_path: Path) -> None:
+    """An upstream with ``principal`` names the remote sink or feed in ``target``."""
+    _write(tmp_path / "secrets.toml", '[upstreams]\norders = "pw"\n')
+    text = """
+        [gateway]
+        secrets = "secrets.toml"
+
+        [upstreams.orders]
+        protocol = "dmp"
+        endpoint = "tcp:host=127.0.0.1:port=5554"
+        principal = "app"
+        target = "orders"
+        """
+    main = _write(tmp_path / "gateway.toml", text)
+    [upstream] = load_config(main).upstreams
+    assert (upstream.settings.principal, upstream.settings.target) == ("app", "orders")
+    main.write_text(main.read_text().replace('target = "orders"', ""))
+    _only_problem(main, "upstreams.orders.target", "principal")
+
+
 def test_listener_max_connections(tmp_path: Path) -> None:
     """Every listener takes max_connections (1024 unless set); it must be at least 1."""
     main = _write(tmp_path / "gateway.toml", HUB)

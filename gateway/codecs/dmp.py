@@ -217,6 +217,9 @@ _PROPERTIES: Final = (
 )
 
 
+_NO_PROPERTIES: Final = BasicProperties()
+
+
 def _encode_properties(properties: BasicProperties) -> bytes:
     flags = 0
     parts: list[bytes] = []
@@ -245,6 +248,8 @@ def _decode_properties(data: bytes, pos: int, end: int) -> tuple[BasicProperties
         raise _syntax("property flags cut short")
     (flags,) = _U16.unpack_from(data, pos)
     pos += 2
+    if not flags:
+        return _NO_PROPERTIES, pos  # the common bare envelope: no per-field loop
     if flags & 1:
         raise _syntax("property flags continue into a second word, which Basic never uses")
     if flags & 0b11:

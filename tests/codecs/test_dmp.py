@@ -207,3 +207,21 @@ def test_what_cannot_be_sent() -> None:
         server().send(dmp.Lease("x"))
     with pytest.raises(dmp.DMPLocalError):
         client().send(dmp.Response(200))
+
+
+def test_spec_ambiguity_a_four_octet_body_length_is_refused() -> None:
+    """The other reading of ``[nnn]``: a peer writing a 4-octet body length is refused, clearly.
+
+    Its envelope's size counts the extra octet, so the 3-octet reading sees a
+    body length that disagrees with the size and says so, instead of
+    delivering a body with a stray leading zero.
+    """
+    body = b"hello"
+    rest = b"\x00\x00" + b"\x00\x00" + b"\x00" + len(body).to_bytes(4, "big") + body
+    wire = len(rest).to_bytes(4, "big") + rest
+    with pytest.raises(dmp.DMPError, match="body length says 0 bytes but the size leaves 6"):
+        _flowing(server()).receive_data(wire)
+    # The same message with the 3-octet length is one byte shorter and accepted.
+    ours = dmp.encode_envelope(dmp.Envelope(body=body))
+    assert len(ours) == len(wire) - 1
+    assert _flowing(server()).receive_data(ours) == [dmp.Envelope(body=body)]

@@ -132,15 +132,18 @@ class GatewayProcess:
                     )
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                for raw in lines:
+                for index, raw in enumerate(lines):
                     line = raw.decode("utf-8", "replace")
                     with self._lock:
                         self._output.append(line + "\n")
                     found = _READY.search(line)
                     if found:
                         self._parse_ready(found.group(1))
+                        # Lines that came in the same read as the ready line
+                        # (an upstream connecting at once) are kept too.
+                        rest = b"".join(raw + b"\n" for raw in lines[index + 1 :]) + pending
                         with self._lock:
-                            self._output.append(pending.decode("utf-8", "replace"))
+                            self._output.append(rest.decode("utf-8", "replace"))
                         self._drain = threading.Thread(target=self._drain_output, daemon=True)
                         self._drain.start()
                         return self
@@ -184,6 +187,16 @@ class GatewayProcess:
                     break
                 self._lock.wait(left)
         raise AssertionError(f"no log line matching {pattern!r}:\n{self.output()}")
+
+    def wait_for_log_count(self, text: str, count: int, timeout: float) -> None:
+        """Wait until ``text`` appears ``count`` times in the log, woken by each new line."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while "".join(self._output).count(text) < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    raise AssertionError(f"{text!r} not seen {count} times:\n{self.output()}")
+                self._lock.wait(left)
 
     def kill(self) -> None:
         """Kill the process with SIGKILL (no clean shutdown) and reap it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ sinks = ["orders"]
 feeds = ["alerts"]
 heartbeat_seconds = 0.5
 max_envelope_bytes = 65536
+principals = ["app"]
 
 [listeners.dmp.leases]
 writer = { sink = "orders" }
@@ -55,6 +57,7 @@ expired = { sink = "orders", expires = "2001-01-01T00:00:00Z" }
 """
 SERVER_SECRETS = (
     '[logins]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\nadmin = "t0ken"\n'
+    'app = "app-pw"\n'
 )
 SERVER_ROUTES = {
     "to-feed": 'from = "dmp"\nmatch = "orders.#"\nto = "dmp"\naddress = "alerts"\n',
@@ -383,3 +386,193 @@ def test_ssmp_topics_reach_a_feed(server: GatewayProcess) -> None:
     assert envelope["body"] == b"smoke in hall 2"
     assert envelope["routing_key"] == "alerts"
     assert b"sensor-3" in envelope["headers"]  # type: ignore[operator]
+
+
+class Principal:
+    """An AMQP 0-9-1 client on a plain socket, written from the 0-9-1 grammar.
+
+    It logs in with PLAIN, opens channel 1 and asks for leases with the Direct
+    class (61500: Put 10 / Put-Ok 11, Get 20 / Get-Ok 21).
+    """
+
+    def __init__(self, address: tuple[str, int], identity: bytes, password: bytes) -> None:
+        self.sock = socket.create_connection(address, timeout=10)
+        self.buffer = b""
+        self.sock.sendall(b"AMQP\x00\x00\x09\x01")
+        start = self.method()
+        assert start[:2] == (10, 10), start
+        # server-properties: direct = 1, an integer written as RabbitMQ writes them ("l", int64).
+        assert b"\x06directl" + struct.pack(">q", 1) in start[2]
+        response = b"\0" + identity + b"\0" + password
+        self.send(
+            0,
+            10,
+            11,
+            b"\0\0\0\0" + b"\x05PLAIN" + struct.pack(">I", len(response)) + response + b"\x05en_US",
+        )
+        self.tune = self.method()
+
+    def open(self) -> None:
+        """Tune-Ok, Open, Channel.Open; checks the -Ok replies."""
+        self.send(0, 10, 31, struct.pack(">HIH", 1, 4096, 0))
+        self.send(0, 10, 40, b"\x01/\x00\x00")
+        assert self.method()[:2] == (10, 41)
+        self.send(1, 20, 10, b"\x00")
+        assert self.method()[:2] == (20, 11)
+
+    def send(self, channel: int, class_id: int, method_id: int, arguments: bytes) -> None:
+        """One method frame."""
+        payload = struct.pack(">HH", class_id, method_id) + arguments
+        self.sock.sendall(struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce")
+
+    def method(self) -> tuple[int, int, bytes]:
+        """The next method frame: class id, method id and the argument octets."""
+        while True:
+            while (
+                len(self.buffer) < 7
+                or len(self.buffer) < 8 + struct.unpack_from(">I", self.buffer, 3)[0]
+            ):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError(f"closed with {self.buffer!r} read")
+                self.buffer += chunk
+            kind, _channel, size = struct.unpack_from(">BHI", self.buffer)
+            payload, end = self.buffer[7 : 7 + size], self.buffer[7 + size]
+            self.buffer = self.buffer[8 + size :]
+            assert end == 0xCE
+            if kind == 1:
+                class_id, method_id = struct.unpack_from(">HH", payload)
+                return class_id, method_id, payload[4:]
+
+    def lease(self, method_id: int, name: bytes) -> tuple[int, int, bytes]:
+        """Direct.Put (10) or Get (20); the reply (the -Ok's lease, or Channel.Close)."""
+        self.send(1, 61500, method_id, bytes((len(name),)) + name)
+        return self.method()
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+def test_leases_from_a_principal_amqp_connection(server: GatewayProcess) -> None:
+    """Put-Ok and Get-Ok leases open the sink and the feed; a message goes from one to the other."""
+    principal = Principal(server.address("dmp"), b"app", b"app-pw")
+    assert principal.tune[:2] == (10, 30)
+    principal.open()
+    class_id, method_id, put_ok = principal.lease(10, b"orders")
+    assert (class_id, method_id) == (61500, 11)
+    writer_lease = put_ok[1 : 1 + put_ok[0]]
+    # A reader of the feed from an earlier test may still be leaving: ask until it has.
+    deadline = time.monotonic() + 10
+    while True:
+        class_id, method_id, get_ok = principal.lease(20, b"alerts")
+        if (class_id, method_id) == (61500, 21) or time.monotonic() > deadline:
+            break
+        assert (class_id, method_id) == (20, 40)  # Channel.Close 405 RESOURCE_LOCKED
+        principal.send(1, 20, 41, b"")
+        principal.send(1, 20, 10, b"\x00")
+        assert principal.method()[:2] == (20, 11)
+    assert (class_id, method_id) == (61500, 21)
+    reader = Peer(server.address("dmp"))
+    assert reader.open(get_ok[1 : 1 + get_ok[0]])[1] == b'200 OK Ready to read from "alerts"'
+    writer = Peer(server.address("dmp"))
+    assert writer.open(writer_lease)[1] == b'200 OK Ready to write to "orders"'
+    writer.write(b"eu", b"leased by AMQP")
+    assert reader.envelope()["body"] == b"leased by AMQP"
+    # An unknown sink: Channel.Close 404 NOT_FOUND naming Direct.Put.
+    class_id, method_id, close = principal.lease(10, b"nope")
+    assert (class_id, method_id) == (20, 40)
+    assert struct.unpack_from(">H", close)[0] == 404
+    for each in (principal, reader, writer):
+        each.close()
+
+
+def test_a_bad_principal_login_is_refused(server: GatewayProcess) -> None:
+    """A wrong password gets Connection.Close 403 and the socket closes; DMP keeps serving."""
+    principal = Principal(server.address("dmp"), b"app", b"wrong")
+    class_id, method_id, close = principal.tune
+    assert (class_id, method_id) == (10, 50)
+    assert struct.unpack_from(">H", close)[0] == 403
+    assert principal.sock.recv(1) == b""
+    principal.close()
+    writer = Peer(server.address("dmp"))
+    assert writer.open(b"lease-w")[1] == b'200 OK Ready to write to "orders"'
+    writer.close()
+
+
+PRINCIPAL_CLIENT = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.mail]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[upstreams.orders]
+protocol = "dmp"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "put"
+principal = "app"
+target = "orders"
+"""
+
+
+def test_an_upstream_gets_its_lease_over_amqp(server: GatewayProcess, tmp_path: Path) -> None:
+    """Our upstream logs in as a principal, gets a Put-Ok lease, opens the sink; mail flows."""
+    reader = Peer(server.address("dmp"))
+    assert reader.open(b"lease-r")[1] == b'200 OK Ready to read from "alerts"'
+    client = GatewayProcess(
+        tmp_path / "p",
+        PRINCIPAL_CLIENT.format(port=server.address("dmp")[1]),
+        routes=CLIENT_ROUTES,
+        secrets='[upstreams]\norders = "app-pw"\n',
+    ).start()
+    try:
+        client.wait_for_log("upstream orders: connected")
+        session = QMQPSession(client.address("mail"))
+        try:
+            session.send(mail("q-21", "ops@example.org") + b"1:D,")
+            reply, _ = session.read_blocks(2)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+        finally:
+            session.close()
+        envelope = reader.envelope()
+    finally:
+        client.stop()
+        reader.close()
+    assert envelope["message_id"] == "q-21"
+
+
+DURABLE_CLIENT = CLIENT.replace(
+    'secrets = "secrets.toml"\n', 'secrets = "secrets.toml"\ndata_dir = "data"\n', 1
+)
+DURABLE_ROUTES = {"mail": 'from = "mail"\nmatch = "#"\nto = "orders"\ndurable = true\n'}
+
+
+def test_qmqp_to_a_dmp_sink_on_a_durable_route(server: GatewayProcess, tmp_path: Path) -> None:
+    """On a durable route K comes after the local commit; the forwarder then writes to the sink."""
+    reader = Peer(server.address("dmp"))
+    assert reader.open(b"lease-r")[1] == b'200 OK Ready to read from "alerts"'
+    client = GatewayProcess(
+        tmp_path / "d",
+        DURABLE_CLIENT.format(port=server.address("dmp")[1]),
+        routes=DURABLE_ROUTES,
+        secrets=CLIENT_SECRETS,
+    ).start()
+    try:
+        session = QMQPSession(client.address("mail"))
+        try:
+            session.send(mail("q-31", "ops@example.org") + b"1:D,")
+            reply, _ = session.read_blocks(2)
+            assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+        finally:
+            session.close()
+        envelope = reader.envelope()
+    finally:
+        client.stop()
+        reader.close()
+    assert envelope["message_id"] == "q-31"

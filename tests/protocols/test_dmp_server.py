@@ -255,3 +255,21 @@ def test_unknown_feed_is_rejected() -> None:
     results: list[Outcome] = []
     outcome.addCallback(results.append)
     assert results[0].status is Status.REJECTED
+
+
+def test_a_stalled_reader_is_closed_after_the_idle_timeout() -> None:
+    """A feed reader reading nothing for idle_timeout_seconds is closed; one that resumes is not."""
+    listener = Listener()
+    reader, transport, _ = listener.opened(b"R-1")
+    reader.pauseProducing()
+    listener.clock.advance(25)
+    reader.resumeProducing()  # it read again in time
+    listener.clock.advance(5)
+    assert not transport.disconnecting
+    reader.pauseProducing()
+    for _ in range(5):
+        listener.clock.advance(5)
+    assert not transport.disconnecting
+    listener.clock.advance(5)  # 30 s without reading
+    assert transport.disconnecting and listener.errors("reader-stalled") == 1
+    assert "alerts" not in listener.factory.readers

@@ -26,9 +26,10 @@ from __future__ import annotations
 from typing import Final
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import (
     IDelayedCall,
+    IProtocol,
     IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
@@ -45,6 +46,7 @@ from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.dmp.flow import HeldWrites, InFlight
+from gateway.protocols.dmp.lease_request import LeaseRequest
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
@@ -72,6 +74,8 @@ class DMPClientProtocol(Protocol):
         self._closing = False
         self._timer: IDelayedCall | None = None
         self._last_heard = upstream.clock.seconds()
+        self._lease: str | None = None  # from a principal connection, once granted
+        self._lease_request: Deferred[str] | None = None
         self._in_flight = InFlight(MAX_IN_FLIGHT, self._stop_reading, self._read)
         self.writes = HeldWrites(self._write)
 
@@ -81,13 +85,32 @@ class DMPClientProtocol(Protocol):
         assert self.transport is not None
         self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
         self.write(self._codec.send(dmp.ProtocolHeader()))
+        if self.upstream.settings.principal is not None:
+            request = self.upstream.request_lease()
+            self._lease_request = request
+            request.addCallbacks(self._leased, self._not_leased)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Stop the timers and tell the upstream."""
         self._closing = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
+        if self._lease_request is not None:
+            self._lease_request.cancel()
         self.upstream.connection_lost(self, reason)
+
+    def _leased(self, lease: str) -> None:
+        self._lease_request = None
+        self._lease = lease
+        if self._answers == 1:
+            self.write(self._codec.send(dmp.Lease(lease)))
+
+    def _not_leased(self, failure: Failure) -> None:
+        self._lease_request = None
+        if failure.check(CancelledError):
+            return
+        self.upstream.count_error("no-lease")
+        self.close(f"no lease: {failure.getErrorMessage()}")
 
     def close(self, why: str) -> None:
         """Close, saying why."""
@@ -125,8 +148,12 @@ class DMPClientProtocol(Protocol):
                 return
             self._answers += 1
             if self._answers == 1:
-                lease = self.upstream.secrets.credential_for(self.upstream.name) or b""
-                self.write(self._codec.send(dmp.Lease(lease.decode("utf-8"))))
+                if self.upstream.settings.principal is None:
+                    lease = self.upstream.secrets.credential_for(self.upstream.name) or b""
+                    self.write(self._codec.send(dmp.Lease(lease.decode("utf-8"))))
+                elif self._lease is not None:
+                    self.write(self._codec.send(dmp.Lease(self._lease)))
+                # else: sent when the principal connection grants it
             else:
                 self.ready = True
                 self._schedule_beat()
@@ -235,6 +262,7 @@ class DMPUpstream:
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._connection: DMPClientProtocol | None = None
+        self._endpoint = endpoint
         self.service = ClientService(
             endpoint,
             UpstreamFactory(DMPClientProtocol, self),
@@ -289,6 +317,25 @@ class DMPUpstream:
         connection.write(data)
         self.traffic.messages_out += 1
         return succeed(Outcome.accepted())
+
+    def request_lease(self) -> Deferred[str]:
+        """Ask the server for a lease over a principal connection (``principal`` set)."""
+        settings = self.settings
+        assert settings.principal is not None
+        secret = self.secrets.credential_for(self.name) or b""
+        factory = UpstreamFactory(
+            lambda _: LeaseRequest(
+                settings.principal or "", secret, settings.mode, settings.target
+            ),
+            self,
+        )
+        connecting = self._endpoint.connect(factory)
+
+        def granted(request: IProtocol) -> Deferred[str]:
+            assert isinstance(request, LeaseRequest)
+            return request.result
+
+        return connecting.addCallback(granted)
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error."""

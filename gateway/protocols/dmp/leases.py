@@ -98,7 +98,5 @@ class LeaseDesk:
         return found
 
     def _forget_expired(self) -> None:
-        now = self._clock.seconds()
         for factory in self._listeners.values():
-            for text in [t for t, g in factory.granted.items() if (g.expires or now + 1) <= now]:
-                del factory.granted[text]
+            factory.forget_expired_leases()

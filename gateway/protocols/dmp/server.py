@@ -38,7 +38,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from gateway.codecs import dmp
+from gateway.codecs import amqp091, dmp
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
@@ -46,6 +46,7 @@ from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import HeldWrites, InFlight
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
+from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.tcp import disable_nagle
@@ -53,6 +54,8 @@ from gateway.protocols.tcp import disable_nagle
 __all__ = ["DMPServerFactory", "DMPServerProtocol"]
 
 DIALECT: Final = "DMP/0.1"
+_SORT_OCTETS: Final = 5
+"""``AMQP`` and the octet that tells 0-9-1 (0) from DMP (protocol id 10)."""
 
 
 @implementer(IPushProducer)
@@ -73,6 +76,9 @@ class DMPServerProtocol(Protocol):
         self._in_flight = InFlight(factory.settings.max_in_flight, self._stop_reading, self._read)
         self._writes = HeldWrites(self._write)
         self._heard = True
+        self._stalled_seconds = 0.0  # a feed reader not draining, counted at heartbeats
+        self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
+        self._principal: PrincipalConnection | None = None
 
     # --- connection life -------------------------------------------------------------------
 
@@ -87,6 +93,8 @@ class DMPServerProtocol(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Forget the connection; a feed is free for its next reader."""
         self._closing = True
+        if self._principal is not None:
+            self._principal.stop()
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         if self.kind == "feed" and self.factory.readers.get(self.target) is self:
@@ -121,6 +129,13 @@ class DMPServerProtocol(Protocol):
             return
         self._heard = True
         self.factory.traffic.bytes_in += len(data)
+        if self._principal is not None:
+            self._principal.receive_data(data)
+            return
+        if self._prefix is not None:
+            data = self._sort_header(data)
+            if not data:
+                return
         try:
             events = self._codec.receive_data(data)
         except dmp.DMPError as exc:
@@ -133,6 +148,46 @@ class DMPServerProtocol(Protocol):
             self._handle(event)
             if self._closing:
                 return
+
+    def _sort_header(self, data: bytes) -> bytes:
+        """Tell AMQP 0-9-1 (a principal connection) from DMP by the header's fifth octet.
+
+        Returns:
+            The bytes for the DMP codec (empty: not known yet, or principal).
+        """
+        assert self._prefix is not None
+        data = self._prefix + data
+        header = amqp091.PROTOCOL_HEADER
+        if len(data) < _SORT_OCTETS and header.startswith(data):
+            self._prefix = data
+            return b""
+        self._prefix = None
+        if not self.factory.settings.principals or not data.startswith(header[:_SORT_OCTETS]):
+            return data
+        if len(data) < len(header) and header.startswith(data):
+            self._prefix = data  # keep waiting for the whole 0-9-1 header
+            return b""
+        if not data.startswith(header):
+            # AMQP 0-9-1 section 4.2.2: answer a header we do not take with ours, then close.
+            self.factory.count_error("bad-header")
+            self._write(header)
+            self._close("an AMQP protocol header that is neither 0-9-1 nor DMP")
+            return b""
+        self._principal = PrincipalConnection(
+            self.factory, self._write, self._close, self._principal_open
+        )
+        self._principal.start()
+        rest = data[len(header) :]
+        if rest:
+            self._principal.receive_data(rest)
+        return b""
+
+    def _principal_open(self) -> None:
+        # A principal connection may stay open while its DMP connections come and go.
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self.kind = "principal"
 
     def _handle(self, event: dmp.Event) -> None:
         if isinstance(event, dmp.ProtocolHeader):
@@ -276,9 +331,20 @@ class DMPServerProtocol(Protocol):
         self._timer = None
         if self._closing:
             return
+        settings = self.factory.settings
         if not self._writes.paused:
+            self._stalled_seconds = 0.0
             self._write(dmp.HEARTBEAT_BYTES)
-        self._schedule(self.factory.settings.heartbeat_seconds, self._beat)
+        else:
+            # A reader that takes nothing (its socket stays full) for the idle
+            # time-out is hung or gone without a FIN: free the feed for another.
+            self._stalled_seconds += settings.heartbeat_seconds
+            limit = settings.idle_timeout_seconds
+            if limit > 0 and self._stalled_seconds >= limit:
+                self.factory.count_error("reader-stalled")
+                self._close(f"the reader of feed {self.target!r} read nothing for {limit:g} s")
+                return
+        self._schedule(settings.heartbeat_seconds, self._beat)
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -342,6 +408,13 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
         if found is None or (found.expires is not None and found.expires <= now):
             return None
         return found
+
+    def forget_expired_leases(self) -> None:
+        """Drop run-time leases whose time is over."""
+        now = self.clock.seconds()
+        expired = [t for t, g in self.granted.items() if g.expires is not None and g.expires <= now]
+        for text in expired:
+            del self.granted[text]
 
     def deliver(self, message: Message) -> Deferred[Outcome]:
         """Write a routed message to the reader of the feed its address names."""

@@ -59,6 +59,10 @@ class DMPListenerSettings:
             connection, before the listener stops reading from it.
         max_feed_backlog_bytes: Bytes waiting for a slow feed reader beyond
             which deliveries are answered retry later.
+        principals: Identities (secrets file ``[logins]``) that may log in
+            on a principal AMQP 0-9-1 connection and get leases with
+            Direct.Put / Direct.Get (empty: no principal connections).
+        principal_lease_seconds: How long such a lease stays valid.
     """
 
     sinks: frozenset[str] = frozenset()
@@ -70,6 +74,8 @@ class DMPListenerSettings:
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
     max_in_flight: int = 1000
     max_feed_backlog_bytes: int = 4 * 1024 * 1024
+    principals: frozenset[str] = frozenset()
+    principal_lease_seconds: float = 60.0
 
 
 @attrs.frozen(kw_only=True)
@@ -88,6 +94,11 @@ class DMPUpstreamSettings:
         max_envelope_bytes: Largest envelope taken from a feed.
         max_backlog_bytes: Bytes waiting for the connection beyond which
             deliveries are answered retry later.
+        principal: When set, the lease is not configured: before each
+            connection it is asked for over a principal AMQP 0-9-1
+            connection, logging in as this identity with the upstream's
+            secret, with Direct.Put (put) or Direct.Get (get) of ``target``.
+        target: The remote sink's or feed's name (with ``principal``).
     """
 
     mode: str = "put"
@@ -96,3 +107,5 @@ class DMPUpstreamSettings:
     dead_after_seconds: float = 0.0
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
     max_backlog_bytes: int = 4 * 1024 * 1024
+    principal: str | None = None
+    target: str = ""

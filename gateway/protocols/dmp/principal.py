@@ -1,0 +1,319 @@
+"""The principal AMQP 0-9-1 connection of a DMP listener: where clients get their leases.
+
+DMP connections are forked off an AMQP connection (spec
+../shared/specs/dmp.txt, "Operations" and the Direct class in its
+appendix). A DMP listener takes both on one port, told apart by the fifth
+octet of the protocol header: ``AMQP 0 0 9 1`` is AMQP 0-9-1, ``AMQP 10 1 0
+1`` DMP. The principal dialog::
+
+    C: AMQP 0 0 9 1
+    S: Connection.Start   server-properties {product, direct = 1}, PLAIN
+    C: Connection.Start-Ok  PLAIN "NUL identity NUL secret"
+    S: Connection.Tune    (or Connection.Close 403 ACCESS_REFUSED)
+    C: Connection.Tune-Ok, Connection.Open
+    S: Connection.Open-Ok
+    C: Channel.Open       S: Channel.Open-Ok
+    C: Direct.Put "sink"  S: Direct.Put-Ok "lease"   (Get / Get-Ok for a feed)
+
+Only identities named in the listener's ``principals`` may log in (their
+secret is in the secrets file's ``[logins]``); a Put or Get names one of the
+listener's sinks or feeds (else Channel.Close 404 NOT_FOUND; a feed that
+already has its reader gets 405 RESOURCE_LOCKED) and is granted a lease
+valid for ``principal_lease_seconds``, kept with the admin API's leases.
+
+Spec ambiguity: the spec says the server announces ``direct = 1`` "when
+sending a Connection.Start-Ok response", but Start-Ok is the client's; the
+server-properties table it names belongs to Connection.Start, so that is
+where we put it.
+
+The server proposes heartbeat 0 (a principal connection is short-lived);
+a client whose Tune-Ok asks for heartbeats anyway gets a heartbeat frame
+every that many seconds, and is closed (without Close, as AMQP 0-9-1
+section 4.2.7 says) after two intervals with nothing from it. The
+handshake time-out of the listener bounds the time to log in.
+"""
+
+from __future__ import annotations
+
+import secrets as random_texts
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from gateway.codecs import amqp091
+from gateway.codecs.amqp091 import Method
+from gateway.protocols.dmp.settings import LeaseGrant
+
+if TYPE_CHECKING:
+    from gateway.protocols.dmp.server import DMPServerFactory
+
+__all__ = ["CHANNEL_MAX", "PrincipalConnection"]
+
+CHANNEL_MAX: Final = 16
+"""Channels a principal connection may open (it needs one)."""
+ACCESS_REFUSED: Final = 403
+NOT_FOUND: Final = 404
+RESOURCE_LOCKED: Final = 405
+CHANNEL_ERROR: Final = 504
+
+
+class PrincipalConnection:
+    """One principal AMQP 0-9-1 connection, after its protocol header.
+
+    Args:
+        factory: The DMP listener (settings, secrets, leases, feed readers).
+        write: Writes bytes to the peer.
+        close: Closes the connection, with a reason for the log.
+        opened: Called once the connection is open (the handshake is over).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        factory: DMPServerFactory,
+        write: Callable[[bytes], None],
+        close: Callable[[str], None],
+        opened: Callable[[], None],
+    ) -> None:
+        self._factory = factory
+        self._write = write
+        self._close = close
+        self._opened = opened
+        self._codec = amqp091.FrameCodec(amqp091.MIN_FRAME_MAX)
+        self._stage = "start-ok"
+        self._identity = ""
+        self._channels: set[int] = set()
+        self._closing_channels: set[int] = set()
+        self._done = False
+        self._heartbeat_seconds = 0
+        self._heard = False
+        self._silent_beats = 0
+        self._timer: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """Answer the protocol header with Connection.Start."""
+        self._send(
+            0,
+            "connection.start",
+            version_major=0,
+            version_minor=9,
+            server_properties={
+                "product": "msggateway",
+                "direct": 1,
+                "capabilities": {},
+            },
+            mechanisms=b"PLAIN",
+            locales=b"en_US",
+        )
+
+    def receive_data(self, data: bytes) -> None:
+        """Handle what the peer sent."""
+        if self._done:
+            return
+        self._heard = True
+        try:
+            events = self._codec.receive_data(data)
+        except amqp091.AMQPError as exc:
+            for event in exc.events:
+                self._handle(event)  # type: ignore[arg-type]
+                if self._done:
+                    return
+            self._factory.count_error(exc.kind)
+            self._fail(exc.code, exc.reason, exc.class_id, exc.method_id)
+            return
+        for event in events:
+            self._handle(event)
+            if self._done:
+                return
+
+    # --- dispatch ------------------------------------------------------------------------
+
+    def _handle(self, event: amqp091.Event) -> None:
+        if isinstance(event, amqp091.HeartbeatFrame):
+            return
+        name = event.name
+        if name == "connection.close":
+            self._send(0, "connection.close-ok")
+            self._finish("the client closed the principal connection")
+        elif name.startswith("connection."):
+            self._connection_method(event)
+        elif self._stage != "open":
+            self._fail(amqp091.COMMAND_INVALID, f"{name} before the connection is open", *event.ids)
+        elif event.channel == 0:
+            self._fail(CHANNEL_ERROR, f"{name} on channel 0, the connection's", *event.ids)
+        elif event.channel in self._closing_channels:
+            # We closed it: wait for Close-Ok (a Close crossing ours is answered), drop the rest.
+            if name in ("channel.close-ok", "channel.close"):
+                self._closing_channels.discard(event.channel)
+            if name == "channel.close":
+                self._send(event.channel, "channel.close-ok")
+        elif name == "channel.open":
+            self._channel_open(event)
+        elif event.channel not in self._channels:
+            self._fail(CHANNEL_ERROR, f"{name} on channel {event.channel}, not open", *event.ids)
+        elif name == "channel.close":
+            self._channels.discard(event.channel)
+            self._send(event.channel, "channel.close-ok")
+        elif name in ("direct.put", "direct.get"):
+            self._lease(event)
+        else:
+            self._fail(amqp091.COMMAND_INVALID, f"a client does not send {name}", *event.ids)
+
+    def _connection_method(self, method: Method) -> None:
+        # Each handshake method belongs to exactly one stage; nothing else comes before "open".
+        expected = {
+            "start-ok": "connection.start-ok",
+            "tune-ok": "connection.tune-ok",
+            "open-wait": "connection.open",
+        }
+        stage, name = self._stage, method.name
+        if expected.get(stage) != name:
+            wanted = expected.get(stage, "no connection method but Close")
+            why = f"{name} is out of place here (expected {wanted})"
+            self._fail(amqp091.COMMAND_INVALID, why, *method.ids)
+        elif name == "connection.start-ok":
+            self._log_in(method)
+        elif name == "connection.tune-ok":
+            frame_max = method.arguments["frame_max"]
+            if frame_max and frame_max < amqp091.MIN_FRAME_MAX:
+                self._fail(
+                    amqp091.SYNTAX_ERROR, f"frame-max {frame_max} is under 4096", *method.ids
+                )
+                return
+            self._stage = "open-wait"
+            self._heartbeat_seconds = method.arguments["heartbeat"]
+            if self._heartbeat_seconds:
+                self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
+        else:  # connection.open
+            self._stage = "open"
+            self._send(0, "connection.open-ok", reserved_1="")
+            self._opened()
+
+    def _log_in(self, method: Method) -> None:
+        mechanism = method.arguments["mechanism"]
+        response: bytes = method.arguments["response"]
+        if mechanism != "PLAIN":
+            self._refuse(f"mechanism {mechanism!r} is not offered (PLAIN is)")
+            return
+        parts = response.split(b"\0")
+        if len(parts) != 3:
+            self._refuse("a PLAIN response is authzid NUL authcid NUL password")
+            return
+        _authzid, authcid, password = parts
+        identity = authcid.decode("utf-8", "replace")
+        allowed = identity in self._factory.settings.principals
+        # Verify even when not allowed, so that both take the same time.
+        if not self._factory.secrets.verify(identity, password) or not allowed:
+            self._refuse(f"login refused for {identity!r}")
+            return
+        self._identity = identity
+        self._stage = "tune-ok"
+        self._send(0, "connection.tune", channel_max=CHANNEL_MAX, frame_max=4096, heartbeat=0)
+
+    def _refuse(self, why: str) -> None:
+        self._factory.count_error("principal-refused")
+        self._fail(ACCESS_REFUSED, why, 10, 11)
+
+    def _channel_open(self, method: Method) -> None:
+        channel = method.channel
+        if channel in self._channels or channel > CHANNEL_MAX:
+            self._fail(CHANNEL_ERROR, f"channel {channel} cannot be opened", *method.ids)
+            return
+        self._channels.add(channel)
+        self._send(channel, "channel.open-ok", reserved_1=b"")
+
+    def _lease(self, method: Method) -> None:
+        factory = self._factory
+        settings = factory.settings
+        kind, field = ("sink", "sink") if method.name == "direct.put" else ("feed", "feed")
+        target = method.arguments[field]
+        known = settings.sinks if kind == "sink" else settings.feeds
+        if target not in known:
+            factory.count_error("not-found")
+            self._close_channel(method, NOT_FOUND, f"no {kind} named {target!r}")
+            return
+        if kind == "feed" and target in factory.readers:
+            factory.count_error("feed-busy")
+            self._close_channel(method, RESOURCE_LOCKED, f"feed {target!r} already has a reader")
+            return
+        text = random_texts.token_urlsafe(24)
+        expires = factory.clock.seconds() + settings.principal_lease_seconds
+        factory.granted[text] = LeaseGrant(kind=kind, target=target, expires=expires)
+        factory.forget_expired_leases()
+        self._log.info(
+            "{listener}: lease for {kind} {target} granted to {identity}",
+            listener=factory.name,
+            kind=kind,
+            target=target,
+            identity=self._identity,
+        )
+        self._send(method.channel, method.name + "-ok", lease=text)
+
+    # --- closing -------------------------------------------------------------------------
+
+    def _close_channel(self, method: Method, code: int, text: str) -> None:
+        class_id, method_id = method.ids
+        self._channels.discard(method.channel)
+        self._closing_channels.add(method.channel)
+        self._send(
+            method.channel,
+            "channel.close",
+            reply_code=code,
+            reply_text=_short(text),
+            class_id=class_id,
+            method_id=method_id,
+        )
+
+    def _fail(self, code: int, reason: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Connection.Close with ``code``, then close the socket."""
+        self._send(
+            0,
+            "connection.close",
+            reply_code=code,
+            reply_text=_short(reason),
+            class_id=class_id,
+            method_id=method_id,
+        )
+        self._log.info(
+            "{listener}: principal connection closed with {code}: {reason}",
+            listener=self._factory.name,
+            code=code,
+            reason=reason,
+        )
+        # Without waiting for Close-Ok: a peer that broke framing may never send it.
+        self._finish(f"principal connection refused: {reason}")
+
+    def _beat(self) -> None:
+        self._timer = None
+        if self._done:
+            return
+        self._silent_beats = 0 if self._heard else self._silent_beats + 1
+        self._heard = False
+        if self._silent_beats >= 2:
+            self._factory.count_error("heartbeat-timeout")
+            self._finish(f"principal connection silent for {2 * self._heartbeat_seconds} s")
+            return
+        self._write(amqp091.encode_heartbeat())
+        self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
+
+    def stop(self) -> None:
+        """The connection is gone: no more timers."""
+        self._done = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _finish(self, why: str) -> None:
+        self.stop()
+        self._close(why)
+
+    def _send(self, channel: int, name: str, **arguments: object) -> None:
+        self._write(amqp091.encode_method(Method(channel=channel, name=name, arguments=arguments)))
+
+
+def _short(text: str) -> str:
+    """Cut a reply text to a short string (255 octets of UTF-8)."""
+    return text.encode("utf-8")[:255].decode("utf-8", "ignore")
