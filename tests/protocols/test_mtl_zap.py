@@ -14,10 +14,12 @@ from zmq.utils import z85
 
 from gateway.core.auth import Secrets
 from gateway.core.router import Router, RouteTable
+from gateway.metrics import GatewayMetrics
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
 from gateway.protocols.mtl.zap import ZAPPolicy, zap_reply
 from tests.protocols.test_mtl_curve import SILENCE_MS, raw_dialogue
+from tests.protocols.test_mtl_upstream_scram import wait_for
 
 ALICE = zmq.curve_keypair()
 MALLORY = zmq.curve_keypair()
@@ -72,7 +74,7 @@ def test_not_an_ip_address() -> None:
     assert zap_reply(request(b"\xff"), policy)[1] == "address b'\\xff' is not an IP address"
 
 
-def listener(**settings: Any) -> MTLServer:
+def listener(metrics: GatewayMetrics | None = None, **settings: Any) -> MTLServer:
     """An MTL listener on the test's reactor."""
     from twisted.internet import reactor
 
@@ -85,6 +87,7 @@ def listener(**settings: Any) -> MTLServer:
         secrets=Secrets(),
         clock=reactor,
         reactor=reactor,
+        metrics=metrics,
     )
     server.start()
     return server
@@ -94,7 +97,8 @@ def listener(**settings: Any) -> MTLServer:
 def test_listener_lets_in_only_allowed_curve_keys() -> Generator[Any, Any, None]:
     """Alice's key gets the whole dialogue on both sockets; Mallory's gets silence."""
     public_key, secret_key = zmq.curve_keypair()
-    server = listener(curve_secret_key=secret_key, curve_client_keys=(ALICE[0],))
+    metrics = GatewayMetrics()
+    server = listener(metrics, curve_secret_key=secret_key, curve_client_keys=(ALICE[0],))
     try:
         seen = yield threads.deferToThread(raw_dialogue, server.port, public_key, 10_000, ALICE)
         assert seen == SERVED
@@ -102,6 +106,14 @@ def test_listener_lets_in_only_allowed_curve_keys() -> Generator[Any, Any, None]
             raw_dialogue, server.port, public_key, SILENCE_MS, MALLORY
         )
         assert seen == ["silence"]
+        # Counted by the listener (ZeroMQ may retry the handshake: at least once).
+        yield wait_for(
+            lambda: bool(
+                metrics.registry.get_sample_value(
+                    "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "peer-refused"}
+                )
+            )
+        )
     finally:
         server.stop()
 

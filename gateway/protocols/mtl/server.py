@@ -180,7 +180,7 @@ class MTLServer:
         )
         if policy.needed:
             # Bound before the sockets, so that no peer gets in unasked.
-            ZAPHandler(self._zmq, policy, self.name)
+            ZAPHandler(self._zmq, policy, self.name, lambda _: self.count_error("peer-refused"))
             for socket in (self._control, self._data):
                 socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
         secret_key = self.settings.curve_secret_key

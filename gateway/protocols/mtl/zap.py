@@ -12,7 +12,7 @@ function `zap_reply`; `ZAPHandler` only puts it on a socket.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import attrs
@@ -105,17 +105,25 @@ class ZAPHandler:
         factory: The listener's txzmq factory (its context is the one served).
         policy: What to allow.
         listener: The listener's name, for the log.
+        on_refused: Called with the reason of each refusal (the listener counts it).
     """
 
     _log = Logger()
 
-    def __init__(self, factory: Any, policy: ZAPPolicy, listener: str) -> None:
+    def __init__(
+        self,
+        factory: Any,
+        policy: ZAPPolicy,
+        listener: str,
+        on_refused: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         import zmq
 
         from gateway.protocols.mtl.zmq import ZmqSocket
 
         self.policy = policy
         self.listener = listener
+        self._on_refused = on_refused
         self._socket = ZmqSocket(factory, zmq.ROUTER, self._on_request)
         self._socket.bind(ZAP_ENDPOINT)
 
@@ -130,4 +138,5 @@ class ZAPHandler:
                 listener=self.listener,
                 reason=refused,
             )
+            self._on_refused(refused)
         self._socket.send(frames[:2] + reply)
