@@ -105,6 +105,7 @@ def lease(context: zmq.Context[zmq.Socket[bytes]], port: int, kind: str) -> zmq.
     assert ask(control, "Connection.Profile", {"profile": "TEST"})[0] == 200
     status, reply = ask(control, f"Connection.{kind}", {"resources": [], "confirm": "none"})
     assert status == 202
+    control.close(linger=0)
     data = curve_socket(context, zmq.DEALER)
     data.connect(f"tcp://127.0.0.1:{reply['port']}")
     token = reply["lease"].encode()

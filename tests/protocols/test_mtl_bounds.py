@@ -103,6 +103,7 @@ def test_oldest_lease_token_stops_working() -> Generator[Any, Any, None]:
                 response = mtl.decode_data(data.recv_multipart())
                 assert isinstance(response, mtl.Response) and response.sequence == number
                 codes.append(response.code)
+                data.close(linger=0)
             return codes
         finally:
             context.destroy(linger=0)
