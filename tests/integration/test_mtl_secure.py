@@ -4,7 +4,9 @@ The MTL dialogue is driven with pyzmq and struct from the spec's field
 lists; the SCRAM messages come from `ScramClient`, which
 tests/codecs/test_scram.py checks against RFC 7677's example. The key file
 is made here, so the public key the gateway logs must be the one derived
-from it.
+from it. Then our upstream in a second gateway logs in with SCRAM over
+CURVE with its own key, which the listener lets in by name
+(``curve_client_keys``), and carries SSMP messages to a raw reader.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import base64
 import json
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 
 from gateway.codecs.scram import ScramClient
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +50,17 @@ allow_addresses = ["10.0.0.0/8"]
 SECRETS = '[logins]\nalice = "wonderland"\n'
 TIMEOUT_MS = 10_000
 KEYS = zmq.curve_keypair()
+UPSTREAM_KEYS = zmq.curve_keypair()
+READER_KEYS = zmq.curve_keypair()
+STRICT = f"""
+[listeners.strict]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+require_auth = true
+mechanisms = ["SCRAM-SHA-256"]
+curve_secret_key_file = "mtl.key"
+curve_client_keys = ["{UPSTREAM_KEYS[0].decode()}", "{READER_KEYS[0].decode()}"]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +68,18 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     """A gateway whose MTL listener wants SCRAM-SHA-256 over CURVE."""
     directory = tmp_path_factory.mktemp("mtl-secure")
     (directory / "mtl.key").write_bytes(KEYS[1] + b"\n")
-    process = GatewayProcess(directory, CONFIG, secrets=SECRETS).start()
+    process = GatewayProcess(directory, CONFIG + STRICT, secrets=SECRETS).start()
     yield process
     process.stop()
 
 
-def curve_socket(context: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
-    """A socket that is a CURVE client of the gateway, with a key pair of its own."""
+def curve_socket(
+    context: zmq.Context[zmq.Socket[bytes]], kind: int, keys: tuple[bytes, bytes] | None = None
+) -> zmq.Socket[bytes]:
+    """A socket that is a CURVE client of the gateway, with ``keys`` or a fresh pair."""
     socket = context.socket(kind)
     socket.linger = 0
-    public_key, secret_key = zmq.curve_keypair()
+    public_key, secret_key = keys or zmq.curve_keypair()
     socket.curve_serverkey = KEYS[0]
     socket.curve_publickey = public_key
     socket.curve_secretkey = secret_key
@@ -89,9 +105,14 @@ def authorize(socket: zmq.Socket[bytes], response: bytes) -> tuple[int, Any]:
     return ask(socket, "Connection.Authorize", {"mechanism": "SCRAM-SHA-256", "response": blob})
 
 
-def lease(context: zmq.Context[zmq.Socket[bytes]], port: int, kind: str) -> zmq.Socket[bytes]:
+def lease(
+    context: zmq.Context[zmq.Socket[bytes]],
+    port: int,
+    kind: str,
+    keys: tuple[bytes, bytes] | None = None,
+) -> zmq.Socket[bytes]:
     """Log in as alice with SCRAM, pick the test profile, lease; the DEALER, leased."""
-    control = curve_socket(context, zmq.REQ)
+    control = curve_socket(context, zmq.REQ, keys)
     control.connect(f"tcp://127.0.0.1:{port}")
     status, reply = ask(control, "Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
     assert (status, reply["mechanisms"]) == (401, ["SCRAM-SHA-256"])
@@ -106,7 +127,7 @@ def lease(context: zmq.Context[zmq.Socket[bytes]], port: int, kind: str) -> zmq.
     status, reply = ask(control, f"Connection.{kind}", {"resources": [], "confirm": "none"})
     assert status == 202
     control.close(linger=0)
-    data = curve_socket(context, zmq.DEALER)
+    data = curve_socket(context, zmq.DEALER, keys)
     data.connect(f"tcp://127.0.0.1:{reply['port']}")
     token = reply["lease"].encode()
     data.send_multipart([struct.pack(">BQB", 1, 1, len(token)) + token, b""])
@@ -150,3 +171,60 @@ def test_peer_from_a_network_not_allowed_is_never_answered(gateway: GatewayProce
         assert not control.poll(0)
     finally:
         context.destroy(linger=0)
+
+
+UPSTREAM = """
+[gateway]
+routes = "routes"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[upstreams.far]
+protocol = "mtl"
+endpoint = "tcp:host=127.0.0.1:port={port}"
+mode = "writer"
+profile = "test"
+confirm = "none"
+username = "alice"
+mechanism = "SCRAM-SHA-256"
+curve_server_key = "{server_key}"
+curve_secret_key_file = "client.key"
+"""
+
+
+def test_our_upstream_with_scram_and_its_curve_key(gateway: GatewayProcess, tmp_path: Path) -> None:
+    """SSMP on gateway A, through its upstream (SCRAM, its own CURVE key), to a reader on B."""
+    directory = tmp_path / "a"
+    directory.mkdir()
+    (directory / "client.key").write_bytes(UPSTREAM_KEYS[1])
+    client = GatewayProcess(
+        directory,
+        UPSTREAM.format(port=gateway.address("strict")[1], server_key=KEYS[0].decode()),
+        routes={"out": 'from = "hub"\nmatch = "weather.#"\nto = "far"\naddress = "resource"\n'},
+        secrets='[upstreams]\nfar = "wonderland"\n',
+    ).start()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        reader = lease(context, gateway.address("strict")[1], "Reader", READER_KEYS)
+        reader.send_multipart([struct.pack(">BQB", 3, 2, 8) + b"resource", b""])
+        assert recv(reader) == [struct.pack(">BQ", 2, 2), b"200"]
+        client.wait_for_log("upstream far: connected")
+        with LineClient(client.address("hub")) as publisher:
+            publisher.send("LOGIN sensor-9 open", "MCAST weather.rome sunny")
+            publisher.expect("200")
+            publisher.expect("200")
+        frames = recv(reader)
+        while frames[0][:1] == b"\x08":  # a listener Ping: answer and go on
+            reader.send_multipart([b"\x09", b""])
+            frames = recv(reader)
+        assert frames[0][0] == 5 and frames[1] == b"sunny"
+    finally:
+        context.destroy(linger=0)
+        client.stop()
