@@ -154,6 +154,7 @@ class MTLServer:
         self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
         self._leases: OrderedDict[str, _Lease] = OrderedDict()
         self._peers: dict[bytes, _DataPeer] = {}
+        self._zap: Any = None
         self._control: Any = None
         self._data: Any = None
         self._zmq: Any = None
@@ -180,7 +181,9 @@ class MTLServer:
         )
         if policy.needed:
             # Bound before the sockets, so that no peer gets in unasked.
-            ZAPHandler(self._zmq, policy, self.name, lambda _: self.count_error("peer-refused"))
+            self._zap = ZAPHandler(
+                self._zmq, policy, self.name, lambda _: self.count_error("peer-refused")
+            )
             for socket in (self._control, self._data):
                 socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
         secret_key = self.settings.curve_secret_key
