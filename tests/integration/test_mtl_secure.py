@@ -228,3 +228,24 @@ def test_our_upstream_with_scram_and_its_curve_key(gateway: GatewayProcess, tmp_
     finally:
         context.destroy(linger=0)
         client.stop()
+
+
+def test_scram_curve_and_zap_under_twistds_asyncio_reactor(tmp_path: Path) -> None:
+    """The same listener under ``twistd --reactor=asyncio``: its ZAP handler and sockets work."""
+    (tmp_path / "mtl.key").write_bytes(KEYS[1])
+    process = GatewayProcess(tmp_path, CONFIG + STRICT, secrets=SECRETS, reactor="asyncio")
+    process.start()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        process.wait_for_log("reactor class: .*AsyncioSelectorReactor")
+        reader = lease(context, process.address("strict")[1], "Reader", READER_KEYS)
+        reader.send_multipart([struct.pack(">BQB", 3, 2, 8) + b"resource", b""])
+        assert recv(reader) == [struct.pack(">BQ", 2, 2), b"200"]
+        stranger = curve_socket(context, zmq.REQ)  # a key the listener does not know
+        stranger.connect(f"tcp://127.0.0.1:{process.address('strict')[1]}")
+        stranger.send_multipart([b"Connection.Open", b"{}"])
+        line = process.wait_for_log("strict: refused a peer")
+        assert line.endswith("CURVE key not allowed")
+    finally:
+        context.destroy(linger=0)
+        process.stop()
