@@ -10,6 +10,8 @@ hand, against the gateway or any SSMP server.
 streaming server and prints what became of each (`gateway.mailsend`).
 ``msggateway dmp put|get ADDRESS ...`` writes to a DMP sink or reads a DMP
 feed with a lease from the environment (`gateway.dmp_tool`).
+``msggateway mtl keygen PATH`` writes a new CURVE secret key file for an MTL
+listener or upstream and prints its public key.
 """
 
 from __future__ import annotations
@@ -279,6 +281,27 @@ def _add_qmqp_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     )
 
 
+def _mtl_keygen(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gateway.protocols.mtl.curve import write_key_pair
+
+    try:
+        public_key = write_key_pair(Path(args.path))
+    except OSError as exc:
+        err.write(f"msggateway: {args.path}: {exc.strerror or exc}\n")
+        return 1
+    out.write(f"{public_key.decode('ascii')}\n")
+    return 0
+
+
+def _add_mtl_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    command = commands.add_parser("mtl", help="MTL tools")
+    actions = command.add_subparsers(dest="action", required=True)
+    keygen = actions.add_parser(
+        "keygen", help="write a new CURVE secret key file; print its public key"
+    )
+    keygen.add_argument("path", help="the key file to create (never overwritten)")
+
+
 def main(
     argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -295,6 +318,7 @@ def main(
     _add_ssmp_commands(commands)
     _add_qmqp_commands(commands)
     add_dmp_commands(commands)
+    _add_mtl_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path, out, err)
@@ -304,6 +328,8 @@ def main(
         return _qmqp_send(args, out, err)
     if args.command == "dmp":
         return run_dmp(args, out, err)
+    if args.command == "mtl":
+        return _mtl_keygen(args, out, err)
     return _run(args.twistd_args)
 
 

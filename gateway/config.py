@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import ipaddress
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -32,10 +33,13 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
     MTLListenerSettings,
     MTLUpstreamSettings,
+    curve_key,
+    read_curve_secret_key,
     zmq_bind_address,
     zmq_connect_address,
 )
@@ -492,13 +496,65 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
             zmq_bind_address(endpoint)
         except ValueError as exc:
             section.problem("endpoint", str(exc))
+    mechanisms = tuple(mechanism.upper() for mechanism in section.strings("mechanisms", ("PLAIN",)))
+    if not mechanisms or any(mechanism not in MTL_MECHANISMS for mechanism in mechanisms):
+        section.problem("mechanisms", f"choose from {', '.join(MTL_MECHANISMS)}")
+    curve_secret = _mtl_curve_secret(section)
     return MTLListenerSettings(
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
+        mechanisms=mechanisms,
+        curve_secret_key=curve_secret,
+        curve_client_keys=_mtl_client_keys(section, curve_secret),
+        allow_addresses=_mtl_networks(section),
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),
     )
+
+
+def _mtl_curve_secret(section: _Section) -> bytes | None:
+    name = section.string("curve_secret_key_file", None)
+    if not isinstance(name, str):
+        return None
+    try:  # relative to the file that names it
+        return read_curve_secret_key(Path(section.file).parent / name)
+    except ValueError as exc:
+        section.problem("curve_secret_key_file", str(exc))
+        return None
+
+
+def _mtl_client_keys(section: _Section, curve_secret: bytes | None) -> tuple[bytes, ...]:
+    keys = []
+    for text in section.strings("curve_client_keys"):
+        try:
+            keys.append(curve_key(text))
+        except ValueError as exc:
+            section.problem("curve_client_keys", str(exc))
+    if keys and curve_secret is None and "curve_secret_key_file" not in section.table:
+        section.problem("curve_client_keys", "needs curve_secret_key_file (CURVE on)")
+    return tuple(keys)
+
+
+def _mtl_networks(section: _Section) -> tuple[str, ...]:
+    networks = section.strings("allow_addresses")
+    for text in networks:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError as exc:
+            section.problem("allow_addresses", str(exc))
+    return networks
+
+
+def _mtl_curve_public(section: _Section) -> bytes | None:
+    text = section.string("curve_server_key", None)
+    if not isinstance(text, str):
+        return None
+    try:
+        return curve_key(text)
+    except ValueError as exc:
+        section.problem("curve_server_key", str(exc))
+        return None
 
 
 def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
@@ -517,12 +573,18 @@ def _mtl_upstream(section: _Section) -> MTLUpstreamSettings:
         section.problem(
             "confirm", 'the test profile never confirms (the server answers 501): set "none"'
         )
+    server_key = _mtl_curve_public(section)
+    if server_key is None and "curve_secret_key_file" in section.table:
+        section.problem("curve_secret_key_file", "needs curve_server_key (CURVE on)")
     return MTLUpstreamSettings(
         mode=section.choice("mode", frozenset({"writer", "reader"}), "writer"),
         profile=profile.lower() if isinstance(profile, str) else "gateway",
         resources=section.strings("resources"),
         confirm=confirm,
         username=username if isinstance(username, str) else None,
+        mechanism=section.choice("mechanism", frozenset(MTL_MECHANISMS), "PLAIN"),
+        curve_server_key=server_key,
+        curve_secret_key=_mtl_curve_secret(section),
         request_timeout_seconds=section.positive("request_timeout_seconds", 10.0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),

@@ -1,7 +1,10 @@
 """The MTL client role: a REQ control socket and a DEALER data socket to a remote server.
 
-`MTLUpstream` opens (Connection.Open), logs in with PLAIN when answered
-401 (``username``, the upstream's secret as password), selects its
+`MTLUpstream` opens (Connection.Open), logs in when answered 401
+(``username``, the upstream's secret as password) with its ``mechanism``:
+PLAIN, or SCRAM-SHA-256 through the server's ``402 Challenged`` rounds
+(the server's final signature is checked, so a server that does not know
+the secret is not trusted); a 401 to the login itself starts over. It selects its
 profile, asks for a reader or writer lease, connects its DEALER to the data
 port of the 202 reply and presents the lease; a reader then summons each
 resource. Any refusal, a control request unanswered for
@@ -32,7 +35,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from gateway.codecs import mtl
+from gateway.codecs import mtl, scram
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
@@ -101,6 +104,8 @@ class MTLUpstream:
         self._sequence = itertools.count(1)
         self._unconfirmed: dict[int, Deferred[Outcome]] = {}
         self._summons: dict[int, str] = {}
+        self._scram: scram.ScramClient | None = None
+        self._scram_round = 0
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
 
@@ -131,8 +136,25 @@ class MTLUpstream:
             return
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.REQ, self._on_reply)
+        self._curve(self._control)
         self._control.connect(f"tcp://{self.host}:{self.port}")
         self._request("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
+
+    def _curve(self, socket: Any) -> None:
+        """Make ``socket`` a CURVE client of the server, with its key pair or a fresh one."""
+        import zmq
+
+        server_key = self.settings.curve_server_key
+        if server_key is None:
+            return
+        secret_key = self.settings.curve_secret_key
+        if secret_key is None:
+            public_key, secret_key = zmq.curve_keypair()
+        else:
+            public_key = zmq.curve_public(secret_key)
+        socket.set_option(zmq.CURVE_SERVERKEY, server_key)
+        socket.set_option(zmq.CURVE_PUBLICKEY, public_key)
+        socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
 
     def _teardown(self, why: str) -> None:
         for call in (self._timer, self._ping):
@@ -181,13 +203,9 @@ class MTLUpstream:
         status, body = parsed
         settings = self.settings
         if status == 401:
-            password = self.secrets.credential_for(self.name)
-            if settings.username is None or password is None:
-                self._start_over("the server wants a login and none is configured")
-                return
-            plain = b"\0" + settings.username.encode() + b"\0" + password
-            response = base64.b64encode(plain).decode("ascii")
-            self._request("Connection.Authorize", {"mechanism": "PLAIN", "response": response})
+            self._login(body)
+        elif status == 402 and self._step == "connection.authorize":
+            self._challenged(body)
         elif status == 201:
             self._request("Connection.Profile", {"profile": settings.profile})
         elif status == 200 and self._step == "connection.profile":
@@ -202,6 +220,47 @@ class MTLUpstream:
                 f"{self._step} answered {status} {body.get('reason') or body.get('status')}"
             )
 
+    def _login(self, body: dict[str, Any]) -> None:
+        """Answer a 401: log in with the configured mechanism, unless that just failed."""
+        settings = self.settings
+        password = self.secrets.credential_for(self.name)
+        if self._step == "connection.authorize":
+            self._start_over(f"the server refused the login: {body.get('reason') or 401}")
+        elif settings.username is None or password is None:
+            self._start_over("the server wants a login and none is configured")
+        elif settings.mechanism not in body.get("mechanisms", [settings.mechanism]):
+            self._start_over(f"the server does not offer {settings.mechanism}")
+        elif settings.mechanism == scram.MECHANISM:
+            self._scram = scram.ScramClient(settings.username, password)
+            self._scram_round = 0
+            self._authorize(self._scram.first())
+        else:
+            self._authorize(b"\0" + settings.username.encode() + b"\0" + password)
+
+    def _challenged(self, body: dict[str, Any]) -> None:
+        """Answer a 402: the next SCRAM-SHA-256 message."""
+        exchange = self._scram
+        try:
+            if exchange is None:
+                raise scram.ScramError("a challenge for no exchange of ours")
+            challenge = base64.b64decode(str(body.get("challenge", "")), validate=True)
+            self._scram_round += 1
+            if self._scram_round == 1:
+                self._authorize(exchange.final(challenge))
+            else:
+                exchange.verify(challenge)
+                self._scram = None
+                self._authorize(b"")
+        except (scram.ScramError, ValueError) as exc:
+            self._scram = None
+            self._start_over(f"SCRAM-SHA-256 login failed: {exc}")
+
+    def _authorize(self, response: bytes) -> None:
+        self._request(
+            "Connection.Authorize",
+            {"mechanism": self.settings.mechanism, "response": base64.b64encode(response).decode()},
+        )
+
     # --- data flow ---------------------------------------------------------------------
 
     def _open_data(self, port: int, lease: str) -> None:
@@ -210,6 +269,7 @@ class MTLUpstream:
         from gateway.protocols.mtl.zmq import ZmqSocket
 
         self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data)
+        self._curve(self._data)
         self._data.connect(f"tcp://{self.host}:{port}")
         self._heard = self.clock.seconds()
         self._send(mtl.Lease(next(self._sequence), lease))

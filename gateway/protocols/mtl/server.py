@@ -2,11 +2,18 @@
 
 Control (spec, "Control Flow"): per REQ peer, Connection.Open (protocol
 ``MTL`` version 1) is answered ``201 Ready`` with the profiles, or ``401
-Unauthorized`` with ``["PLAIN"]`` when ``require_auth``; Connection.Authorize
-takes PLAIN (base64 of ``authzid NUL user NUL password``, checked against
-the secrets file): ``201`` on success, ``401`` on failure, ``402
-Challenged`` with an empty challenge when the response is empty (the
-client is to send its credentials in the next round, RFC 4616). A
+Unauthorized`` with the configured mechanisms when ``require_auth``;
+Connection.Authorize takes PLAIN (base64 of ``authzid NUL user NUL
+password``, checked against the secrets file): ``201`` on success, ``401``
+on failure, ``402 Challenged`` with an empty challenge when the response is
+empty (the client is to send its credentials in the next round, RFC 4616).
+SCRAM-SHA-256 (RFC 7677), when offered, takes rounds of ``402``: the
+client-first message is answered with the server-first as the challenge,
+the client-final with the server-final (``v=``, the server's proof that it
+knows the secret too), and the empty response that acknowledges it with
+``201``. Spec ambiguity: 201 has no field for SASL's "additional data with
+success", so the server-final travels in a last 402, as RFC 4422 section 3
+prescribes for such protocols. A
 session whose login no longer verifies against the secrets is asked again
 with ``401`` on its next request. Connection.Profile: ``200`` or ``400``. Connection.Reader and
 Connection.Writer (after a profile, else ``400``): ``202`` with the data
@@ -44,6 +51,7 @@ import base64
 import binascii
 import itertools
 import secrets as random_texts
+from collections import OrderedDict
 from typing import Any, Final
 
 import attrs
@@ -52,8 +60,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from gateway.codecs import mtl
-from gateway.core.auth import Secrets
+from gateway.codecs import mtl, scram
+from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
@@ -64,7 +72,6 @@ from gateway.protocols.mtl.settings import MTLListenerSettings
 __all__ = ["MTLServer"]
 
 TEST_RESOURCE: Final = "resource"
-MECHANISMS: Final = ["PLAIN"]
 
 
 @attrs.define
@@ -75,6 +82,7 @@ class _Session:
     identity: str | None = None
     secret: bytes | None = None
     profile: str | None = None
+    scram: scram.ScramServer | None = None
 
 
 @attrs.define
@@ -141,9 +149,12 @@ class MTLServer:
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self.data_port = 0
-        self._sessions: dict[bytes, _Session] = {}
-        self._leases: dict[str, _Lease] = {}
+        # Both bounded (settings.max_sessions, max_leases), least recently used
+        # first out: nothing a peer sends grows them without limit.
+        self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
+        self._leases: OrderedDict[str, _Lease] = OrderedDict()
         self._peers: dict[bytes, _DataPeer] = {}
+        self._zap: Any = None
         self._control: Any = None
         self._data: Any = None
         self._zmq: Any = None
@@ -155,6 +166,7 @@ class MTLServer:
         """Bind both sockets; return the control port bound."""
         import zmq
 
+        from gateway.protocols.mtl.zap import ZAPHandler, ZAPPolicy
         from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
 
         self._zmq = zmq_factory(self._reactor)
@@ -164,6 +176,26 @@ class MTLServer:
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
+        policy = ZAPPolicy.from_settings(
+            self.settings.allow_addresses, self.settings.curve_client_keys
+        )
+        if policy.needed:
+            # Bound before the sockets, so that no peer gets in unasked.
+            self._zap = ZAPHandler(
+                self._zmq, policy, self.name, lambda _: self.count_error("peer-refused")
+            )
+            for socket in (self._control, self._data):
+                socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
+        secret_key = self.settings.curve_secret_key
+        if secret_key is not None:
+            for socket in (self._control, self._data):
+                socket.set_option(zmq.CURVE_SERVER, 1)
+                socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
+            self._log.info(
+                "MTL listener {listener}: CURVE on, server public key {public_key}",
+                listener=self.name,
+                public_key=zmq.curve_public(secret_key).decode("ascii"),
+            )
         control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
         data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
         self.port = int(control.rsplit(":", 1)[1])
@@ -198,10 +230,31 @@ class MTLServer:
         if request is None:
             self.count_error("ill-formed-request")
             return  # the spec: drop it silently
-        session = self._sessions.setdefault(identity, _Session())
-        status, body = self._answer(session, request)
+        session = self._session(identity, request.command == "connection.open")
+        if session is None:
+            status, body = _bad("send Connection.Open first")
+        else:
+            status, body = self._answer(session, request)
         self._control.send(envelope + mtl.reply(status, body))
         self.traffic.messages_out += 1
+
+    def _session(self, identity: bytes, opening: bool) -> _Session | None:
+        """The control peer's session, made the most recently used; the oldest may go.
+
+        Only Connection.Open makes a session: other requests from an unknown
+        peer are refused without anything kept.
+        """
+        sessions = self._sessions
+        session = sessions.get(identity)
+        if session is None:
+            if not opening:
+                return None
+            session = sessions[identity] = _Session()
+            if len(sessions) > self.settings.max_sessions:
+                sessions.popitem(last=False)  # it must Open again
+        else:
+            sessions.move_to_end(identity)
+        return session
 
     def _answer(self, session: _Session, request: mtl.ControlRequest) -> tuple[int, dict[str, Any]]:
         command, body = request.command, request.body
@@ -214,7 +267,7 @@ class MTLServer:
             ):
                 return _bad('Connection.Open needs "protocol": {"name": "MTL", "version": 1}')
             session.opened = True
-            session.profile = None
+            session.profile = session.scram = None
             return self._ready_or_challenge(session)
         if not session.opened:
             return _bad("send Connection.Open first")
@@ -222,7 +275,7 @@ class MTLServer:
             return self._authorize(session, body)
         if self.settings.require_auth and not self._still_valid(session):
             session.identity = session.secret = None
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         if command == "connection.profile":
             profile = str(body.get("profile", "")).lower()
             if profile not in self.settings.profiles:
@@ -238,7 +291,7 @@ class MTLServer:
 
     def _ready_or_challenge(self, session: _Session) -> tuple[int, dict[str, Any]]:
         if self.settings.require_auth and not self._still_valid(session):
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
 
     def _still_valid(self, session: _Session) -> bool:
@@ -246,14 +299,26 @@ class MTLServer:
             return False
         return self.secrets.verify(session.identity, session.secret)
 
+    def _unauthorized(self, reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "status": "Unauthorized",
+            "mechanisms": list(self.settings.mechanisms),
+        }
+        if reason is not None:
+            body["reason"] = reason
+        return body
+
     def _authorize(self, session: _Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         mechanism = str(body.get("mechanism", "")).upper()
-        if mechanism not in MECHANISMS:
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+        exchange, session.scram = session.scram, None
+        if mechanism not in self.settings.mechanisms:
+            return 401, self._unauthorized()
         try:
             raw = base64.b64decode(str(body.get("response", "")), validate=True)
         except (binascii.Error, ValueError):
             return _bad("the response is not base64")
+        if mechanism == scram.MECHANISM:
+            return self._scram(session, exchange, raw)
         if not raw:
             return 402, {"status": "Challenged", "mechanism": "PLAIN", "challenge": ""}
         parts = raw.split(b"\0")
@@ -262,9 +327,44 @@ class MTLServer:
         user, password = parts[1].decode("utf-8", "replace"), parts[2]
         if not self.secrets.verify(user, password):
             self.count_error("unauthorized")
-            return 401, {"status": "Unauthorized", "mechanisms": MECHANISMS}
+            return 401, self._unauthorized()
         session.identity, session.secret = user, password
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _scram(
+        self, session: _Session, exchange: scram.ScramServer | None, raw: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        """One round of SCRAM-SHA-256; ``exchange`` is the session's one under way, if any."""
+        try:
+            if exchange is None:
+                if not raw:  # no initial response: ask for the client-first message
+                    return self._challenge(session, None, b"")
+                exchange = scram.ScramServer(self._login_secret)
+                return self._challenge(session, exchange, exchange.first(raw))
+            if exchange.secret is None:
+                return self._challenge(session, exchange, exchange.final(raw))
+            if raw:
+                raise scram.ScramError("the server-final message is acknowledged empty")
+        except scram.ScramError as exc:
+            self.count_error("unauthorized")
+            return 401, self._unauthorized(f"SCRAM-SHA-256: {exc}")
+        session.identity, session.secret = exchange.user, exchange.secret
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _challenge(
+        self, session: _Session, exchange: scram.ScramServer | None, challenge: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        session.scram = exchange
+        return 402, {
+            "status": "Challenged",
+            "mechanism": scram.MECHANISM,
+            "challenge": base64.b64encode(challenge).decode(),
+        }
+
+    def _login_secret(self, user: str) -> bytes | None:
+        logins = self.secrets.logins
+        secret = logins.get(user)
+        return secret if secret is not None else logins.get(ANY_IDENTITY)
 
     def _lease(
         self, session: _Session, kind: str, body: dict[str, Any]
@@ -288,6 +388,9 @@ class MTLServer:
             resources = [TEST_RESOURCE]
         lease = random_texts.token_urlsafe(18)
         self._leases[lease] = _Lease(session.profile, kind, tuple(resources), confirm)
+        if len(self._leases) > self.settings.max_leases:
+            # Data peers keep the leases they presented; the oldest token no longer works.
+            self._leases.popitem(last=False)
         return 202, {"status": "Data Lease", "port": self.data_port, "lease": lease}
 
     # --- data flow ---------------------------------------------------------------------

@@ -2,12 +2,61 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Final
+
 import attrs
 
-__all__ = ["PROFILES", "MTLListenerSettings"]
+__all__ = [
+    "MECHANISMS",
+    "PROFILES",
+    "MTLListenerSettings",
+    "MTLUpstreamSettings",
+    "curve_key",
+    "read_curve_secret_key",
+    "zmq_bind_address",
+    "zmq_connect_address",
+]
+
+_Z85: Final = frozenset(
+    "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+)
+CURVE_KEY_CHARS: Final = 40
+"""A CURVE key (32 bytes) in Z85 text, as ``zmq.curve_keypair()`` gives it."""
+
+
+def curve_key(text: str) -> bytes:
+    """Check a Z85 CURVE key (40 characters); return it as bytes for ``setsockopt``.
+
+    Raises:
+        ValueError: Not 40 Z85 characters.
+    """
+    text = text.strip()
+    if len(text) != CURVE_KEY_CHARS or not _Z85.issuperset(text):
+        raise ValueError(
+            f"a CURVE key is {CURVE_KEY_CHARS} Z85 characters, as zmq.curve_keypair() makes"
+        )
+    return text.encode("ascii")
+
+
+def read_curve_secret_key(path: Path) -> bytes:
+    """Read a CURVE secret key file (its Z85 key, surrounding whitespace ignored).
+
+    Raises:
+        ValueError: Unreadable, or not a Z85 key.
+    """
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    return curve_key(text)
+
 
 PROFILES = frozenset({"test", "gateway"})
 """The profiles an MTL listener can offer."""
+
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256")
+"""The SASL mechanisms an MTL listener can offer."""
 
 
 @attrs.frozen(kw_only=True)
@@ -18,8 +67,24 @@ class MTLListenerSettings:
         profiles: Offered in ``201 Ready``: ``test`` (the spec's: one
             resource ``resource``, no confirmations, every writer's content
             to every reader) and ``gateway`` (resources are route addresses).
-        require_auth: Answer Connection.Open with ``401`` and take SASL PLAIN
-            against the secrets file's ``[logins]``.
+        require_auth: Answer Connection.Open with ``401`` and take SASL
+            (``mechanisms``) against the secrets file's ``[logins]``.
+        mechanisms: The SASL mechanisms offered in ``401``, in order:
+            ``PLAIN`` (one round) and ``SCRAM-SHA-256`` (``402 Challenged``
+            rounds; the password never crosses the wire).
+        curve_secret_key: The listener's CURVE secret key (Z85), from
+            ``curve_secret_key_file``: both sockets then encrypt and only
+            CURVE clients that know the public key can talk to them. None:
+            plaintext.
+        curve_client_keys: CURVE public keys (Z85) of the clients let in,
+            on a CURVE listener; empty: any client key.
+        allow_addresses: Networks (``127.0.0.1/32``, ``10.0.0.0/8``, IPv6
+            too) a peer's address must be in; empty: any. Enforced for both
+            sockets by a ZAP handler, before a peer's first message.
+        max_sessions: Control peers remembered; past it the least recently
+            heard from is forgotten (it must send Connection.Open again).
+        max_leases: Lease tokens remembered; past it the oldest no longer
+            works for a new data peer (those presented are kept by their peers).
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         ping_interval_seconds: Pings to data peers this often.
@@ -29,6 +94,12 @@ class MTLListenerSettings:
 
     profiles: tuple[str, ...] = ("test", "gateway")
     require_auth: bool = False
+    mechanisms: tuple[str, ...] = ("PLAIN",)
+    curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
+    curve_client_keys: tuple[bytes, ...] = ()
+    allow_addresses: tuple[str, ...] = ()
+    max_sessions: int = 10_000
+    max_leases: int = 10_000
     data_port: int = 0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
@@ -74,8 +145,14 @@ class MTLUpstreamSettings:
         profile: The profile to select (``gateway`` on another msggateway).
         resources: Resources to lease (a reader summons each); empty: all.
         confirm: ``none`` or ``full``.
-        username: Log in with PLAIN as this user (the password is the
-            upstream's secret) when the server answers 401.
+        username: Log in as this user (the password is the upstream's
+            secret) when the server answers 401.
+        mechanism: ``PLAIN`` or ``SCRAM-SHA-256``.
+        curve_server_key: The server's CURVE public key (Z85): both sockets
+            then use CURVE. None: plaintext.
+        curve_secret_key: The upstream's own CURVE secret key (Z85, from
+            ``curve_secret_key_file``), for servers that let in known
+            client keys only; None: a fresh key pair per attempt.
         request_timeout_seconds: A control request unanswered this long
             means the server is gone: start over (with backoff).
         ping_interval_seconds: Pings on the data flow this often.
@@ -87,6 +164,9 @@ class MTLUpstreamSettings:
     resources: tuple[str, ...] = ()
     confirm: str = "full"
     username: str | None = None
+    mechanism: str = "PLAIN"
+    curve_server_key: bytes | None = None
+    curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
     request_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0

@@ -71,8 +71,8 @@ class ZmqSocket:
         endpoint: bytes = self._connection.socket.getsockopt(zmq.LAST_ENDPOINT)
         return endpoint.decode("ascii")
 
-    def set_option(self, option: int, value: int) -> None:
-        """Set a socket option (``zmq.ROUTER_MANDATORY`` and so on)."""
+    def set_option(self, option: int, value: int | bytes) -> None:
+        """Set a socket option (``zmq.ROUTER_MANDATORY``, CURVE keys and so on)."""
         self._connection.socket.setsockopt(option, value)
 
     def connect(self, address: str) -> None:
