@@ -93,6 +93,7 @@ __all__ = [
     "VERIFY_MODES",
     "MTLSServerParser",
     "client_endpoint_at",
+    "external_identity",
     "parse_mtls_server",
     "peer_identities",
     "server_tls_options",
@@ -580,6 +581,32 @@ def peer_identities(transport: object) -> frozenset[str]:
     if not isinstance(peer, x509.Certificate):
         return frozenset()
     return _certificate_names(peer)
+
+
+def external_identity(transport: object, requested: str = "") -> str | None:
+    """The identity a SASL EXTERNAL login gets from the peer's certificate, if any.
+
+    ``requested`` (the EXTERNAL authorization identity) must be one of the
+    names the certificate vouches for (`peer_identities`); when it is
+    empty, the identity is the subject's Common Name, or the one name the
+    certificate holds.
+
+    Returns:
+        The identity, or None: no verified certificate, a name it does not
+        hold, or several names and no Common Name to choose by.
+    """
+    names = peer_identities(transport)
+    if not names:
+        return None
+    if requested:
+        return requested if requested in names else None
+    tls = ISSLTransport(transport, None)
+    peer = tls.getPeerCertificate() if tls is not None else None
+    if isinstance(peer, crypto.X509):
+        common = peer.get_subject().commonName
+        if common and common in names:
+            return str(common)
+    return next(iter(names)) if len(names) == 1 else None
 
 
 def _certificate_names(certificate: x509.Certificate) -> frozenset[str]:

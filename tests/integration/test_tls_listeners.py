@@ -109,3 +109,40 @@ def test_a_certificate_from_another_ca_is_refused(
         tls.sendall(REQUESTS[listener])
         if not tls.recv(64):  # TLS 1.3: the refusal arrives after the handshake
             raise ConnectionResetError("closed")
+
+
+def stream_login(tls: ssl.SSLSocket, authzid: bytes) -> tuple[tuple[str, ...], int]:
+    """Peer properties, SASL handshake, EXTERNAL with ``authzid``: the mechanisms and the code."""
+    codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+    events: list[sp.Event] = []
+
+    def ask(event: sp.Event) -> sp.Event:
+        tls.sendall(codec.send(event))
+        while not events:
+            data = tls.recv(65536)
+            assert data, "closed"
+            events.extend(codec.receive_data(data))
+        return events.pop(0)
+
+    ask(sp.PeerProperties(correlation_id=1, properties={}))
+    offered = ask(sp.SaslHandshake(correlation_id=2))
+    assert isinstance(offered, sp.SaslHandshakeResponse)
+    answer = ask(sp.SaslAuthenticate(correlation_id=3, mechanism="EXTERNAL", data=authzid))
+    assert isinstance(answer, sp.SaslAuthenticateResponse)
+    return tuple(offered.mechanisms), answer.code
+
+
+@pytest.mark.parametrize(("authzid", "code"), [(b"", 1), (b"alice@example.org", 1), (b"bob", 8)])
+def test_stream_external_login_by_certificate(
+    gateway: GatewayProcess, pki: Pki, authzid: bytes, code: int
+) -> None:
+    """EXTERNAL is offered over TLS with a certificate; it logs in as one of its names only."""
+    host, port = gateway.address("streams")
+    ctx = client(pki, pki.alice_cert, pki.alice_key)
+    with (
+        socket.create_connection((host, port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        mechanisms, answer = stream_login(tls, authzid)
+    assert "EXTERNAL" in mechanisms
+    assert answer == code

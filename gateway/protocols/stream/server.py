@@ -42,6 +42,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.protocols.tcp import disable_nagle
+from gateway.tls import external_identity, peer_identities
 
 __all__ = ["StreamServerFactory", "StreamServerProtocol"]
 
@@ -344,6 +345,8 @@ class StreamServerProtocol(Protocol):
 
     def _mechanisms(self) -> list[str]:
         mechanisms = ["PLAIN"]
+        if peer_identities(self.transport):
+            mechanisms.append("EXTERNAL")  # a verified client certificate names the identity
         if self.factory.settings.anonymous:
             mechanisms.append("ANONYMOUS")
         return mechanisms
@@ -371,6 +374,17 @@ class StreamServerProtocol(Protocol):
         settings = self.factory.settings
         if mechanism == "ANONYMOUS" and settings.anonymous:
             self.identity = "anonymous"
+            return OK
+        if mechanism == "EXTERNAL" and peer_identities(self.transport):
+            identity = external_identity(self.transport, data.decode("utf-8", "replace"))
+            if identity is None:
+                self._log.info(
+                    "{listener}: EXTERNAL login refused: no verified certificate for {name}",
+                    listener=self.factory.name,
+                    name=data.decode("utf-8", "replace") or "its subject",
+                )
+                return AUTHENTICATION_FAILURE
+            self.identity = identity
             return OK
         if mechanism != "PLAIN":
             return SASL_MECHANISM_NOT_SUPPORTED
