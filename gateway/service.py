@@ -51,6 +51,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.frontend.server import FrontendServerFactory
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.mtl.client import MTLUpstream
 from gateway.protocols.mtl.server import MTLServer
@@ -329,6 +330,20 @@ def _qmqp_listener(
     return factory, _NoDelivery(config.name, "a QMQP listener")
 
 
+def _frontend_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    factory = FrontendServerFactory(
+        name=config.name,
+        settings=config.settings,
+        backend=clientFromString(gateway.reactor, config.settings.backend),
+        secrets=gateway.config.secrets.frontends.get(config.name, {}),
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, _NoDelivery(config.name, "a TLS front-end")
+
+
 def _qmqp_upstream(
     gateway: GatewayService, config: UpstreamConfig
 ) -> tuple[IService, IDestination, Callable[[], bool]]:
@@ -510,6 +525,7 @@ _LISTENERS: dict[
     "stream": _stream_listener,
     "dmp": _dmp_listener,
     "mtl": _mtl_listener,
+    "frontend": _frontend_listener,
 }
 _UPSTREAMS: dict[
     str,
