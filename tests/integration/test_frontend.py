@@ -1,0 +1,431 @@
+"""The TLS-terminating front-end end to end: two twistd gateways, and a recording backend.
+
+A plaintext backend gateway serves SSMP, QMQP and the stream protocol on
+``tcp:``. A front-end gateway serves each of them on an ``mtls:`` listener
+(client certificates from the test CA required) and relays every connection
+to the backend. A client with alice's certificate logs in to SSMP by ``cert``
+(the backend sees a ``secret`` login as alice), sends QMQP mail that the
+backend routes to its SSMP hub, and publishes to a stream with its confirm
+coming back. A second front-end relays to an in-test TCP server that records
+bytes, to show the backend sees the protocol unchanged but for the SSMP
+LOGIN; and a client without a certificate, or with one from another CA, is
+refused at TLS.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.codecs import qmqp
+from gateway.codecs import stream as sp
+from tests.certs import Pki, make_pki
+from tests.integration.harness import READ_TIMEOUT_SECONDS, GatewayProcess, LineClient
+
+pytestmark = pytest.mark.integration
+
+BACKEND_CONFIG = """
+[gateway]
+data_dir = "data"
+secrets = "secrets.toml"
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["secret"]
+
+[listeners.qmqp]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[listeners.streams]
+protocol = "stream"
+endpoint = "tcp:0:interface=127.0.0.1"
+guest = true
+"""
+
+BACKEND_SECRETS = """
+[logins]
+alice = "alice-at-the-backend"
+bob = "bob-secret"
+guest = "guest"
+"""
+
+BACKEND_ROUTES = {
+    "mail": 'from = "qmqp"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail.{1}"\n'
+    'body = "subject"\n',
+}
+
+FRONT_CONFIG = """
+[gateway]
+data_dir = "data"
+secrets = "secrets.toml"
+
+[admin]
+enabled = false
+
+[listeners.ssmp]
+protocol = "frontend"
+speaks = "ssmp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={hub}"
+
+[listeners.qmqp]
+protocol = "frontend"
+speaks = "qmqp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={qmqp}"
+
+[listeners.streams]
+protocol = "frontend"
+speaks = "stream"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={streams}"
+
+[listeners.recorded-ssmp]
+protocol = "frontend"
+speaks = "ssmp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={recorder}"
+
+[listeners.recorded-qmqp]
+protocol = "frontend"
+speaks = "qmqp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={recorder}"
+
+[listeners.down]
+protocol = "frontend"
+speaks = "qmqp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={closed}"
+"""
+
+FRONT_SECRETS = """
+[frontends.ssmp]
+alice = "alice-at-the-backend"
+
+[frontends.recorded-ssmp]
+"*" = "shared-backend-secret"
+"""
+
+RECORDER_REPLY = b"200\n000 bob MCAST news hello\n"
+"""What the recording backend sends each connection, before it reads."""
+
+
+class Recorder:
+    """A plaintext TCP backend that records each connection's bytes until the peer closes.
+
+    It sends `RECORDER_REPLY` on accepting, then reads; a connection's record
+    is complete (and `received` returns it) once the peer closed its side.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self._records: list[bytes] = []
+        self._done = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(RECORDER_REPLY)
+                data = b""
+                conn.settimeout(READ_TIMEOUT_SECONDS)
+                try:
+                    while chunk := conn.recv(65536):
+                        data += chunk
+                except OSError:
+                    pass
+            with self._done:
+                self._records.append(data)
+                self._done.notify_all()
+
+    def received(self, count: int) -> list[bytes]:
+        """The first ``count`` complete connection records, waiting for them."""
+        with self._done:
+            assert self._done.wait_for(
+                lambda: len(self._records) >= count, timeout=READ_TIMEOUT_SECONDS
+            ), f"only {len(self._records)} connections recorded"
+            return self._records[:count]
+
+    def close(self) -> None:
+        """Stop accepting."""
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A fresh test PKI."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[Recorder]:
+    """The recording backend."""
+    server = Recorder()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The plaintext backend gateway."""
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("backend"),
+        BACKEND_CONFIG,
+        routes=BACKEND_ROUTES,
+        secrets=BACKEND_SECRETS,
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    pki: Pki,
+    backend: GatewayProcess,
+    recorder: Recorder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    """The front-end gateway: TLS with client certificates, relaying to the backends."""
+    tls = (
+        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
+        f":caCerts={pki.ca_cert}"
+    )
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        closed = probe.getsockname()[1]  # nothing listens there once closed
+    config = FRONT_CONFIG.format(
+        tls=tls,
+        hub=backend.address("hub")[1],
+        qmqp=backend.address("qmqp")[1],
+        streams=backend.address("streams")[1],
+        recorder=recorder.port,
+        closed=closed,
+    )
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("front"), config, secrets=FRONT_SECRETS
+    ).start()
+    yield process
+    process.stop()
+
+
+def context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """A client context trusting the test CA, presenting ``cert`` if given."""
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+def alice(pki: Pki) -> ssl.SSLContext:
+    """Alice's client context."""
+    return context(pki, pki.alice_cert, pki.alice_key)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_ssmp_login_by_certificate_reaches_the_backend(
+    front: GatewayProcess, backend: GatewayProcess, pki: Pki
+) -> None:
+    """``LOGIN alice cert`` through the front-end logs in to the backend as alice; MCAST flows."""
+    bob = LineClient(backend.address("hub"))
+    bob.send("LOGIN bob secret bob-secret", "SUBSCRIBE news")
+    bob.expect_code(200)
+    bob.expect_code(200)
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN alice cert")
+    client.expect_code(200)
+    client.send("SUBSCRIBE news", "MCAST news hello from alice")
+    client.expect_code(200)
+    client.expect_code(200)
+    bob.expect("000 alice MCAST news hello from alice")
+    bob.send("UCAST alice hi alice")
+    bob.expect_code(200)
+    client.expect("000 bob UCAST alice hi alice")
+
+
+def test_ssmp_login_as_someone_else_is_refused(front: GatewayProcess, pki: Pki) -> None:
+    """A LOGIN for a name the certificate does not hold gets ``401 cert`` and a close."""
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN bob cert")
+    client.expect("401 cert")
+    with pytest.raises(EOFError):
+        client.read_line()
+
+
+def test_qmqp_mail_through_the_front_end(
+    front: GatewayProcess, backend: GatewayProcess, pki: Pki
+) -> None:
+    """QMQP blocks reach the backend with their ids; its K replies come back; the mail is routed."""
+    bob = LineClient(backend.address("hub"))
+    bob.send("LOGIN bob secret bob-secret", "SUBSCRIBE mail.carol")
+    bob.expect_code(200)
+    bob.expect_code(200)
+    mail = b"From: alice@example.org\nsubject: greetings\n\nbody\n"
+    blocks = (
+        b"".join(
+            qmqp.encode(
+                qmqp.MessageBlock(
+                    id=ident,
+                    message=mail,
+                    sender=b"alice@example.org",
+                    recipients=(b"carol@example.org",),
+                )
+            )
+            for ident in (b"m-1", b"m-2")
+        )
+        + qmqp.DONE_BYTES
+    )
+    with (
+        socket.create_connection(front.address("qmqp"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(blocks)
+        replies = qmqp.QMQPCodec(qmqp.Role.CLIENT).receive_data(read_until_closed(tls))
+    statuses = {block.id: block.status for block in replies if isinstance(block, qmqp.ReplyBlock)}
+    assert statuses == {b"m-1": b"K", b"m-2": b"K"}
+    assert replies[-1] == qmqp.DONE
+    delivered = bob.read_lines(2)
+    assert all(b" MCAST mail.carol greetings" in line for line in delivered), delivered
+
+
+def test_qmqp_backend_down_gets_z(front: GatewayProcess, pki: Pki) -> None:
+    """With the backend unreachable, every QMQP block is answered Z, then the done block."""
+    block = qmqp.encode(
+        qmqp.MessageBlock(id=b"z-1", message=b"x\n", sender=b"a@b", recipients=(b"c@d",))
+    )
+    with (
+        socket.create_connection(front.address("down"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(block + qmqp.DONE_BYTES)
+        replies = qmqp.QMQPCodec(qmqp.Role.CLIENT).receive_data(read_until_closed(tls))
+    assert [(r.id, r.status) for r in replies if isinstance(r, qmqp.ReplyBlock)] == [(b"z-1", b"Z")]
+    assert replies[-1] == qmqp.DONE
+
+
+class StreamSession:
+    """A stream client over TLS, through our client codec."""
+
+    def __init__(self, tls: ssl.SSLSocket) -> None:
+        self.tls = tls
+        self.codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self.events: list[sp.Event] = []
+
+    def ask(self, event: sp.Event) -> sp.Event:
+        """Send a frame and return the next frame from the server."""
+        self.tls.sendall(self.codec.send(event))
+        return self.read()
+
+    def read(self) -> sp.Event:
+        """The next frame from the server."""
+        while not self.events:
+            data = self.tls.recv(65536)
+            assert data, "closed"
+            self.events.extend(self.codec.receive_data(data))
+        return self.events.pop(0)
+
+
+def test_stream_publish_and_confirm_through_the_front_end(front: GatewayProcess, pki: Pki) -> None:
+    """The stream protocol end to end: PLAIN login at the backend, create, publish, confirm."""
+    with (
+        socket.create_connection(front.address("streams"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        session = StreamSession(tls)
+        assert isinstance(
+            session.ask(sp.PeerProperties(correlation_id=1, properties={})),
+            sp.PeerPropertiesResponse,
+        )
+        offered = session.ask(sp.SaslHandshake(correlation_id=2))
+        assert isinstance(offered, sp.SaslHandshakeResponse) and "PLAIN" in offered.mechanisms
+        answer = session.ask(
+            sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest")
+        )
+        assert answer == sp.SaslAuthenticateResponse(correlation_id=3, code=1)
+        tune = session.read()
+        assert isinstance(tune, sp.Tune)
+        tls.sendall(session.codec.send(sp.Tune(frame_max=tune.frame_max, heartbeat=0)))
+        opened = session.ask(sp.Open(correlation_id=4, virtual_host="/"))
+        assert isinstance(opened, sp.OpenResponse) and opened.code == 1
+        created = session.ask(sp.Create(correlation_id=5, stream="orders"))
+        assert isinstance(created, sp.Response) and created.code == 1
+        declared = session.ask(
+            sp.DeclarePublisher(correlation_id=6, publisher_id=1, reference="", stream="orders")
+        )
+        assert isinstance(declared, sp.Response) and declared.code == 1
+        confirm = session.ask(
+            sp.Publish(publisher_id=1, publishing_ids=[7, 8], messages=[b"a", b"b"])
+        )
+        assert confirm == sp.PublishConfirm(publisher_id=1, publishing_ids=[7, 8])
+
+
+def test_the_backend_sees_the_protocol_unchanged(
+    front: GatewayProcess, recorder: Recorder, pki: Pki
+) -> None:
+    """Bytes both ways are relayed verbatim, but for the SSMP LOGIN the front-end rewrites."""
+    session = b"SUBSCRIBE news\nMCAST news caf\xc3\xa9 \x01 binary-ish\nPING\nCLOSE\n"
+    qmqp_session = (
+        qmqp.encode(
+            qmqp.MessageBlock(id=b"r-1", message=b"m\n", sender=b"a@b", recipients=(b"c@d",))
+        )
+        + qmqp.DONE_BYTES
+    )
+    received: list[bytes] = []
+    for listener, data in (
+        ("recorded-ssmp", b"LOGIN alice/phone cert\n" + session),
+        ("recorded-qmqp", qmqp_session),
+    ):
+        with (
+            socket.create_connection(front.address(listener), timeout=READ_TIMEOUT_SECONDS) as raw,
+            alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            tls.sendall(data)
+            got = b""
+            while len(got) < len(RECORDER_REPLY):
+                chunk = tls.recv(65536)
+                assert chunk, "closed early"
+                got += chunk
+            received.append(got)
+    assert received == [RECORDER_REPLY, RECORDER_REPLY]
+    ssmp_seen, qmqp_seen = recorder.received(2)
+    assert ssmp_seen == b"LOGIN alice/phone secret shared-backend-secret\n" + session
+    assert qmqp_seen == qmqp_session
+
+
+@pytest.mark.parametrize("who", ["nobody", "mallory"])
+def test_clients_without_a_good_certificate_are_refused_at_tls(
+    front: GatewayProcess, pki: Pki, who: str
+) -> None:
+    """No certificate, or one from another CA: the TLS handshake fails and nothing is relayed."""
+    ctx = context(pki) if who == "nobody" else context(pki, pki.mallory_cert, pki.mallory_key)
+    with (
+        socket.create_connection(front.address("qmqp"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError, EOFError)),
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(qmqp.DONE_BYTES)
+        if not tls.recv(64):  # TLS 1.3: the refusal arrives after the client's handshake
+            raise EOFError("closed")
