@@ -357,7 +357,8 @@ class FrontendServerProtocol(Protocol):
         self._closed = True
         self._cancel_timer()
         if self.transport is not None:
-            self._client.unregisterProducer()
+            if self._backend is not None:  # registered in backend_connected
+                self._client.unregisterProducer()
             self.transport.loseConnection()
 
     def _timed_out(self) -> None:
