@@ -433,7 +433,9 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
     _only_problem(
-        main, "listeners.hub.protocol", "must be one of dmp, mtl, qmqp, ssmp, stream, not 'smtp'"
+        main,
+        "listeners.hub.protocol",
+        "must be one of dmp, frontend, mtl, qmqp, ssmp, stream, not 'smtp'",
     )
 
 
