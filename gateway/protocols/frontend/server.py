@@ -35,14 +35,13 @@ from collections.abc import Mapping
 from typing import Any, Final, cast
 
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import connectProtocol
 from twisted.internet.interfaces import (
     IDelayedCall,
     IHandshakeListener,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -105,6 +104,19 @@ class BackendProtocol(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Close the client's side too."""
         self._front.backend_lost(reason)
+
+
+class _BackendFactory(Factory):
+    """Builds the one backend connection of a client (quietly: one per client)."""
+
+    noisy = False
+
+    def __init__(self, front: FrontendServerProtocol) -> None:
+        self._front = front
+
+    def buildProtocol(self, addr: Any) -> BackendProtocol:
+        """The backend side of the client's relay."""
+        return BackendProtocol(self._front)
 
 
 @implementer(IHandshakeListener)
@@ -256,7 +268,7 @@ class FrontendServerProtocol(Protocol):
     def _connect(self) -> None:
         self._client.pauseProducing()
         settings = self.factory.settings
-        connecting = connectProtocol(self.factory.backend, BackendProtocol(self))
+        connecting = self.factory.backend.connect(_BackendFactory(self))
         connecting.addTimeout(settings.connect_timeout_seconds, self.factory.clock)
         connecting.addErrback(self._backend_failed)
         if not connecting.called:
@@ -288,7 +300,7 @@ class FrontendServerProtocol(Protocol):
         """The backend closed: close the client once what the backend sent is written."""
         if self._closed:
             return
-        self._log.info(
+        self._log.debug(
             "{listener}: backend closed the connection of {identity}: {reason}",
             listener=self.factory.name,
             identity=self.identity,
