@@ -14,6 +14,8 @@ refused at TLS.
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import ssl
 import threading
@@ -103,6 +105,12 @@ speaks = "qmqp"
 endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={recorder}"
 
+[listeners.stalled]
+protocol = "frontend"
+speaks = "stream"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={tarpit}"
+
 [listeners.down]
 protocol = "frontend"
 speaks = "qmqp"
@@ -184,6 +192,24 @@ def recorder() -> Iterator[Recorder]:
 
 
 @pytest.fixture(scope="module")
+def tarpit() -> Iterator[socket.socket]:
+    """A backend that accepts connections and never reads from them."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """The plaintext backend gateway."""
     process = GatewayProcess(
@@ -201,6 +227,7 @@ def front(
     pki: Pki,
     backend: GatewayProcess,
     recorder: Recorder,
+    tarpit: socket.socket,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
     """The front-end gateway: TLS with client certificates, relaying to the backends."""
@@ -216,6 +243,7 @@ def front(
         qmqp=backend.address("qmqp")[1],
         streams=backend.address("streams")[1],
         recorder=recorder.port,
+        tarpit=tarpit.getsockname()[1],
         closed=closed,
     )
     process = GatewayProcess(
@@ -413,6 +441,33 @@ def test_the_backend_sees_the_protocol_unchanged(
     ssmp_seen, qmqp_seen = recorder.received(2)
     assert ssmp_seen == b"LOGIN alice/phone secret shared-backend-secret\n" + session
     assert qmqp_seen == qmqp_session
+
+
+STALL_LIMIT_BYTES = 64 * 1024 * 1024
+"""What the stalled-backend test offers at most; a relay without flow control takes it all."""
+
+
+def test_a_stalled_backend_stops_the_front_end_reading(front: GatewayProcess, pki: Pki) -> None:
+    """A backend that never reads makes the front-end stop reading from the client.
+
+    The client writes until its socket stays unwritable for a second (or the
+    limit is offered); only what the kernel buffers on both connections and
+    one buffer of the front-end's are taken, far below the limit.
+    """
+    chunk = b"\x00" * 65536
+    sent = 0
+    with (
+        socket.create_connection(front.address("stalled"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.setblocking(False)
+        while sent < STALL_LIMIT_BYTES:
+            _, writable, _ = select.select([], [tls], [], 1.0)
+            if not writable:
+                break
+            with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent += tls.send(chunk)
+    assert sent < STALL_LIMIT_BYTES // 2, f"{sent} bytes taken by a relay to a stalled backend"
 
 
 @pytest.mark.parametrize("who", ["nobody", "mallory"])
