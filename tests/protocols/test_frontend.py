@@ -16,6 +16,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from gateway.codecs import qmqp
+from gateway.metrics import GatewayMetrics
 from gateway.protocols.frontend.server import (
     MAX_EARLY_BYTES,
     FrontendServerFactory,
@@ -35,7 +36,12 @@ class Link:
     """One front-end connection: the factory, the client's transport, the reactor."""
 
     def __init__(
-        self, speaks: str, *, certificate: bool = True, secrets: dict[str, bytes] | None = None
+        self,
+        speaks: str,
+        *,
+        certificate: bool = True,
+        secrets: dict[str, bytes] | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.reactor = MemoryReactorClock()
         settings = FrontendSettings(
@@ -47,7 +53,7 @@ class Link:
             backend=clientFromString(self.reactor, settings.backend),
             secrets=SECRETS if secrets is None else secrets,
             clock=self.reactor,
-            metrics=None,
+            metrics=metrics,
         )
         protocol = self.factory.buildProtocol(None)
         assert isinstance(protocol, FrontendServerProtocol)
@@ -283,3 +289,27 @@ def test_early_bytes_are_bounded() -> None:
     link.handshake()
     link.front.dataReceived(b"x" * (MAX_EARLY_BYTES + 1))
     assert link.client.disconnecting
+
+
+def test_connections_and_refusals_are_counted() -> None:
+    """Open connections and refusals by kind appear in the listener's metrics."""
+    metrics = GatewayMetrics()
+    link = Link("ssmp", metrics=metrics)
+
+    def sample(name: str, labels: dict[str, str]) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert sample("msggateway_connections", {"endpoint": "front", "protocol": "frontend"}) == 1.0
+    link.handshake()
+    link.front.dataReceived(b"LOGIN mallory cert\n")
+    link.front.connectionLost(Failure(ConnectionRefusedError()))
+    assert sample("msggateway_connections", {"endpoint": "front", "protocol": "frontend"}) == 0.0
+    errors = {"endpoint": "front", "kind": "login-refused"}
+    assert sample("msggateway_protocol_errors_total", errors) == 1.0
+
+
+def test_max_connections_is_respected() -> None:
+    """Past ``max_connections`` open clients, a new connection is refused before any byte."""
+    link = Link("qmqp")
+    link.factory.max_connections = 1
+    assert link.factory.buildProtocol(None) is None
