@@ -6,10 +6,12 @@ A plaintext backend gateway serves SSMP, QMQP and the stream protocol on
 to the backend. A client with alice's certificate logs in to SSMP by ``cert``
 (the backend sees a ``secret`` login as alice), sends QMQP mail that the
 backend routes to its SSMP hub, and publishes to a stream with its confirm
-coming back. A second front-end relays to an in-test TCP server that records
+coming back (and QMQP once more with the backend hop re-encrypted by a
+``tls:`` backend endpoint). Other listeners relay to an in-test TCP server that records
 bytes, to show the backend sees the protocol unchanged but for the SSMP
-LOGIN; and a client without a certificate, or with one from another CA, is
-refused at TLS.
+LOGIN; to a backend that never reads, to show the front-end then stops
+reading from its client; and to nothing, for QMQP's Z replies. A client
+without a certificate, or with one from another CA, is refused at TLS.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ endpoint = "tcp:0:interface=127.0.0.1"
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 guest = true
+
+[listeners.qmqp-tls]
+protocol = "qmqp"
+endpoint = "{tls}"
 """
 
 BACKEND_SECRETS = """
@@ -64,6 +70,8 @@ guest = "guest"
 
 BACKEND_ROUTES = {
     "mail": 'from = "qmqp"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail.{1}"\n'
+    'body = "subject"\n',
+    "mail-tls": 'from = "qmqp-tls"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail.{1}"\n'
     'body = "subject"\n',
 }
 
@@ -110,6 +118,12 @@ protocol = "frontend"
 speaks = "stream"
 endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={tarpit}"
+
+[listeners.reencrypted]
+protocol = "frontend"
+speaks = "qmqp"
+endpoint = "{tls}"
+backend = "{tls_backend}"
 
 [listeners.down]
 protocol = "frontend"
@@ -177,6 +191,14 @@ class Recorder:
         self.sock.close()
 
 
+def server_tls(pki: Pki) -> str:
+    """An mtls: server endpoint requiring client certificates from the test CA."""
+    return (
+        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
+        f":caCerts={pki.ca_cert}"
+    )
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A fresh test PKI."""
@@ -210,11 +232,11 @@ def tarpit() -> Iterator[socket.socket]:
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    """The plaintext backend gateway."""
+def backend(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The backend gateway: plaintext listeners, and one QMQP over TLS."""
     process = GatewayProcess(
         tmp_path_factory.mktemp("backend"),
-        BACKEND_CONFIG,
+        BACKEND_CONFIG.format(tls=server_tls(pki)),
         routes=BACKEND_ROUTES,
         secrets=BACKEND_SECRETS,
     ).start()
@@ -231,9 +253,10 @@ def front(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
     """The front-end gateway: TLS with client certificates, relaying to the backends."""
-    tls = (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}"
+    tls = server_tls(pki)
+    tls_backend = (
+        f"tls:host=127.0.0.1:port={backend.address('qmqp-tls')[1]}:trustRoots={pki.trust_dir}"
+        f":certificate={pki.alice_cert}:privateKey={pki.alice_key}"
     )
     with socket.create_server(("127.0.0.1", 0)) as probe:
         closed = probe.getsockname()[1]  # nothing listens there once closed
@@ -244,6 +267,7 @@ def front(
         streams=backend.address("streams")[1],
         recorder=recorder.port,
         tarpit=tarpit.getsockname()[1],
+        tls_backend=tls_backend,
         closed=closed,
     )
     process = GatewayProcess(
@@ -303,10 +327,15 @@ def test_ssmp_login_as_someone_else_is_refused(front: GatewayProcess, pki: Pki) 
         client.read_line()
 
 
+@pytest.mark.parametrize("listener", ["qmqp", "reencrypted"])
 def test_qmqp_mail_through_the_front_end(
-    front: GatewayProcess, backend: GatewayProcess, pki: Pki
+    front: GatewayProcess, backend: GatewayProcess, pki: Pki, listener: str
 ) -> None:
-    """QMQP blocks reach the backend with their ids; its K replies come back; the mail is routed."""
+    """QMQP blocks reach the backend with their ids; its K replies come back; the mail is routed.
+
+    ``reencrypted`` relays to the backend over TLS (a ``tls:`` backend endpoint
+    with a client certificate) instead of plaintext.
+    """
     bob = LineClient(backend.address("hub"))
     bob.send("LOGIN bob secret bob-secret", "SUBSCRIBE mail.carol")
     bob.expect_code(200)
@@ -327,7 +356,7 @@ def test_qmqp_mail_through_the_front_end(
         + qmqp.DONE_BYTES
     )
     with (
-        socket.create_connection(front.address("qmqp"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        socket.create_connection(front.address(listener), timeout=READ_TIMEOUT_SECONDS) as raw,
         alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
     ):
         tls.sendall(blocks)
