@@ -135,6 +135,7 @@ backend = "tcp:host=127.0.0.1:port={closed}"
 FRONT_SECRETS = """
 [frontends.ssmp]
 alice = "alice-at-the-backend"
+"alice@example.org" = "not what the backend holds"
 
 [frontends.recorded-ssmp]
 "*" = "shared-backend-secret"
@@ -322,6 +323,15 @@ def test_ssmp_login_as_someone_else_is_refused(front: GatewayProcess, pki: Pki) 
     """A LOGIN for a name the certificate does not hold gets ``401 cert`` and a close."""
     client = LineClient(front.address("ssmp"), alice(pki))
     client.send("LOGIN bob cert")
+    client.expect("401 cert")
+    with pytest.raises(EOFError):
+        client.read_line()
+
+
+def test_ssmp_login_the_backend_refuses_is_401_cert(front: GatewayProcess, pki: Pki) -> None:
+    """A backend secret the backend does not accept: the client gets ``401 cert``, then a close."""
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN alice@example.org cert")
     client.expect("401 cert")
     with pytest.raises(EOFError):
         client.read_line()

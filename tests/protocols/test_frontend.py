@@ -313,3 +313,29 @@ def test_max_connections_is_respected() -> None:
     link = Link("qmqp")
     link.factory.max_connections = 1
     assert link.factory.buildProtocol(None) is None
+
+
+def test_the_backends_answer_to_login_passes_split_anywhere() -> None:
+    """The backend's ``200`` and what follows reach the client unchanged, however split."""
+    link = Link("ssmp")
+    link.handshake()
+    link.front.dataReceived(b"LOGIN alice cert\n")
+    link.accept()
+    link.backend_says(b"20")
+    assert link.client.value() == b""
+    link.backend_says(b"0\n000 bob MCAST t x\n")
+    link.backend_says(b"401 later lines are not touched\n")
+    assert link.client.value() == b"200\n000 bob MCAST t x\n401 later lines are not touched\n"
+
+
+def test_a_backend_refusal_of_the_login_becomes_401_cert() -> None:
+    """The backend's ``401 secret`` (its schemes) is answered ``401 cert`` (the front-end's)."""
+    metrics = GatewayMetrics()
+    link = Link("ssmp", metrics=metrics)
+    link.handshake()
+    link.front.dataReceived(b"LOGIN alice cert\n")
+    link.accept()
+    link.backend_says(b"401 secret\n")
+    assert link.client.value() == b"401 cert\n"
+    errors = {"endpoint": "front", "kind": "backend-refused-login"}
+    assert metrics.registry.get_sample_value("msggateway_protocol_errors_total", errors) == 1.0

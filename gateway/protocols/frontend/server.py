@@ -16,9 +16,10 @@ the client:
   of them followed by ``/`` and a suffix). The front-end sends the backend
   ``LOGIN <id> secret <secret>`` instead, the secret taken from the secrets
   file's ``[frontends.<listener>]`` table, then relays everything after that
-  line verbatim, the backend's ``200`` included. A first line that is not a
-  LOGIN is answered ``400`` and a refused one ``401 cert``, as the spec
-  prescribes, without a backend connection.
+  line verbatim, the backend's ``200`` included; a ``401`` from the backend
+  (listing its own schemes) reaches the client as ``401 cert``. A first line
+  that is not a LOGIN is answered ``400`` and a refused one ``401 cert``, as
+  the spec prescribes, without a backend connection.
 * QMQP and the stream protocol: nothing is rewritten; a verified certificate
   is what lets a client in, and the backend does its own authentication (the
   stream protocol's SASL and QMQP's ``A`` block pass through).
@@ -137,6 +138,7 @@ class FrontendServerProtocol(Protocol):
         self._login_line = bytearray()
         self._login_done = self._speaks != "ssmp"
         self._refusing: qmqp.QMQPCodec | None = None
+        self._login_reply: bytearray | None = None  # SSMP: the backend's first line, held
         self._timer: IDelayedCall | None = None
         self._closed = False
 
@@ -246,6 +248,7 @@ class FrontendServerProtocol(Protocol):
         rewritten = ssmp.Login(identity=login.identity, scheme=b"secret", credential=secret)
         self.identity = identity
         self._login_done = True
+        self._login_reply = bytearray()
         self._cancel_timer()
         self._hold(ssmp.encode(rewritten))
         if rest:
@@ -292,9 +295,37 @@ class FrontendServerProtocol(Protocol):
         client.resumeProducing()  # type: ignore[attr-defined]
 
     def from_backend(self, data: bytes) -> None:
-        """Relay backend bytes to the client, unchanged."""
+        """Relay backend bytes to the client, unchanged but for a refused SSMP LOGIN."""
+        if self._login_reply is not None:
+            data = self._read_login_reply(data)
+            if not data:
+                return
         self.factory.traffic.bytes_out += len(data)
         self._client.write(data)
+
+    def _read_login_reply(self, data: bytes) -> bytes:
+        """Hold the backend's answer to the rewritten LOGIN until its line is complete.
+
+        A ``401`` lists the backend's schemes (``secret``), which the client
+        cannot use here: it becomes ``401 cert``, the front-end's own refusal,
+        and the log says what the backend answered. Anything else passes.
+        """
+        assert self._login_reply is not None
+        self._login_reply += data
+        end = self._login_reply.find(b"\n", 0, ssmp.MAX_LINE_BYTES)
+        if end < 0 and len(self._login_reply) < ssmp.MAX_LINE_BYTES:
+            return b""
+        held, self._login_reply = bytes(self._login_reply), None
+        if held.startswith(b"401") and held[3:4] in (b" ", b"\n"):
+            self.factory.count_error("backend-refused-login")
+            self._log.warn(
+                "{listener}: backend refused the login of {identity}: {answer}",
+                listener=self.factory.name,
+                identity=self.identity,
+                answer=held[:end].decode("utf-8", "replace"),
+            )
+            return SSMP_CERT_ONLY + held[end + 1 :]
+        return held
 
     def backend_lost(self, reason: Failure) -> None:
         """The backend closed: close the client once what the backend sent is written."""
