@@ -21,6 +21,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,6 +126,13 @@ speaks = "qmqp"
 endpoint = "{tls}"
 backend = "{tls_backend}"
 
+[listeners.slow]
+protocol = "frontend"
+speaks = "ssmp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={hub}"
+handshake_timeout_seconds = 0.5
+
 [listeners.down]
 protocol = "frontend"
 speaks = "qmqp"
@@ -136,6 +144,9 @@ FRONT_SECRETS = """
 [frontends.ssmp]
 alice = "alice-at-the-backend"
 "alice@example.org" = "not what the backend holds"
+
+[frontends.slow]
+"*" = "unused"
 
 [frontends.recorded-ssmp]
 "*" = "shared-backend-secret"
@@ -480,6 +491,29 @@ def test_the_backend_sees_the_protocol_unchanged(
     ssmp_seen, qmqp_seen = recorder.received(2)
     assert ssmp_seen == b"LOGIN alice/phone secret shared-backend-secret\n" + session
     assert qmqp_seen == qmqp_session
+
+
+@pytest.mark.parametrize("handshake", [False, True])
+def test_silent_clients_are_closed_at_the_time_out(
+    front: GatewayProcess, pki: Pki, handshake: bool
+) -> None:
+    """A client that never starts TLS, or never sends its LOGIN, is closed after 0.5 s."""
+    started = time.monotonic()
+    with socket.create_connection(front.address("slow"), timeout=READ_TIMEOUT_SECONDS) as raw:
+        if handshake:
+            with alice(pki).wrap_socket(raw, server_hostname="localhost") as tls:
+                assert closed_by_peer(tls)
+        else:
+            assert closed_by_peer(raw)  # mid-handshake: aborted (a reset)
+    assert time.monotonic() - started < READ_TIMEOUT_SECONDS
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer closed or reset the connection before sending anything."""
+    try:
+        return sock.recv(64) == b""
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return True
 
 
 STALL_LIMIT_BYTES = 64 * 1024 * 1024
