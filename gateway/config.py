@@ -169,6 +169,9 @@ class LogSettings:
         segment_bytes: A stream's segment file is rolled past this size.
         max_bytes: Default retention by size of each stream (None: keep all).
         max_age_seconds: Default retention by age (None: keep all).
+        record_outcomes: Keep each message's route, source, arrival, outcome
+            and its time in the ``msggateway.outcomes`` stream, for the
+            Spark report (`gateway.core.outcomes`).
     """
 
     fsync: str = "always"
@@ -176,6 +179,7 @@ class LogSettings:
     segment_bytes: int = 64 * 1024 * 1024
     max_bytes: int | None = None
     max_age_seconds: float | None = None
+    record_outcomes: bool = True
 
 
 @attrs.frozen
@@ -622,6 +626,7 @@ def _log_settings(section: _Section) -> LogSettings:
         segment_bytes=section.integer("segment_bytes", 64 * 1024 * 1024, minimum=4096),
         max_bytes=max_bytes or None,
         max_age_seconds=max_age or None,
+        record_outcomes=section.boolean("record_outcomes", True),
     )
 
 

@@ -43,6 +43,7 @@ from gateway.config import (
     reload_routes,
 )
 from gateway.core.durable import DurableRoutes
+from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
@@ -178,6 +179,8 @@ class GatewayService(MultiService):
         """
         if self.store is not None:
             self.store.open()  # recovery: before anything listens or is delivered
+            if self.config.log.record_outcomes:
+                self._record_outcomes(self.store)
         self.router.replace_table(self._bind(self.config.routes))
         super().startService()
         if self.durable is not None:
@@ -185,6 +188,13 @@ class GatewayService(MultiService):
         for feed in self.feeds:
             feed.start()
         self.when_listening().addCallbacks(self._ready, self._failed)
+
+    def _record_outcomes(self, store: LogStore) -> None:
+        stream = store.get(OUTCOME_STREAM) or store.create(OUTCOME_STREAM)
+        recorder = OutcomeRecorder(stream, self.reactor)
+        self.router.recorder = recorder
+        if self.durable is not None:
+            self.durable.recorder = recorder
 
     def stopService(self) -> Deferred[None] | None:
         """Stop forwarding, then everything else, then close the log."""
@@ -196,9 +206,16 @@ class GatewayService(MultiService):
         store = self.store
         if store is None:
             return stopped
-        if stopped is None:
+        recorder = self.router.recorder
+
+        def close(_: object = None) -> Deferred[None]:
+            if recorder is not None:
+                recorder.flush()  # the records of the last moments, before the log closes
             return store.close()
-        return stopped.addCallback(lambda _: store.close())
+
+        if stopped is None:
+            return close()
+        return stopped.addCallback(close)
 
     def _bind(self, routes: tuple[Route, ...]) -> RouteTable:
         durable = self.durable.delivery if self.durable is not None else None
