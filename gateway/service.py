@@ -43,10 +43,10 @@ from gateway.config import (
     reload_routes,
 )
 from gateway.core.durable import DurableRoutes
-from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
+from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream

@@ -161,8 +161,8 @@ def plan_slices(
     root: Path | str,
     *,
     streams: Sequence[str] | None = None,
-    offsets: Range = Range(),  # noqa: B008 (frozen)
-    timestamps: Range = Range(),  # noqa: B008 (frozen)
+    offsets: Range = Range(),
+    timestamps: Range = Range(),
     max_slice_bytes: int = DEFAULT_SLICE_BYTES,
 ) -> list[Slice]:
     """The slices holding what a scan with these bounds can return.
@@ -297,7 +297,9 @@ def _chunks(piece: Slice, buf: mmap.mmap) -> Iterator[ChunkRecords]:
         except OsirisError as exc:
             if number == last:
                 return  # a torn tail: what a crash leaves, not an error
-            raise LogReadError(f"{piece.segment}: damaged chunk at byte {position}: {exc}") from None
+            raise LogReadError(
+                f"{piece.segment}: damaged chunk at byte {position}: {exc}"
+            ) from None
         if header.first_offset != chunk_id:
             raise LogReadError(
                 f"{piece.segment}: byte {position} holds chunk {header.first_offset},"
