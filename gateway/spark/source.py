@@ -21,13 +21,19 @@ Two kinds of rows (`MESSAGE_SCHEMA`, `OUTCOME_SCHEMA`):
   per message and route, its source, arrival, outcome and outcome time.
 
 Partitions are slices of segments (`gateway.spark.logfiles`, at most
-``max_slice_bytes`` of chunks each), read in parallel by Spark's workers. Filters
-on ``stream``, ``offset`` and ``chunk_timestamp`` (``=``, ``IN``, ``<``, ``<=``,
-``>``, ``>=``), pushed down by Spark, and the options ``start_offset``,
-``end_offset`` (exclusive), ``start_time`` and ``end_time`` (exclusive; ISO 8601
-or milliseconds) skip whole segments and chunk ranges without reading them;
-Spark still applies the filters to the rows read. Rows come as Arrow record
-batches of up to ``batch_rows`` rows.
+``max_slice_bytes`` of chunks each), read in parallel by Spark's workers. The
+options ``streams``, ``start_offset``, ``end_offset`` (exclusive),
+``start_time`` and ``end_time`` (exclusive; ISO 8601 or milliseconds) skip
+whole segments and chunk ranges without reading them, from the index alone,
+and bound the rows exactly. Rows come as Arrow record batches of up to
+``batch_rows`` rows.
+
+Spark filters (``where offset > N``) are applied by Spark to the rows read,
+not pushed into the scan: PySpark 4.3 keeps a Python data source's pushed
+filter state with the DataFrame and reuses its partitions for a later query
+of the same DataFrame with other filters, which returns too few rows (seen
+here: ``df.where("stream = 'a'").count()`` then ``df.count()``). The options
+are the safe way to narrow a scan.
 
 A live log is read safely: only chunks the index listed at planning, each
 checked by its CRC; a torn tail ends a slice without an error.
@@ -36,22 +42,11 @@ checked by its CRC; a torn tail ends a slice without an error.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    InputPartition,
-    LessThan,
-    LessThanOrEqual,
-)
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from gateway.core.durable import ROUTE_STREAM_PREFIX
@@ -102,12 +97,7 @@ _HEADERS: Final = pa.map_(pa.string(), pa.string())
 
 
 def register(spark: Any) -> None:
-    """Register the data source with a Spark session, with filter pushdown on (idempotent).
-
-    Spark refuses a Python data source that pushes filters unless
-    ``spark.sql.python.filterPushdown.enabled`` is true: it is set here.
-    """
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    """Register the data source with a Spark session (idempotent)."""
     spark.dataSource.register(LogDataSource)
 
 
@@ -137,7 +127,7 @@ class SlicePartition(InputPartition):
 
 
 class LogReader(DataSourceReader):
-    """Plans slices from the options and pushed filters; reads them as Arrow batches."""
+    """Plans slices from the options; reads them as Arrow batches."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.root = options.get("path") or options.get("paths", "")
@@ -157,28 +147,6 @@ class LogReader(DataSourceReader):
         )
         self.max_slice_bytes = _int_option(options, "max_slice_bytes") or DEFAULT_SLICE_BYTES
         self.batch_rows = _int_option(options, "batch_rows") or _DEFAULT_BATCH_ROWS
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        """Narrow streams, offsets and times; Spark still applies every filter."""
-        for item in filters:
-            path: tuple[str, ...] = getattr(item, "attribute", ())
-            column = path[0] if len(path) == 1 else None
-            if column == "stream":
-                self._push_stream(item)
-            elif column == "offset":
-                self.offsets = _narrow(self.offsets, item, lambda v: int(v))
-            elif column == "chunk_timestamp":
-                self.timestamps = _narrow(self.timestamps, item, _milliseconds)
-            yield item
-
-    def _push_stream(self, item: Filter) -> None:
-        if isinstance(item, EqualTo):
-            wanted = {str(item.value)}
-        elif isinstance(item, In):
-            wanted = {str(v) for v in item.value}
-        else:
-            return
-        self.streams = sorted(wanted if self.streams is None else wanted & set(self.streams))
 
     def partitions(self) -> Sequence[InputPartition]:
         """One partition per slice that can hold rows."""
@@ -254,34 +222,6 @@ def _milliseconds(value: Any) -> int:
             value = value.replace(tzinfo=datetime.UTC)
         return int(value.timestamp() * 1000)
     return int(value)
-
-
-def _narrow(current: Range, item: Filter, convert: Any) -> Range:
-    """Intersect a range with what a comparison filter allows."""
-    low, high = current.low, current.high
-    if isinstance(item, EqualTo):
-        value = convert(item.value)
-        low, high = _max(low, value), _min(high, value + 1)
-    elif isinstance(item, GreaterThan):
-        low = _max(low, convert(item.value) + 1)
-    elif isinstance(item, GreaterThanOrEqual):
-        low = _max(low, convert(item.value))
-    elif isinstance(item, LessThan):
-        high = _min(high, convert(item.value))
-    elif isinstance(item, LessThanOrEqual):
-        high = _min(high, convert(item.value) + 1)
-    elif isinstance(item, In) and item.value:
-        values = [convert(v) for v in item.value]
-        low, high = _max(low, min(values)), _min(high, max(values) + 1)
-    return Range(low, high)
-
-
-def _max(current: int | None, value: int) -> int:
-    return value if current is None else max(current, value)
-
-
-def _min(current: int | None, value: int) -> int:
-    return value if current is None else min(current, value)
 
 
 def _micros(seconds: float) -> int:
