@@ -155,6 +155,8 @@ def _move_staged(out: Path, run: str) -> int:
         os.replace(path, target)
         moved += 1
     shutil.rmtree(staging)
+    with contextlib.suppress(OSError):
+        staging.parent.rmdir()  # _staging, when no other run is staged
     return moved
 
 
@@ -209,6 +211,9 @@ def archive(
         .write.partitionBy("stream", "day")
         .parquet(str(staging))
     )
+    if not any(staging.rglob("*.parquet")):  # nothing new since the last run
+        shutil.rmtree(out / _STAGING)
+        return {"run": run, "rows": 0, "streams": {}}
     written = (
         spark.read.parquet(str(staging))
         .groupBy("stream")
