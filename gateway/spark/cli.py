@@ -3,6 +3,8 @@
 PySpark is imported only when one of these runs, so the rest of the command
 line (and the gateway) works without it. Each prints a one-line JSON
 summary on success; errors are one line on stderr and exit status 1.
+``send`` also exits with 1 when any message of the run was not accepted (its
+outcome says why; running it again retries exactly those).
 """
 
 from __future__ import annotations
@@ -99,4 +101,6 @@ def run_spark(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if spark is not None:
             spark.stop()
     out.write(json.dumps(result, default=str) + "\n")
+    if args.action == "send" and set(result["outcomes"]) - {"accepted"}:
+        return 1  # some message was not accepted: its outcome says why; run again to retry
     return 0

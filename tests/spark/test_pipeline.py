@@ -254,3 +254,98 @@ def test_archive_and_report_on_a_standalone_cluster(tmp_path: Path) -> None:
     assert document["streams"][0]["messages"] == 3000
     # The work ran on the worker's executors, not in the driver.
     assert any((tmp_path / "cluster" / "work").iterdir())
+
+
+def test_send_json_lines_and_rfc822_files(spark: Any, tmp_path: Path) -> None:
+    """Each input format; D, Z-free errors and K recorded; a re-run retries only the failures."""
+    lines = [
+        {"id": "a1", "sender": "x@example.org", "recipients": ["u@inbox.example"], "body": "A\n"},
+        {
+            "id": "a2",
+            "sender": "x@example.org",
+            "recipients": "u@inbox.example, v@inbox.example",
+            "body": "B\n",
+        },
+        {
+            "id": "a3",
+            "sender": "x@example.org",
+            "recipients": ["u@unrouted.example"],
+            "body": "C\n",
+        },
+        {"id": "a4", "sender": "x@example.org", "recipients": [], "body": "no recipient\n"},
+    ]
+    dataset = tmp_path / "mail.jsonl"
+    dataset.write_text(
+        "".join(
+            json.dumps({**line, "recipients": line["recipients"]}) + "\n"
+            for line in lines[:1] + lines[2:]
+        )
+    )
+    csv_dataset = tmp_path / "mail.csv"
+    csv_dataset.write_text(
+        'id,sender,recipients,body\na2,x@example.org,"u@inbox.example, v@inbox.example",B\n'
+    )
+    files = tmp_path / "rfc822"
+    files.mkdir()
+    (files / "letter-1.eml").write_bytes(
+        b"Return-Path: <ops@example.org>\r\nTo: a@inbox.example\r\nSubject: one\r\n\r\nbody\r\n"
+    )
+    gateway = GatewayProcess(tmp_path / "gw", GATEWAY, routes=ROUTES).start()
+    try:
+        host, port = gateway.address("mail")
+        address = f"{host}:{port}"
+        first = jobs.send(spark, dataset, address, window=2)
+        assert first["outcomes"] == {"accepted": 1, "rejected": 1, "error": 1}
+        again = jobs.send(spark, dataset, address)
+        assert again["skipped"] == 1 and again["outcomes"] == {"rejected": 1, "error": 1}
+        assert jobs.send(spark, csv_dataset, address)["outcomes"] == {"accepted": 1}
+        assert jobs.send(spark, files, address)["outcomes"] == {"accepted": 1}
+    finally:
+        gateway.stop()
+    recorded = {
+        (r["id"], r["outcome"]): r
+        for path in jobs.outcomes_path(dataset).glob("*.jsonl")
+        for r in map(json.loads, path.read_text().splitlines())
+    }
+    assert recorded[("a3", "rejected")]["code"] == "D"
+    assert "no recipient" in recorded[("a4", "error")]["description"]
+    frame = (
+        spark.read.format("msggateway")
+        .option("streams", "inbox")
+        .load(str(tmp_path / "gw" / "data" / "log"))
+    )
+    stored = {r.message_id: r for r in frame.collect()}
+    assert set(stored) == {"a1", "a2", "letter-1.eml"}
+    assert stored["a2"].sender == "x@example.org" and stored["a2"].body == b"B\n"
+    assert stored["letter-1.eml"].sender == "ops@example.org"
+    assert (
+        stored["letter-1.eml"].body
+        == b"Return-Path: <ops@example.org>\nTo: a@inbox.example\nSubject: one\n\nbody\n"
+    )
+
+
+def test_send_cli_exit_status(tmp_path: Path) -> None:
+    """Nothing listening: every message gets an error outcome and the command exits 1."""
+    dataset = tmp_path / "one.jsonl"
+    dataset.write_text(json.dumps({"id": "z", "recipients": ["a@b.example"], "body": "x"}) + "\n")
+    process = _cli(
+        "send",
+        str(dataset),
+        "127.0.0.1:9",
+        "--master",
+        "local[1]",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 1, err.decode()[-2000:]
+    assert json.loads(out.decode().splitlines()[-1])["outcomes"] == {"error": 1}
+    [line] = (
+        (
+            jobs.outcomes_path(dataset)
+            / next(iter(p.name for p in jobs.outcomes_path(dataset).iterdir()))
+        )
+        .read_text()
+        .splitlines()
+    )
+    assert "cannot connect to 127.0.0.1:9" in json.loads(line)["description"]
