@@ -25,8 +25,8 @@ the reason. `decode_record` is the one reader.
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring
 from collections.abc import Callable
+from json.encoder import encode_basestring
 from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred
