@@ -29,6 +29,7 @@ from twisted.internet.testing import MemoryReactor
 from gateway.codecs.dmp import DEFAULT_MAX_ENVELOPE_BYTES as DEFAULT_DMP_MAX_ENVELOPE_BYTES
 from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
 from gateway.core.auth import Secrets
+from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
@@ -125,6 +126,7 @@ class ListenerConfig:
         settings: The protocol's own settings object.
         max_connections: Open connections at most (past it, new ones are
             closed at once).
+        authorization: Its ``authorize`` allow-lists (unrestricted without).
     """
 
     name: str
@@ -132,6 +134,7 @@ class ListenerConfig:
     endpoint: str
     settings: Any
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    authorization: Authorization = UNRESTRICTED
 
     @property
     def tls(self) -> bool:
@@ -1017,6 +1020,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
     settings = _LISTENER_SETTINGS[protocol](section, tls)
     max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
+    authorization = _authorization(section)
     section.done()
     return ListenerConfig(
         name=name,
@@ -1024,7 +1028,28 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
         endpoint=endpoint,
         settings=settings,
         max_connections=max_connections,
+        authorization=authorization,
     )
+
+
+def _authorization(section: _Section) -> Authorization:
+    """Read ``[listeners.NAME.authorize.IDENTITY]`` tables of publish and consume patterns."""
+    present = "authorize" in section.table
+    grants: dict[str, Grant] = {}
+    for identity, table in section.table_items("authorize"):
+        lists: dict[str, tuple[AddressPattern, ...]] = {}
+        for action in ("publish", "consume"):
+            patterns = []
+            for text in table.strings(action):
+                try:
+                    patterns.append(AddressPattern(text))
+                except PatternError as exc:
+                    table.problem(action, str(exc))
+            lists[action] = tuple(patterns)
+        table.done()
+        grants[identity] = Grant(publish=lists["publish"], consume=lists["consume"])
+    # An empty table is restrictive too: nothing granted, everything refused.
+    return Authorization(grants) if present else UNRESTRICTED
 
 
 def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:

@@ -551,6 +551,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         if isinstance(factory, ListenerFactory):
             factory.max_connections = listener.max_connections
+            factory.authorization = listener.authorization
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any, ClassVar, Generic, TypeVar
 
 from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
 
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
@@ -43,6 +45,9 @@ class ListenerFactory(Factory, Generic[P]):
     noisy = False  # the service logs one "ready" line for every listener
     max_connections = DEFAULT_MAX_CONNECTIONS
     """Open connections at most; the assembly sets it from the listener's config."""
+    authorization: Authorization = UNRESTRICTED
+    """Who may publish and consume what; the assembly sets it from ``authorize``."""
+    _authz_log = Logger(namespace="gateway.authorization")
 
     def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
         self.name = name
@@ -74,6 +79,29 @@ class ListenerFactory(Factory, Generic[P]):
         self.connections.discard(connection)
         if self._metrics is not None:
             self._m_open.dec()
+
+    def authorized(
+        self, action: Action, identity: str | None, address: str, peer: object = None
+    ) -> bool:
+        """Whether ``identity`` may publish to or consume from ``address`` here.
+
+        A refusal is counted (protocol error kind ``forbidden-publish`` or
+        ``forbidden-consume``) and logged; the caller answers the peer the
+        way its protocol prescribes.
+        """
+        if self.authorization.allows(action, identity, address):
+            return True
+        self.count_error(f"forbidden-{action.value}")
+        self._authz_log.info(
+            "{listener}: {identity} from {peer} may not {action} {address!r}; grant it under"
+            " [listeners.{listener}.authorize] if it should",
+            listener=self.name,
+            identity=identity if identity is not None else "a peer without an identity",
+            peer=peer if peer is not None else "?",
+            action=action.value,
+            address=address,
+        )
+        return False
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""

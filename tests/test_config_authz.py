@@ -1,0 +1,105 @@
+"""Tests for the ``authorize`` tables of listeners in `gateway.config`."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config
+from gateway.core.authorization import UNRESTRICTED
+
+
+def _write(path: Path, text: str) -> Path:
+    """Write dedented text to a file; return the path."""
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def test_listener_without_authorize_is_unrestricted(tmp_path: Path) -> None:
+    """No ``authorize`` table keeps today's behaviour: everything allowed."""
+    config = load_config(
+        _write(
+            tmp_path / "gateway.toml",
+            """
+            [listeners.hub]
+            protocol = "ssmp"
+            endpoint = "tcp:0:interface=127.0.0.1"
+            """,
+        )
+    )
+    assert config.listeners[0].authorization is UNRESTRICTED
+
+
+def test_authorize_tables_are_read(tmp_path: Path) -> None:
+    """Each identity's publish and consume patterns become the listener's allow-lists."""
+    config = load_config(
+        _write(
+            tmp_path / "gateway.toml",
+            """
+            [listeners.hub]
+            protocol = "ssmp"
+            endpoint = "tcp:0:interface=127.0.0.1"
+
+            [listeners.hub.authorize.alice]
+            publish = ["orders", "weather.*"]
+            consume = ["orders"]
+
+            [listeners.hub.authorize."*"]
+            consume = ["public.#"]
+            """,
+        )
+    )
+    authz = config.listeners[0].authorization
+    assert authz.restricted
+    assert authz.may_publish("alice", "weather.paris")
+    assert not authz.may_consume("alice", "weather.paris")
+    assert authz.may_consume("bob", "public.x")
+    assert not authz.may_publish("bob", "orders")
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "fragment"),
+    [
+        ('publish = ["news*"]', "listeners.hub.authorize.alice.publish", "mixes wildcards"),
+        ('consume = "orders"', "listeners.hub.authorize.alice.consume", "a list of strings"),
+        ('subscribe = ["x"]', "listeners.hub.authorize.alice.subscribe", "unknown key"),
+    ],
+)
+def test_bad_authorize_entries_name_their_key(
+    tmp_path: Path, body: str, key: str, fragment: str
+) -> None:
+    """A bad pattern, a wrong type or a typo is reported with file, key and reason."""
+    path = _write(
+        tmp_path / "gateway.toml",
+        f"""
+        [listeners.hub]
+        protocol = "ssmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+
+        [listeners.hub.authorize.alice]
+        {body}
+        """,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    problems = caught.value.problems
+    assert [(p.file, p.key) for p in problems] == [(str(path), key)]
+    assert fragment in problems[0].reason
+
+
+def test_authorize_entry_must_be_a_table(tmp_path: Path) -> None:
+    """``authorize.alice = [...]`` is refused: each identity is a table."""
+    path = _write(
+        tmp_path / "gateway.toml",
+        """
+        [listeners.hub]
+        protocol = "ssmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        authorize = { alice = ["orders"] }
+        """,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert [p.key for p in caught.value.problems] == ["listeners.hub.authorize.alice"]
