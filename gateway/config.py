@@ -442,6 +442,7 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
         sink, feed = grant.string("sink", None), grant.string("feed", None)
         expires_text = grant.string("expires", None)
         text = grant.string("text", None)
+        identity = grant.string("identity", None)
         grant.done()
         if (sink is None) == (feed is None):
             grant.problem(None, "a lease names exactly one sink or one feed")
@@ -466,6 +467,7 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
             target=target,
             expires=expires,
             text=text.encode("utf-8") if isinstance(text, str) else None,
+            identity=identity if isinstance(identity, str) else None,
         )
     return DMPListenerSettings(
         sinks=sinks,
