@@ -391,6 +391,7 @@ def _mtl_listener(
         reactor=gateway.reactor,
         metrics=gateway.metrics,
     )
+    server.authorization = config.authorization
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 

@@ -21,14 +21,15 @@ same two questions here, `Authorization.may_publish` and
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import attrs
+from twisted.logger import Logger
 
 from gateway.core.addressing import AddressPattern
 
-__all__ = ["ANY_IDENTITY", "UNRESTRICTED", "Action", "Authorization", "Grant"]
+__all__ = ["ANY_IDENTITY", "UNRESTRICTED", "Action", "Authorization", "Grant", "check"]
 
 ANY_IDENTITY = "*"
 """Patterns under this identity are granted to every authenticated identity."""
@@ -139,3 +140,36 @@ class Authorization:
 
 UNRESTRICTED = Authorization()
 """The allow-lists of a listener without an ``authorize`` table: everything allowed."""
+
+_log = Logger(namespace="gateway.authorization")
+
+
+def check(
+    authorization: Authorization,
+    action: Action,
+    identity: str | None,
+    address: str,
+    *,
+    listener: str,
+    count_error: Callable[[str], None],
+    peer: object = None,
+) -> bool:
+    """Whether ``identity`` may do ``action`` with ``address``; a refusal is counted and logged.
+
+    The refusal is counted as the protocol error kind ``forbidden-publish``
+    or ``forbidden-consume`` and logged with what to change; the caller
+    answers the peer the way its protocol prescribes.
+    """
+    if authorization.allows(action, identity, address):
+        return True
+    count_error(f"forbidden-{action.value}")
+    _log.info(
+        "{listener}: {identity} from {peer} may not {action} {address!r}; grant it under"
+        " [listeners.{listener}.authorize] if it should",
+        listener=listener,
+        identity=identity if identity is not None else "a peer without an identity",
+        peer=peer if peer is not None else "?",
+        action=action.value,
+        address=address,
+    )
+    return False

@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any, ClassVar, Generic, TypeVar
 
 from twisted.internet.protocol import Factory, Protocol
-from twisted.logger import Logger
 
-from gateway.core.authorization import UNRESTRICTED, Action, Authorization
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
@@ -47,7 +46,6 @@ class ListenerFactory(Factory, Generic[P]):
     """Open connections at most; the assembly sets it from the listener's config."""
     authorization: Authorization = UNRESTRICTED
     """Who may publish and consume what; the assembly sets it from ``authorize``."""
-    _authz_log = Logger(namespace="gateway.authorization")
 
     def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
         self.name = name
@@ -89,19 +87,15 @@ class ListenerFactory(Factory, Generic[P]):
         ``forbidden-consume``) and logged; the caller answers the peer the
         way its protocol prescribes.
         """
-        if self.authorization.allows(action, identity, address):
-            return True
-        self.count_error(f"forbidden-{action.value}")
-        self._authz_log.info(
-            "{listener}: {identity} from {peer} may not {action} {address!r}; grant it under"
-            " [listeners.{listener}.authorize] if it should",
+        return check(
+            self.authorization,
+            action,
+            identity,
+            address,
             listener=self.name,
-            identity=identity if identity is not None else "a peer without an identity",
-            peer=peer if peer is not None else "?",
-            action=action.value,
-            address=address,
+            count_error=self.count_error,
+            peer=peer,
         )
-        return False
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""

@@ -62,6 +62,7 @@ from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY, Secrets
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
@@ -93,6 +94,8 @@ class _Lease:
     kind: str  # "reader" or "writer"
     resources: tuple[str, ...]
     confirm: str
+    identity: str | None = None
+    """The session's authenticated identity when the lease was granted."""
 
 
 @attrs.define(eq=False)
@@ -159,6 +162,8 @@ class MTLServer:
         self._data: Any = None
         self._zmq: Any = None
         self._timer: IDelayedCall | None = None
+        self.authorization: Authorization = UNRESTRICTED
+        """Who may write and read which resources; the assembly sets it from ``authorize``."""
 
     # --- life --------------------------------------------------------------------------
 
@@ -386,8 +391,18 @@ class MTLServer:
             if any(resource != TEST_RESOURCE for resource in resources):
                 return _bad(f'the test profile has one resource, "{TEST_RESOURCE}"')
             resources = [TEST_RESOURCE]
+        action = Action.PUBLISH if kind == "writer" else Action.CONSUME
+        for resource in resources:
+            if not self._authorized(action, session.identity, resource):
+                return 403, {
+                    "status": "Forbidden",
+                    "reason": f"{session.identity or 'an unauthenticated client'} may not"
+                    f" {action.value} {resource!r}",
+                }
         lease = random_texts.token_urlsafe(18)
-        self._leases[lease] = _Lease(session.profile, kind, tuple(resources), confirm)
+        self._leases[lease] = _Lease(
+            session.profile, kind, tuple(resources), confirm, session.identity
+        )
         if len(self._leases) > self.settings.max_leases:
             # Data peers keep the leases they presented; the oldest token no longer works.
             self._leases.popitem(last=False)
@@ -432,6 +447,14 @@ class MTLServer:
         allowed = lease.kind == "reader" and (
             not lease.resources or command.resource in lease.resources
         )
+        if (
+            allowed
+            and isinstance(command, mtl.Summon)
+            and not lease.resources  # a lease for "any and all": checked resource by resource
+            and not self._authorized(Action.CONSUME, lease.identity, command.resource)
+        ):
+            self._send(peer, mtl.Response(command.sequence, 403))
+            return
         if isinstance(command, mtl.Summon):
             ok = allowed and command.resource not in peer.summoned
             if ok:
@@ -454,6 +477,11 @@ class MTLServer:
             # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
             # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
+            self._send(peer, mtl.Reject(content.sequence, False, False))
+            return
+        if not lease.resources and not self._authorized(
+            Action.PUBLISH, lease.identity, resource
+        ):  # a lease for "any and all" resources: checked content by content
             self._send(peer, mtl.Reject(content.sequence, False, False))
             return
         if lease.profile == "test":
@@ -554,6 +582,16 @@ class MTLServer:
         self.traffic.messages_out += 1
         sent: bool = self._data.send([peer.identity, *mtl.encode_data(command)])
         return sent
+
+    def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
+        return check(
+            self.authorization,
+            action,
+            identity,
+            resource,
+            listener=self.name,
+            count_error=self.count_error,
+        )
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error."""
