@@ -34,6 +34,7 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.mtl.settings import LISTENER_MECHANISMS as MTL_LISTENER_MECHANISMS
 from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
@@ -502,15 +503,21 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
         except ValueError as exc:
             section.problem("endpoint", str(exc))
     mechanisms = tuple(mechanism.upper() for mechanism in section.strings("mechanisms", ("PLAIN",)))
-    if not mechanisms or any(mechanism not in MTL_MECHANISMS for mechanism in mechanisms):
-        section.problem("mechanisms", f"choose from {', '.join(MTL_MECHANISMS)}")
+    if not mechanisms or any(mechanism not in MTL_LISTENER_MECHANISMS for mechanism in mechanisms):
+        section.problem("mechanisms", f"choose from {', '.join(MTL_LISTENER_MECHANISMS)}")
     curve_secret = _mtl_curve_secret(section)
+    identities = _mtl_curve_identities(section, curve_secret)
+    if "EXTERNAL" in mechanisms and not identities:
+        section.problem(
+            "mechanisms", "EXTERNAL needs curve_identities (the identities of CURVE client keys)"
+        )
     return MTLListenerSettings(
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
         mechanisms=mechanisms,
         curve_secret_key=curve_secret,
         curve_client_keys=_mtl_client_keys(section, curve_secret),
+        curve_identities=identities,
         allow_addresses=_mtl_networks(section),
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
@@ -539,6 +546,24 @@ def _mtl_client_keys(section: _Section, curve_secret: bytes | None) -> tuple[byt
     if keys and curve_secret is None and "curve_secret_key_file" not in section.table:
         section.problem("curve_client_keys", "needs curve_secret_key_file (CURVE on)")
     return tuple(keys)
+
+
+def _mtl_curve_identities(section: _Section, curve_secret: bytes | None) -> dict[str, bytes]:
+    """``[listeners.NAME.curve_identities]``: identity = Z85 CURVE public key."""
+    table = section.section("curve_identities")
+    identities: dict[str, bytes] = {}
+    for name in list(table.table):
+        text = table.string(name)
+        if not isinstance(text, str):
+            continue
+        try:
+            identities[name] = curve_key(text)
+        except ValueError as exc:
+            table.problem(name, str(exc))
+    table.done()
+    if identities and curve_secret is None and "curve_secret_key_file" not in section.table:
+        section.problem("curve_identities", "needs curve_secret_key_file (CURVE on)")
+    return identities
 
 
 def _mtl_networks(section: _Section) -> tuple[str, ...]:

@@ -103,3 +103,42 @@ def test_authorize_entry_must_be_a_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert [p.key for p in caught.value.problems] == ["listeners.hub.authorize.alice"]
+
+
+MTL_LISTENER = """
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+require_auth = true
+mechanisms = ["EXTERNAL", "PLAIN"]
+"""
+
+
+def test_mtl_curve_identities_for_external(tmp_path: Path) -> None:
+    """``curve_identities`` maps identities to Z85 keys; EXTERNAL may then be offered."""
+    import zmq
+
+    client_key, _ = zmq.curve_keypair()
+    _, secret_key = zmq.curve_keypair()
+    (tmp_path / "mtl.key").write_bytes(secret_key)
+    main = tmp_path / "gateway.toml"
+    main.write_text(
+        MTL_LISTENER
+        + 'curve_secret_key_file = "mtl.key"\n'
+        + f'[listeners.mtl.curve_identities]\nalice = "{client_key.decode()}"\n'
+    )
+    (listener,) = load_config(main).listeners
+    assert listener.settings.mechanisms == ("EXTERNAL", "PLAIN")
+    assert dict(listener.settings.curve_identities) == {"alice": client_key}
+
+
+def test_mtl_external_needs_identities_and_curve(tmp_path: Path) -> None:
+    """EXTERNAL without identities, and identities without CURVE or with a bad key, are named."""
+    main = tmp_path / "gateway.toml"
+    main.write_text(MTL_LISTENER + '[listeners.mtl.curve_identities]\nbob = "nope"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(main)
+    keys = sorted(problem.key for problem in caught.value.problems)
+    assert keys == ["listeners.mtl.curve_identities.bob", "listeners.mtl.mechanisms"]
+    main.write_text(MTL_LISTENER.replace('"EXTERNAL", ', ""))
+    load_config(main)  # PLAIN alone needs none of it

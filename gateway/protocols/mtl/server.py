@@ -82,6 +82,8 @@ class _Session:
     opened: bool = False
     identity: str | None = None
     secret: bytes | None = None
+    external: bool = False
+    """Logged in with EXTERNAL: the identity is the ZAP User-Id of its CURVE key."""
     profile: str | None = None
     scram: scram.ScramServer | None = None
 
@@ -182,8 +184,12 @@ class MTLServer:
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
         policy = ZAPPolicy.from_settings(
-            self.settings.allow_addresses, self.settings.curve_client_keys
+            self.settings.allow_addresses,
+            self.settings.curve_client_keys,
+            self.settings.curve_identities,
         )
+        if self.settings.curve_identities:
+            self._control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
         if policy.needed:
             # Bound before the sockets, so that no peer gets in unasked.
             self._zap = ZAPHandler(
@@ -280,6 +286,7 @@ class MTLServer:
             return self._authorize(session, body)
         if self.settings.require_auth and not self._still_valid(session):
             session.identity = session.secret = None
+            session.external = False
             return 401, self._unauthorized()
         if command == "connection.profile":
             profile = str(body.get("profile", "")).lower()
@@ -300,6 +307,8 @@ class MTLServer:
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
 
     def _still_valid(self, session: _Session) -> bool:
+        if session.external:
+            return session.identity is not None and session.identity == self._user_id()
         if session.identity is None or session.secret is None:
             return False
         return self.secrets.verify(session.identity, session.secret)
@@ -324,6 +333,8 @@ class MTLServer:
             return _bad("the response is not base64")
         if mechanism == scram.MECHANISM:
             return self._scram(session, exchange, raw)
+        if mechanism == "EXTERNAL":
+            return self._external(session, raw)
         if not raw:
             return 402, {"status": "Challenged", "mechanism": "PLAIN", "challenge": ""}
         parts = raw.split(b"\0")
@@ -335,6 +346,32 @@ class MTLServer:
             return 401, self._unauthorized()
         session.identity, session.secret = user, password
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _external(self, session: _Session, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """SASL EXTERNAL (RFC 4422 appendix A): the identity the CURVE key was let in as.
+
+        The ZAP handler names the holders of the keys in ``curve_identities``
+        (the User-Id libzmq attaches to each message). The response is the
+        authorization identity: empty for that identity, or that identity
+        itself; anything else, or a key without an identity, is ``401``.
+        """
+        user_id = self._user_id()
+        requested = raw.decode("utf-8", "replace")
+        if user_id is None or (requested and requested != user_id):
+            self.count_error("unauthorized")
+            reason = (
+                "EXTERNAL: this CURVE key has no identity here"
+                if user_id is None
+                else f"EXTERNAL: this CURVE key is not {requested!r}"
+            )
+            return 401, self._unauthorized(reason)
+        session.identity, session.secret, session.external = user_id, None, True
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _user_id(self) -> str | None:
+        control = self._control
+        user_id = getattr(control, "user_id", None)
+        return user_id if isinstance(user_id, str) and user_id else None
 
     def _scram(
         self, session: _Session, exchange: scram.ScramServer | None, raw: bytes
