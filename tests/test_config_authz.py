@@ -142,3 +142,28 @@ def test_mtl_external_needs_identities_and_curve(tmp_path: Path) -> None:
     assert keys == ["listeners.mtl.curve_identities.bob", "listeners.mtl.mechanisms"]
     main.write_text(MTL_LISTENER.replace('"EXTERNAL", ', ""))
     load_config(main)  # PLAIN alone needs none of it
+
+
+def test_dmp_lease_bound_to_an_identity(tmp_path: Path) -> None:
+    """A DMP lease's ``identity`` binds it; without one it is anyone's."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        """
+        [listeners.dmp]
+        protocol = "dmp"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        sinks = ["orders"]
+
+        [listeners.dmp.leases.alice]
+        sink = "orders"
+        text = "A"
+        identity = "alice"
+
+        [listeners.dmp.leases.open]
+        sink = "orders"
+        text = "O"
+        """,
+    )
+    leases = load_config(main).listeners[0].settings.leases
+    assert (leases["alice"].identity, leases["alice"].certified) == ("alice", True)
+    assert leases["open"].identity is None

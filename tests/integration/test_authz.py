@@ -1,12 +1,15 @@
 """Certificate identities and allow-lists end to end, under twistd.
 
-One gateway serves QMQP and the stream protocol on ``mtls:`` endpoints that
+One gateway serves QMQP, the stream protocol, SSMP and DMP on ``mtls:`` endpoints that
 require a client certificate from the test CA, each listener with an
 ``authorize`` table for alice (the certificate's Common Name). Over QMQP her
 certificate stands in for the ``A`` block (``require_auth`` is on) and a
 recipient outside her domains is answered ``D``; over the stream protocol
 she logs in with SASL EXTERNAL and may publish to ``orders`` but her
-Subscribe is answered 16, Access refused. Both refusals show in /metrics.
+Subscribe is answered 16, Access refused; over SSMP she logs in with
+``cert`` and may MCAST but her SUBSCRIBE gets 405; over DMP a lease bound to
+her opens the sink, one bound to bob is 402 and the feed she may not
+consume is 403. The refusals show in /metrics.
 """
 
 from __future__ import annotations
@@ -51,6 +54,36 @@ protocol = "stream"
 endpoint = "{tls}"
 
 [listeners.streams.authorize.alice]
+publish = ["orders"]
+
+[listeners.chat]
+protocol = "ssmp"
+endpoint = "{tls}"
+
+[listeners.chat.authorize.alice]
+publish = ["news.*"]
+
+[listeners.dmp]
+protocol = "dmp"
+endpoint = "{tls}"
+sinks = ["orders"]
+feeds = ["alerts"]
+
+[listeners.dmp.leases.alice-writer]
+sink = "orders"
+text = "AW"
+identity = "alice"
+
+[listeners.dmp.leases.bob-writer]
+sink = "orders"
+text = "BW"
+identity = "bob"
+
+[listeners.dmp.leases.reader]
+feed = "alerts"
+text = "R"
+
+[listeners.dmp.authorize.alice]
 publish = ["orders"]
 """
 
@@ -169,3 +202,43 @@ def test_stream_external_identity_publishes_but_subscribe_is_refused(
         assert isinstance(refused, sp.Response)
         assert refused.code == sp.ResponseCode.ACCESS_REFUSED == 16
     assert _errors(gateway, "streams", "forbidden-consume") == 1
+
+
+def test_ssmp_cert_login_may_publish_but_subscribe_is_405(
+    gateway: GatewayProcess, pki: Pki
+) -> None:
+    """LOGIN alice cert; MCAST to news.paris is 200, SUBSCRIBE news.paris is 405."""
+    with _alice(gateway, pki, "chat") as tls:
+        tls.sendall(b"LOGIN alice cert\nMCAST news.paris hi\nSUBSCRIBE news.paris\n")
+        answers = b""
+        while answers.count(b"\n") < 3:
+            data = tls.recv(4096)
+            assert data, answers
+            answers += data
+    assert answers == b"200\n200\n405 not allowed to consume news.paris\n"
+    assert _errors(gateway, "chat", "forbidden-consume") == 1
+
+
+def _dmp(gateway: GatewayProcess, pki: Pki, lease: bytes) -> list[bytes]:
+    """Open a DMP connection with alice's certificate and a lease: the two responses."""
+    with _alice(gateway, pki, "dmp") as tls:
+        tls.sendall(b"AMQP\x0a\x01\x00\x01" + bytes((len(lease),)) + lease)
+        data = b""
+        while True:
+            if data and len(data) > data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]:
+                break
+            more = tls.recv(4096)
+            if not more:
+                break
+            data += more
+    first = data[1 : 1 + data[0]]
+    rest = data[1 + data[0] :]
+    return [first, rest[1 : 1 + rest[0]]]
+
+
+def test_dmp_leases_bound_to_the_certificate_identity(gateway: GatewayProcess, pki: Pki) -> None:
+    """Alice's lease opens the sink; bob's is 402 BAD-LEASE; the feed is 403 NO-ACCESS."""
+    assert _dmp(gateway, pki, b"AW")[1].startswith(b"200 OK Ready to write")
+    assert _dmp(gateway, pki, b"BW")[1].startswith(b"402 BAD-LEASE")
+    assert _dmp(gateway, pki, b"R")[1].startswith(b"403 NO-ACCESS")
+    assert _errors(gateway, "dmp", "forbidden-consume") == 1
