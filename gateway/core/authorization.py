@@ -144,6 +144,16 @@ UNRESTRICTED = Authorization()
 _log = Logger(namespace="gateway.authorization")
 
 
+def _peer_text(peer: object) -> str:
+    """``host:port`` of an address object, or its text."""
+    if peer is None:
+        return "?"
+    host, port = getattr(peer, "host", None), getattr(peer, "port", None)
+    if host is not None:
+        return f"{host}:{port}" if port is not None else str(host)
+    return str(peer)
+
+
 def check(
     authorization: Authorization,
     action: Action,
@@ -168,7 +178,7 @@ def check(
         " [listeners.{listener}.authorize] if it should",
         listener=listener,
         identity=identity if identity is not None else "a peer without an identity",
-        peer=peer if peer is not None else "?",
+        peer=_peer_text(peer),
         action=action.value,
         address=address,
     )

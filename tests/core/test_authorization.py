@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from twisted.internet.address import IPv4Address
+from twisted.logger import capturedLogs
 
 from gateway.core.addressing import PatternError
-from gateway.core.authorization import UNRESTRICTED, Action, Authorization
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 
 
 def _table() -> Authorization:
@@ -83,3 +85,28 @@ def test_bad_pattern_is_refused() -> None:
     """A pattern the route language cannot use raises `PatternError` with the reason."""
     with pytest.raises(PatternError, match="mixes wildcards"):
         Authorization.from_lists({"alice": (("news*",), ())})
+
+
+def test_check_counts_and_logs_refusals_only() -> None:
+    """`check` counts a refusal by action and logs who, from where, what and where to grant it."""
+    counted: list[str] = []
+    authz = _table()
+    peer = IPv4Address("TCP", "192.0.2.7", 4242)
+    with capturedLogs() as events:
+        assert check(
+            authz, Action.PUBLISH, "bob", "news.x", listener="hub", count_error=counted.append
+        )
+        assert not check(
+            authz,
+            Action.CONSUME,
+            "bob",
+            "news.x",
+            listener="hub",
+            count_error=counted.append,
+            peer=peer,
+        )
+    assert counted == ["forbidden-consume"]
+    [event] = events
+    assert (event["listener"], event["identity"], event["peer"]) == ("hub", "bob", "192.0.2.7:4242")
+    assert (event["action"], event["address"]) == ("consume", "news.x")
+    assert "[listeners.{listener}.authorize]" in event["log_format"]

@@ -487,6 +487,7 @@ class MTLServer:
         if (
             allowed
             and isinstance(command, mtl.Summon)
+            and self.authorization.restricted
             and not lease.resources  # a lease for "any and all": checked resource by resource
             and not self._authorized(Action.CONSUME, lease.identity, command.resource)
         ):
@@ -516,8 +517,10 @@ class MTLServer:
             self.count_error("bad-resource")
             self._send(peer, mtl.Reject(content.sequence, False, False))
             return
-        if not lease.resources and not self._authorized(
-            Action.PUBLISH, lease.identity, resource
+        if (
+            self.authorization.restricted
+            and not lease.resources
+            and not self._authorized(Action.PUBLISH, lease.identity, resource)
         ):  # a lease for "any and all" resources: checked content by content
             self._send(peer, mtl.Reject(content.sequence, False, False))
             return

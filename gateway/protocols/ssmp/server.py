@@ -434,9 +434,8 @@ class SSMPServerProtocol(Protocol):
 
     def _allowed(self, action: Action, topic: bytes) -> bool:
         """Check the allow-lists; answer 405 (Not Allowed) if refused."""
-        if self.factory.authorized(
-            action, self.principal, topic.decode("ascii"), self._peer_name()
-        ):
+        peer = self.transport.getPeer() if self.transport is not None else None
+        if self.factory.authorized(action, self.principal, topic.decode("ascii"), peer):
             return True
         self._respond(ssmp.response_line(405, f"not allowed to {action.value} {topic.decode()}"))
         return False
