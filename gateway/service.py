@@ -408,6 +408,7 @@ def _mtl_listener(
         reactor=gateway.reactor,
         metrics=gateway.metrics,
     )
+    server.authorization = config.authorization
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 
@@ -568,6 +569,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         if isinstance(factory, ListenerFactory):
             factory.max_connections = listener.max_connections
+            factory.authorization = listener.authorization
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

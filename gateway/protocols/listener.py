@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from twisted.internet.protocol import Factory, Protocol
 
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
@@ -43,6 +44,8 @@ class ListenerFactory(Factory, Generic[P]):
     noisy = False  # the service logs one "ready" line for every listener
     max_connections = DEFAULT_MAX_CONNECTIONS
     """Open connections at most; the assembly sets it from the listener's config."""
+    authorization: Authorization = UNRESTRICTED
+    """Who may publish and consume what; the assembly sets it from ``authorize``."""
 
     def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
         self.name = name
@@ -74,6 +77,25 @@ class ListenerFactory(Factory, Generic[P]):
         self.connections.discard(connection)
         if self._metrics is not None:
             self._m_open.dec()
+
+    def authorized(
+        self, action: Action, identity: str | None, address: str, peer: object = None
+    ) -> bool:
+        """Whether ``identity`` may publish to or consume from ``address`` here.
+
+        A refusal is counted (protocol error kind ``forbidden-publish`` or
+        ``forbidden-consume``) and logged; the caller answers the peer the
+        way its protocol prescribes.
+        """
+        return check(
+            self.authorization,
+            action,
+            identity,
+            address,
+            listener=self.name,
+            count_error=self.count_error,
+            peer=peer,
+        )
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""
