@@ -76,7 +76,7 @@ def main() -> None:
             for name in ("off", "on")
         }
         try:
-            for name, process in gateways.items():  # warm up
+            for process in gateways.values():  # warm up
                 stream(process.address("mail"), 10_000, 60)
             for _ in range(args.rounds):
                 for name, process in gateways.items():
