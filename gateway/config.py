@@ -1133,6 +1133,21 @@ def load_default_config() -> GatewayConfig:
     return config
 
 
+def reload_secrets(config: GatewayConfig) -> Secrets | None:
+    """Re-read the secrets file of a running configuration (SIGHUP); None without one.
+
+    Raises:
+        ConfigError: The file cannot be read or is invalid; the caller keeps the old secrets.
+    """
+    if config.secrets_path is None:
+        return None
+    problems: list[ConfigProblem] = []
+    secrets = _load_secrets(config.secrets_path, problems)
+    if problems:
+        raise ConfigError(problems)
+    return secrets
+
+
 def reload_routes(config: GatewayConfig) -> tuple[Route, ...]:
     """Re-read the route files of a running configuration (SIGHUP).
 

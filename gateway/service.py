@@ -41,6 +41,7 @@ from gateway.config import (
     load_config,
     load_default_config,
     reload_routes,
+    reload_secrets,
 )
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
@@ -70,7 +71,7 @@ from gateway.protocols.stream.bridge import (
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
-from gateway.tls import client_endpoint_at
+from gateway.tls import client_endpoint_at, reload_server_tls
 
 __all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
 
@@ -262,12 +263,29 @@ class GatewayService(MultiService):
         return HealthReport(listeners=listening, upstreams=upstreams)
 
     def reload(self) -> bool:
-        """Re-read route files and swap the route table; connections stay up.
+        """Re-read secrets, listener certificates and route files; connections stay up.
+
+        The secrets file and every ``mtls:`` listener's certificate, key and
+        client CAs are read again first (new logins and new connections use
+        them; established ones keep what they have); each that fails keeps
+        its old contents, with the problem logged.
 
         Returns:
             Whether the new routes were taken; on any problem the old routes
             stay and every problem is logged.
         """
+        self._reload_secrets()
+        for where, problem in reload_server_tls():
+            if problem is None:
+                self._log.info(
+                    "reload: {where}: new connections use the files as they are now", where=where
+                )
+            else:
+                self._log.error(
+                    "reload: {where}: keeping the old certificate: {problem}",
+                    where=where,
+                    problem=problem,
+                )
         try:
             routes = reload_routes(self.config)
             if self.durable is None and any(route.durable for route in routes):
@@ -284,6 +302,16 @@ class GatewayService(MultiService):
             feed.refresh()
         self._log.info("reload: {count} route(s) in effect", count=len(routes))
         return True
+
+    def _reload_secrets(self) -> None:
+        try:
+            secrets = reload_secrets(self.config)
+        except ConfigError as exc:
+            self._log.error("reload: keeping the old secrets:\n{problems}", problems=exc)
+            return
+        if secrets is not None:
+            self.config.secrets.update(secrets)
+            self._log.info("reload: secrets re-read from {path}", path=self.config.secrets_path)
 
     def _destinations(self) -> Mapping[str, IDestination]:
         return {name: endpoint.destination for name, endpoint in self.endpoints.items()}

@@ -8,25 +8,26 @@ it) and when that outcome was known. Durable routes add a second record when
 their forwarder settles a message (``forward``: delivered downstream, or
 ``dead-letter``). The Spark report (`gateway.spark.jobs`) reads them.
 
-The hot path pays for a tuple appended to a list: records are encoded and
-appended to the log together, at most every ``interval`` seconds or every
-``batch`` records, in one chunk. They are statistics, not messages: a crash
-loses at most the records of the last interval, never a message, and when
-the log refuses writes (full disk) records are dropped and counted rather
-than held without bound.
+The hot path pays for a tuple appended to a list: records are encoded
+together, at most every ``interval`` seconds or every ``batch`` records, into
+log entries of up to `RECORDS_PER_ENTRY` records each (one offset per entry,
+not per record: the log's per-entry work is paid once per thousand). They
+are statistics, not messages: a crash loses at most the records of the last
+interval, never a message, and when the log refuses writes (full disk)
+records are dropped and counted rather than held without bound.
 
-A record is a JSON array, so that any reader (Spark's ``from_json``, jq)
-can read it: version 1, kind, route, source, message id, address, sender,
-recipients, body bytes, arrival and outcome times (seconds since the epoch),
-status (``accepted``, ``retry``, ``rejected``), the destination's code and
-the reason. `decode_record` is the one reader.
+An entry is JSON, so that any reader (Spark's ``from_json``, jq) can read
+it: ``[2, [RECORD, ...]]``, each record an array of kind, route, source,
+message id, address, sender, recipients, body bytes, arrival and outcome
+times (integer microseconds since the epoch), status (``accepted``,
+``retry``, ``rejected``), the destination's code and the reason.
+`decode_records` is the one reader.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from json.encoder import encode_basestring
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred
@@ -42,9 +43,10 @@ __all__ = [
     "KIND_FORWARD",
     "KIND_ROUTE",
     "OUTCOME_STREAM",
+    "RECORDS_PER_ENTRY",
     "OutcomeRecorder",
-    "decode_record",
-    "encode_record",
+    "decode_records",
+    "encode_records",
 ]
 
 OUTCOME_STREAM: Final = "msggateway.outcomes"
@@ -71,45 +73,58 @@ FIELDS: Final = (
     "finished",
 )
 """The fields of a decoded record, in their order after the version."""
-_VERSION: Final = 1
-_string: Final[Callable[[str], str]] = encode_basestring  # JSON string literal, in C
+_VERSION: Final = 2
+RECORDS_PER_ENTRY: Final = 1000
+"""Records in one log entry (one offset)."""
+_encode: Final = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False
+).encode
+
+_Waiting = tuple[str, str, str, Message, float, Outcome, float]
 
 
-def encode_record(
-    kind: str,
-    route: str,
-    source: str,
-    message: Message,
-    arrived: float,
-    outcome: Outcome,
-    finished: float,
-) -> bytes:
-    """One record's bytes: the JSON array `decode_record` reads.
-
-    Written field by field with the json module's C string encoder rather
-    than `json.dumps` of a list: a third of the cost, on the hot path's side.
-    """
-    sender = message.sender
-    code = outcome.code
-    recipients = ",".join(map(_string, message.recipients))
-    return (
-        f"[1,{_string(kind)},{_string(route)},{_string(source)},{_string(message.id)},"
-        f"{_string(message.address)},{'null' if sender is None else _string(sender)},"
-        f"[{recipients}],{len(message.body)},{arrived:.6f},{_string(outcome.status.value)},"
-        f"{'null' if code is None else _string(code)},{_string(outcome.reason)},{finished:.6f}]"
-    ).encode("utf-8", "surrogateescape")
+def encode_records(records: Sequence[_Waiting]) -> bytes:
+    """One entry of records, each (kind, route, source, message, arrived, outcome, finished)."""
+    rows = [
+        (
+            kind,
+            route,
+            source,
+            message.id,
+            message.address,
+            message.sender,
+            message.recipients,
+            len(message.body),
+            round(arrived * 1_000_000),
+            outcome.status.value,
+            outcome.code,
+            outcome.reason,
+            round(finished * 1_000_000),
+        )
+        for kind, route, source, message, arrived, outcome, finished in records
+    ]
+    return _encode((_VERSION, rows)).encode("utf-8", "surrogateescape")
 
 
-def decode_record(data: bytes | memoryview) -> dict[str, Any]:
-    """A record's fields by name (`FIELDS`).
+def decode_records(data: bytes | memoryview) -> list[dict[str, Any]]:
+    """An entry's records, each by field name (`FIELDS`; times in seconds).
 
     Raises:
-        ValueError: Not a version 1 record.
+        ValueError: Not a version 2 entry.
     """
-    values = json.loads(bytes(data).decode("utf-8", "surrogateescape"))
-    if not isinstance(values, list) or len(values) != len(FIELDS) + 1 or values[0] != _VERSION:
-        raise ValueError("not a version 1 outcome record")
-    return dict(zip(FIELDS, values[1:], strict=True))
+    document = json.loads(bytes(data).decode("utf-8", "surrogateescape"))
+    if not isinstance(document, list) or len(document) != 2 or document[0] != _VERSION:
+        raise ValueError("not a version 2 outcome entry")
+    records = []
+    width = len(FIELDS)
+    for row in document[1]:
+        if not isinstance(row, list) or len(row) != width:
+            raise ValueError("an outcome record without its 13 fields")
+        record = dict(zip(FIELDS, row, strict=True))
+        record["arrived"] /= 1_000_000
+        record["finished"] /= 1_000_000
+        records.append(record)
+    return records
 
 
 class _Stream(Protocol):
@@ -144,7 +159,7 @@ class OutcomeRecorder:
         self._interval = interval
         self._batch = batch
         self._max_pending = max_pending
-        self._waiting: list[tuple[str, str, str, Message, float, Outcome, float]] = []
+        self._waiting: list[_Waiting] = []
         self._timer: IDelayedCall | None = None
         self._in_flight = 0
         self.recorded = 0
@@ -182,8 +197,9 @@ class OutcomeRecorder:
         waiting, self._waiting = self._waiting, []
         if not waiting:
             return None
-        entries = [encode_record(*item) for item in waiting]
-        count = len(entries)
+        count = len(waiting)
+        step = RECORDS_PER_ENTRY
+        entries = [encode_records(waiting[at : at + step]) for at in range(0, count, step)]
         self._in_flight += count
         try:
             appended = self._stream.append(entries)

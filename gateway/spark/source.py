@@ -18,7 +18,8 @@ Two kinds of rows (`MESSAGE_SCHEMA`, `OUTCOME_SCHEMA`):
   (`gateway.protocols.stream.mapping`), so a message reads the same here as
   through a stream consumer.
 * ``outcomes``: the records of ``msggateway.outcomes`` (`gateway.core.outcomes`):
-  per message and route, its source, arrival, outcome and outcome time.
+  per message and route, its source, arrival, outcome and outcome time
+  (``offset`` is the entry's: one entry holds up to a thousand records).
 
 Partitions are slices of segments (`gateway.spark.logfiles`, at most
 ``max_slice_bytes`` of chunks each), read in parallel by Spark's workers. The
@@ -50,7 +51,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from gateway.core.durable import ROUTE_STREAM_PREFIX
-from gateway.core.outcomes import OUTCOME_STREAM, decode_record
+from gateway.core.outcomes import OUTCOME_STREAM, decode_records
 from gateway.protocols.stream.mapping import message_from_entry
 from gateway.spark.logfiles import (
     DEFAULT_SLICE_BYTES,
@@ -361,31 +362,37 @@ class _OutcomeRows:
             if offset not in offsets:
                 continue
             try:
-                r = decode_record(entry)
+                records = decode_records(entry)
             except ValueError:
                 continue
-            row = (
-                stream,
-                offset,
-                chunk_time,
-                r["kind"],
-                r["route"],
-                r["source"],
-                r["id"],
-                r["address"],
-                r["sender"],
-                r["recipients"],
-                r["bytes"],
-                _micros(r["arrived"]),
-                r["status"],
-                r["code"],
-                r["reason"],
-                _micros(r["finished"]),
-                (r["finished"] - r["arrived"]) * 1000.0,
-            )
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-            self.count += 1
+            for r in records:
+                self._add(columns, stream, offset, chunk_time, r)
+
+    def _add(
+        self, columns: list[list[Any]], stream: str, offset: int, chunk_time: int, r: dict[str, Any]
+    ) -> None:
+        row = (
+            stream,
+            offset,
+            chunk_time,
+            r["kind"],
+            r["route"],
+            r["source"],
+            r["id"],
+            r["address"],
+            r["sender"],
+            r["recipients"],
+            r["bytes"],
+            _micros(r["arrived"]),
+            r["status"],
+            r["code"],
+            r["reason"],
+            _micros(r["finished"]),
+            (r["finished"] - r["arrived"]) * 1000.0,
+        )
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+        self.count += 1
 
     def batch(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_arrays(

@@ -14,9 +14,10 @@ from gateway.core.outcomes import (
     KIND_DEAD_LETTER,
     KIND_FORWARD,
     OUTCOME_STREAM,
+    RECORDS_PER_ENTRY,
     OutcomeRecorder,
-    decode_record,
-    encode_record,
+    decode_records,
+    encode_records,
 )
 from gateway.spark.logfiles import plan_slices, read_slice
 from tests.core.test_log import open_store
@@ -26,10 +27,11 @@ from tests.core.test_router import _AnsweringDestination, _dispatch, _result, _r
 def _logged(directory: Path) -> list[dict[str, Any]]:
     """The records in the log's outcome stream, read from its files."""
     return [
-        decode_record(record)
+        record
         for piece in plan_slices(directory, streams=[OUTCOME_STREAM])
         for chunk in read_slice(piece)
-        for record in chunk.records
+        for entry in chunk.records
+        for record in decode_records(entry)
     ]
 
 
@@ -42,8 +44,8 @@ def test_record_round_trip() -> None:
         sender="s\u00e9@example.org",
         recipients=("a@x.example", "b@y.example"),
     )
-    record = decode_record(
-        encode_record("route", "r", "mail", message, 10.5, Outcome.retry("busy", "451"), 10.75)
+    [record] = decode_records(
+        encode_records([("route", "r", "mail", message, 10.5, Outcome.retry("busy", "451"), 10.75)])
     )
     assert record == {
         "kind": "route",
@@ -60,8 +62,10 @@ def test_record_round_trip() -> None:
         "reason": "busy",
         "finished": 10.75,
     }
-    with pytest.raises(ValueError, match="not a version 1 outcome record"):
-        decode_record(b'[2, "x"]')
+    with pytest.raises(ValueError, match="not a version 2 outcome entry"):
+        decode_records(b'[1, "x"]')
+    with pytest.raises(ValueError, match="without its 13 fields"):
+        decode_records(b'[2, [["route"]]]')
 
 
 @pytest_twisted.ensureDeferred
@@ -127,6 +131,28 @@ async def test_batches_by_interval_and_size(tmp_path: Path) -> None:
     finally:
         if store.get(OUTCOME_STREAM) is not None:
             await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_many_records_per_entry(tmp_path: Path) -> None:
+    """A flush of 2,500 records is three entries (three offsets), every record kept."""
+    store = open_store(tmp_path)
+    try:
+        recorder = OutcomeRecorder(store.create(OUTCOME_STREAM), Clock())
+        for number in range(2500):
+            message = Message(body=b"x", address="a", id=f"m{number}")
+            recorder.record("route", "r", "s", message, 1.0, Outcome.accepted())
+        await recorder.flush()
+        entries = [
+            entry
+            for piece in plan_slices(tmp_path, streams=[OUTCOME_STREAM])
+            for chunk in read_slice(piece)
+            for entry in chunk.records
+        ]
+        assert len(entries) == -(-2500 // RECORDS_PER_ENTRY)
+        assert [r["id"] for r in _logged(tmp_path)] == [f"m{n}" for n in range(2500)]
+    finally:
+        await store.close()
 
 
 @pytest_twisted.ensureDeferred

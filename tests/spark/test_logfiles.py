@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.codecs import osiris
-from gateway.core.outcomes import OUTCOME_STREAM, decode_record
+from gateway.core.outcomes import OUTCOME_STREAM, decode_records
 from gateway.protocols.stream.mapping import message_from_entry
 from gateway.spark.logfiles import (
     LogReadError,
@@ -147,7 +147,7 @@ def test_outcome_records_decode(tmp_path: Path) -> None:
     )
     [piece] = plan_slices(root, streams=[OUTCOME_STREAM])
     [chunk] = read_slice(piece)
-    record = decode_record(chunk.records[0])
+    [record] = decode_records(chunk.records[0])
     assert record["route"] == "r1" and record["status"] == "accepted"
     assert record["finished"] - record["arrived"] == pytest.approx(0.25)
     assert record["recipients"] == ["x@y.example"] and record["bytes"] == 7
