@@ -18,6 +18,7 @@ from gateway.core.outcomes import (
     OutcomeRecorder,
     decode_records,
     encode_records,
+    outcome_row,
 )
 from gateway.spark.logfiles import plan_slices, read_slice
 from tests.core.test_log import open_store
@@ -45,7 +46,9 @@ def test_record_round_trip() -> None:
         recipients=("a@x.example", "b@y.example"),
     )
     [record] = decode_records(
-        encode_records([("route", "r", "mail", message, 10.5, Outcome.retry("busy", "451"), 10.75)])
+        encode_records(
+            [outcome_row("route", "r", "mail", message, 10.5, Outcome.retry("busy", "451"), 10.75)]
+        )
     )
     assert record == {
         "kind": "route",

@@ -22,7 +22,7 @@ from twisted.internet.defer import Deferred
 
 from gateway.core.log import LogStore, Retention
 from gateway.core.message import Message, Outcome, Status
-from gateway.core.outcomes import KIND_ROUTE, OUTCOME_STREAM, encode_records
+from gateway.core.outcomes import KIND_ROUTE, OUTCOME_STREAM, encode_records, outcome_row
 from gateway.protocols.stream.mapping import entry_from_message
 
 
@@ -75,7 +75,7 @@ async def write(reactor: Any, directory: str, spec: dict[str, Any]) -> None:
                 recipients=tuple(rcpts),
             )
             outcome = Outcome(Status(status), "" if status == "accepted" else "why", None)
-            entries.append((KIND_ROUTE, route, source, sent, arrived, outcome, finished))
+            entries.append(outcome_row(KIND_ROUTE, route, source, sent, arrived, outcome, finished))
         # Entries of up to 7 records: several per entry, several entries.
         await stream.append(
             [encode_records(entries[at : at + 7]) for at in range(0, len(entries), 7)]
