@@ -75,6 +75,7 @@ def _common_name(tls: ssl.SSLSocket) -> str:
 
 def test_sighup_reloads_certificates_and_secrets(tmp_path: Path) -> None:
     """Old connections stay; new ones get the new certificate and secrets; bad files are refused."""
+    (tmp_path / "pki").mkdir()
     pki = make_pki(tmp_path / "pki")
     live = tmp_path / "live"
     live.mkdir()
