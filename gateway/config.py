@@ -713,12 +713,29 @@ def _is_ssmp_id(value: str) -> bool:
     return value.isascii() and is_valid_id(value.encode("ascii"))
 
 
+def _frontend_listener(section: _Section, tls: bool) -> Any:
+    from gateway.protocols.frontend import SPEAKS, FrontendSettings
+
+    speaks = section.choice("speaks", SPEAKS, "ssmp")
+    backend = section.string("backend", None)
+    if not isinstance(backend, str) or not backend:
+        section.problem("backend", "names the backend's client endpoint, e.g. tcp:host=H:port=P")
+        backend = "tcp:host=127.0.0.1:port=1"
+    return FrontendSettings(
+        speaks=speaks,
+        backend=backend,
+        connect_timeout_seconds=section.positive("connect_timeout_seconds", 10.0),
+        login_timeout_seconds=section.positive("login_timeout_seconds", 10.0),
+    )
+
+
 _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
     "ssmp": _ssmp_listener,
     "qmqp": _qmqp_listener,
     "stream": _stream_listener,
     "dmp": _dmp_listener,
     "mtl": _mtl_listener,
+    "frontend": _frontend_listener,
 }
 _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
     "ssmp": _ssmp_upstream,
@@ -875,6 +892,7 @@ def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[Route, 
 
 _UNDELIVERABLE_LISTENERS: Final = {
     "qmqp": "a QMQP listener (its clients send; nothing is delivered to them)",
+    "frontend": "a TLS front-end (it relays whole connections to its backend)",
 }
 """Listener protocols that routes cannot deliver to, and why."""
 

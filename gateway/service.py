@@ -53,6 +53,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.frontend import FrontendFactory
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.mtl.client import MTLUpstream
 from gateway.protocols.mtl.server import MTLServer
@@ -548,6 +549,19 @@ class _NoDelivery:
         )
 
 
+def _frontend_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    factory = FrontendFactory(
+        name=config.name,
+        settings=config.settings,
+        secrets=gateway.config.secrets,
+        reactor=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, _NoDelivery(config.name, "a TLS front-end")
+
+
 _LISTENERS: dict[
     str, Callable[[GatewayService, ListenerConfig], tuple[IProtocolFactory, IDestination]]
 ] = {
@@ -556,6 +570,7 @@ _LISTENERS: dict[
     "stream": _stream_listener,
     "dmp": _dmp_listener,
     "mtl": _mtl_listener,
+    "frontend": _frontend_listener,
 }
 _UPSTREAMS: dict[
     str,
