@@ -31,7 +31,7 @@ from typing import Any, Final, cast
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IConsumer, IDelayedCall, IReactorTime, ITransport
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
