@@ -127,6 +127,8 @@ class ListenerConfig:
         settings: The protocol's own settings object.
         max_connections: Open connections at most (past it, new ones are
             closed at once).
+        max_connections_per_identity: Open connections one authenticated
+            identity may hold (0: no limit); past it the login is refused.
         authorization: Its ``authorize`` allow-lists (unrestricted without).
     """
 
@@ -135,6 +137,7 @@ class ListenerConfig:
     endpoint: str
     settings: Any
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_identity: int = 0
     authorization: Authorization = UNRESTRICTED
 
     @property
@@ -1070,6 +1073,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
     settings = _LISTENER_SETTINGS[protocol](section, tls)
     max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
+    per_identity = section.integer("max_connections_per_identity", 0, minimum=0)
     authorization = _authorization(section)
     section.done()
     return ListenerConfig(
@@ -1078,6 +1082,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
         endpoint=endpoint,
         settings=settings,
         max_connections=max_connections,
+        max_connections_per_identity=per_identity,
         authorization=authorization,
     )
 

@@ -612,6 +612,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         if isinstance(factory, ListenerFactory):
             factory.max_connections = listener.max_connections
+            factory.max_connections_per_identity = listener.max_connections_per_identity
             factory.authorization = listener.authorization
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]

@@ -433,7 +433,9 @@ def test_unknown_protocol(tmp_path: Path) -> None:
         HUB.replace('protocol = "ssmp"', 'protocol = "smtp"\n    schemes = ["open"]'),
     )
     _only_problem(
-        main, "listeners.hub.protocol", "must be one of dmp, mtl, qmqp, ssmp, stream, not 'smtp'"
+        main,
+        "listeners.hub.protocol",
+        "must be one of dmp, frontend, mtl, qmqp, ssmp, stream, not 'smtp'",
     )
 
 
@@ -906,3 +908,44 @@ def test_listener_max_connections(tmp_path: Path) -> None:
     assert load_config(main).listeners[0].max_connections == 10
     main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 0\n")
     _only_problem(main, "listeners.hub.max_connections", "at least 1")
+
+
+FRONTEND = """
+[gateway]
+
+[listeners.front]
+protocol = "frontend"
+endpoint = "tcp:0:interface=127.0.0.1"
+{extra}
+"""
+
+
+def test_frontend_needs_a_backend(tmp_path: Path) -> None:
+    """A front-end without a backend names the key and what it takes."""
+    main = _write(tmp_path / "gateway.toml", FRONTEND.format(extra='speaks = "qmqp"'))
+    _only_problem(main, "listeners.front.backend", "names the backend's client endpoint")
+
+
+def test_frontend_speaks_three_protocols(tmp_path: Path) -> None:
+    """Speaks is ssmp, qmqp or stream."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        FRONTEND.format(extra='speaks = "dmp"\nbackend = "tcp:host=127.0.0.1:port=9"'),
+    )
+    _only_problem(main, "listeners.front.speaks", "must be one of qmqp, ssmp, stream, not 'dmp'")
+
+
+def test_max_connections_per_identity(tmp_path: Path) -> None:
+    """The per-identity limit is read; negative numbers are refused."""
+    config = load_config(
+        _write(
+            tmp_path / "gateway.toml",
+            HUB.replace('protocol = "ssmp"', 'protocol = "ssmp"\nmax_connections_per_identity = 3'),
+        )
+    )
+    assert config.listeners[0].max_connections_per_identity == 3
+    bad = _write(
+        tmp_path / "bad.toml",
+        HUB.replace('protocol = "ssmp"', 'protocol = "ssmp"\nmax_connections_per_identity = -1'),
+    )
+    _only_problem(bad, "listeners.hub.max_connections_per_identity")

@@ -281,7 +281,14 @@ class QMQPServerProtocol(Protocol):
     def _on_auth(self, block: qmqp.AuthBlock) -> None:
         username = text(block.username)
         success = self.factory.secrets.verify(username, block.password)
-        if success:
+        if success and not self.factory.admit(self, username):
+            success = False
+            self._log.info(
+                "{listener}: {why}",
+                listener=self.factory.name,
+                why=self.factory.per_identity_refusal(username),
+            )
+        elif success:
             self.identity = username
         else:
             self.factory.count_error("unauthorized")
@@ -301,7 +308,16 @@ class QMQPServerProtocol(Protocol):
         """
         self._certificate_read = True
         if self.identity is None:
-            self.identity = external_identity(self.transport)
+            identity = external_identity(self.transport)
+            if identity is not None and not self.factory.admit(self, identity):
+                # Over the limit: as if it had no certificate (require_auth then refuses).
+                self._log.info(
+                    "{listener}: {why}",
+                    listener=self.factory.name,
+                    why=self.factory.per_identity_refusal(identity),
+                )
+                identity = None
+            self.identity = identity
 
     def _forbidden_domain(self, block: qmqp.MessageBlock) -> str | None:
         """The first recipient domain the identity may not send to, if any."""

@@ -394,6 +394,13 @@ class SSMPServerProtocol(Protocol):
                 f"{principal or 'a peer without an authenticated identity'} is granted nothing"
                 f" here (listeners.{self.factory.name}.authorize)"
             )
+        previous = self.hub.peers.get(login.identity)
+        if why is None and previous is not None and previous is not self:
+            # The spec: this login replaces the connection with the same identifier.
+            self.factory.release(previous)
+        if why is None and not self.factory.admit(self, principal):
+            assert principal is not None
+            why = self.factory.per_identity_refusal(principal)
         if why is not None:
             self._log.info(
                 "{listener}: LOGIN {identity} {scheme} from {peer} refused: {why}",

@@ -369,6 +369,14 @@ class StreamServerProtocol(Protocol):
 
     def _on_sasl_authenticate(self, event: sp.SaslAuthenticate) -> None:
         code = self._authenticate(event.mechanism, event.data or b"")
+        if code == OK and not self.factory.admit(self, self._principal):
+            assert self._principal is not None
+            self._log.info(
+                "{listener}: {why}",
+                listener=self.factory.name,
+                why=self.factory.per_identity_refusal(self._principal),
+            )
+            code = AUTHENTICATION_FAILURE
         self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=code))
         if code != OK:
             self.factory.count_error("unauthorized")
