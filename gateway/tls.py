@@ -76,6 +76,7 @@ from OpenSSL import SSL, crypto
 from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IAcceptableCiphers,
+    IOpenSSLContextFactory,
     IReactorCore,
     IReactorSSL,
     ISSLTransport,
@@ -93,6 +94,7 @@ __all__ = [
     "MINIMUM_TLS_VERSIONS",
     "VERIFY_MODES",
     "MTLSServerParser",
+    "ReloadableServerTLS",
     "client_endpoint_at",
     "external_identity",
     "parse_mtls_server",
@@ -261,6 +263,7 @@ def parse_mtls_server(
     )
 
 
+@implementer(IOpenSSLContextFactory)
 class ReloadableServerTLS:
     """A listener's TLS material, which SIGHUP can replace (`reload_server_tls`).
 
@@ -285,6 +288,10 @@ class ReloadableServerTLS:
     def getContext(self) -> SSL.Context:  # noqa: N802 (Twisted's name)
         """The OpenSSL context for a new connection: the current material's."""
         return self.options.getContext()
+
+    def __getattr__(self, name: str) -> object:
+        """Everything else is the current material's (its verify mode, CAs, ...)."""
+        return getattr(self.options, name)
 
     def reload(self) -> None:
         """Read the files again and use them for new connections.

@@ -10,10 +10,10 @@ and a stream listener presenting a certificate for another host name.
 * SSMP ``cert`` logins by a certificate with SANs only (no CN), with the
   ``name/suffix`` form.
 * An *upstream* gateway routes mail to QMQP and stream upstreams over
-  ``tls:`` endpoints (service_identity checks the host name): the good one
-  delivers (K); a wrong host name, an untrusted CA, no client certificate
-  and an expired client certificate each fail the handshake, so the
-  sender gets Z and nothing is delivered.
+  ``tls:`` endpoints (service_identity checks the host name): the good ones
+  deliver (K; the stream one after the stream listener's confirm); a wrong
+  host name, an untrusted CA, no client certificate and an expired client
+  certificate each fail the handshake, so the sender gets Z.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ sinks = ["s"]
 protocol = "qmqp"
 endpoint = "{elsewhere}"
 
+[listeners.streams-elsewhere]
+protocol = "stream"
+endpoint = "{elsewhere}"
+guest = true
+advertised_host = "localhost"
+
 [listeners.hub]
 protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
@@ -95,6 +101,13 @@ enabled = false
 protocol = "qmqp"
 endpoint = "tcp:0:interface=127.0.0.1"
 """
+STREAM_CASES = {
+    "stream-good": ("trustRoots={trust}:certificate={alice}:privateKey={alice_key}", "streams"),
+    "stream-wrong-host": (
+        "trustRoots={trust}:certificate={alice}:privateKey={alice_key}",
+        "streams-elsewhere",
+    ),
+}
 CASES = {
     # name: (endpoint parameters after tls:host=localhost:port=P, which listener)
     "good": ("trustRoots={trust}:certificate={alice}:privateKey={alice_key}", "qmqp"),
@@ -197,28 +210,40 @@ def test_ssmp_login_by_san_only_certificate(server: GatewayProcess, certs: dict[
             assert client.read_line().startswith(code), identifier
 
 
-def test_qmqp_upstreams_over_tls(
+def test_qmqp_and_stream_upstreams_over_tls(
     server: GatewayProcess, certs: dict[str, Path], tmp_path: Path
 ) -> None:
     """Only a trusted server with the right host name, and a valid client certificate: K."""
     names = {k: str(v) for k, v in certs.items()}
-    ports = {"qmqp": server.address("qmqp")[1], "elsewhere": server.address("qmqp-elsewhere")[1]}
+    ports = {
+        "qmqp": server.address("qmqp")[1],
+        "elsewhere": server.address("qmqp-elsewhere")[1],
+        "streams": server.address("streams")[1],
+        "streams-elsewhere": server.address("streams-elsewhere")[1],
+    }
     config = UPSTREAM
     routes: dict[str, str] = {}
-    for case, (parameters, target) in CASES.items():
+    for case, (parameters, target) in {**CASES, **STREAM_CASES}.items():
         endpoint = f"tls:host=localhost:port={ports[target]}:" + parameters.format(**names)
-        config += f'\n[upstreams.{case}]\nprotocol = "qmqp"\nendpoint = "{endpoint}"\n'
+        protocol = "stream" if case in STREAM_CASES else "qmqp"
+        config += f'\n[upstreams.{case}]\nprotocol = "{protocol}"\nendpoint = "{endpoint}"\n'
+        if protocol == "stream":
+            config += "create_streams = true\n"
         routes[case] = (
             f'from = "in"\nmatch = "#@{case}.example"\nto = "{case}"\ntimeout_seconds = 5\n'
+            + ('address = "inbox"\n' if protocol == "stream" else "")
         )
     gateway = GatewayProcess(tmp_path, config, routes=routes).start()
     try:
+        # The stream upstream takes mail only once connected (else: Z at once).
+        gateway.wait_for_log("upstream stream-good: connected", timeout=30)
         session = QMQPSession(gateway.address("in"))
         try:
-            session.send(b"".join(mail(case, f"ops@{case}.example") for case in CASES) + b"1:D,")
+            cases = [*CASES, *STREAM_CASES]
+            session.send(b"".join(mail(case, f"ops@{case}.example") for case in cases) + b"1:D,")
             replies = {
                 block.id.decode(): block.status  # type: ignore[union-attr]
-                for block in session.read_blocks(len(CASES))
+                for block in session.read_blocks(len(cases))
             }
         finally:
             session.close()
@@ -230,4 +255,6 @@ def test_qmqp_upstreams_over_tls(
         "untrusted": qmqp.Z,
         "no-cert": qmqp.Z,
         "expired-cert": qmqp.Z,
+        "stream-good": qmqp.K,
+        "stream-wrong-host": qmqp.Z,
     }

@@ -316,7 +316,7 @@ def test_send_json_lines_and_rfc822_files(spark: Any, tmp_path: Path) -> None:
     )
     stored = {r.message_id: r for r in frame.collect()}
     assert set(stored) == {"a1", "a2", "letter-1.eml"}
-    assert stored["a2"].sender == "x@example.org" and stored["a2"].body == b"B\n"
+    assert stored["a2"].sender == "x@example.org" and stored["a2"].body == b"B"
     assert stored["letter-1.eml"].sender == "ops@example.org"
     assert (
         stored["letter-1.eml"].body
