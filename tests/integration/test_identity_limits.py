@@ -3,7 +3,7 @@
 One gateway under twistd with an SSMP (over ``mtls:``), a QMQP and a stream
 listener, each allowing alice two connections: her third login is refused
 in each protocol's own way (SSMP ``401`` and the close, QMQP an ``A`` reply
-of failure, stream SASL code 8), bob is not affected, and once one of
+of failure, stream SASL code 8, DMP ``403``), bob is not affected, and once one of
 alice's connections closes she may log in again. SSMP counts the
 certificate's identity (``alice/1`` and ``alice/2`` are both alice); a
 login with the same identifier replaces the earlier connection, as the spec
@@ -48,6 +48,16 @@ max_connections_per_identity = 2
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 max_connections_per_identity = 2
+
+[listeners.dmp]
+protocol = "dmp"
+endpoint = "{tls}"
+sinks = ["s"]
+max_connections_per_identity = 2
+
+[listeners.dmp.leases.writer]
+sink = "s"
+text = "L"
 """
 SECRETS = '[logins]\nalice = "a-secret"\nbob = "b-secret"\n'
 
@@ -133,8 +143,29 @@ def stream_login(gateway: GatewayProcess, who: str) -> tuple[bool, object]:
     return answer.code == 1, sock
 
 
+def dmp_login(gateway: GatewayProcess, who: str) -> tuple[bool, object]:
+    """Open the sink with the lease: alice by her certificate, bob without one."""
+    pki: Pki = gateway.pki  # type: ignore[attr-defined]
+    raw = socket.create_connection(gateway.address("dmp"), timeout=10)
+    ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+    if who == "alice":
+        ctx.load_cert_chain(str(pki.alice_cert), str(pki.alice_key))
+    sock = ctx.wrap_socket(raw, server_hostname="localhost")
+    sock.sendall(b"AMQP\x0a\x01\x00\x01\x01L")
+    data = b""
+    while not (data and len(data) > data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]):
+        more = sock.recv(4096)
+        if not more:
+            break
+        data += more
+    rest = data[1 + data[0] :]
+    return rest[1:4] == b"200", sock
+
+
 @pytest.mark.parametrize(
-    "login", [ssmp_login, qmqp_login, stream_login], ids=["ssmp", "qmqp", "stream"]
+    "login",
+    [ssmp_login, qmqp_login, stream_login, dmp_login],
+    ids=["ssmp", "qmqp", "stream", "dmp"],
 )
 def test_third_login_of_an_identity_is_refused(
     gateway: GatewayProcess, login: Callable[[GatewayProcess, str], tuple[bool, object]]

@@ -242,6 +242,11 @@ class DMPServerProtocol(Protocol):
                 dmp.Response(403, f"not allowed to {action.value} {grant.target!r}"),
             )
             return
+        if not factory.admit(self, identity):
+            assert identity is not None
+            why = factory.per_identity_refusal(identity)
+            self._close(why, dmp.Response(403, "too many connections for this identity"))
+            return
         self.identity = identity
         if grant.kind == "feed" and grant.target in factory.readers:
             factory.count_error("feed-busy")
