@@ -10,6 +10,8 @@ hand, against the gateway or any SSMP server.
 streaming server and prints what became of each (`gateway.mailsend`).
 ``msggateway dmp put|get ADDRESS ...`` writes to a DMP sink or reads a DMP
 feed with a lease from the environment (`gateway.dmp_tool`).
+``msggateway spark archive|report|send ...`` runs the data pipeline's jobs
+on Spark (`gateway.spark.cli`).
 ``msggateway mtl keygen PATH`` writes a new CURVE secret key file for an MTL
 listener or upstream and prints its public key.
 """
@@ -44,6 +46,7 @@ from gateway.probe import (
     parse_address,
     tls_context,
 )
+from gateway.spark.cli import add_spark_commands, run_spark
 
 __all__ = ["main"]
 
@@ -319,6 +322,7 @@ def main(
     _add_qmqp_commands(commands)
     add_dmp_commands(commands)
     _add_mtl_commands(commands)
+    add_spark_commands(commands)
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return _check_config(args.path, out, err)
@@ -330,6 +334,8 @@ def main(
         return run_dmp(args, out, err)
     if args.command == "mtl":
         return _mtl_keygen(args, out, err)
+    if args.command == "spark":
+        return run_spark(args, out, err)
     return _run(args.twistd_args)
 
 

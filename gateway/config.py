@@ -29,11 +29,13 @@ from twisted.internet.testing import MemoryReactor
 from gateway.codecs.dmp import DEFAULT_MAX_ENVELOPE_BYTES as DEFAULT_DMP_MAX_ENVELOPE_BYTES
 from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
 from gateway.core.auth import Secrets
+from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
 from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.mtl.settings import LISTENER_MECHANISMS as MTL_LISTENER_MECHANISMS
 from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
 from gateway.protocols.mtl.settings import (
@@ -126,6 +128,9 @@ class ListenerConfig:
         settings: The protocol's own settings object.
         max_connections: Open connections at most (past it, new ones are
             closed at once).
+        max_connections_per_identity: Open connections one authenticated
+            identity may hold (0: no limit); past it the login is refused.
+        authorization: Its ``authorize`` allow-lists (unrestricted without).
     """
 
     name: str
@@ -133,6 +138,8 @@ class ListenerConfig:
     endpoint: str
     settings: Any
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_identity: int = 0
+    authorization: Authorization = UNRESTRICTED
 
     @property
     def tls(self) -> bool:
@@ -170,6 +177,9 @@ class LogSettings:
         segment_bytes: A stream's segment file is rolled past this size.
         max_bytes: Default retention by size of each stream (None: keep all).
         max_age_seconds: Default retention by age (None: keep all).
+        record_outcomes: Keep each message's route, source, arrival, outcome
+            and its time in the ``msggateway.outcomes`` stream, for the
+            Spark report (`gateway.core.outcomes`).
     """
 
     fsync: str = "always"
@@ -177,6 +187,7 @@ class LogSettings:
     segment_bytes: int = 64 * 1024 * 1024
     max_bytes: int | None = None
     max_age_seconds: float | None = None
+    record_outcomes: bool = True
 
 
 @attrs.frozen
@@ -440,6 +451,7 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
         sink, feed = grant.string("sink", None), grant.string("feed", None)
         expires_text = grant.string("expires", None)
         text = grant.string("text", None)
+        identity = grant.string("identity", None)
         grant.done()
         if (sink is None) == (feed is None):
             grant.problem(None, "a lease names exactly one sink or one feed")
@@ -464,6 +476,7 @@ def _dmp_listener(section: _Section, tls: bool) -> DMPListenerSettings:
             target=target,
             expires=expires,
             text=text.encode("utf-8") if isinstance(text, str) else None,
+            identity=identity if isinstance(identity, str) else None,
         )
     return DMPListenerSettings(
         sinks=sinks,
@@ -498,15 +511,21 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
         except ValueError as exc:
             section.problem("endpoint", str(exc))
     mechanisms = tuple(mechanism.upper() for mechanism in section.strings("mechanisms", ("PLAIN",)))
-    if not mechanisms or any(mechanism not in MTL_MECHANISMS for mechanism in mechanisms):
-        section.problem("mechanisms", f"choose from {', '.join(MTL_MECHANISMS)}")
+    if not mechanisms or any(mechanism not in MTL_LISTENER_MECHANISMS for mechanism in mechanisms):
+        section.problem("mechanisms", f"choose from {', '.join(MTL_LISTENER_MECHANISMS)}")
     curve_secret = _mtl_curve_secret(section)
+    identities = _mtl_curve_identities(section, curve_secret)
+    if "EXTERNAL" in mechanisms and not identities:
+        section.problem(
+            "mechanisms", "EXTERNAL needs curve_identities (the identities of CURVE client keys)"
+        )
     return MTLListenerSettings(
         profiles=profiles,
         require_auth=section.boolean("require_auth", False),
         mechanisms=mechanisms,
         curve_secret_key=curve_secret,
         curve_client_keys=_mtl_client_keys(section, curve_secret),
+        curve_identities=identities,
         allow_addresses=_mtl_networks(section),
         data_port=section.integer("data_port", 0, minimum=0),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
@@ -535,6 +554,24 @@ def _mtl_client_keys(section: _Section, curve_secret: bytes | None) -> tuple[byt
     if keys and curve_secret is None and "curve_secret_key_file" not in section.table:
         section.problem("curve_client_keys", "needs curve_secret_key_file (CURVE on)")
     return tuple(keys)
+
+
+def _mtl_curve_identities(section: _Section, curve_secret: bytes | None) -> dict[str, bytes]:
+    """``[listeners.NAME.curve_identities]``: identity = Z85 CURVE public key."""
+    table = section.section("curve_identities")
+    identities: dict[str, bytes] = {}
+    for name in list(table.table):
+        text = table.string(name)
+        if not isinstance(text, str):
+            continue
+        try:
+            identities[name] = curve_key(text)
+        except ValueError as exc:
+            table.problem(name, str(exc))
+    table.done()
+    if identities and curve_secret is None and "curve_secret_key_file" not in section.table:
+        section.problem("curve_identities", "needs curve_secret_key_file (CURVE on)")
+    return identities
 
 
 def _mtl_networks(section: _Section) -> tuple[str, ...]:
@@ -623,6 +660,7 @@ def _log_settings(section: _Section) -> LogSettings:
         segment_bytes=section.integer("segment_bytes", 64 * 1024 * 1024, minimum=4096),
         max_bytes=max_bytes or None,
         max_age_seconds=max_age or None,
+        record_outcomes=section.boolean("record_outcomes", True),
     )
 
 
@@ -1065,6 +1103,8 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     tls = endpoint.startswith(_TLS_SERVER_PREFIXES)
     settings = _LISTENER_SETTINGS[protocol](section, tls)
     max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
+    per_identity = section.integer("max_connections_per_identity", 0, minimum=0)
+    authorization = _authorization(section)
     section.done()
     return ListenerConfig(
         name=name,
@@ -1072,7 +1112,29 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
         endpoint=endpoint,
         settings=settings,
         max_connections=max_connections,
+        max_connections_per_identity=per_identity,
+        authorization=authorization,
     )
+
+
+def _authorization(section: _Section) -> Authorization:
+    """Read ``[listeners.NAME.authorize.IDENTITY]`` tables of publish and consume patterns."""
+    present = "authorize" in section.table
+    grants: dict[str, Grant] = {}
+    for identity, table in section.table_items("authorize"):
+        lists: dict[str, tuple[AddressPattern, ...]] = {}
+        for action in ("publish", "consume"):
+            patterns = []
+            for text in table.strings(action):
+                try:
+                    patterns.append(AddressPattern(text))
+                except PatternError as exc:
+                    table.problem(action, str(exc))
+            lists[action] = tuple(patterns)
+        table.done()
+        grants[identity] = Grant(publish=lists["publish"], consume=lists["consume"])
+    # An empty table is restrictive too: nothing granted, everything refused.
+    return Authorization(grants) if present else UNRESTRICTED
 
 
 def _upstream(name: str, section: _Section, names: set[str]) -> UpstreamConfig | None:
@@ -1122,6 +1184,21 @@ def load_default_config() -> GatewayConfig:
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def reload_secrets(config: GatewayConfig) -> Secrets | None:
+    """Re-read the secrets file of a running configuration (SIGHUP); None without one.
+
+    Raises:
+        ConfigError: The file cannot be read or is invalid; the caller keeps the old secrets.
+    """
+    if config.secrets_path is None:
+        return None
+    problems: list[ConfigProblem] = []
+    secrets = _load_secrets(config.secrets_path, problems)
+    if problems:
+        raise ConfigError(problems)
+    return secrets
 
 
 def reload_routes(config: GatewayConfig) -> tuple[Route, ...]:

@@ -467,7 +467,8 @@ class Summary:
         not_sent: Items never taken, when known.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_outcome: Callable[[str, bytes, str], None] | None = None) -> None:
+        self._on_outcome = on_outcome
         self.counts: dict[str, int] = {"K": 0, "Z": 0, "D": 0}
         self.errors = 0
         self.failures: list[tuple[str, str, str]] = []
@@ -480,6 +481,8 @@ class Summary:
         """Count a server reply; keep the Z and D ones."""
         status = reply.status.decode("ascii")
         self.counts[status] += 1
+        if self._on_outcome is not None:
+            self._on_outcome(status, reply.id, reply.description.decode("utf-8", "replace"))
         if status != "K":
             self.failures.append((status, _readable(reply.id), _readable(reply.description)))
 
@@ -487,6 +490,8 @@ class Summary:
         """Count a message that got no reply."""
         self.errors += 1
         self.failures.append(("error", _readable(ident), reason))
+        if self._on_outcome is not None:
+            self._on_outcome("error", ident, reason)
 
     @property
     def answered(self) -> int:
@@ -618,6 +623,9 @@ class QMQPSender:
         timeout: Seconds to wait without progress (bytes in or out).
         on_progress: Called with a `Progress` as the session goes, and once
             with ``finished=True`` at its end.
+        on_outcome: Called with each message's outcome as it is known: the
+            reply's status (``K``, ``Z``, ``D``) or ``error``, its id and
+            the description (the Spark send job records them).
         clock: Monotonic seconds.
     """
 
@@ -629,6 +637,7 @@ class QMQPSender:
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         on_progress: Callable[[Progress], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_outcome: Callable[[str, bytes, str], None] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1, not {window}")
@@ -657,7 +666,7 @@ class QMQPSender:
         self._taken = 0  # items taken from the input
         self._sent = 0
         self._not_sendable = 0
-        self._summary = Summary()
+        self._summary = Summary(on_outcome)
 
     def close(self) -> None:
         """Close the connection."""

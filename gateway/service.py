@@ -41,11 +41,13 @@ from gateway.config import (
     load_config,
     load_default_config,
     reload_routes,
+    reload_secrets,
 )
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
+from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
@@ -70,7 +72,7 @@ from gateway.protocols.stream.bridge import (
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
-from gateway.tls import client_endpoint_at
+from gateway.tls import client_endpoint_at, reload_server_tls
 
 __all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
 
@@ -179,6 +181,8 @@ class GatewayService(MultiService):
         """
         if self.store is not None:
             self.store.open()  # recovery: before anything listens or is delivered
+            if self.config.log.record_outcomes:
+                self._record_outcomes(self.store)
         self.router.replace_table(self._bind(self.config.routes))
         super().startService()
         if self.durable is not None:
@@ -186,6 +190,13 @@ class GatewayService(MultiService):
         for feed in self.feeds:
             feed.start()
         self.when_listening().addCallbacks(self._ready, self._failed)
+
+    def _record_outcomes(self, store: LogStore) -> None:
+        stream = store.get(OUTCOME_STREAM) or store.create(OUTCOME_STREAM)
+        recorder = OutcomeRecorder(stream, self.reactor)
+        self.router.recorder = recorder
+        if self.durable is not None:
+            self.durable.recorder = recorder
 
     def stopService(self) -> Deferred[None] | None:
         """Stop forwarding, then everything else, then close the log."""
@@ -197,9 +208,16 @@ class GatewayService(MultiService):
         store = self.store
         if store is None:
             return stopped
-        if stopped is None:
+        recorder = self.router.recorder
+
+        def close(_: object = None) -> Deferred[None]:
+            if recorder is not None:
+                recorder.flush()  # the records of the last moments, before the log closes
             return store.close()
-        return stopped.addCallback(lambda _: store.close())
+
+        if stopped is None:
+            return close()
+        return stopped.addCallback(close)
 
     def _bind(self, routes: tuple[Route, ...]) -> RouteTable:
         durable = self.durable.delivery if self.durable is not None else None
@@ -246,12 +264,29 @@ class GatewayService(MultiService):
         return HealthReport(listeners=listening, upstreams=upstreams)
 
     def reload(self) -> bool:
-        """Re-read route files and swap the route table; connections stay up.
+        """Re-read secrets, listener certificates and route files; connections stay up.
+
+        The secrets file and every ``mtls:`` listener's certificate, key and
+        client CAs are read again first (new logins and new connections use
+        them; established ones keep what they have); each that fails keeps
+        its old contents, with the problem logged.
 
         Returns:
             Whether the new routes were taken; on any problem the old routes
             stay and every problem is logged.
         """
+        self._reload_secrets()
+        for where, problem in reload_server_tls():
+            if problem is None:
+                self._log.info(
+                    "reload: {where}: new connections use the files as they are now", where=where
+                )
+            else:
+                self._log.error(
+                    "reload: {where}: keeping the old certificate: {problem}",
+                    where=where,
+                    problem=problem,
+                )
         try:
             routes = reload_routes(self.config)
             if self.durable is None and any(route.durable for route in routes):
@@ -268,6 +303,16 @@ class GatewayService(MultiService):
             feed.refresh()
         self._log.info("reload: {count} route(s) in effect", count=len(routes))
         return True
+
+    def _reload_secrets(self) -> None:
+        try:
+            secrets = reload_secrets(self.config)
+        except ConfigError as exc:
+            self._log.error("reload: keeping the old secrets:\n{problems}", problems=exc)
+            return
+        if secrets is not None:
+            self.config.secrets.update(secrets)
+            self._log.info("reload: secrets re-read from {path}", path=self.config.secrets_path)
 
     def _destinations(self) -> Mapping[str, IDestination]:
         return {name: endpoint.destination for name, endpoint in self.endpoints.items()}
@@ -337,7 +382,7 @@ def _frontend_listener(
         name=config.name,
         settings=config.settings,
         backend=clientFromString(gateway.reactor, config.settings.backend),
-        secrets=gateway.config.secrets.frontends.get(config.name, {}),
+        secrets=gateway.config.secrets,
         clock=gateway.reactor,
         metrics=gateway.metrics,
     )
@@ -406,6 +451,7 @@ def _mtl_listener(
         reactor=gateway.reactor,
         metrics=gateway.metrics,
     )
+    server.authorization = config.authorization
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 
@@ -567,6 +613,8 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         if isinstance(factory, ListenerFactory):
             factory.max_connections = listener.max_connections
+            factory.max_connections_per_identity = listener.max_connections_per_identity
+            factory.authorization = listener.authorization
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

@@ -61,6 +61,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, ParamSpec, TypeVar
@@ -75,6 +76,7 @@ from OpenSSL import SSL, crypto
 from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IAcceptableCiphers,
+    IOpenSSLContextFactory,
     IReactorCore,
     IReactorSSL,
     ISSLTransport,
@@ -92,6 +94,7 @@ __all__ = [
     "MINIMUM_TLS_VERSIONS",
     "VERIFY_MODES",
     "MTLSServerParser",
+    "ReloadableServerTLS",
     "client_endpoint_at",
     "external_identity",
     "parse_mtls_server",
@@ -238,9 +241,81 @@ def parse_mtls_server(
     assert backlog_size is not None
     assert address is not None
     assert options is not None
-    return SSL4ServerEndpoint(
-        reactor, port_number, options, backlog=backlog_size, interface=address
+    material = ReloadableServerTLS(
+        options,
+        {
+            "cert_key": cert_key,
+            "private_key": private_key,
+            "extra_cert_chain": extra_cert_chain,
+            "ca_certs": ca_certs,
+            "verify": verify,
+            "minimum_tls": minimum_tls,
+            "ciphers": ciphers,
+        },
+        f"mtls:{port_number} ({cert_key or private_key})",
     )
+    return SSL4ServerEndpoint(
+        reactor,
+        port_number,
+        material,
+        backlog=backlog_size,
+        interface=address,
+    )
+
+
+@implementer(IOpenSSLContextFactory)
+class ReloadableServerTLS:
+    """A listener's TLS material, which SIGHUP can replace (`reload_server_tls`).
+
+    Twisted asks it for an OpenSSL context for every connection it accepts,
+    so a connection made after a reload gets the new certificate, key and
+    client CAs, while established connections keep the context they were
+    made with: nothing is dropped. A reload that fails (a missing file, a
+    key that does not match) keeps the old material.
+
+    Args:
+        options: The material in effect.
+        settings: The `server_tls_options` arguments that built it.
+        where: How logs name the listener (its endpoint kind and port).
+    """
+
+    def __init__(self, options: CertificateOptions, settings: dict[str, object], where: str):
+        self.options = options
+        self.settings = settings
+        self.where = where
+        _RELOADABLE.add(self)
+
+    def getContext(self) -> SSL.Context:  # noqa: N802 (Twisted's name)
+        """The OpenSSL context for a new connection: the current material's."""
+        return self.options.getContext()
+
+    def __getattr__(self, name: str) -> object:
+        """Everything else is the current material's (its verify mode, CAs, ...)."""
+        return getattr(self.options, name)
+
+    def reload(self) -> None:
+        """Read the files again and use them for new connections.
+
+        Raises:
+            ValueError: Every problem found; the old material stays.
+        """
+        self.options = server_tls_options(**self.settings)  # type: ignore[arg-type]
+
+
+_RELOADABLE: Final[weakref.WeakSet[ReloadableServerTLS]] = weakref.WeakSet()
+
+
+def reload_server_tls() -> list[tuple[str, str | None]]:
+    """Reload the material of every ``mtls:`` listener; ``(listener, problem or None)``."""
+    results: list[tuple[str, str | None]] = []
+    for material in list(_RELOADABLE):
+        try:
+            material.reload()
+        except ValueError as exc:
+            results.append((material.where, str(exc)))
+        else:
+            results.append((material.where, None))
+    return results
 
 
 def server_tls_options(

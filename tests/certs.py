@@ -147,23 +147,25 @@ def make_ca(common_name: str) -> CertifiedKey:
     return CertifiedKey(certificate=certificate, key=key)
 
 
-def issue_server_certificate(ca: CertifiedKey, common_name: str = "localhost") -> CertifiedKey:
-    """Issue a TLS server certificate for the loopback host.
+def issue_server_certificate(
+    ca: CertifiedKey, common_name: str = "localhost", dns_names: Iterable[str] = ("localhost",)
+) -> CertifiedKey:
+    """Issue a TLS server certificate, by default for the loopback host.
 
     Args:
         ca: The CA that signs it.
         common_name: The subject Common Name.
+        dns_names: Its SAN DNS names; with ``localhost`` it also names IP
+            ``127.0.0.1`` (another list makes a wrong-hostname certificate).
 
     Returns:
-        A certificate with SAN DNS ``localhost`` and IP ``127.0.0.1`` and
-        extended key usage ``serverAuth``, and its key.
+        A certificate with those SANs and extended key usage ``serverAuth``,
+        and its key.
     """
-    return _issue(
-        ca,
-        common_name,
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-        ExtendedKeyUsageOID.SERVER_AUTH,
-    )
+    names: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    if "localhost" in dns_names:
+        names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    return _issue(ca, common_name, names, ExtendedKeyUsageOID.SERVER_AUTH)
 
 
 def issue_client_certificate(
@@ -174,6 +176,7 @@ def issue_client_certificate(
     emails: Iterable[str] = (),
     uris: Iterable[str] = (),
     ip_addresses: Iterable[str] = (),
+    validity: tuple[datetime.datetime, datetime.datetime] | None = None,
 ) -> CertifiedKey:
     """Issue a TLS client certificate.
 
@@ -184,6 +187,8 @@ def issue_client_certificate(
         emails: Subject Alternative Names of type RFC 822 (e-mail).
         uris: Subject Alternative Names of type URI.
         ip_addresses: Subject Alternative Names of type IP address (text form).
+        validity: Not before and not after (default: from an hour ago for a year);
+            for expired and not-yet-valid certificates.
 
     Returns:
         A certificate with extended key usage ``clientAuth``, and its key.
@@ -195,7 +200,7 @@ def issue_client_certificate(
         *(x509.UniformResourceIdentifier(uri) for uri in uris),
         *(x509.IPAddress(ipaddress.ip_address(address)) for address in ip_addresses),
     ]
-    return _issue(ca, common_name, names, ExtendedKeyUsageOID.CLIENT_AUTH)
+    return _issue(ca, common_name, names, ExtendedKeyUsageOID.CLIENT_AUTH, validity)
 
 
 def write_pem(directory: Path, name: str, certified: CertifiedKey) -> tuple[Path, Path]:
@@ -275,17 +280,21 @@ def _name(common_name: str | None) -> x509.Name:
 
 
 def _builder(
-    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    validity: tuple[datetime.datetime, datetime.datetime] | None = None,
 ) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
+    start, end = validity or (now - VALID_BEFORE_NOW, now + VALID_AFTER_NOW)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - VALID_BEFORE_NOW)
-        .not_valid_after(now + VALID_AFTER_NOW)
+        .not_valid_before(start)
+        .not_valid_after(end)
     )
 
 
@@ -294,10 +303,11 @@ def _issue(
     common_name: str | None,
     alternative_names: list[x509.GeneralName],
     usage: x509.ObjectIdentifier,
+    validity: tuple[datetime.datetime, datetime.datetime] | None = None,
 ) -> CertifiedKey:
     key = _new_key()
     builder = (
-        _builder(_name(common_name), ca.certificate.subject, key)
+        _builder(_name(common_name), ca.certificate.subject, key, validity)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)

@@ -908,3 +908,19 @@ def test_listener_max_connections(tmp_path: Path) -> None:
     assert load_config(main).listeners[0].max_connections == 10
     main = _write(tmp_path / "gateway.toml", HUB + "max_connections = 0\n")
     _only_problem(main, "listeners.hub.max_connections", "at least 1")
+
+
+def test_max_connections_per_identity(tmp_path: Path) -> None:
+    """The per-identity limit is read; negative numbers are refused."""
+    config = load_config(
+        _write(
+            tmp_path / "gateway.toml",
+            HUB.replace('protocol = "ssmp"', 'protocol = "ssmp"\nmax_connections_per_identity = 3'),
+        )
+    )
+    assert config.listeners[0].max_connections_per_identity == 3
+    bad = _write(
+        tmp_path / "bad.toml",
+        HUB.replace('protocol = "ssmp"', 'protocol = "ssmp"\nmax_connections_per_identity = -1'),
+    )
+    _only_problem(bad, "listeners.hub.max_connections_per_identity")

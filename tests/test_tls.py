@@ -52,7 +52,13 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from gateway.tls import MTLSServerParser, client_endpoint_at, parse_mtls_server, peer_identities
+from gateway.tls import (
+    MTLSServerParser,
+    ReloadableServerTLS,
+    client_endpoint_at,
+    parse_mtls_server,
+    peer_identities,
+)
 from tests.certs import (
     ALICE_IDENTITIES,
     CertifiedKey,
@@ -146,7 +152,8 @@ def test_defaults_without_ca(pki: Pki) -> None:
     """Without caCerts: loopback, backlog 50, no client certificate asked for."""
     port, _, options, backlog, interface = _memory_listen(f"mtls:8788:{_server_params(pki)}")
     assert (port, backlog, interface) == (8788, 50, "127.0.0.1")
-    assert isinstance(options, CertificateOptions)
+    assert isinstance(options, ReloadableServerTLS)  # the material SIGHUP can replace
+    assert isinstance(options.options, CertificateOptions)
     assert options.verify is False
 
 

@@ -31,9 +31,14 @@ def _frozen_tables(
     return MappingProxyType({name: _frozen(table) for name, table in value.items()})
 
 
-@attrs.frozen
+@attrs.define
 class Secrets:
     """The contents of the secrets file.
+
+    Every listener and upstream holds the gateway's one `Secrets`; `update`
+    swaps its contents when SIGHUP re-reads the file, so logins after a
+    reload are checked against the new secrets (sessions already logged in
+    stay).
 
     Attributes:
         logins: Identity to secret, for peers logging in to our listeners.
@@ -66,6 +71,12 @@ class Secrets:
             hmac.compare_digest(secret, secret)
             return False
         return hmac.compare_digest(expected, secret)
+
+    def update(self, other: Secrets) -> None:
+        """Take another secrets file's contents (a reload)."""
+        self.logins = other.logins
+        self.upstreams = other.upstreams
+        self.frontends = other.frontends
 
     def credential_for(self, upstream: str) -> bytes | None:
         """Return the secret the gateway presents to an upstream, if any."""

@@ -23,6 +23,7 @@ from zope.interface import implementer
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome
+from gateway.core.outcomes import OutcomeRecorder
 from gateway.core.router import Route
 
 __all__ = ["DurableDelivery", "DurableRoutes", "route_stream_name"]
@@ -98,6 +99,8 @@ class DurableRoutes:
         self._dead_letter = dead_letter
         self.forwarders: dict[str, LogForwarder] = {}
         self._running = False
+        self.recorder: OutcomeRecorder | None = None
+        """Told what each forwarder settles (the outcome record), when set."""
 
     def _stream(self, name: str) -> object:
         stream = self._store.get(name)
@@ -117,6 +120,7 @@ class DurableRoutes:
             dead_letter=self._dead_letter(route.dead_letter, route.name),
             clock=self._clock,
             settings=ForwarderSettings(max_attempts=route.max_attempts),
+            on_settled=None if self.recorder is None else self.recorder.forwarded(route.name),
         )
         self.forwarders[route.name] = forwarder
         if self._running:

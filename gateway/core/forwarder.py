@@ -76,6 +76,8 @@ class LogForwarder:
             last outcome; fires once it is stored.
         clock: For retry delays.
         settings: Retry settings.
+        on_settled: Told of each message delivered (``False``) or
+            dead-lettered (``True``), with its outcome: the outcome record.
     """
 
     _log = Logger()
@@ -90,8 +92,10 @@ class LogForwarder:
         dead_letter: Callable[[Message, Outcome], Deferred[object]],
         clock: IReactorTime,
         settings: ForwarderSettings = ForwarderSettings(),
+        on_settled: Callable[[Message, Outcome, bool], None] | None = None,
     ) -> None:
         self.reference = reference
+        self._on_settled = on_settled
         self.stream = stream
         self._deliver = deliver
         self._to_message = to_message
@@ -227,6 +231,8 @@ class LogForwarder:
             assert outcome is not None
             if outcome.status is Status.ACCEPTED:
                 self.delivered += 1
+                if self._on_settled is not None:
+                    self._on_settled(item.message, outcome, False)
             elif outcome.status is Status.REJECTED and item.attempts >= settings.max_attempts:
                 self.dead_lettered += 1
                 self._log.warn(
@@ -238,6 +244,8 @@ class LogForwarder:
                     reason=outcome.reason,
                 )
                 dead.append(self._dead_letter(item.message, outcome))
+                if self._on_settled is not None:
+                    self._on_settled(item.message, outcome, True)
             else:
                 again.append(item)
         if not again:

@@ -24,6 +24,7 @@ from zope.interface import implementer
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
+from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.transforms import ENVELOPE_TRANSFORMS, TransformError, transform
 from gateway.metrics import GatewayMetrics, RouteStats
 
@@ -244,6 +245,8 @@ class Router:
         self._clock = clock
         self._metrics = metrics
         self._watches: dict[BoundRoute, _Deadlines] = {}
+        self.recorder: OutcomeRecorder | None = None
+        """Keeps each message's route, source, times and outcome (issue 9), when set."""
 
     def replace_table(self, table: RouteTable) -> None:
         """Use a new route table for messages dispatched from now on."""
@@ -279,7 +282,7 @@ class Router:
             if len(matches) == 1:  # the common case, kept short
                 bound, captures = matches[0]
                 destination = bound.route.destination_address(message.address, captures)
-                return self._deliver(bound, message, [destination])
+                return self._deliver(bound, message, [destination], source)
             plan = {
                 bound: [bound.route.destination_address(message.address, captures)]
                 for bound, captures in matches
@@ -297,14 +300,16 @@ class Router:
                     )
             if unrouted:
                 return Unrouted(tuple(unrouted))
-        results = [self._deliver(bound, message, addresses) for bound, addresses in plan.items()]
+        results = [
+            self._deliver(bound, message, addresses, source) for bound, addresses in plan.items()
+        ]
         if len(results) == 1:
             return results[0]
         combined: Deferred[list[Outcome]] = gatherResults(results)
         return combined.addCallback(worst)
 
     def _deliver(
-        self, bound: BoundRoute, message: Message, addresses: list[str]
+        self, bound: BoundRoute, message: Message, addresses: list[str], source: str
     ) -> Deferred[Outcome]:
         route = bound.route
         try:
@@ -318,13 +323,17 @@ class Router:
             stats.bytes += len(message.body)
             stats.in_flight += 1
         d = bound.delivery.deliver(translated)
-        if stats is None:
+        recorder = self.recorder
+        if stats is None and recorder is None:
             return d if d.called else self._deadlines(bound).watch(d)
 
         def finished(outcome: Outcome) -> Outcome:
-            stats.in_flight -= 1
-            stats.outcomes[outcome.status.value] += 1
-            stats.observe_latency(self._clock.seconds() - started)
+            if stats is not None:
+                stats.in_flight -= 1
+                stats.outcomes[outcome.status.value] += 1
+                stats.observe_latency(self._clock.seconds() - started)
+            if recorder is not None:
+                recorder.record(KIND_ROUTE, route.name, source, translated, started, outcome)
             return outcome
 
         if d.called:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from twisted.internet.protocol import Factory, Protocol
 
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
@@ -43,10 +44,16 @@ class ListenerFactory(Factory, Generic[P]):
     noisy = False  # the service logs one "ready" line for every listener
     max_connections = DEFAULT_MAX_CONNECTIONS
     """Open connections at most; the assembly sets it from the listener's config."""
+    authorization: Authorization = UNRESTRICTED
+    """Who may publish and consume what; the assembly sets it from ``authorize``."""
+    max_connections_per_identity = 0
+    """Open connections one authenticated identity may hold (0: no limit)."""
 
     def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
         self.name = name
         self.connections: set[P] = set()
+        self._by_identity: dict[str, int] = {}
+        self._identity_of: dict[P, str] = {}
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         if metrics is not None:
@@ -69,11 +76,69 @@ class ListenerFactory(Factory, Generic[P]):
             self._m_open.inc()
             self._m_opened.inc()
 
+    def admit(self, connection: P, identity: str | None) -> bool:
+        """Count a connection under the identity it authenticated as, within the limit.
+
+        Returns:
+            False when the identity already holds ``max_connections_per_identity``
+            connections here (counted as ``too-many-connections-per-identity``);
+            the caller refuses the login the way its protocol prescribes.
+            True for connections without an identity: only authenticated
+            names are limited.
+        """
+        if identity is None or connection in self._identity_of:
+            return True
+        held = self._by_identity.get(identity, 0)
+        limit = self.max_connections_per_identity
+        if limit and held >= limit:
+            self.count_error("too-many-connections-per-identity")
+            return False
+        self._by_identity[identity] = held + 1
+        self._identity_of[connection] = identity
+        return True
+
+    def per_identity_refusal(self, identity: str) -> str:
+        """Why `admit` said no, for logs and for the protocols that can say why."""
+        return (
+            f"{identity} already has {self.max_connections_per_identity} connection(s) to"
+            f" {self.name} (max_connections_per_identity)"
+        )
+
     def connection_closed(self, connection: P) -> None:
         """Count a closed connection."""
         self.connections.discard(connection)
+        self.release(connection)
+
+    def release(self, connection: P) -> None:
+        """No longer count a connection under its identity (closed, or being replaced)."""
+        identity = self._identity_of.pop(connection, None)
+        if identity is not None:
+            left = self._by_identity[identity] - 1
+            if left:
+                self._by_identity[identity] = left
+            else:
+                del self._by_identity[identity]
         if self._metrics is not None:
             self._m_open.dec()
+
+    def authorized(
+        self, action: Action, identity: str | None, address: str, peer: object = None
+    ) -> bool:
+        """Whether ``identity`` may publish to or consume from ``address`` here.
+
+        A refusal is counted (protocol error kind ``forbidden-publish`` or
+        ``forbidden-consume``) and logged; the caller answers the peer the
+        way its protocol prescribes.
+        """
+        return check(
+            self.authorization,
+            action,
+            identity,
+            address,
+            listener=self.name,
+            count_error=self.count_error,
+            peer=peer,
+        )
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error of some kind."""

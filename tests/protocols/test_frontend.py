@@ -16,6 +16,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from gateway.codecs import qmqp
+from gateway.core.auth import Secrets
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.frontend.server import (
     MAX_EARLY_BYTES,
@@ -51,7 +52,7 @@ class Link:
             name="front",
             settings=settings,
             backend=clientFromString(self.reactor, settings.backend),
-            secrets=SECRETS if secrets is None else secrets,
+            secrets=Secrets(frontends={"front": SECRETS if secrets is None else secrets}),
             clock=self.reactor,
             metrics=metrics,
         )
@@ -339,3 +340,12 @@ def test_a_backend_refusal_of_the_login_becomes_401_cert() -> None:
     assert link.client.value() == b"401 cert\n"
     errors = {"endpoint": "front", "kind": "backend-refused-login"}
     assert metrics.registry.get_sample_value("msggateway_protocol_errors_total", errors) == 1.0
+
+
+def test_backend_secrets_follow_a_reload() -> None:
+    """After the secrets file is reloaded (SIGHUP), new logins present the new secret."""
+    link = Link("ssmp")
+    link.factory.secrets.update(Secrets(frontends={"front": {"*": b"reloaded"}}))
+    link.handshake()
+    link.front.dataReceived(b"LOGIN alice cert\n")
+    assert link.accept().value() == b"LOGIN alice secret reloaded\n"

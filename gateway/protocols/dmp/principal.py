@@ -44,6 +44,7 @@ from twisted.logger import Logger
 
 from gateway.codecs import amqp091
 from gateway.codecs.amqp091 import Method
+from gateway.core.authorization import Action
 from gateway.protocols.dmp.settings import LeaseGrant
 
 if TYPE_CHECKING:
@@ -239,9 +240,18 @@ class PrincipalConnection:
             factory.count_error("feed-busy")
             self._close_channel(method, RESOURCE_LOCKED, f"feed {target!r} already has a reader")
             return
+        action = Action.PUBLISH if kind == "sink" else Action.CONSUME
+        if not factory.authorized(action, self._identity, target):
+            self._close_channel(
+                method, ACCESS_REFUSED, f"{self._identity} may not {action.value} {target!r}"
+            )
+            return
         text = random_texts.token_urlsafe(24)
         expires = factory.clock.seconds() + settings.principal_lease_seconds
-        factory.granted[text] = LeaseGrant(kind=kind, target=target, expires=expires)
+        # The lease is the principal's: a DMP connection using it acts as that identity.
+        factory.granted[text] = LeaseGrant(
+            kind=kind, target=target, expires=expires, identity=self._identity, certified=False
+        )
         factory.forget_expired_leases()
         self._log.info(
             "{listener}: lease for {kind} {target} granted to {identity}",

@@ -8,6 +8,15 @@ API: unknown or expired is ``402 BAD-LEASE``, a sink or feed that is not
 configured ``404 NOT-FOUND``, a feed that already has its reader ``403
 NO-ACCESS``; each then closes. ``200`` opens the connection.
 
+Identity: a lease may be bound to an identity (``identity`` in the config;
+leases a principal connection gets are bound to its login). On an ``mtls:``
+listener the verified client certificate names the connection; a lease
+bound to an identity the certificate does not name, or a config lease bound
+to an identity and used without a certificate, is ``402 BAD-LEASE`` ("not
+valid for this client"). A listener's ``authorize`` table is then checked:
+opening a sink needs the right to publish to it, a feed the right to consume
+from it; otherwise ``403 NO-ACCESS`` and a close.
+
 Sinks (many writers): every envelope is routed from the listener (see
 `gateway.protocols.dmp.mapping` for its address and headers). DMP has no
 acknowledgement, so outcomes other than accepted are logged and counted; a
@@ -40,6 +49,7 @@ from zope.interface import implementer
 
 from gateway.codecs import amqp091, dmp
 from gateway.core.auth import Secrets
+from gateway.core.authorization import Action
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -50,6 +60,7 @@ from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.tcp import disable_nagle
+from gateway.tls import external_identity, peer_identities
 
 __all__ = ["DMPServerFactory", "DMPServerProtocol"]
 
@@ -70,6 +81,7 @@ class DMPServerProtocol(Protocol):
             dmp.Role.SERVER, max_envelope_bytes=factory.settings.max_envelope_bytes
         )
         self.kind: str | None = None  # "sink" or "feed" once opened
+        self.identity: str | None = None  # from the certificate or the lease, once opened
         self.target = ""
         self._closing = False
         self._timer: IDelayedCall | None = None
@@ -217,6 +229,25 @@ class DMPServerProtocol(Protocol):
                 dmp.Response(404, f"no {grant.kind} named {grant.target!r}"),
             )
             return
+        identity, why = self._identity_for(grant)
+        if why is not None:
+            factory.count_error("bad-lease")
+            self._close(why, dmp.Response(402, "lease not valid for this client"))
+            return
+        action = Action.PUBLISH if grant.kind == "sink" else Action.CONSUME
+        if not factory.authorized(action, identity, grant.target, self._peer()):
+            self._close(
+                f"{identity or 'a client without an identity'} may not {action.value}"
+                f" {grant.kind} {grant.target!r}",
+                dmp.Response(403, f"not allowed to {action.value} {grant.target!r}"),
+            )
+            return
+        if not factory.admit(self, identity):
+            assert identity is not None
+            why = factory.per_identity_refusal(identity)
+            self._close(why, dmp.Response(403, "too many connections for this identity"))
+            return
+        self.identity = identity
         if grant.kind == "feed" and grant.target in factory.readers:
             factory.count_error("feed-busy")
             self._close(
@@ -241,6 +272,30 @@ class DMPServerProtocol(Protocol):
                 dmp.encode_response(dmp.Response(200, f'Ready to write to "{self.target}"'))
             )
             self._schedule(factory.settings.idle_timeout_seconds, self._check_idle)
+
+    def _peer(self) -> object:
+        return self.transport.getPeer() if self.transport is not None else None
+
+    def _identity_for(self, grant: LeaseGrant) -> tuple[str | None, str | None]:
+        """The identity this connection acts as with ``grant``, or why the lease is not its own.
+
+        A verified client certificate (on an ``mtls:`` listener) names the
+        connection; a lease bound to an identity must be used by that
+        identity: its certificate must name it, and a lease of the config
+        (``certified``) needs such a certificate.
+
+        Returns:
+            The identity (None: none known), and None or the reason for 402.
+        """
+        names = peer_identities(self.transport)
+        bound = grant.identity
+        if bound is None:
+            return external_identity(self.transport), None
+        if bound in names or (not names and not grant.certified):
+            return bound, None
+        if not names:
+            return None, f"the lease is bound to {bound!r}: present its client certificate"
+        return None, f"the lease is bound to {bound!r}, the certificate names {sorted(names)}"
 
     # --- sinks ---------------------------------------------------------------------------
 

@@ -27,12 +27,20 @@ class LeaseGrant:
         text: The lease text itself, when written in the main config (the
             embedded loopback default does); else it is the secret of the
             lease's name in the secrets file.
+        identity: The identity the lease is bound to (None: anyone holding
+            it). A DMP connection using it is that identity.
+        certified: Whether the connection must prove ``identity`` with a
+            verified client certificate naming it (leases of the config);
+            leases a principal connection got for its authenticated identity
+            need no certificate, but one naming someone else is refused.
     """
 
     kind: str
     target: str
     expires: float | None = None
     text: bytes | None = None
+    identity: str | None = None
+    certified: bool = True
 
 
 def _frozen(value: Mapping[str, LeaseGrant]) -> Mapping[str, LeaseGrant]:

@@ -48,7 +48,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.codecs import qmqp, ssmp
-from gateway.core.auth import ANY_IDENTITY
+from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.frontend.settings import FrontendSettings
 from gateway.protocols.listener import ListenerFactory
@@ -240,7 +240,8 @@ class FrontendServerProtocol(Protocol):
             why = f"certificate names {sorted(names)} do not include {identity!r}"
             self._refuse_ssmp(SSMP_CERT_ONLY, "login-refused", why)
             return
-        secret = backend_secret(self.factory.secrets, identity, names)
+        table = self.factory.secrets.frontends.get(self.factory.name, {})
+        secret = backend_secret(table, identity, names)
         if secret is None:
             why = f"no backend secret for {identity!r} in [frontends.{self.factory.name}]"
             self._refuse_ssmp(SSMP_CERT_ONLY, "no-backend-secret", why)
@@ -437,8 +438,9 @@ class FrontendServerFactory(ListenerFactory[FrontendServerProtocol]):
         name: The listener's name.
         settings: What it speaks and where the backend is.
         backend: The backend's client endpoint.
-        secrets: Certificate name to the secret an SSMP login presents to
-            the backend (the secrets file's ``[frontends.<name>]``).
+        secrets: The gateway's secrets (reloaded on SIGHUP); an SSMP login
+            presents the backend the secret its ``[frontends.<name>]`` table
+            holds for the certificate name.
         clock: Time-outs.
         metrics: Counters, or None.
     """
@@ -452,7 +454,7 @@ class FrontendServerFactory(ListenerFactory[FrontendServerProtocol]):
         name: str,
         settings: FrontendSettings,
         backend: IStreamClientEndpoint,
-        secrets: Mapping[str, bytes],
+        secrets: Secrets,
         clock: IReactorTime,
         metrics: GatewayMetrics | None,
     ) -> None:

@@ -62,6 +62,7 @@ from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY, Secrets
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
@@ -81,6 +82,8 @@ class _Session:
     opened: bool = False
     identity: str | None = None
     secret: bytes | None = None
+    external: bool = False
+    """Logged in with EXTERNAL: the identity is the ZAP User-Id of its CURVE key."""
     profile: str | None = None
     scram: scram.ScramServer | None = None
 
@@ -93,6 +96,8 @@ class _Lease:
     kind: str  # "reader" or "writer"
     resources: tuple[str, ...]
     confirm: str
+    identity: str | None = None
+    """The session's authenticated identity when the lease was granted."""
 
 
 @attrs.define(eq=False)
@@ -159,6 +164,8 @@ class MTLServer:
         self._data: Any = None
         self._zmq: Any = None
         self._timer: IDelayedCall | None = None
+        self.authorization: Authorization = UNRESTRICTED
+        """Who may write and read which resources; the assembly sets it from ``authorize``."""
 
     # --- life --------------------------------------------------------------------------
 
@@ -177,8 +184,12 @@ class MTLServer:
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
         policy = ZAPPolicy.from_settings(
-            self.settings.allow_addresses, self.settings.curve_client_keys
+            self.settings.allow_addresses,
+            self.settings.curve_client_keys,
+            self.settings.curve_identities,
         )
+        if self.settings.curve_identities:
+            self._control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
         if policy.needed:
             # Bound before the sockets, so that no peer gets in unasked.
             self._zap = ZAPHandler(
@@ -275,6 +286,7 @@ class MTLServer:
             return self._authorize(session, body)
         if self.settings.require_auth and not self._still_valid(session):
             session.identity = session.secret = None
+            session.external = False
             return 401, self._unauthorized()
         if command == "connection.profile":
             profile = str(body.get("profile", "")).lower()
@@ -295,6 +307,8 @@ class MTLServer:
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
 
     def _still_valid(self, session: _Session) -> bool:
+        if session.external:
+            return session.identity is not None and session.identity == self._user_id()
         if session.identity is None or session.secret is None:
             return False
         return self.secrets.verify(session.identity, session.secret)
@@ -319,6 +333,8 @@ class MTLServer:
             return _bad("the response is not base64")
         if mechanism == scram.MECHANISM:
             return self._scram(session, exchange, raw)
+        if mechanism == "EXTERNAL":
+            return self._external(session, raw)
         if not raw:
             return 402, {"status": "Challenged", "mechanism": "PLAIN", "challenge": ""}
         parts = raw.split(b"\0")
@@ -330,6 +346,32 @@ class MTLServer:
             return 401, self._unauthorized()
         session.identity, session.secret = user, password
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _external(self, session: _Session, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """SASL EXTERNAL (RFC 4422 appendix A): the identity the CURVE key was let in as.
+
+        The ZAP handler names the holders of the keys in ``curve_identities``
+        (the User-Id libzmq attaches to each message). The response is the
+        authorization identity: empty for that identity, or that identity
+        itself; anything else, or a key without an identity, is ``401``.
+        """
+        user_id = self._user_id()
+        requested = raw.decode("utf-8", "replace")
+        if user_id is None or (requested and requested != user_id):
+            self.count_error("unauthorized")
+            reason = (
+                "EXTERNAL: this CURVE key has no identity here"
+                if user_id is None
+                else f"EXTERNAL: this CURVE key is not {requested!r}"
+            )
+            return 401, self._unauthorized(reason)
+        session.identity, session.secret, session.external = user_id, None, True
+        return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}
+
+    def _user_id(self) -> str | None:
+        control = self._control
+        user_id = getattr(control, "user_id", None)
+        return user_id if isinstance(user_id, str) and user_id else None
 
     def _scram(
         self, session: _Session, exchange: scram.ScramServer | None, raw: bytes
@@ -386,8 +428,18 @@ class MTLServer:
             if any(resource != TEST_RESOURCE for resource in resources):
                 return _bad(f'the test profile has one resource, "{TEST_RESOURCE}"')
             resources = [TEST_RESOURCE]
+        action = Action.PUBLISH if kind == "writer" else Action.CONSUME
+        for resource in resources:
+            if not self._authorized(action, session.identity, resource):
+                return 403, {
+                    "status": "Forbidden",
+                    "reason": f"{session.identity or 'an unauthenticated client'} may not"
+                    f" {action.value} {resource!r}",
+                }
         lease = random_texts.token_urlsafe(18)
-        self._leases[lease] = _Lease(session.profile, kind, tuple(resources), confirm)
+        self._leases[lease] = _Lease(
+            session.profile, kind, tuple(resources), confirm, session.identity
+        )
         if len(self._leases) > self.settings.max_leases:
             # Data peers keep the leases they presented; the oldest token no longer works.
             self._leases.popitem(last=False)
@@ -432,6 +484,15 @@ class MTLServer:
         allowed = lease.kind == "reader" and (
             not lease.resources or command.resource in lease.resources
         )
+        if (
+            allowed
+            and isinstance(command, mtl.Summon)
+            and self.authorization.restricted
+            and not lease.resources  # a lease for "any and all": checked resource by resource
+            and not self._authorized(Action.CONSUME, lease.identity, command.resource)
+        ):
+            self._send(peer, mtl.Response(command.sequence, 403))
+            return
         if isinstance(command, mtl.Summon):
             ok = allowed and command.resource not in peer.summoned
             if ok:
@@ -454,6 +515,13 @@ class MTLServer:
             # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
             # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
+            self._send(peer, mtl.Reject(content.sequence, False, False))
+            return
+        if (
+            self.authorization.restricted
+            and not lease.resources
+            and not self._authorized(Action.PUBLISH, lease.identity, resource)
+        ):  # a lease for "any and all" resources: checked content by content
             self._send(peer, mtl.Reject(content.sequence, False, False))
             return
         if lease.profile == "test":
@@ -554,6 +622,16 @@ class MTLServer:
         self.traffic.messages_out += 1
         sent: bool = self._data.send([peer.identity, *mtl.encode_data(command)])
         return sent
+
+    def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
+        return check(
+            self.authorization,
+            action,
+            identity,
+            resource,
+            listener=self.name,
+            count_error=self.count_error,
+        )
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error."""

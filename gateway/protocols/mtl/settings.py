@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import attrs
 
 __all__ = [
+    "LISTENER_MECHANISMS",
     "MECHANISMS",
     "PROFILES",
     "MTLListenerSettings",
@@ -56,7 +58,9 @@ PROFILES = frozenset({"test", "gateway"})
 """The profiles an MTL listener can offer."""
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256")
-"""The SASL mechanisms an MTL listener can offer."""
+"""The SASL mechanisms an MTL upstream can use, and a listener offer."""
+LISTENER_MECHANISMS = (*MECHANISMS, "EXTERNAL")
+"""A listener can offer EXTERNAL as well: the identity of the client's CURVE key."""
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +82,8 @@ class MTLListenerSettings:
             plaintext.
         curve_client_keys: CURVE public keys (Z85) of the clients let in,
             on a CURVE listener; empty: any client key.
+        curve_identities: Identity to CURVE public key (Z85): these clients
+            are let in too, and SASL EXTERNAL logs them in as that identity.
         allow_addresses: Networks (``127.0.0.1/32``, ``10.0.0.0/8``, IPv6
             too) a peer's address must be in; empty: any. Enforced for both
             sockets by a ZAP handler, before a peer's first message.
@@ -97,6 +103,7 @@ class MTLListenerSettings:
     mechanisms: tuple[str, ...] = ("PLAIN",)
     curve_secret_key: bytes | None = attrs.field(default=None, repr=False)
     curve_client_keys: tuple[bytes, ...] = ()
+    curve_identities: Mapping[str, bytes] = attrs.field(factory=dict)
     allow_addresses: tuple[str, ...] = ()
     max_sessions: int = 10_000
     max_leases: int = 10_000

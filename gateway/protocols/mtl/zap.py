@@ -5,14 +5,17 @@ libzmq asks the context's ZAP handler (a socket bound at
 domain, before any of its messages reach us. The listener answers from two
 lists in its settings: ``allow_addresses`` (networks a peer's IP address
 must be in) and ``curve_client_keys`` (CURVE public keys a peer must hold,
-on a CURVE listener). An empty list allows all. The decision is the pure
-function `zap_reply`; `ZAPHandler` only puts it on a socket.
+on a CURVE listener). An empty list allows all. Keys named in
+``curve_identities`` are let in too, and the reply's User-Id is their
+identity: libzmq then attaches it to each of the peer's messages, which is
+what SASL EXTERNAL logs in with. The decision is the pure function
+`zap_reply`; `ZAPHandler` only puts it on a socket.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -40,22 +43,31 @@ class ZAPPolicy:
         networks: A peer's address must be in one of them; empty: any address.
         curve_keys: Raw 32-byte CURVE public keys a peer must hold; empty:
             any key (CURVE still encrypts and proves the server's identity).
+        user_ids: Raw CURVE public key to the identity (ZAP User-Id) of
+            the peer holding it; these keys are let in as well.
     """
 
     networks: tuple[Network, ...] = ()
     curve_keys: frozenset[bytes] = frozenset()
+    user_ids: Mapping[bytes, str] = attrs.field(factory=dict)
 
     @classmethod
-    def from_settings(cls, addresses: Iterable[str], z85_keys: Iterable[bytes]) -> ZAPPolicy:
-        """Build a policy from validated settings (network texts, Z85 keys)."""
+    def from_settings(
+        cls,
+        addresses: Iterable[str],
+        z85_keys: Iterable[bytes],
+        identities: Mapping[str, bytes] | None = None,
+    ) -> ZAPPolicy:
+        """Build a policy from validated settings (network texts, Z85 keys, identity to key)."""
         from zmq.utils import z85
 
-        return cls(_networks(addresses), frozenset(z85.decode(key) for key in z85_keys))
+        user_ids = {z85.decode(key): name for name, key in (identities or {}).items()}
+        return cls(_networks(addresses), frozenset(z85.decode(key) for key in z85_keys), user_ids)
 
     @property
     def needed(self) -> bool:
         """Whether there is anything to enforce."""
-        return bool(self.networks or self.curve_keys)
+        return bool(self.networks or self.curve_keys or self.user_ids)
 
 
 def zap_reply(request: list[bytes], policy: ZAPPolicy) -> tuple[list[bytes], str | None]:
@@ -73,7 +85,10 @@ def zap_reply(request: list[bytes], policy: ZAPPolicy) -> tuple[list[bytes], str
     refused = _refusal(address, mechanism, credentials, policy)
     if refused is not None:
         return _reply(request_id, b"400", refused), refused
-    return _reply(request_id, b"200", "OK"), None
+    user_id = ""
+    if mechanism == b"CURVE" and credentials:
+        user_id = policy.user_ids.get(credentials[0], "")
+    return _reply(request_id, b"200", "OK", user_id), None
 
 
 def _refusal(
@@ -89,13 +104,13 @@ def _refusal(
     if policy.curve_keys:
         if mechanism != b"CURVE" or not credentials:
             return f"mechanism {mechanism.decode('ascii', 'replace')} where CURVE is required"
-        if credentials[0] not in policy.curve_keys:
+        if credentials[0] not in policy.curve_keys and credentials[0] not in policy.user_ids:
             return "CURVE key not allowed"
     return None
 
 
-def _reply(request_id: bytes, status: bytes, text: str) -> list[bytes]:
-    return [ZAP_VERSION, request_id, status, text.encode(), b"", b""]
+def _reply(request_id: bytes, status: bytes, text: str, user_id: str = "") -> list[bytes]:
+    return [ZAP_VERSION, request_id, status, text.encode(), user_id.encode(), b""]
 
 
 class ZAPHandler:

@@ -39,6 +39,26 @@ def _classes() -> tuple[Any, Any, Any, Any]:
         def messageReceived(self, message: list[bytes]) -> None:  # noqa: N802 (txzmq's name)
             self._on_message(list(message))
 
+        track_user_id = False
+        user_id: str | None = None
+
+        def _readMultipart(self) -> list[bytes]:  # noqa: N802 (txzmq's name)
+            if not self.track_user_id:
+                whole: list[bytes] = super()._readMultipart()
+                return whole
+            # Frames, not bytes, so that the ZAP User-Id of the message can be read.
+            parts: list[bytes] = getattr(self, "recv_parts")  # noqa: B009 (kept across EAGAIN)
+            while True:
+                frame = self.socket.recv(zmq.NOBLOCK, copy=False)
+                parts.append(frame.bytes)
+                if not self.socket.get(zmq.RCVMORE):
+                    try:
+                        self.user_id = frame.get("User-Id") or None
+                    except zmq.ZMQError:  # no ZAP handler: no such property
+                        self.user_id = None
+                    setattr(self, "recv_parts", [])  # noqa: B010 (txzmq's untyped attribute)
+                    return list(parts)
+
     return _Socket, ZmqFactory, ZmqEndpoint, ZmqEndpointType
 
 
@@ -90,6 +110,16 @@ class ZmqSocket:
         except zmq.ZMQError:
             return False
         return True
+
+    def track_user_id(self) -> None:
+        """Read each message's ZAP User-Id (`user_id`); a little slower, for control sockets."""
+        self._connection.track_user_id = True
+
+    @property
+    def user_id(self) -> str | None:
+        """The ZAP User-Id of the message being handled, if the ZAP handler gave one."""
+        user_id: str | None = self._connection.user_id
+        return user_id
 
     def close(self) -> None:
         """Close the socket."""

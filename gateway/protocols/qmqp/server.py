@@ -8,7 +8,14 @@ routes did (DESIGN.md, "Outcomes travel back"):
   durable: committed to the log, when that exists);
 * ``Z`` for a temporary failure (destination down, queue full, time-out);
 * ``D`` for a permanent one (no route for a recipient, rejected, too large,
-  not authenticated).
+  not authenticated, a recipient domain the identity may not send to).
+
+Identity: an ``A`` block with the right secret, or, on an ``mtls:``
+listener, the verified client certificate (its Common Name, or its one
+name), which stands in for the ``A`` block; an ``A`` block on such a
+connection replaces the certificate's identity. A listener's ``authorize``
+table then says which recipient domains (the part after the last ``@``,
+lower case) each identity may send to: publishing is all a QMQP client does.
 
 Replies go out in completion order with the count of messages still pending.
 On the done block the server answers everything outstanding, sends its own
@@ -21,7 +28,13 @@ from __future__ import annotations
 
 from typing import Any, Final, cast
 
-from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    ISSLTransport,
+)
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -29,6 +42,7 @@ from zope.interface import implementer
 
 from gateway.codecs import qmqp
 from gateway.core.auth import Secrets
+from gateway.core.authorization import Action
 from gateway.core.message import Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
@@ -36,6 +50,7 @@ from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.qmqp.mapping import message_from_block, result_for, text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from gateway.protocols.tcp import disable_nagle
+from gateway.tls import external_identity
 
 __all__ = ["QMQPServerFactory", "QMQPServerProtocol"]
 
@@ -56,6 +71,7 @@ class QMQPServerProtocol(Protocol):
             qmqp.Role.SERVER, max_message_bytes=factory.settings.max_message_bytes
         )
         self.identity: str | None = None
+        self._certificate_read = False
         self._outstanding = 0
         self._in_flight = 0
         self._in_flight_bytes = 0
@@ -265,7 +281,14 @@ class QMQPServerProtocol(Protocol):
     def _on_auth(self, block: qmqp.AuthBlock) -> None:
         username = text(block.username)
         success = self.factory.secrets.verify(username, block.password)
-        if success:
+        if success and not self.factory.admit(self, username):
+            success = False
+            self._log.info(
+                "{listener}: {why}",
+                listener=self.factory.name,
+                why=self.factory.per_identity_refusal(username),
+            )
+        elif success:
             self.identity = username
         else:
             self.factory.count_error("unauthorized")
@@ -277,12 +300,58 @@ class QMQPServerProtocol(Protocol):
         # Spec ambiguity: "1" is success, as the prose says (see gateway.codecs.qmqp).
         self._send(qmqp.encode(qmqp.AuthReplyBlock(success=success)))
 
+    def _read_certificate(self) -> None:
+        """Take the identity from a verified client certificate, once, if there is one.
+
+        Called when the first message block arrives: data has come through
+        TLS, so the handshake (and the certificate's verification) is over.
+        """
+        self._certificate_read = True
+        if self.identity is None:
+            identity = external_identity(self.transport)
+            if identity is not None and not self.factory.admit(self, identity):
+                # Over the limit: as if it had no certificate (require_auth then refuses).
+                self._log.info(
+                    "{listener}: {why}",
+                    listener=self.factory.name,
+                    why=self.factory.per_identity_refusal(identity),
+                )
+                identity = None
+            self.identity = identity
+
+    def _forbidden_domain(self, block: qmqp.MessageBlock) -> str | None:
+        """The first recipient domain the identity may not send to, if any."""
+        factory = self.factory
+        for recipient in block.recipients:
+            domain = text(recipient).rpartition("@")[2].lower()
+            if not factory.authorized(Action.PUBLISH, self.identity, domain, self._peer()):
+                return domain
+        return None
+
+    def _peer(self) -> object:
+        return self.transport.getPeer() if self.transport is not None else None
+
     def _on_message(self, block: qmqp.MessageBlock) -> None:
         factory = self.factory
+        if not self._certificate_read:
+            self._read_certificate()
         if factory.settings.require_auth and self.identity is None:
             self.factory.count_error("unauthenticated")
-            self._reply(block.id, qmqp.D, b"authentication required: send an A block first")
+            hint = (
+                b" or present a client certificate" if ISSLTransport(self.transport, None) else b""
+            )
+            self._reply(block.id, qmqp.D, b"authentication required: send an A block first" + hint)
             return
+        if factory.authorization.restricted:
+            domain = self._forbidden_domain(block)
+            if domain is not None:
+                # One reply per message (spec): a refused recipient refuses them all.
+                who = self.identity or "a client without an identity"
+                status, description = result_for(
+                    Outcome.rejected(f"{who} may not send to recipient domain {domain}")
+                )
+                self._reply(block.id, status, description)
+                return
         message = message_from_block(block, factory.clock.seconds())
         result = factory.router.dispatch(factory.name, message)
         if isinstance(result, Unrouted):

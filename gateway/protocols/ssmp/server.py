@@ -35,6 +35,7 @@ from zope.interface import implementer
 
 from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
+from gateway.core.authorization import Action
 from gateway.core.message import Outcome, Status
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
@@ -98,6 +99,8 @@ class SSMPServerProtocol(Protocol):
         self.factory = factory
         self.hub = factory.hub
         self.identity = b""
+        self.principal: str | None = None
+        """The authenticated identity allow-lists are checked against (None: anonymous, open)."""
         self.topics: dict[bytes, bool] = {}
         self._codec = ssmp.SSMPCodec(ssmp.Role.SERVER)
         self._out: list[bytes] = []
@@ -385,6 +388,19 @@ class SSMPServerProtocol(Protocol):
         scheme = login.scheme.decode("ascii")
         identity = login.identity.decode("ascii")
         why = self._authenticate(identity, scheme, login.credential, offered)
+        principal = self._principal(identity, scheme)
+        if why is None and not self.factory.authorization.knows(principal):
+            why = (
+                f"{principal or 'a peer without an authenticated identity'} is granted nothing"
+                f" here (listeners.{self.factory.name}.authorize)"
+            )
+        previous = self.hub.peers.get(login.identity)
+        if why is None and previous is not None and previous is not self:
+            # The spec: this login replaces the connection with the same identifier.
+            self.factory.release(previous)
+        if why is None and not self.factory.admit(self, principal):
+            assert principal is not None
+            why = self.factory.per_identity_refusal(principal)
         if why is not None:
             self._log.info(
                 "{listener}: LOGIN {identity} {scheme} from {peer} refused: {why}",
@@ -400,12 +416,36 @@ class SSMPServerProtocol(Protocol):
             self._finish()
             return
         self.identity = login.identity
+        self.principal = principal
         self._logged_in = True
         self._mcast_prefix = b"000 " + login.identity + b" MCAST "
         self._ucast_prefix = b"000 " + login.identity + b" UCAST "
         self._respond(OK)
         self.hub.attach(self)
         self._arm_idle_timer(self.factory.settings.ping_interval_seconds)
+
+    def _principal(self, identity: str, scheme: str) -> str | None:
+        """The identity a login authenticates, for the allow-lists.
+
+        A ``secret`` login authenticates its identifier; a ``cert`` login
+        the certificate name it matched (``alice`` for ``alice/laptop``).
+        Anonymous and ``open`` logins authenticate nobody.
+        """
+        if identity == "." or scheme not in ("secret", "cert"):
+            return None
+        if scheme == "cert":
+            names = peer_identities(self.transport)
+            if identity not in names and "/" in identity:
+                return identity.rsplit("/", 1)[0]
+        return identity
+
+    def _allowed(self, action: Action, topic: bytes) -> bool:
+        """Check the allow-lists; answer 405 (Not Allowed) if refused."""
+        peer = self.transport.getPeer() if self.transport is not None else None
+        if self.factory.authorized(action, self.principal, topic.decode("ascii"), peer):
+            return True
+        self._respond(ssmp.response_line(405, f"not allowed to {action.value} {topic.decode()}"))
+        return False
 
     def _is_tls(self) -> bool:
         return ISSLTransport.providedBy(self.transport)
@@ -453,7 +493,7 @@ class SSMPServerProtocol(Protocol):
             self._respond(ssmp.response_line(405, "anonymous peers cannot SUBSCRIBE"))
         elif line.topic in self.topics:
             self._respond(ssmp.response_line(409, "already subscribed"))
-        else:
+        elif self._allowed(Action.CONSUME, line.topic):
             self._respond(OK)
             self.hub.subscribe(self, line.topic, line.presence)
 
@@ -473,8 +513,10 @@ class SSMPServerProtocol(Protocol):
         if len(prefix) + len(topic) + len(payload) + 2 > ssmp.MAX_LINE_BYTES:
             self._respond(_TOO_LONG_TO_FORWARD)
             return
-        self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
         factory = self.factory
+        if factory.authorization.restricted and not self._allowed(Action.PUBLISH, topic):
+            return
+        self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
         if factory.routed:
             outcome = factory.router.dispatch(
                 factory.name,
@@ -489,6 +531,8 @@ class SSMPServerProtocol(Protocol):
         to = line.to
         if to == ssmp.ANONYMOUS:
             self._respond(ssmp.response_line(405, "anonymous peers cannot receive UCAST"))
+            return
+        if self.factory.authorization.restricted and not self._allowed(Action.PUBLISH, to):
             return
         target = self.hub.peers.get(to)
         if target is None:
@@ -505,6 +549,11 @@ class SSMPServerProtocol(Protocol):
         if self.identity == ssmp.ANONYMOUS:
             self._respond(ssmp.response_line(405, "anonymous peers cannot BCAST"))
             return
+        if self.factory.authorization.restricted:
+            # BCAST reaches the sender's topics: it needs the right to publish to each.
+            for topic in self.topics:
+                if not self._allowed(Action.PUBLISH, topic):
+                    return
         event = b"000 " + self.identity + b" BCAST " + line.payload + b"\n"
         if len(event) > ssmp.MAX_LINE_BYTES:
             self._respond(_TOO_LONG_TO_FORWARD)

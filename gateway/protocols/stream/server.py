@@ -6,7 +6,12 @@ delete, metadata, stats), publishers (declare, publish answered by
 PublishConfirm once the log committed the chunk, deduplication by publisher
 reference, query publisher sequence), consumers (subscribe from any offset
 specification, chunks delivered as stored under credit, store and query
-offset), heartbeats and close. See docs/stream-protocol-notes.md for the
+offset), heartbeats and close. A listener's ``authorize`` table is checked
+with the SASL identity (PLAIN, EXTERNAL; ANONYMOUS has none): Create,
+Delete, DeclarePublisher and QueryPublisherSequence need the right to
+publish to the stream, Subscribe and QueryOffset the right to consume from
+it; a refusal is answered 16 (Access refused), and a StoreOffset without the
+right is dropped (it has no response). See docs/stream-protocol-notes.md for the
 byte-level details it follows, including the quirks clients rely on.
 
 Flow control: the listener stops reading from a connection with more than
@@ -37,6 +42,7 @@ from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
+from gateway.core.authorization import Action
 from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import ListenerFactory
@@ -67,6 +73,7 @@ SASL_ERROR: Final = 9
 AUTHENTICATION_FAILURE_LOOPBACK: Final = 11
 VIRTUAL_HOST_ACCESS_FAILURE: Final = 12
 UNKNOWN_FRAME: Final = 13
+ACCESS_REFUSED: Final = 16
 PRECONDITION_FAILED: Final = 17
 PUBLISHER_DOES_NOT_EXIST: Final = 18
 NO_OFFSET: Final = 19
@@ -156,6 +163,8 @@ class StreamServerProtocol(Protocol):
         self._codec = sp.StreamCodec(sp.Role.SERVER, frame_max=PRE_OPEN_FRAME_MAX)
         self._state = "connected"
         self.identity: str | None = None
+        self._principal: str | None = None
+        """The identity the allow-lists see: None for ANONYMOUS (it authenticates nobody)."""
         self._publishers: dict[int, _Publisher] = {}
         self._subscriptions: dict[int, _Subscription] = {}
         self._unconfirmed = 0
@@ -360,6 +369,14 @@ class StreamServerProtocol(Protocol):
 
     def _on_sasl_authenticate(self, event: sp.SaslAuthenticate) -> None:
         code = self._authenticate(event.mechanism, event.data or b"")
+        if code == OK and not self.factory.admit(self, self._principal):
+            assert self._principal is not None
+            self._log.info(
+                "{listener}: {why}",
+                listener=self.factory.name,
+                why=self.factory.per_identity_refusal(self._principal),
+            )
+            code = AUTHENTICATION_FAILURE
         self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=code))
         if code != OK:
             self.factory.count_error("unauthorized")
@@ -374,6 +391,7 @@ class StreamServerProtocol(Protocol):
         settings = self.factory.settings
         if mechanism == "ANONYMOUS" and settings.anonymous:
             self.identity = "anonymous"
+            self._principal = None
             return OK
         if mechanism == "EXTERNAL" and peer_identities(self.transport):
             identity = external_identity(self.transport, data.decode("utf-8", "replace"))
@@ -384,7 +402,7 @@ class StreamServerProtocol(Protocol):
                     name=data.decode("utf-8", "replace") or "its subject",
                 )
                 return AUTHENTICATION_FAILURE
-            self.identity = identity
+            self.identity = self._principal = identity
             return OK
         if mechanism != "PLAIN":
             return SASL_MECHANISM_NOT_SUPPORTED
@@ -397,10 +415,10 @@ class StreamServerProtocol(Protocol):
             assert self.transport is not None
             if not _is_loopback(self.transport.getPeer()):
                 return AUTHENTICATION_FAILURE_LOOPBACK
-            self.identity = username
+            self.identity = self._principal = username
             return OK
         if self.factory.secrets.verify(username, password):
-            self.identity = username
+            self.identity = self._principal = username
             return OK
         self._log.info(
             "{listener}: authentication of {user} refused",
@@ -484,6 +502,16 @@ class StreamServerProtocol(Protocol):
             return
         self._timers.append(self.factory.clock.callLater(self._heartbeat, self._heartbeat_check))
 
+    # --- allow-lists ---------------------------------------------------------------------------
+
+    def _refused(self, action: Action, stream: str) -> bool:
+        """Whether the allow-lists refuse ``action`` on ``stream`` (counted and logged)."""
+        factory = self.factory
+        if not factory.authorization.restricted:
+            return False
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return not factory.authorized(action, self._principal, stream, peer)
+
     # --- streams ---------------------------------------------------------------------------------
 
     def _on_create(self, event: sp.Create) -> None:
@@ -494,6 +522,8 @@ class StreamServerProtocol(Protocol):
         code = OK
         if not name or name.startswith("amq."):
             code = PRECONDITION_FAILED
+        elif self._refused(Action.PUBLISH, name):
+            code = ACCESS_REFUSED
         else:
             try:
                 retention = parse_retention(dict(event.arguments), store.default_retention)
@@ -508,6 +538,13 @@ class StreamServerProtocol(Protocol):
 
     def _on_delete(self, event: sp.Delete) -> None:
         if not self._require_open(event):
+            return
+        if self._refused(Action.PUBLISH, event.stream):
+            self._send(
+                sp.Response(
+                    key=sp.Key.DELETE, correlation_id=event.correlation_id, code=ACCESS_REFUSED
+                )
+            )
             return
         try:
             self.factory.store.delete(event.stream)
@@ -637,6 +674,8 @@ class StreamServerProtocol(Protocol):
         code = OK
         if len(self._publishers) >= MAX_PUBLISHERS or too_long or taken:
             code = PRECONDITION_FAILED
+        elif self._refused(Action.PUBLISH, event.stream):
+            code = ACCESS_REFUSED
         elif stream is None:
             code = STREAM_DOES_NOT_EXIST
         else:
@@ -663,10 +702,13 @@ class StreamServerProtocol(Protocol):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if stream is None:
+        refused = self._refused(Action.PUBLISH, event.stream)
+        if stream is None or refused:
             self._send(
                 sp.QueryPublisherSequenceResponse(
-                    correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, sequence=0
+                    correlation_id=event.correlation_id,
+                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
+                    sequence=0,
                 )
             )
             return
@@ -746,6 +788,8 @@ class StreamServerProtocol(Protocol):
         code = OK
         if len(self._subscriptions) >= MAX_SUBSCRIPTIONS:
             code = PRECONDITION_FAILED
+        elif self._refused(Action.CONSUME, event.stream):
+            code = ACCESS_REFUSED
         elif stream is None:
             code = STREAM_DOES_NOT_EXIST
         elif event.subscription_id in self._subscriptions:
@@ -830,6 +874,8 @@ class StreamServerProtocol(Protocol):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
+        if self._refused(Action.CONSUME, event.stream):
+            return  # StoreOffset has no response; the refusal is counted and logged
         if stream is not None and len(event.reference.encode()) <= MAX_REFERENCE_BYTES:
             stream.store_offset(event.reference, event.offset)
 
@@ -837,7 +883,9 @@ class StreamServerProtocol(Protocol):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if stream is None:
+        if self._refused(Action.CONSUME, event.stream):
+            code, offset = ACCESS_REFUSED, 0
+        elif stream is None:
             code, offset = STREAM_DOES_NOT_EXIST, 0
         else:
             stored = stream.query_offset(event.reference)

@@ -1,0 +1,328 @@
+"""Reading the embedded log's files from outside the gateway: plan and scan.
+
+The Spark data source (`gateway.spark.source`) runs this in Spark's Python
+workers, possibly on other machines that share the log directory, and while
+the gateway is writing. Standard library and `gateway.codecs.osiris` only:
+no Twisted, no reactor, no writer thread.
+
+Planning (`plan_slices`) reads only ``meta.json`` and ``.index`` files: each
+segment becomes one or more `Slice` s (consecutive chunks of at most
+``max_slice_bytes``), each with its offset and timestamp range, so a filter
+on stream, offset or time skips segments and chunk ranges without opening
+their segment files.
+
+Scanning (`read_slice`) maps the segment file and walks the chunks the index
+listed when the slice was planned. The gateway writes a chunk before its
+index record, so a listed chunk was written in full; it is still checked
+(magic, lengths, CRC). A chunk that fails the checks at the end of what the
+index lists is a torn tail (a crash, or a reader racing a writer after a
+crash): the scan stops there without an error. One that fails before the
+end is damage, and raises `LogReadError` naming the file and byte. Tracking
+chunks hold no messages and are skipped; a user chunk's trailer names the
+publishers whose messages it holds.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from gateway.codecs.osiris import (
+    FILE_HEADER_BYTES,
+    INDEX_HEADER,
+    USER,
+    ChunkHeader,
+    OsirisError,
+    decode_tracking,
+    iter_entries,
+    iter_index_records,
+    parse_file_stem,
+    segment_file_name,
+    validate_chunk,
+)
+from gateway.core.log.directory import META_FILE, decode_meta
+
+__all__ = [
+    "DEFAULT_SLICE_BYTES",
+    "ChunkRecords",
+    "LogReadError",
+    "Range",
+    "Slice",
+    "list_streams",
+    "plan_slices",
+    "read_slice",
+]
+
+DEFAULT_SLICE_BYTES: Final = 64 * 1024 * 1024
+"""Most bytes of chunks in one slice (one Spark partition): a default segment."""
+
+_UNBOUNDED: Final = 2**63 - 1
+
+
+class LogReadError(Exception):
+    """The log's files cannot be read as a log: a message naming the file and byte."""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A half-open range ``[low, high)`` of offsets or timestamps (ms); None is open."""
+
+    low: int | None = None
+    high: int | None = None
+
+    def overlaps(self, first: int, last: int) -> bool:
+        """Whether any value of ``[first, last]`` is in the range."""
+        if self.low is not None and last < self.low:
+            return False
+        return self.high is None or first < self.high
+
+    def __contains__(self, value: int) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value < self.high)
+
+    @property
+    def unbounded(self) -> bool:
+        """Whether the range holds every value."""
+        return self.low is None and self.high is None
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Consecutive chunks of one segment: one partition of a Spark scan.
+
+    Attributes:
+        stream: The stream's name.
+        segment: Path of the ``.segment`` file.
+        positions: File positions of the slice's chunks, ascending.
+        chunk_ids: Their chunk ids (first offsets).
+        first_offset: The slice's first offset.
+        next_offset: The offset after its last record, when the index tells
+            (the next chunk's id); None for the last chunk of a segment that
+            is still being written.
+        first_timestamp: The first chunk's timestamp (ms).
+        last_timestamp: The last chunk's timestamp (ms).
+    """
+
+    stream: str
+    segment: str
+    positions: tuple[int, ...]
+    chunk_ids: tuple[int, ...]
+    first_offset: int
+    next_offset: int | None
+    first_timestamp: int
+    last_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecords:
+    """The records of one user chunk.
+
+    Attributes:
+        header: The chunk header.
+        records: The records, in offset order (sub-batches already split).
+        publishers: The publisher references in the chunk's trailer.
+    """
+
+    header: ChunkHeader
+    records: list[bytes | memoryview]
+    publishers: tuple[str, ...]
+
+
+def list_streams(root: Path | str) -> dict[str, Path]:
+    """The streams of a log directory: name (from ``meta.json``) to directory.
+
+    Directories without a readable ``meta.json`` (the store's work
+    directories, a stream being created) are not streams and are left out.
+
+    Raises:
+        LogReadError: ``root`` is not a readable directory.
+    """
+    root = Path(root)
+    try:
+        entries = sorted(os.scandir(root), key=lambda entry: entry.name)
+    except OSError as exc:
+        raise LogReadError(f"{root}: cannot list the log directory: {exc.strerror}") from None
+    streams: dict[str, Path] = {}
+    for entry in entries:
+        if not entry.is_dir() or "." in entry.name:
+            continue
+        try:
+            name, _retention = decode_meta((Path(entry.path) / META_FILE).read_bytes())
+        except (OSError, ValueError):
+            continue
+        streams[name] = Path(entry.path)
+    return streams
+
+
+def plan_slices(
+    root: Path | str,
+    *,
+    streams: Sequence[str] | None = None,
+    offsets: Range = Range(),
+    timestamps: Range = Range(),
+    max_slice_bytes: int = DEFAULT_SLICE_BYTES,
+) -> list[Slice]:
+    """The slices holding what a scan with these bounds can return.
+
+    Args:
+        root: The log directory (the gateway's ``data_dir``/log).
+        streams: Only these streams (None: all); names not in the log are ignored.
+        offsets: Only chunks that may hold offsets in this range.
+        timestamps: Only chunks whose timestamp (ms) is in this range.
+        max_slice_bytes: Split segments into slices of about this many bytes.
+    """
+    found = list_streams(root)
+    wanted = found if streams is None else {n: found[n] for n in streams if n in found}
+    slices: list[Slice] = []
+    for name, directory in wanted.items():
+        slices.extend(_stream_slices(name, directory, offsets, timestamps, max_slice_bytes))
+    return slices
+
+
+def _segment_ids(directory: Path) -> list[int]:
+    ids = []
+    for entry in os.scandir(directory):
+        stem, dot, suffix = entry.name.partition(".")
+        if dot and suffix == "index":
+            first = parse_file_stem(stem)
+            if first is not None:
+                ids.append(first)
+    return sorted(ids)
+
+
+def _stream_slices(
+    name: str, directory: Path, offsets: Range, timestamps: Range, max_bytes: int
+) -> Iterator[Slice]:
+    ids = _segment_ids(directory)
+    for number, first_id in enumerate(ids):
+        following = ids[number + 1] if number + 1 < len(ids) else None
+        if offsets.high is not None and first_id >= offsets.high:
+            return
+        if following is not None and offsets.low is not None and following <= offsets.low:
+            continue
+        index_path = directory / f"{first_id:020d}.index"
+        try:
+            data = index_path.read_bytes()
+        except FileNotFoundError:
+            continue  # removed by retention since the listing
+        if data[:FILE_HEADER_BYTES] != INDEX_HEADER:
+            continue  # created, header not written yet
+        chunks = [
+            (r.chunk_id, r.position, r.timestamp)
+            for r in iter_index_records(data)
+            if r.chunk_type == USER
+        ]
+        # Only the chunks before the next segment's first id: a crash can
+        # leave records past what recovery keeps, and the next segment wins.
+        if following is not None:
+            chunks = [c for c in chunks if c[0] < following]
+        segment = str(directory / segment_file_name(first_id))
+        yield from _split(name, segment, chunks, following, offsets, timestamps, max_bytes)
+
+
+def _split(
+    name: str,
+    segment: str,
+    chunks: list[tuple[int, int, int]],
+    following: int | None,
+    offsets: Range,
+    timestamps: Range,
+    max_bytes: int,
+) -> Iterator[Slice]:
+    """Group a segment's kept chunks into slices of about ``max_bytes``."""
+    group: list[tuple[int, int, int, int | None]] = []
+    for number, (chunk_id, position, timestamp) in enumerate(chunks):
+        next_id = chunks[number + 1][0] if number + 1 < len(chunks) else following
+        last = (next_id - 1) if next_id is not None else _UNBOUNDED
+        if not offsets.overlaps(chunk_id, last) or timestamp not in timestamps:
+            if group:
+                yield _slice(name, segment, group)
+                group = []
+            continue
+        if group and position - group[0][1] >= max_bytes:
+            yield _slice(name, segment, group)
+            group = []
+        group.append((chunk_id, position, timestamp, next_id))
+    if group:
+        yield _slice(name, segment, group)
+
+
+def _slice(name: str, segment: str, group: list[tuple[int, int, int, int | None]]) -> Slice:
+    return Slice(
+        stream=name,
+        segment=segment,
+        positions=tuple(g[1] for g in group),
+        chunk_ids=tuple(g[0] for g in group),
+        first_offset=group[0][0],
+        next_offset=group[-1][3],
+        first_timestamp=group[0][2],
+        last_timestamp=group[-1][2],
+    )
+
+
+def read_slice(piece: Slice) -> Iterator[ChunkRecords]:
+    """Yield the user chunks of a slice with their records.
+
+    Raises:
+        LogReadError: A chunk before the last one listed is damaged, or a
+            record does not decode (an unknown compression, say).
+    """
+    try:
+        fd = os.open(piece.segment, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # retention removed the segment after planning: nothing left to read
+    try:
+        size = os.fstat(fd).st_size
+        if size <= FILE_HEADER_BYTES:
+            return
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    try:
+        yield from _chunks(piece, buf)
+    finally:
+        buf.close()
+
+
+def _chunks(piece: Slice, buf: mmap.mmap) -> Iterator[ChunkRecords]:
+    last = len(piece.positions) - 1
+    for number, (position, chunk_id) in enumerate(
+        zip(piece.positions, piece.chunk_ids, strict=True)
+    ):
+        try:
+            header = validate_chunk(buf, position)
+        except OsirisError as exc:
+            if number == last:
+                return  # a torn tail: what a crash leaves, not an error
+            raise LogReadError(
+                f"{piece.segment}: damaged chunk at byte {position}: {exc}"
+            ) from None
+        if header.first_offset != chunk_id:
+            raise LogReadError(
+                f"{piece.segment}: byte {position} holds chunk {header.first_offset},"
+                f" the index says {chunk_id}"
+            )
+        if header.chunk_type != USER:
+            continue
+        start = position + header.data_start
+        trailer_at = start + header.data_length
+        # One copy of the data section (mmap slices are bytes), so the
+        # records, views of it, outlive the mapping, which closes at the end.
+        data = buf[start:trailer_at]
+        try:
+            records = list(iter_entries(data))
+            publishers = _publishers(buf[trailer_at : trailer_at + header.trailer_length])
+        except OsirisError as exc:
+            raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
+        yield ChunkRecords(header=header, records=records, publishers=publishers)
+
+
+def _publishers(trailer: bytes) -> tuple[str, ...]:
+    """The publisher references of a user chunk's trailer (sequence entries)."""
+    if not trailer:
+        return ()
+    sequences, _offsets = decode_tracking(trailer)
+    return tuple(sequences)

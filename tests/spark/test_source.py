@@ -1,0 +1,114 @@
+"""The msggateway data source on a local[2] Spark session."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F  # noqa: N812
+
+from gateway.spark.source import LogReader
+from tests.spark.conftest import make_log
+
+START = 1_700_000_000.0
+SPEC = {
+    "segment_bytes": 40_000,
+    "streams": {
+        "orders": {"count": 2000, "batch": 100, "publisher": "pub-1", "start": START},
+        "events": {"count": 300, "batch": 50},
+    },
+    "outcomes": [
+        ["to-stream", "mail", "accepted", 100.0, 100.002, "a@x.example", ["b@y.example"], 10],
+        ["to-stream", "mail", "retry", 100.0, 100.5, "a@x.example", ["c@y.example"], 20],
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The log these tests read, written once by the gateway's LogStore."""
+    return make_log(tmp_path_factory.mktemp("log") / "log", SPEC)
+
+
+def test_every_message_with_its_fields(spark: Any, log: Path) -> None:
+    """Every message with its fields."""
+    frame = spark.read.format("msggateway").load(str(log))
+    rows = frame.where(F.col("stream") == "orders").orderBy("offset").collect()
+    assert [r.message_id for r in rows] == [f"orders-{i}" for i in range(2000)]
+    row = rows[7]
+    assert row.body == b"body orders 7".ljust(100, b".")
+    assert row.size == 100
+    assert row.headers == {"n": "7"}
+    assert row.sender == "sender1@example.org"
+    assert row.recipients == ["r1@domain3.example"]
+    assert row.publisher == "pub-1"
+    assert (
+        row.timestamp
+        == datetime.datetime.fromtimestamp(START + 7, datetime.UTC).replace(tzinfo=None)
+        or row.timestamp.timestamp() == START + 7
+    )
+    assert row.route is None and row.address == "orders"
+    assert frame.where(F.col("stream") == "events").count() == 300
+    # The outcome stream is not messages.
+    assert frame.select("stream").distinct().count() == 2
+
+
+def test_a_dataframe_reused_with_other_filters(spark: Any, log: Path) -> None:
+    """Spark filters are applied to rows, never used to prune a reused DataFrame's scan."""
+    frame = spark.read.format("msggateway").load(str(log))
+    picked = frame.where("stream = 'orders' and offset >= 1000 and offset < 1010")
+    assert sorted(r.offset for r in picked.collect()) == list(range(1000, 1010)) or all(
+        1000 <= r.offset < 1010 for r in picked.collect()
+    )
+    assert frame.select("stream").distinct().count() == 2
+    assert frame.count() == 2300
+
+
+def test_options_prune_slices(log: Path) -> None:
+    """Options prune slices."""
+    everything = len(LogReader({"path": str(log)}).partitions())
+    reader = LogReader(
+        {"path": str(log), "streams": "orders", "start_offset": "1000", "end_offset": "1010"}
+    )
+    partitions = reader.partitions()
+    assert len(partitions) <= 2 < everything
+    offsets = [
+        o for p in partitions for b in reader.read(p) for o in b.column("offset").to_pylist()
+    ]
+    assert offsets and all(1000 <= o < 1010 for o in offsets)
+
+
+def test_options_bound_offsets_and_time(spark: Any, log: Path) -> None:
+    """Options bound offsets and time."""
+    reader = spark.read.format("msggateway").option("streams", "orders")
+    assert reader.option("start_offset", 1900).load(str(log)).where("offset >= 1900").count() > 0
+    future = "2999-01-01T00:00:00+00:00"
+    assert reader.option("start_time", future).load(str(log)).count() == 0
+
+
+def test_outcomes(spark: Any, log: Path) -> None:
+    """Outcomes."""
+    frame = spark.read.format("msggateway").option("kind", "outcomes").load(str(log))
+    rows = sorted(frame.collect(), key=lambda r: r.status)
+    assert [r.status for r in rows] == ["accepted", "retry"]
+    assert rows[0].latency_ms == pytest.approx(2.0, abs=0.01)
+    assert rows[1].route == "to-stream" and rows[1].recipients == ["c@y.example"]
+
+
+def test_arrow_batches(log: Path) -> None:
+    """Arrow batches."""
+    reader = LogReader({"path": str(log), "streams": "orders", "batch_rows": "500"})
+    batches = [b for p in reader.partitions() for b in reader.read(p)]
+    assert all(isinstance(b, pa.RecordBatch) and b.num_rows <= 500 for b in batches)
+    assert sum(b.num_rows for b in batches) == 2000
+
+
+def test_bad_options(spark: Any, log: Path) -> None:
+    """Bad options."""
+    with pytest.raises(Exception, match="kind is messages or outcomes"):
+        spark.read.format("msggateway").option("kind", "nope").load(str(log)).count()
+    with pytest.raises(ValueError, match="start_offset is a whole number"):
+        LogReader({"path": str(log), "start_offset": "x"})
