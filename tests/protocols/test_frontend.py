@@ -349,3 +349,32 @@ def test_backend_secrets_follow_a_reload() -> None:
     link.handshake()
     link.front.dataReceived(b"LOGIN alice cert\n")
     assert link.accept().value() == b"LOGIN alice secret reloaded\n"
+
+
+@pytest.mark.parametrize("speaks", ["ssmp", "qmqp"])
+def test_max_connections_per_identity(speaks: str) -> None:
+    """Past the per-identity limit a second client of the same name is refused, no backend."""
+    first = Link(speaks)
+    first.factory.max_connections_per_identity = 1
+    first.handshake()
+    if speaks == "ssmp":
+        first.front.dataReceived(b"LOGIN alice cert\n")
+    assert first.connects() == 1
+    second = first.factory.buildProtocol(None)
+    assert isinstance(second, FrontendServerProtocol)
+    client = TLSStringTransport(ALICE)
+    second.makeConnection(client)
+    second.handshakeCompleted()
+    if speaks == "ssmp":
+        second.dataReceived(b"LOGIN alice cert\n")
+        assert client.value() == b"401 cert\n"
+    assert client.disconnecting
+    assert first.connects() == 1
+    first.front.connectionLost(Failure(ConnectionRefusedError()))
+    third = first.factory.buildProtocol(None)
+    assert isinstance(third, FrontendServerProtocol)
+    third.makeConnection(TLSStringTransport(ALICE))
+    third.handshakeCompleted()
+    if speaks == "ssmp":
+        third.dataReceived(b"LOGIN alice cert\n")
+    assert first.connects() == 2  # the first one's count was released

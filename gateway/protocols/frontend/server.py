@@ -200,6 +200,15 @@ class FrontendServerProtocol(Protocol):
         self._names = names
         self.identity = external_identity(self.transport) or min(names)
         if self._login_done:  # QMQP and stream: nothing to read before connecting
+            if not self.factory.admit(self, self.identity):
+                self._log.warn(
+                    "{listener}: closing {peer}: {reason}",
+                    listener=self.factory.name,
+                    peer=self._peer(),
+                    reason=self.factory.per_identity_refusal(self.identity),
+                )
+                self._close()
+                return False
             self._cancel_timer()
             self._connect()
         return True
@@ -246,6 +255,10 @@ class FrontendServerProtocol(Protocol):
             why = f"no backend secret for {identity!r} in [frontends.{self.factory.name}]"
             self._refuse_ssmp(SSMP_CERT_ONLY, "no-backend-secret", why)
             return
+        if not self.factory.admit(self, identity):
+            why = self.factory.per_identity_refusal(identity)
+            self._refuse_ssmp(SSMP_CERT_ONLY, None, why)  # admit counted it
+            return
         rewritten = ssmp.Login(identity=login.identity, scheme=b"secret", credential=secret)
         self.identity = identity
         self._login_done = True
@@ -256,8 +269,9 @@ class FrontendServerProtocol(Protocol):
             self._hold(rest)
         self._connect()
 
-    def _refuse_ssmp(self, reply: bytes, kind: str, reason: str) -> None:
-        self.factory.count_error(kind)
+    def _refuse_ssmp(self, reply: bytes, kind: str | None, reason: str) -> None:
+        if kind is not None:  # None: counted already
+            self.factory.count_error(kind)
         self._log.warn(
             "{listener}: SSMP LOGIN from {peer} refused: {reason}",
             listener=self.factory.name,
