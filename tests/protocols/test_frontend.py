@@ -378,3 +378,15 @@ def test_max_connections_per_identity(speaks: str) -> None:
     if speaks == "ssmp":
         third.dataReceived(b"LOGIN alice cert\n")
     assert first.connects() == 2  # the first one's count was released
+
+
+def test_what_a_client_said_before_leaving_is_delivered() -> None:
+    """A client gone while the backend connects: its bytes go to the backend, which is closed."""
+    link = Link("ssmp")
+    link.handshake()
+    link.front.dataReceived(b"LOGIN alice cert\nMCAST t bye\nCLOSE\n")
+    link.front.connectionLost(Failure(ConnectionRefusedError()))
+    assert not link.reactor.connectors[-1].stoppedConnecting
+    backend = link.accept()
+    assert backend.value() == b"LOGIN alice secret alice-secret\nMCAST t bye\nCLOSE\n"
+    assert backend.disconnecting

@@ -141,6 +141,7 @@ class FrontendServerProtocol(Protocol):
         self._login_reply: bytearray | None = None  # SSMP: the backend's first line, held
         self._timer: IDelayedCall | None = None
         self._closed = False
+        self._deliver_on_connect = False
 
     # --- the client side -----------------------------------------------------------------
 
@@ -174,11 +175,17 @@ class FrontendServerProtocol(Protocol):
             self._hold(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Close the backend side and stop counting this connection."""
+        """Close the backend side and stop counting this connection.
+
+        A client that leaves on its own while the backend connection is being
+        made, after saying something, has it delivered first, as a direct
+        connection to the backend would have.
+        """
+        self._deliver_on_connect = not self._closed and bool(self._early)
         self._closed = True
         self._cancel_timer()
         self.factory.connection_closed(self)
-        if self._connecting is not None:
+        if self._connecting is not None and not self._deliver_on_connect:
             connecting, self._connecting = self._connecting, None
             connecting.cancel()
         if self._backend is not None and self._backend.transport is not None:
@@ -296,7 +303,11 @@ class FrontendServerProtocol(Protocol):
         """Send what the client said so far, then relay both ways with flow control."""
         self._connecting = None
         if self._closed:
-            backend.transport.loseConnection()  # type: ignore[union-attr]
+            transport: Any = backend.transport
+            if self._deliver_on_connect:
+                transport.writeSequence(self._early)
+                self._early = []
+            transport.loseConnection()
             return
         self._backend = backend
         client, server = self.transport, backend.transport
