@@ -33,6 +33,7 @@ from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
+from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
 from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
 from gateway.protocols.mtl.settings import LISTENER_MECHANISMS as MTL_LISTENER_MECHANISMS
 from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
@@ -710,26 +711,34 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
     )
 
 
+def _frontend_listener(section: _Section, tls: bool) -> FrontendSettings:
+    endpoint = section.table.get("endpoint", "")
+    fields = str(endpoint).split(":")
+    if not str(endpoint).startswith("mtls:") or not any(
+        field.startswith("caCerts=") for field in fields
+    ):
+        section.problem(
+            "endpoint",
+            "a front-end needs an mtls: endpoint with caCerts (it lets in only clients "
+            "with a verified certificate)",
+        )
+    elif any(field in ("verify=optional", "verify=none") for field in fields):
+        section.problem("endpoint", "a front-end needs verify=required (the default)")
+    backend = section.string("backend")
+    if isinstance(backend, str) and backend:
+        _check_client_endpoint(section, "backend", backend)
+    return FrontendSettings(
+        speaks=section.choice("speaks", SPEAKS) or "stream",
+        backend=backend if isinstance(backend, str) else "",
+        connect_timeout_seconds=section.positive("connect_timeout_seconds", 10.0),
+        handshake_timeout_seconds=section.positive("handshake_timeout_seconds", 10.0),
+    )
+
+
 def _is_ssmp_id(value: str) -> bool:
     from gateway.codecs.ssmp import is_valid_id
 
     return value.isascii() and is_valid_id(value.encode("ascii"))
-
-
-def _frontend_listener(section: _Section, tls: bool) -> Any:
-    from gateway.protocols.frontend import SPEAKS, FrontendSettings
-
-    speaks = section.choice("speaks", SPEAKS, "ssmp")
-    backend = section.string("backend", None)
-    if not isinstance(backend, str) or not backend:
-        section.problem("backend", "names the backend's client endpoint, e.g. tcp:host=H:port=P")
-        backend = "tcp:host=127.0.0.1:port=1"
-    return FrontendSettings(
-        speaks=speaks,
-        backend=backend,
-        connect_timeout_seconds=section.positive("connect_timeout_seconds", 10.0),
-        login_timeout_seconds=section.positive("login_timeout_seconds", 10.0),
-    )
 
 
 _LISTENER_SETTINGS: Final[dict[str, Callable[[_Section, bool], Any]]] = {
@@ -803,8 +812,15 @@ def _load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
             if isinstance(value, str):
                 values[key] = value.encode("utf-8")
         groups[group] = values
+    frontends: dict[str, dict[str, bytes]] = {}
+    for listener, table in root.table_items("frontends"):
+        frontends[listener] = {}
+        for key in table.table:
+            value = table.string(key)
+            if isinstance(value, str):
+                frontends[listener][key] = value.encode("utf-8")
     root.done()
-    return Secrets(logins=groups["logins"], upstreams=groups["upstreams"])
+    return Secrets(logins=groups["logins"], upstreams=groups["upstreams"], frontends=frontends)
 
 
 def _route_from(
@@ -895,7 +911,7 @@ def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[Route, 
 
 _UNDELIVERABLE_LISTENERS: Final = {
     "qmqp": "a QMQP listener (its clients send; nothing is delivered to them)",
-    "frontend": "a TLS front-end (it relays whole connections to its backend)",
+    "frontend": "a TLS front-end (it relays its clients to its backend, outside any route)",
 }
 """Listener protocols that routes cannot deliver to, and why."""
 
@@ -979,6 +995,20 @@ def _parse_main(
                         f"lease {lease!r} has no lease text: put it under [logins] {lease}",
                     )
                 )
+    for listener in listeners:
+        if (
+            listener.protocol == "frontend"
+            and listener.settings.speaks == "ssmp"
+            and not secrets.frontends.get(listener.name)
+        ):
+            problems.append(
+                ConfigProblem(
+                    str(secrets_path) if secrets_path else file,
+                    f"frontends.{listener.name}",
+                    "an SSMP front-end logs in to its backend with a secret per certificate "
+                    f"name: put them (or '*') under [frontends.{listener.name}]",
+                )
+            )
     for upstream in upstreams:
         username = getattr(upstream.settings, "username", None)
         if getattr(upstream.settings, "scheme", None) == "secret":

@@ -53,7 +53,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
-from gateway.protocols.frontend import FrontendFactory
+from gateway.protocols.frontend.server import FrontendServerFactory
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.mtl.client import MTLUpstream
 from gateway.protocols.mtl.server import MTLServer
@@ -375,6 +375,20 @@ def _qmqp_listener(
     return factory, _NoDelivery(config.name, "a QMQP listener")
 
 
+def _frontend_listener(
+    gateway: GatewayService, config: ListenerConfig
+) -> tuple[IProtocolFactory, IDestination]:
+    factory = FrontendServerFactory(
+        name=config.name,
+        settings=config.settings,
+        backend=clientFromString(gateway.reactor, config.settings.backend),
+        secrets=gateway.config.secrets,
+        clock=gateway.reactor,
+        metrics=gateway.metrics,
+    )
+    return factory, _NoDelivery(config.name, "a TLS front-end")
+
+
 def _qmqp_upstream(
     gateway: GatewayService, config: UpstreamConfig
 ) -> tuple[IService, IDestination, Callable[[], bool]]:
@@ -547,19 +561,6 @@ class _NoDelivery:
         return succeed(
             Outcome.rejected(f"{self.name} is {self._what}, which routes cannot deliver to")
         )
-
-
-def _frontend_listener(
-    gateway: GatewayService, config: ListenerConfig
-) -> tuple[IProtocolFactory, IDestination]:
-    factory = FrontendFactory(
-        name=config.name,
-        settings=config.settings,
-        secrets=gateway.config.secrets,
-        reactor=gateway.reactor,
-        metrics=gateway.metrics,
-    )
-    return factory, _NoDelivery(config.name, "a TLS front-end")
 
 
 _LISTENERS: dict[

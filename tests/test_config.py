@@ -910,31 +910,6 @@ def test_listener_max_connections(tmp_path: Path) -> None:
     _only_problem(main, "listeners.hub.max_connections", "at least 1")
 
 
-FRONTEND = """
-[gateway]
-
-[listeners.front]
-protocol = "frontend"
-endpoint = "tcp:0:interface=127.0.0.1"
-{extra}
-"""
-
-
-def test_frontend_needs_a_backend(tmp_path: Path) -> None:
-    """A front-end without a backend names the key and what it takes."""
-    main = _write(tmp_path / "gateway.toml", FRONTEND.format(extra='speaks = "qmqp"'))
-    _only_problem(main, "listeners.front.backend", "names the backend's client endpoint")
-
-
-def test_frontend_speaks_three_protocols(tmp_path: Path) -> None:
-    """Speaks is ssmp, qmqp or stream."""
-    main = _write(
-        tmp_path / "gateway.toml",
-        FRONTEND.format(extra='speaks = "dmp"\nbackend = "tcp:host=127.0.0.1:port=9"'),
-    )
-    _only_problem(main, "listeners.front.speaks", "must be one of qmqp, ssmp, stream, not 'dmp'")
-
-
 def test_max_connections_per_identity(tmp_path: Path) -> None:
     """The per-identity limit is read; negative numbers are refused."""
     config = load_config(

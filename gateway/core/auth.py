@@ -25,6 +25,12 @@ def _frozen(value: Mapping[str, bytes]) -> Mapping[str, bytes]:
     return MappingProxyType(dict(value))
 
 
+def _frozen_tables(
+    value: Mapping[str, Mapping[str, bytes]],
+) -> Mapping[str, Mapping[str, bytes]]:
+    return MappingProxyType({name: _frozen(table) for name, table in value.items()})
+
+
 @attrs.define
 class Secrets:
     """The contents of the secrets file.
@@ -38,10 +44,16 @@ class Secrets:
         logins: Identity to secret, for peers logging in to our listeners.
             The key ``*`` holds a shared secret valid for every identity.
         upstreams: Upstream name to the secret the gateway logs in with.
+        frontends: TLS front-end listener name to its table of certificate
+            name to the secret it logs in to its backend with (SSMP); ``*``
+            in a table is the secret for every name.
     """
 
     logins: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
     upstreams: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
+    frontends: Mapping[str, Mapping[str, bytes]] = attrs.field(
+        factory=dict, converter=_frozen_tables
+    )
 
     def verify(self, identity: str, secret: bytes | None) -> bool:
         """Whether ``secret`` is the right one for ``identity``.
@@ -64,6 +76,7 @@ class Secrets:
         """Take another secrets file's contents (a reload)."""
         self.logins = other.logins
         self.upstreams = other.upstreams
+        self.frontends = other.frontends
 
     def credential_for(self, upstream: str) -> bytes | None:
         """Return the secret the gateway presents to an upstream, if any."""

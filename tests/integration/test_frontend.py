@@ -1,43 +1,40 @@
-"""The TLS-terminating front-end, end to end: TLS with client certificates in, plaintext out.
+"""The TLS-terminating front-end end to end: two twistd gateways, and a recording backend.
 
-Two gateways under twistd: a plaintext *backend* (SSMP with shared-secret
-logins, QMQP routed into a stream, a stream listener) and a *front-end*
-whose ``protocol = "frontend"`` listeners accept each protocol over
-``mtls:`` (client certificates required) and relay it to the backend:
-
-* SSMP: alice logs in with ``cert``; the backend sees ``LOGIN alice secret
-  ...`` and serves her; a subscriber and a publisher meet through it; a
-  LOGIN naming someone else is refused ``401 cert`` by the front-end.
-* QMQP: blocks and replies pass with their ids; K from the backend.
-* stream: rstream publishes with confirms and consumes over TLS through it.
-* The bytes a backend sees: a recording server in place of the backend
-  receives exactly what the client sent, the SSMP LOGIN line excepted.
-* A backend that is down: QMQP gets Z for each message, then the done block.
+A plaintext backend gateway serves SSMP, QMQP and the stream protocol on
+``tcp:``. A front-end gateway serves each of them on an ``mtls:`` listener
+(client certificates from the test CA required) and relays every connection
+to the backend. A client with alice's certificate logs in to SSMP by ``cert``
+(the backend sees a ``secret`` login as alice), sends QMQP mail that the
+backend routes to its SSMP hub, and publishes to a stream with its confirm
+coming back (and QMQP once more with the backend hop re-encrypted by a
+``tls:`` backend endpoint). Other listeners relay to an in-test TCP server that records
+bytes, to show the backend sees the protocol unchanged but for the SSMP
+LOGIN; to a backend that never reads, to show the front-end then stops
+reading from its client; and to nothing, for QMQP's Z replies. A client
+without a certificate, or with one from another CA, is refused at TLS.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
 
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
 from tests.certs import Pki, make_pki
-from tests.integration.harness import GatewayProcess, LineClient
-from tests.integration.test_durable import free_port
-from tests.integration.test_qmqp import mail
-
-rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
+from tests.integration.harness import READ_TIMEOUT_SECONDS, GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
 
-BACKEND = """
+BACKEND_CONFIG = """
 [gateway]
 data_dir = "data"
 secrets = "secrets.toml"
@@ -46,7 +43,7 @@ routes = "routes"
 [admin]
 enabled = false
 
-[listeners.ssmp]
+[listeners.hub]
 protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["secret"]
@@ -59,14 +56,29 @@ endpoint = "tcp:0:interface=127.0.0.1"
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 guest = true
-advertised_host = "localhost"
-advertised_port = {front_stream_port}
-"""
-BACKEND_SECRETS = '[logins]\n"*" = "front-door"\n'
-BACKEND_ROUTES = {"in": 'from = "qmqp"\nmatch = "#"\nto = "streams"\naddress = "mail"\n'}
 
-FRONT = """
+[listeners.qmqp-tls]
+protocol = "qmqp"
+endpoint = "{tls}"
+"""
+
+BACKEND_SECRETS = """
+[logins]
+alice = "alice-at-the-backend"
+bob = "bob-secret"
+guest = "guest"
+"""
+
+BACKEND_ROUTES = {
+    "mail": 'from = "qmqp"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail.{1}"\n'
+    'body = "subject"\n',
+    "mail-tls": 'from = "qmqp-tls"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail.{1}"\n'
+    'body = "subject"\n',
+}
+
+FRONT_CONFIG = """
 [gateway]
+data_dir = "data"
 secrets = "secrets.toml"
 
 [admin]
@@ -76,7 +88,7 @@ enabled = false
 protocol = "frontend"
 speaks = "ssmp"
 endpoint = "{tls}"
-backend = "tcp:host=127.0.0.1:port={ssmp}"
+backend = "tcp:host=127.0.0.1:port={hub}"
 
 [listeners.qmqp]
 protocol = "frontend"
@@ -87,63 +99,116 @@ backend = "tcp:host=127.0.0.1:port={qmqp}"
 [listeners.streams]
 protocol = "frontend"
 speaks = "stream"
-endpoint = "{stream_tls}"
+endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={streams}"
 
-[listeners.rec-ssmp]
+[listeners.recorded-ssmp]
 protocol = "frontend"
 speaks = "ssmp"
 endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={recorder}"
 
-[listeners.rec-qmqp]
+[listeners.recorded-qmqp]
 protocol = "frontend"
 speaks = "qmqp"
 endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={recorder}"
 
-[listeners.rec-stream]
+[listeners.stalled]
 protocol = "frontend"
 speaks = "stream"
 endpoint = "{tls}"
-backend = "tcp:host=127.0.0.1:port={recorder}"
+backend = "tcp:host=127.0.0.1:port={tarpit}"
+
+[listeners.reencrypted]
+protocol = "frontend"
+speaks = "qmqp"
+endpoint = "{tls}"
+backend = "{tls_backend}"
+
+[listeners.slow]
+protocol = "frontend"
+speaks = "ssmp"
+endpoint = "{tls}"
+backend = "tcp:host=127.0.0.1:port={hub}"
+handshake_timeout_seconds = 0.5
 
 [listeners.down]
 protocol = "frontend"
 speaks = "qmqp"
 endpoint = "{tls}"
-backend = "tcp:host=127.0.0.1:port={down}"
+backend = "tcp:host=127.0.0.1:port={closed}"
 """
-FRONT_SECRETS = '[upstreams]\nssmp = "front-door"\nrec-ssmp = "front-door"\n'
+
+FRONT_SECRETS = """
+[frontends.ssmp]
+alice = "alice-at-the-backend"
+"alice@example.org" = "not what the backend holds"
+
+[frontends.slow]
+"*" = "unused"
+
+[frontends.recorded-ssmp]
+"*" = "shared-backend-secret"
+"""
+
+RECORDER_REPLY = b"200\n000 bob MCAST news hello\n"
+"""What the recording backend sends each connection, before it reads."""
 
 
-class Recorder(threading.Thread):
-    """A plaintext server that keeps every byte of each connection, in order of arrival."""
+class Recorder:
+    """A plaintext TCP backend that records each connection's bytes until the peer closes.
+
+    It sends `RECORDER_REPLY` on accepting, then reads; a connection's record
+    is complete (and `received` returns it) once the peer closed its side.
+    """
 
     def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.received: list[bytes] = []
-        self.done = threading.Semaphore(0)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self._records: list[bytes] = []
+        self._done = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
 
-    def run(self) -> None:
+    def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self.server.accept()
+                conn, _ = self.sock.accept()
             except OSError:
                 return
-            chunks = []
             with conn:
-                while data := conn.recv(65536):
-                    chunks.append(data)
-            self.received.append(b"".join(chunks))
-            self.done.release()
+                conn.sendall(RECORDER_REPLY)
+                data = b""
+                conn.settimeout(READ_TIMEOUT_SECONDS)
+                try:
+                    while chunk := conn.recv(65536):
+                        data += chunk
+                except OSError:
+                    pass
+            with self._done:
+                self._records.append(data)
+                self._done.notify_all()
 
-    def next(self) -> bytes:
-        """The bytes of the next connection to end."""
-        assert self.done.acquire(timeout=30), "no connection reached the recorder"
-        return self.received.pop(0)
+    def received(self, count: int) -> list[bytes]:
+        """The first ``count`` complete connection records, waiting for them."""
+        with self._done:
+            assert self._done.wait_for(
+                lambda: len(self._records) >= count, timeout=READ_TIMEOUT_SECONDS
+            ), f"only {len(self._records)} connections recorded"
+            return self._records[:count]
+
+    def close(self) -> None:
+        """Stop accepting."""
+        self.sock.close()
+
+
+def server_tls(pki: Pki) -> str:
+    """An mtls: server endpoint requiring client certificates from the test CA."""
+    return (
+        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
+        f":caCerts={pki.ca_cert}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,205 +221,339 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def recorder() -> Iterator[Recorder]:
     """The recording backend."""
     server = Recorder()
-    server.start()
     yield server
-    server.server.close()
+    server.close()
 
 
 @pytest.fixture(scope="module")
-def gateways(
-    pki: Pki, recorder: Recorder, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
-    """The backend (plaintext), then the front-end pointing at it."""
-    stream_port = free_port()
-    backend = GatewayProcess(
+def tarpit() -> Iterator[socket.socket]:
+    """A backend that accepts connections and never reads from them."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server
+    server.close()
+    for conn in held:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def backend(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """The backend gateway: plaintext listeners, and one QMQP over TLS."""
+    process = GatewayProcess(
         tmp_path_factory.mktemp("backend"),
-        BACKEND.format(front_stream_port=stream_port),
+        BACKEND_CONFIG.format(tls=server_tls(pki)),
         routes=BACKEND_ROUTES,
         secrets=BACKEND_SECRETS,
     ).start()
-    tls = (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}:verify=required"
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    pki: Pki,
+    backend: GatewayProcess,
+    recorder: Recorder,
+    tarpit: socket.socket,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[GatewayProcess]:
+    """The front-end gateway: TLS with client certificates, relaying to the backends."""
+    tls = server_tls(pki)
+    tls_backend = (
+        f"tls:host=127.0.0.1:port={backend.address('qmqp-tls')[1]}:trustRoots={pki.trust_dir}"
+        f":certificate={pki.alice_cert}:privateKey={pki.alice_key}"
     )
-    try:
-        front = GatewayProcess(
-            tmp_path_factory.mktemp("front"),
-            FRONT.format(
-                tls=tls,
-                stream_tls=tls.replace("mtls:0:", f"mtls:{stream_port}:"),
-                ssmp=backend.address("ssmp")[1],
-                qmqp=backend.address("qmqp")[1],
-                streams=backend.address("streams")[1],
-                recorder=recorder.port,
-                down=free_port(),
-            ),
-            secrets=FRONT_SECRETS,
-        ).start()
-    except BaseException:
-        backend.stop()
-        raise
-    yield backend, front
-    front.stop()
-    backend.stop()
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        closed = probe.getsockname()[1]  # nothing listens there once closed
+    config = FRONT_CONFIG.format(
+        tls=tls,
+        hub=backend.address("hub")[1],
+        qmqp=backend.address("qmqp")[1],
+        streams=backend.address("streams")[1],
+        recorder=recorder.port,
+        tarpit=tarpit.getsockname()[1],
+        tls_backend=tls_backend,
+        closed=closed,
+    )
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("front"), config, secrets=FRONT_SECRETS
+    ).start()
+    yield process
+    process.stop()
 
 
-def context(pki: Pki) -> ssl.SSLContext:
-    """Alice's client context, trusting the test CA."""
+def context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    """A client context trusting the test CA, presenting ``cert`` if given."""
     ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
-    ctx.load_cert_chain(str(pki.alice_cert), str(pki.alice_key))
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(str(cert), str(key))
     return ctx
 
 
-def tls_socket(front: GatewayProcess, listener: str, pki: Pki) -> ssl.SSLSocket:
-    """A TLS connection to one of the front-end's listeners, as alice."""
-    raw = socket.create_connection(front.address(listener), timeout=30)
-    return context(pki).wrap_socket(raw, server_hostname="localhost")
+def alice(pki: Pki) -> ssl.SSLContext:
+    """Alice's client context."""
+    return context(pki, pki.alice_cert, pki.alice_key)
 
 
-def test_ssmp_logs_in_to_the_backend_for_the_certificate(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_ssmp_login_by_certificate_reaches_the_backend(
+    front: GatewayProcess, backend: GatewayProcess, pki: Pki
 ) -> None:
-    """Alice (cert) subscribes, alice/2 publishes: the backend served both as themselves."""
-    _, front = gateways
-    with (
-        LineClient(front.address("ssmp"), context(pki)) as reader,
-        LineClient(front.address("ssmp"), context(pki)) as writer,
-    ):
-        reader.send("LOGIN alice cert", "SUBSCRIBE news")
-        reader.expect_code(200)
-        reader.expect_code(200)
-        writer.send("LOGIN alice/2 cert", "MCAST news hello")
-        writer.expect_code(200)
-        writer.expect_code(200)
-        assert reader.read_line() == b"000 alice/2 MCAST news hello"
+    """``LOGIN alice cert`` through the front-end logs in to the backend as alice; MCAST flows."""
+    bob = LineClient(backend.address("hub"))
+    bob.send("LOGIN bob secret bob-secret", "SUBSCRIBE news")
+    bob.expect_code(200)
+    bob.expect_code(200)
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN alice cert")
+    client.expect_code(200)
+    client.send("SUBSCRIBE news", "MCAST news hello from alice")
+    client.expect_code(200)
+    client.expect_code(200)
+    bob.expect("000 alice MCAST news hello from alice")
+    bob.send("UCAST alice hi alice")
+    bob.expect_code(200)
+    client.expect("000 bob UCAST alice hi alice")
 
 
-def test_ssmp_login_for_another_name_is_refused(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki
+def test_ssmp_login_as_someone_else_is_refused(front: GatewayProcess, pki: Pki) -> None:
+    """A LOGIN for a name the certificate does not hold gets ``401 cert`` and a close."""
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN bob cert")
+    client.expect("401 cert")
+    with pytest.raises(EOFError):
+        client.read_line()
+
+
+def test_ssmp_login_the_backend_refuses_is_401_cert(front: GatewayProcess, pki: Pki) -> None:
+    """A backend secret the backend does not accept: the client gets ``401 cert``, then a close."""
+    client = LineClient(front.address("ssmp"), alice(pki))
+    client.send("LOGIN alice@example.org cert")
+    client.expect("401 cert")
+    with pytest.raises(EOFError):
+        client.read_line()
+
+
+@pytest.mark.parametrize("listener", ["qmqp", "reencrypted"])
+def test_qmqp_mail_through_the_front_end(
+    front: GatewayProcess, backend: GatewayProcess, pki: Pki, listener: str
 ) -> None:
-    """The certificate does not name bob: 401 cert and the close, from the front-end."""
-    _, front = gateways
-    with LineClient(front.address("ssmp"), context(pki)) as client:
-        client.send("LOGIN bob cert")
-        assert client.read_line() == b"401 cert"
-        client.expect_closed()
+    """QMQP blocks reach the backend with their ids; its K replies come back; the mail is routed.
 
-
-def test_qmqp_blocks_and_replies_pass_with_their_ids(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki
-) -> None:
-    """Three messages, three K replies with the same ids, then the done block."""
-    _, front = gateways
-    with tls_socket(front, "qmqp", pki) as sock:
-        sock.sendall(b"".join(mail(f"id-{i}", "ops@example.org") for i in range(3)) + b"1:D,")
-        codec = qmqp.QMQPCodec(qmqp.Role.CLIENT)
-        blocks: list[qmqp.Block] = []
-        while len(blocks) < 4:
-            data = sock.recv(65536)
-            assert data, f"closed after {blocks}"
-            blocks.extend(codec.receive_data(data))
-    replies = blocks[:3]
-    assert [(r.id, r.status) for r in replies] == [  # type: ignore[union-attr]
-        (b"id-0", qmqp.K),
-        (b"id-1", qmqp.K),
-        (b"id-2", qmqp.K),
-    ]
-    assert blocks[3] == qmqp.DoneBlock()
-
-
-async def _stream_round_trip(host: str, port: int, ctx: ssl.SSLContext) -> list[bytes]:
-    connection: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "ssl_context": ctx,
-        "username": "guest",
-        "password": "guest",
-    }
-    confirmed = asyncio.Event()
-    count = 0
-
-    async def on_confirm(status: Any) -> None:
-        nonlocal count
-        count += bool(status.is_confirmed)
-        if count == 20:
-            confirmed.set()
-
-    async with rstream.Producer(**connection) as producer:
-        await producer.create_stream("through-front", exists_ok=True)
-        for i in range(20):
-            await producer.send("through-front", f"m{i}".encode(), on_publish_confirm=on_confirm)
-        await confirmed.wait()
-    got: list[bytes] = []
-    done = asyncio.Event()
-
-    async def on_message(message: Any, _context: Any) -> None:
-        got.append(bytes(message))
-        if len(got) == 20:
-            done.set()
-
-    consumer = rstream.Consumer(**connection)
-    await consumer.start()
-    await consumer.subscribe(
-        "through-front",
-        on_message,
-        offset_specification=rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST),
+    ``reencrypted`` relays to the backend over TLS (a ``tls:`` backend endpoint
+    with a client certificate) instead of plaintext.
+    """
+    bob = LineClient(backend.address("hub"))
+    bob.send("LOGIN bob secret bob-secret", "SUBSCRIBE mail.carol")
+    bob.expect_code(200)
+    bob.expect_code(200)
+    mail = b"From: alice@example.org\nsubject: greetings\n\nbody\n"
+    blocks = (
+        b"".join(
+            qmqp.encode(
+                qmqp.MessageBlock(
+                    id=ident,
+                    message=mail,
+                    sender=b"alice@example.org",
+                    recipients=(b"carol@example.org",),
+                )
+            )
+            for ident in (b"m-1", b"m-2")
+        )
+        + qmqp.DONE_BYTES
     )
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
-    return got
+    with (
+        socket.create_connection(front.address(listener), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(blocks)
+        replies = qmqp.QMQPCodec(qmqp.Role.CLIENT).receive_data(read_until_closed(tls))
+    statuses = {block.id: block.status for block in replies if isinstance(block, qmqp.ReplyBlock)}
+    assert statuses == {b"m-1": b"K", b"m-2": b"K"}
+    assert replies[-1] == qmqp.DONE
+    delivered = bob.read_lines(2)
+    assert all(b" MCAST mail.carol greetings" in line for line in delivered), delivered
 
 
-def test_stream_publish_and_consume_through_the_front_end(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki
-) -> None:
-    """Rstream over TLS: publish with confirms, then read back, through the front-end."""
-    _, front = gateways
-    _host, port = front.address("streams")
-    got = asyncio.run(asyncio.wait_for(_stream_round_trip("localhost", port, context(pki)), 60))
-    assert got == [f"m{i}".encode() for i in range(20)]
+def test_qmqp_backend_down_gets_z(front: GatewayProcess, pki: Pki) -> None:
+    """With the backend unreachable, every QMQP block is answered Z, then the done block."""
+    block = qmqp.encode(
+        qmqp.MessageBlock(id=b"z-1", message=b"x\n", sender=b"a@b", recipients=(b"c@d",))
+    )
+    with (
+        socket.create_connection(front.address("down"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(block + qmqp.DONE_BYTES)
+        replies = qmqp.QMQPCodec(qmqp.Role.CLIENT).receive_data(read_until_closed(tls))
+    assert [(r.id, r.status) for r in replies if isinstance(r, qmqp.ReplyBlock)] == [(b"z-1", b"Z")]
+    assert replies[-1] == qmqp.DONE
+
+
+class StreamSession:
+    """A stream client over TLS, through our client codec."""
+
+    def __init__(self, tls: ssl.SSLSocket) -> None:
+        self.tls = tls
+        self.codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self.events: list[sp.Event] = []
+
+    def ask(self, event: sp.Event) -> sp.Event:
+        """Send a frame and return the next frame from the server."""
+        self.tls.sendall(self.codec.send(event))
+        return self.read()
+
+    def read(self) -> sp.Event:
+        """The next frame from the server."""
+        while not self.events:
+            data = self.tls.recv(65536)
+            assert data, "closed"
+            self.events.extend(self.codec.receive_data(data))
+        return self.events.pop(0)
+
+
+def test_stream_publish_and_confirm_through_the_front_end(front: GatewayProcess, pki: Pki) -> None:
+    """The stream protocol end to end: PLAIN login at the backend, create, publish, confirm."""
+    with (
+        socket.create_connection(front.address("streams"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        session = StreamSession(tls)
+        assert isinstance(
+            session.ask(sp.PeerProperties(correlation_id=1, properties={})),
+            sp.PeerPropertiesResponse,
+        )
+        offered = session.ask(sp.SaslHandshake(correlation_id=2))
+        assert isinstance(offered, sp.SaslHandshakeResponse) and "PLAIN" in offered.mechanisms
+        answer = session.ask(
+            sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest")
+        )
+        assert answer == sp.SaslAuthenticateResponse(correlation_id=3, code=1)
+        tune = session.read()
+        assert isinstance(tune, sp.Tune)
+        tls.sendall(session.codec.send(sp.Tune(frame_max=tune.frame_max, heartbeat=0)))
+        opened = session.ask(sp.Open(correlation_id=4, virtual_host="/"))
+        assert isinstance(opened, sp.OpenResponse) and opened.code == 1
+        created = session.ask(sp.Create(correlation_id=5, stream="orders"))
+        assert isinstance(created, sp.Response) and created.code == 1
+        declared = session.ask(
+            sp.DeclarePublisher(correlation_id=6, publisher_id=1, reference="", stream="orders")
+        )
+        assert isinstance(declared, sp.Response) and declared.code == 1
+        confirm = session.ask(
+            sp.Publish(publisher_id=1, publishing_ids=[7, 8], messages=[b"a", b"b"])
+        )
+        assert confirm == sp.PublishConfirm(publisher_id=1, publishing_ids=[7, 8])
 
 
 def test_the_backend_sees_the_protocol_unchanged(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki, recorder: Recorder
+    front: GatewayProcess, recorder: Recorder, pki: Pki
 ) -> None:
-    """QMQP and stream bytes arrive as sent; SSMP's only change is the LOGIN line."""
-    _, front = gateways
-    qmqp_bytes = b"".join(mail(f"r{i}", "a@b.example", size=i * 100) for i in range(5)) + b"1:D,"
-    stream_bytes = sp.encode(sp.PeerProperties(correlation_id=1, properties={"x": "y"})) * 3
-    ssmp_rest = b"SUBSCRIBE a\nMCAST a one\nPING\nMCAST a " + b"z" * 500 + b"\n"
-    for listener, sent, expected in (
-        ("rec-qmqp", qmqp_bytes, qmqp_bytes),
-        ("rec-stream", stream_bytes, stream_bytes),
-        (
-            "rec-ssmp",
-            b"LOGIN alice cert\n" + ssmp_rest,
-            b"LOGIN alice secret front-door\n" + ssmp_rest,
-        ),
+    """Bytes both ways are relayed verbatim, but for the SSMP LOGIN the front-end rewrites."""
+    session = b"SUBSCRIBE news\nMCAST news caf\xc3\xa9 \x01 binary-ish\nPING\nCLOSE\n"
+    qmqp_session = (
+        qmqp.encode(
+            qmqp.MessageBlock(id=b"r-1", message=b"m\n", sender=b"a@b", recipients=(b"c@d",))
+        )
+        + qmqp.DONE_BYTES
+    )
+    received: list[bytes] = []
+    for listener, data in (
+        ("recorded-ssmp", b"LOGIN alice/phone cert\n" + session),
+        ("recorded-qmqp", qmqp_session),
     ):
-        with tls_socket(front, listener, pki) as sock:
-            for at in range(0, len(sent), 7):  # in small pieces: framing is not the relay's
-                sock.sendall(sent[at : at + 7])
-            # A clean TLS close (close_notify), not a reset that would drop what is in flight.
-            sock.unwrap()
-        assert recorder.next() == expected, (listener, front.output()[-3000:])
+        with (
+            socket.create_connection(front.address(listener), timeout=READ_TIMEOUT_SECONDS) as raw,
+            alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            tls.sendall(data)
+            got = b""
+            while len(got) < len(RECORDER_REPLY):
+                chunk = tls.recv(65536)
+                assert chunk, "closed early"
+                got += chunk
+            received.append(got)
+    assert received == [RECORDER_REPLY, RECORDER_REPLY]
+    ssmp_seen, qmqp_seen = recorder.received(2)
+    assert ssmp_seen == b"LOGIN alice/phone secret shared-backend-secret\n" + session
+    assert qmqp_seen == qmqp_session
 
 
-def test_backend_down_qmqp_gets_z(
-    gateways: tuple[GatewayProcess, GatewayProcess], pki: Pki
+@pytest.mark.parametrize("handshake", [False, True])
+def test_silent_clients_are_closed_at_the_time_out(
+    front: GatewayProcess, pki: Pki, handshake: bool
 ) -> None:
-    """Nothing listens behind the front-end: each message gets Z with the reason, then done."""
-    _, front = gateways
-    with tls_socket(front, "down", pki) as sock:
-        sock.sendall(mail("d1", "a@b.example") + mail("d2", "a@b.example") + b"1:D,")
-        codec = qmqp.QMQPCodec(qmqp.Role.CLIENT)
-        blocks: list[qmqp.Block] = []
-        while data := sock.recv(65536):
-            blocks.extend(codec.receive_data(data))
-    assert [(b.id, b.status) for b in blocks[:2]] == [(b"d1", qmqp.Z), (b"d2", qmqp.Z)]  # type: ignore[union-attr]
-    assert b"cannot be reached" in blocks[0].description  # type: ignore[union-attr]
-    assert blocks[2] == qmqp.DoneBlock()
+    """A client that never starts TLS, or never sends its LOGIN, is closed after 0.5 s."""
+    started = time.monotonic()
+    with socket.create_connection(front.address("slow"), timeout=READ_TIMEOUT_SECONDS) as raw:
+        if handshake:
+            with alice(pki).wrap_socket(raw, server_hostname="localhost") as tls:
+                assert closed_by_peer(tls)
+        else:
+            assert closed_by_peer(raw)  # mid-handshake: aborted (a reset)
+    assert time.monotonic() - started < READ_TIMEOUT_SECONDS
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the peer closed or reset the connection before sending anything."""
+    try:
+        return sock.recv(64) == b""
+    except (ConnectionResetError, ssl.SSLEOFError):
+        return True
+
+
+STALL_LIMIT_BYTES = 64 * 1024 * 1024
+"""What the stalled-backend test offers at most; a relay without flow control takes it all."""
+
+
+def test_a_stalled_backend_stops_the_front_end_reading(front: GatewayProcess, pki: Pki) -> None:
+    """A backend that never reads makes the front-end stop reading from the client.
+
+    The client writes until its socket stays unwritable for a second (or the
+    limit is offered); only what the kernel buffers on both connections and
+    one buffer of the front-end's are taken, far below the limit.
+    """
+    chunk = b"\x00" * 65536
+    sent = 0
+    with (
+        socket.create_connection(front.address("stalled"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        alice(pki).wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.setblocking(False)
+        while sent < STALL_LIMIT_BYTES:
+            _, writable, _ = select.select([], [tls], [], 1.0)
+            if not writable:
+                break
+            with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent += tls.send(chunk)
+    assert sent < STALL_LIMIT_BYTES // 2, f"{sent} bytes taken by a relay to a stalled backend"
+
+
+@pytest.mark.parametrize("who", ["nobody", "mallory"])
+def test_clients_without_a_good_certificate_are_refused_at_tls(
+    front: GatewayProcess, pki: Pki, who: str
+) -> None:
+    """No certificate, or one from another CA: the TLS handshake fails and nothing is relayed."""
+    ctx = context(pki) if who == "nobody" else context(pki, pki.mallory_cert, pki.mallory_key)
+    with (
+        socket.create_connection(front.address("qmqp"), timeout=READ_TIMEOUT_SECONDS) as raw,
+        pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError, EOFError)),
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(qmqp.DONE_BYTES)
+        if not tls.recv(64):  # TLS 1.3: the refusal arrives after the client's handshake
+            raise EOFError("closed")
