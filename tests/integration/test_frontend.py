@@ -12,10 +12,14 @@ bytes, to show the backend sees the protocol unchanged but for the SSMP
 LOGIN; to a backend that never reads, to show the front-end then stops
 reading from its client; and to nothing, for QMQP's Z replies. A client
 without a certificate, or with one from another CA, is refused at TLS.
+rstream, a client we did not write, publishes with confirms and consumes
+through the front-end over TLS (the backend advertises the front-end's
+address in Metadata).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
 import socket
@@ -24,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +36,8 @@ from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
 from tests.certs import Pki, make_pki
 from tests.integration.harness import READ_TIMEOUT_SECONDS, GatewayProcess, LineClient
+
+rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +63,9 @@ endpoint = "tcp:0:interface=127.0.0.1"
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 guest = true
+# Metadata names the front-end, so stream clients stay behind it.
+advertised_host = "localhost"
+advertised_port = {front_stream_port}
 
 [listeners.qmqp-tls]
 protocol = "qmqp"
@@ -99,7 +109,7 @@ backend = "tcp:host=127.0.0.1:port={qmqp}"
 [listeners.streams]
 protocol = "frontend"
 speaks = "stream"
-endpoint = "{tls}"
+endpoint = "{stream_tls}"
 backend = "tcp:host=127.0.0.1:port={streams}"
 
 [listeners.recorded-ssmp]
@@ -244,11 +254,20 @@ def tarpit() -> Iterator[socket.socket]:
 
 
 @pytest.fixture(scope="module")
-def backend(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def front_stream_port() -> int:
+    """The front-end's stream port, chosen first: the backend advertises it."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def backend(
+    pki: Pki, front_stream_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     """The backend gateway: plaintext listeners, and one QMQP over TLS."""
     process = GatewayProcess(
         tmp_path_factory.mktemp("backend"),
-        BACKEND_CONFIG.format(tls=server_tls(pki)),
+        BACKEND_CONFIG.format(tls=server_tls(pki), front_stream_port=front_stream_port),
         routes=BACKEND_ROUTES,
         secrets=BACKEND_SECRETS,
     ).start()
@@ -262,6 +281,7 @@ def front(
     backend: GatewayProcess,
     recorder: Recorder,
     tarpit: socket.socket,
+    front_stream_port: int,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[GatewayProcess]:
     """The front-end gateway: TLS with client certificates, relaying to the backends."""
@@ -274,6 +294,7 @@ def front(
         closed = probe.getsockname()[1]  # nothing listens there once closed
     config = FRONT_CONFIG.format(
         tls=tls,
+        stream_tls=tls.replace("mtls:0:", f"mtls:{front_stream_port}:"),
         hub=backend.address("hub")[1],
         qmqp=backend.address("qmqp")[1],
         streams=backend.address("streams")[1],
@@ -557,3 +578,59 @@ def test_clients_without_a_good_certificate_are_refused_at_tls(
         tls.sendall(qmqp.DONE_BYTES)
         if not tls.recv(64):  # TLS 1.3: the refusal arrives after the client's handshake
             raise EOFError("closed")
+
+
+async def _rstream_round_trip(port: int, ctx: ssl.SSLContext) -> list[bytes]:
+    """Rstream over TLS: publish 20 with confirms, then consume them from the first offset."""
+    connection: dict[str, Any] = {
+        "host": "localhost",
+        "port": port,
+        "ssl_context": ctx,
+        "username": "guest",
+        "password": "guest",
+    }
+    confirmed = asyncio.Event()
+    count = 0
+
+    async def on_confirm(status: Any) -> None:
+        nonlocal count
+        count += bool(status.is_confirmed)
+        if count == 20:
+            confirmed.set()
+
+    async with rstream.Producer(**connection) as producer:
+        await producer.create_stream("through-front", exists_ok=True)
+        for i in range(20):
+            await producer.send("through-front", f"m{i}".encode(), on_publish_confirm=on_confirm)
+        await confirmed.wait()
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(message: Any, _context: Any) -> None:
+        got.append(bytes(message))
+        if len(got) == 20:
+            done.set()
+
+    consumer = rstream.Consumer(**connection)
+    await consumer.start()
+    await consumer.subscribe(
+        "through-front",
+        on_message,
+        offset_specification=rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST),
+    )
+    runner = asyncio.create_task(consumer.run())
+    try:
+        await done.wait()
+    finally:
+        await consumer.close()
+        runner.cancel()
+    return got
+
+
+def test_rstream_publishes_and_consumes_through_the_front_end(
+    front: GatewayProcess, pki: Pki
+) -> None:
+    """A third-party client (rstream, over TLS) publishes with confirms and reads back."""
+    _, port = front.address("streams")
+    got = asyncio.run(asyncio.wait_for(_rstream_round_trip(port, alice(pki)), 60))
+    assert got == [f"m{i}".encode() for i in range(20)]
