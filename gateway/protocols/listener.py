@@ -108,6 +108,8 @@ class ListenerFactory(Factory, Generic[P]):
         """Count a closed connection."""
         self.connections.discard(connection)
         self.release(connection)
+        if self._metrics is not None:
+            self._m_open.dec()
 
     def release(self, connection: P) -> None:
         """No longer count a connection under its identity (closed, or being replaced)."""
@@ -118,8 +120,6 @@ class ListenerFactory(Factory, Generic[P]):
                 self._by_identity[identity] = left
             else:
                 del self._by_identity[identity]
-        if self._metrics is not None:
-            self._m_open.dec()
 
     def authorized(
         self, action: Action, identity: str | None, address: str, peer: object = None
