@@ -59,6 +59,7 @@ its subject Common Names and its Subject Alternative Names.
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import os
 import weakref
@@ -225,8 +226,7 @@ def parse_mtls_server(
     port_number = _attempt(problems, _port, port)
     backlog_size = _attempt(problems, _positive_int, "backlog", backlog)
     address = _attempt(problems, _interface, interface)
-    options = _attempt(
-        problems,
+    load = functools.partial(
         server_tls_options,
         cert_key=cert_key,
         private_key=private_key,
@@ -236,24 +236,13 @@ def parse_mtls_server(
         minimum_tls=minimum_tls,
         ciphers=ciphers,
     )
+    options = _attempt(problems, load)
     _raise_problems(problems)
     assert port_number is not None
     assert backlog_size is not None
     assert address is not None
     assert options is not None
-    material = ReloadableServerTLS(
-        options,
-        {
-            "cert_key": cert_key,
-            "private_key": private_key,
-            "extra_cert_chain": extra_cert_chain,
-            "ca_certs": ca_certs,
-            "verify": verify,
-            "minimum_tls": minimum_tls,
-            "ciphers": ciphers,
-        },
-        f"mtls:{port_number} ({cert_key or private_key})",
-    )
+    material = ReloadableServerTLS(options, load, f"mtls:{port_number} ({cert_key or private_key})")
     return SSL4ServerEndpoint(
         reactor,
         port_number,
@@ -275,13 +264,15 @@ class ReloadableServerTLS:
 
     Args:
         options: The material in effect.
-        settings: The `server_tls_options` arguments that built it.
+        load: Reads the files again (`server_tls_options` with the listener's arguments).
         where: How logs name the listener (its endpoint kind and port).
     """
 
-    def __init__(self, options: CertificateOptions, settings: dict[str, object], where: str):
+    def __init__(
+        self, options: CertificateOptions, load: Callable[[], CertificateOptions], where: str
+    ) -> None:
         self.options = options
-        self.settings = settings
+        self._load = load
         self.where = where
         _RELOADABLE.add(self)
 
@@ -299,7 +290,7 @@ class ReloadableServerTLS:
         Raises:
             ValueError: Every problem found; the old material stays.
         """
-        self.options = server_tls_options(**self.settings)  # type: ignore[arg-type]
+        self.options = self._load()
 
 
 _RELOADABLE: Final[weakref.WeakSet[ReloadableServerTLS]] = weakref.WeakSet()
