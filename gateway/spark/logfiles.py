@@ -2,8 +2,9 @@
 
 The Spark data source (`gateway.spark.source`) runs this in Spark's Python
 workers, possibly on other machines that share the log directory, and while
-the gateway is writing. Standard library and `gateway.codecs.osiris` only:
-no Twisted, no reactor, no writer thread.
+the gateway is writing. It reads files only: no log store, no reactor, no
+writer thread; the osiris layout and the index reading (`read_index`, the
+well-formed ascending records) are the log's own.
 
 Planning (`plan_slices`) reads only ``meta.json`` and ``.index`` files: each
 segment becomes one or more `Slice` s (consecutive chunks of at most
@@ -33,18 +34,17 @@ from typing import Final
 
 from gateway.codecs.osiris import (
     FILE_HEADER_BYTES,
-    INDEX_HEADER,
     USER,
     ChunkHeader,
     OsirisError,
     decode_tracking,
+    index_file_name,
     iter_entries,
-    iter_index_records,
-    parse_file_stem,
     segment_file_name,
     validate_chunk,
 )
 from gateway.core.log.directory import META_FILE, decode_meta
+from gateway.core.log.recovery import read_index, segment_file_ids
 
 __all__ = [
     "DEFAULT_SLICE_BYTES",
@@ -182,39 +182,20 @@ def plan_slices(
     return slices
 
 
-def _segment_ids(directory: Path) -> list[int]:
-    ids = []
-    for entry in os.scandir(directory):
-        stem, dot, suffix = entry.name.partition(".")
-        if dot and suffix == "index":
-            first = parse_file_stem(stem)
-            if first is not None:
-                ids.append(first)
-    return sorted(ids)
-
-
 def _stream_slices(
     name: str, directory: Path, offsets: Range, timestamps: Range, max_bytes: int
 ) -> Iterator[Slice]:
-    ids = _segment_ids(directory)
+    ids = sorted(segment_file_ids(directory)[1])  # by their indexes: what they list is committed
     for number, first_id in enumerate(ids):
         following = ids[number + 1] if number + 1 < len(ids) else None
         if offsets.high is not None and first_id >= offsets.high:
             return
         if following is not None and offsets.low is not None and following <= offsets.low:
             continue
-        index_path = directory / f"{first_id:020d}.index"
-        try:
-            data = index_path.read_bytes()
-        except FileNotFoundError:
-            continue  # removed by retention since the listing
-        if data[:FILE_HEADER_BYTES] != INDEX_HEADER:
-            continue  # created, header not written yet
-        chunks = [
-            (r.chunk_id, r.position, r.timestamp)
-            for r in iter_index_records(data)
-            if r.chunk_type == USER
-        ]
+        # Missing (retention removed it since the listing) or without its header
+        # yet (just created): no records. Otherwise the well-formed, ascending ones.
+        records, _complete = read_index(directory / index_file_name(first_id))
+        chunks = [(r.chunk_id, r.position, r.timestamp) for r in records if r.chunk_type == USER]
         # Only the chunks before the next segment's first id: a crash can
         # leave records past what recovery keeps, and the next segment wins.
         if following is not None:

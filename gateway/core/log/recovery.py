@@ -52,7 +52,7 @@ from gateway.codecs.osiris import (
 from gateway.core.log.segment import Segment
 from gateway.core.log.tracking import TrackingState
 
-__all__ = ["create_segment_files", "recover_stream"]
+__all__ = ["create_segment_files", "read_index", "recover_stream", "segment_file_ids"]
 
 _log = Logger()
 
@@ -79,24 +79,14 @@ def recover_stream(directory: Path) -> tuple[list[Segment], TrackingState]:
     Raises:
         OSError: A file could not be read or repaired.
     """
-    segment_ids: list[int] = []
-    index_ids: list[int] = []
-    for entry in os.scandir(directory):
-        stem, _, suffix = entry.name.partition(".")
-        first_id = parse_file_stem(stem)
-        if first_id is None:
-            continue
-        if suffix == "segment":
-            segment_ids.append(first_id)
-        elif suffix == "index":
-            index_ids.append(first_id)
-    for first_id in set(index_ids) - set(segment_ids):
+    segment_ids, index_ids = segment_file_ids(directory)
+    for first_id in index_ids - segment_ids:
         orphan = directory / index_file_name(first_id)
         _log.warn("Removing index {path} without a segment", path=str(orphan))
         orphan.unlink()
     if not segment_ids:
         create_segment_files(directory, 0)
-        segment_ids.append(0)
+        segment_ids.add(0)
     segments = [_recover_segment(directory, first_id) for first_id in sorted(segment_ids)]
     kept = [segments[-1]]
     for segment in reversed(segments[:-1]):
@@ -110,7 +100,23 @@ def recover_stream(directory: Path) -> tuple[list[Segment], TrackingState]:
     return kept, _rebuild_tracking(kept)
 
 
-def _read_index(path: Path) -> tuple[list[IndexRecord], bool]:
+def segment_file_ids(directory: Path) -> tuple[set[int], set[int]]:
+    """The first chunk ids of a stream directory's ``.segment`` and ``.index`` files."""
+    segment_ids: set[int] = set()
+    index_ids: set[int] = set()
+    for entry in os.scandir(directory):
+        stem, _, suffix = entry.name.partition(".")
+        first_id = parse_file_stem(stem)
+        if first_id is None:
+            continue
+        if suffix == "segment":
+            segment_ids.add(first_id)
+        elif suffix == "index":
+            index_ids.add(first_id)
+    return segment_ids, index_ids
+
+
+def read_index(path: Path) -> tuple[list[IndexRecord], bool]:
     """The well-formed, ascending prefix of an index file, and whether that is all of it."""
     try:
         data = path.read_bytes()
@@ -215,7 +221,7 @@ def _recover_segment(directory: Path, first_id: int) -> Segment:
             os.fsync(file.fileno())
             _write_index(segment.index_path, [])
             return segment
-        records, exact = _read_index(segment.index_path)
+        records, exact = read_index(segment.index_path)
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             kept, resume, expected = _trust_point(buf, records, first_id)
             found, end, next_id, problem = _scan(buf, resume, expected)
