@@ -29,11 +29,11 @@ send
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime
 import itertools
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -46,8 +46,11 @@ from typing import Any, Final
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.window import Window
 
 from gateway.core.outcomes import OUTCOME_STREAM
+from gateway.mailsend import Envelope, LocalFailure, Outgoing, QMQPSender, envelope_of
+from gateway.probe import connect, parse_address, tls_context
 from gateway.spark.logfiles import list_streams
 from gateway.spark.source import NAME, register
 
@@ -354,8 +357,6 @@ def _route_row(row: Any) -> dict[str, Any]:
 
 def _top(frame: DataFrame, column: str, top: int) -> list[dict[str, Any]]:
     counted = frame.groupBy("route", column).agg(F.count("*").alias("messages"))
-    from pyspark.sql.window import Window
-
     ranked = counted.withColumn(
         "rank",
         F.row_number().over(Window.partitionBy("route").orderBy(F.desc("messages"), F.asc(column))),
@@ -378,8 +379,6 @@ def _json_default(value: object) -> object:
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    import csv
-
     columns: list[str] = []
     for row in rows:
         columns.extend(key for key in row if key not in columns)
@@ -461,7 +460,8 @@ def _charts(out: Path, document: dict[str, Any]) -> None:
 
 # --- send ----------------------------------------------------------------------------
 
-_SPLIT: Final = re.compile(r"[\s,;]+")
+_SPLIT: Final = r"[\s,;]+"
+"""What separates recipients in a CSV or string column."""
 
 
 def outcomes_path(source: str | Path) -> Path:
@@ -522,7 +522,7 @@ def load_messages(spark: SparkSession, source: str | Path, fmt: str | None = Non
     if kind_of_recipients.startswith("array"):
         recipients = F.col("recipients").cast("array<string>")
     elif kind_of_recipients:
-        listed = F.split(F.coalesce(F.col("recipients").cast("string"), F.lit("")), _SPLIT.pattern)
+        listed = F.split(F.coalesce(F.col("recipients").cast("string"), F.lit("")), _SPLIT)
         recipients = F.filter(listed, lambda r: r != "")
     else:
         recipients = F.lit(None).cast("array<string>")
@@ -609,9 +609,6 @@ def _send_partition(
     index: int, rows: Iterator[Any], settings: dict[str, Any]
 ) -> Iterator[dict[str, int]]:
     """One partition: one QMQP connection; each outcome appended to a file as it comes."""
-    from gateway.mailsend import Envelope, LocalFailure, Outgoing, QMQPSender, envelope_of
-    from gateway.probe import connect, parse_address, tls_context
-
     counts: dict[str, int] = {}
     path = Path(settings["outcomes"]) / f"{settings['run']}-part-{index:05d}.jsonl"
     run = settings["run"]

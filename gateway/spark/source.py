@@ -131,10 +131,9 @@ class LogReader(DataSourceReader):
     """Plans slices from the options; reads them as Arrow batches."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.root = options.get("path") or options.get("paths", "")
+        self.root = options.get("path", "")
         if not self.root:
             raise ValueError("msggateway data source: give the log directory: .load(PATH)")
-        self.root = self.root.strip("[]\"'")  # .load([path]) arrives as a JSON list
         self.kind = _kind(options)
         streams = options.get("streams")
         self.streams: list[str] | None = (
