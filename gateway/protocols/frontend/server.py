@@ -52,7 +52,7 @@ from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.frontend.settings import FrontendSettings
 from gateway.protocols.listener import ListenerFactory
-from gateway.protocols.ssmp.server import cert_identity_matches
+from gateway.protocols.ssmp.server import cert_identity_matches, cert_name_for
 from gateway.protocols.tcp import disable_nagle
 from gateway.tls import external_identity, peer_identities
 
@@ -79,11 +79,9 @@ def backend_secret(
     secret = secrets.get(identity)
     if secret is not None:
         return secret
-    bases = [name for name in names if identity.startswith(name + "/")]
-    for base in sorted(bases, key=len, reverse=True):
-        secret = secrets.get(base)
-        if secret is not None:
-            return secret
+    base = cert_name_for(identity, names)
+    if base is not None and base in secrets:
+        return secrets[base]
     return secrets.get(ANY_IDENTITY)
 
 

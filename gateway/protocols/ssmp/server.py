@@ -46,24 +46,36 @@ from gateway.protocols.ssmp.settings import SSMPListenerSettings
 from gateway.protocols.tcp import disable_nagle
 from gateway.tls import peer_identities
 
-__all__ = ["SSMPServerFactory", "SSMPServerProtocol", "cert_identity_matches", "outcome_response"]
+__all__ = [
+    "SSMPServerFactory",
+    "SSMPServerProtocol",
+    "cert_identity_matches",
+    "cert_name_for",
+    "outcome_response",
+]
 
 OK: Final = b"200\n"
 PONG_EVENT: Final = b"000 . PONG\n"
 PING_EVENT: Final = b"000 . PING\n"
 
 
-def cert_identity_matches(identity: str, names: frozenset[str]) -> bool:
-    """Whether a LOGIN identifier is allowed by a client certificate's names.
+def cert_name_for(identity: str, names: frozenset[str]) -> str | None:
+    """The client certificate name a LOGIN identifier is, or extends; None if neither.
 
     Spec, "Client certificate": LOGIN MUST succeed for any identifier matching
     the Common Name or a Subject Alternative Name, and MAY for such a name
     followed by ``/`` and one or more ID characters (several connections with
-    one certificate).
+    one certificate): ``alice/laptop`` is ``alice``'s (the longest name wins).
     """
     if identity in names:
-        return True
-    return any(identity.startswith(name + "/") and len(identity) > len(name) + 1 for name in names)
+        return identity
+    bases = [n for n in names if identity.startswith(n + "/") and len(identity) > len(n) + 1]
+    return max(bases, key=len, default=None)
+
+
+def cert_identity_matches(identity: str, names: frozenset[str]) -> bool:
+    """Whether a LOGIN identifier is allowed by a client certificate's names (`cert_name_for`)."""
+    return cert_name_for(identity, names) is not None
 
 
 def outcome_response(outcome: Outcome) -> bytes:
@@ -434,9 +446,7 @@ class SSMPServerProtocol(Protocol):
         if identity == "." or scheme not in ("secret", "cert"):
             return None
         if scheme == "cert":
-            names = peer_identities(self.transport)
-            if identity not in names and "/" in identity:
-                return identity.rsplit("/", 1)[0]
+            return cert_name_for(identity, peer_identities(self.transport))
         return identity
 
     def _allowed(self, action: Action, topic: bytes) -> bool:
