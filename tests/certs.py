@@ -32,6 +32,7 @@ __all__ = [
     "issue_server_certificate",
     "make_ca",
     "make_pki",
+    "mtls_endpoint",
     "write_pem",
 ]
 
@@ -267,6 +268,20 @@ def make_pki(directory: Path) -> Pki:
         mallory_cert=mallory_cert,
         mallory_key=mallory_key,
     )
+
+
+def mtls_endpoint(pki: Pki, verify: str | None = None) -> str:
+    """An ``mtls:`` server endpoint on a free loopback port with the test PKI's server.
+
+    Client certificates must come from the test CA; ``verify`` (``required``,
+    ``optional``) is added when given, else the endpoint's default applies
+    (``required`` with ``caCerts``).
+    """
+    endpoint = (
+        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
+        f":caCerts={pki.ca_cert}"
+    )
+    return endpoint if verify is None else f"{endpoint}:verify={verify}"
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:

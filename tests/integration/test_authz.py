@@ -23,7 +23,7 @@ import pytest
 
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -102,10 +102,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="module")
 def gateway(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """QMQP and stream listeners over TLS with allow-lists for alice."""
-    tls = (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}:verify=required"
-    )
+    tls = mtls_endpoint(pki, "required")
     process = GatewayProcess(
         tmp_path_factory.mktemp("authz"), CONFIG.format(tls=tls), routes=ROUTES
     ).start()

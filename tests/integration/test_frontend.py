@@ -34,7 +34,7 @@ import pytest
 
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import READ_TIMEOUT_SECONDS, GatewayProcess, LineClient
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -215,10 +215,7 @@ class Recorder:
 
 def server_tls(pki: Pki) -> str:
     """An mtls: server endpoint requiring client certificates from the test CA."""
-    return (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}"
-    )
+    return mtls_endpoint(pki)
 
 
 @pytest.fixture(scope="module")

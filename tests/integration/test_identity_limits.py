@@ -20,7 +20,7 @@ import pytest
 
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
@@ -71,10 +71,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="module")
 def gateway(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """The gateway with per-identity limits of two."""
-    tls = (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}:verify=optional"
-    )
+    tls = mtls_endpoint(pki, "optional")
     process = GatewayProcess(
         tmp_path_factory.mktemp("ids"), CONFIG.format(tls=tls), secrets=SECRETS
     ).start()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
@@ -45,10 +45,7 @@ dave = "dave-secret"
 
 def tls_endpoint(pki: Pki) -> str:
     """An mtls: endpoint on a free loopback port with the test PKI (no verify= yet)."""
-    return (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}"
-    )
+    return mtls_endpoint(pki)
 
 
 @pytest.fixture(scope="module")

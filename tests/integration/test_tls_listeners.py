@@ -17,7 +17,7 @@ import pytest
 
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
-from tests.certs import Pki, make_pki
+from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import GatewayProcess
 
 pytestmark = pytest.mark.integration
@@ -63,10 +63,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="module")
 def gateway(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """QMQP, stream and DMP listeners over TLS, client certificates required."""
-    tls = (
-        f"mtls:0:interface=127.0.0.1:certKey={pki.server_cert}:privateKey={pki.server_key}"
-        f":caCerts={pki.ca_cert}:verify=required"
-    )
+    tls = mtls_endpoint(pki, "required")
     process = GatewayProcess(tmp_path_factory.mktemp("tls"), CONFIG.format(tls=tls)).start()
     yield process
     process.stop()
