@@ -63,6 +63,7 @@ from gateway.protocols.stream.settings import (
     StreamListenerSettings,
     StreamUpstreamSettings,
 )
+from gateway.tls import mtls_verify_mode
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -712,17 +713,14 @@ def _stream_upstream(section: _Section) -> StreamUpstreamSettings:
 
 
 def _frontend_listener(section: _Section, tls: bool) -> FrontendSettings:
-    endpoint = section.table.get("endpoint", "")
-    fields = str(endpoint).split(":")
-    if not str(endpoint).startswith("mtls:") or not any(
-        field.startswith("caCerts=") for field in fields
-    ):
+    mode = mtls_verify_mode(str(section.table.get("endpoint", "")))
+    if mode in (None, "none"):
         section.problem(
             "endpoint",
             "a front-end needs an mtls: endpoint with caCerts (it lets in only clients "
             "with a verified certificate)",
         )
-    elif any(field in ("verify=optional", "verify=none") for field in fields):
+    elif mode != "required":
         section.problem("endpoint", "a front-end needs verify=required (the default)")
     backend = section.string("backend")
     if isinstance(backend, str) and backend:

@@ -98,6 +98,7 @@ __all__ = [
     "ReloadableServerTLS",
     "client_endpoint_at",
     "external_identity",
+    "mtls_verify_mode",
     "parse_mtls_server",
     "peer_identities",
     "server_tls_options",
@@ -723,6 +724,30 @@ def client_endpoint_at(description: str, host: str, port: int) -> str:
     ]
     escaped = host.replace("\\", "\\\\").replace(":", "\\:").replace("=", "\\=")
     return ":".join([kind, f"host={escaped}", f"port={port}", *kept])
+
+
+def mtls_verify_mode(description: str) -> str | None:
+    """What an ``mtls:`` endpoint string asks of clients: ``required``, ``optional`` or ``none``.
+
+    None for another kind of endpoint, or one whose parameters do not parse
+    (`parse_mtls_server` says why when the endpoint is built).
+    """
+    fields = _split_unescaped(description)
+    if fields[0] != MTLSServerParser.prefix:
+        return None
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    for field in fields[1:]:
+        name, equals, value = field.partition("=")
+        if equals:
+            kwargs[name] = value
+        else:
+            args.append(field)
+    try:
+        _port, options = _endpoint_arguments(tuple(args), kwargs)
+        return _verify_mode(options.get("verify"), options.get("ca_certs"))
+    except ValueError:
+        return None
 
 
 def _split_unescaped(description: str) -> list[str]:

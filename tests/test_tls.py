@@ -56,6 +56,7 @@ from gateway.tls import (
     MTLSServerParser,
     ReloadableServerTLS,
     client_endpoint_at,
+    mtls_verify_mode,
     parse_mtls_server,
     peer_identities,
 )
@@ -743,3 +744,21 @@ def test_client_endpoint_at_keeps_everything_but_the_address() -> None:
     )
     with pytest.raises(ValueError, match="unix"):
         client_endpoint_at("unix:/run/rabbit.sock", "a", 1)
+
+
+@pytest.mark.parametrize(
+    ("description", "mode"),
+    [
+        ("mtls:0:certKey=a.pem:caCerts=ca.pem", "required"),
+        ("mtls:0:certKey=a.pem:caCerts=ca.pem:verify=optional", "optional"),
+        ("mtls:0:certKey=a.pem", "none"),
+        ("mtls:0:certKey=C\\:/a.pem:caCerts=C\\:/ca.pem", "required"),  # escaped colons
+        ("mtls:0:certKey=a.pem:verify=optional", None),  # does not parse: no caCerts
+        ("mtls:0:certkey=a.pem", None),  # unknown parameter
+        ("tcp:0", None),
+        ("ssl:0:certKey=a.pem", None),
+    ],
+)
+def test_mtls_verify_mode(description: str, mode: str | None) -> None:
+    """What an endpoint string asks of clients, read with the endpoint's own parameter rules."""
+    assert mtls_verify_mode(description) == mode
