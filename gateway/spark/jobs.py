@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
 from gateway.core.outcomes import OUTCOME_STREAM
-from gateway.mailsend import Envelope, LocalFailure, Outgoing, QMQPSender, envelope_of
+from gateway.mailsend import Item, LocalFailure, QMQPSender, prepare
 from gateway.probe import connect, parse_address, tls_context
 from gateway.spark.logfiles import list_streams
 from gateway.spark.source import NAME, register
@@ -119,6 +119,11 @@ def read_log(spark: SparkSession, log: str | Path, **options: Any) -> DataFrame:
 
 
 # --- archive -------------------------------------------------------------------------
+
+
+def _run_id() -> str:
+    """A run's name: its UTC start time and a random suffix, sortable and unique."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
 
 
 def _load_state(out: Path) -> dict[str, Any]:
@@ -202,7 +207,7 @@ def archive(
         read_log(spark, log, streams=name, start_offset=state["streams"].get(name, 0))
         for name in names
     ]
-    run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    run = _run_id()
     if not frames:
         return {"run": run, "rows": 0, "streams": {}}
     frame = frames[0]
@@ -580,7 +585,7 @@ def send(
         messages = messages.join(accepted, "id", "left_anti")
     if partitions:
         messages = messages.repartition(partitions)
-    run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    run = _run_id()
     settings = {
         "address": address,
         "window": window,
@@ -633,22 +638,18 @@ def _send_partition(
             )
             handle.flush()  # in the OS now: a killed job keeps it
 
-        def items() -> Iterator[Outgoing | LocalFailure]:
+        def items() -> Iterator[Item]:
+            # As ``msggateway qmqp send`` prepares a file: LF lines, the envelope
+            # from the row or else the headers, Bcc removed.
             for row in rows:
                 ident = str(row["id"]).encode("utf-8", "surrogateescape")
-                body = bytes(row["body"] or b"").replace(b"\r\n", b"\n")
                 listed = [r for r in (row["recipients"] or []) if r]
-                if row["sender"] is None or not listed:
-                    envelope = envelope_of(body, sender=row["sender"], recipients=listed)
-                else:
-                    envelope = Envelope(
-                        sender=row["sender"].encode("utf-8"),
-                        recipients=tuple(r.encode("utf-8") for r in listed),
-                    )
-                if not envelope.recipients:
-                    yield LocalFailure(id=ident, reason="no recipient in the dataset or headers")
-                else:
-                    yield Outgoing(id=ident, message=body, envelope=envelope)
+                item = prepare(
+                    ident, bytes(row["body"] or b""), sender=row["sender"], recipients=listed
+                )
+                if isinstance(item, LocalFailure):
+                    item = LocalFailure(id=ident, reason="no recipient in the dataset or headers")
+                yield item
 
         first = next(rows, None)
         if first is None:
