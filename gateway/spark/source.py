@@ -240,6 +240,7 @@ class _MessageRows:
     """Columns of message rows, turned into a record batch when full."""
 
     def __init__(self, stream: str) -> None:
+        self.stream = stream
         self.route = (
             stream[len(ROUTE_STREAM_PREFIX) :] if stream.startswith(ROUTE_STREAM_PREFIX) else None
         )
@@ -258,10 +259,8 @@ class _MessageRows:
         self.times: list[int] = []
         self.headers: list[list[tuple[str, str]]] = []
         self.bodies: list[bytes] = []
-        self.stream = ""
 
     def add(self, chunk: ChunkRecords, stream: str, offsets: Range) -> None:
-        self.stream = stream
         header = chunk.header
         seconds = header.timestamp / 1000
         chunk_time = header.timestamp * 1000
