@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gateway.codecs import qmqp
-from gateway.codecs import stream as sp
 from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.test_tls_listeners import stream_login as sasl_login
 
 pytestmark = pytest.mark.integration
 
@@ -117,27 +117,9 @@ def qmqp_login(gateway: GatewayProcess, who: str) -> tuple[bool, object]:
 def stream_login(gateway: GatewayProcess, who: str) -> tuple[bool, object]:
     """Peer properties, SASL PLAIN; whether the code was OK (1), and the open socket."""
     sock = socket.create_connection(gateway.address("streams"), timeout=10)
-    codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
-    events: list[sp.Event] = []
-
-    def ask(event: sp.Event) -> sp.Event:
-        sock.sendall(codec.send(event))
-        while not events:
-            data = sock.recv(65536)
-            assert data, "closed"
-            events.extend(codec.receive_data(data))
-        return events.pop(0)
-
-    ask(sp.PeerProperties(correlation_id=1, properties={}))
-    ask(sp.SaslHandshake(correlation_id=2))
-    secret = f"{who[0]}-secret".encode()
-    answer = ask(
-        sp.SaslAuthenticate(
-            correlation_id=3, mechanism="PLAIN", data=b"\0" + who.encode() + b"\0" + secret
-        )
-    )
-    assert isinstance(answer, sp.SaslAuthenticateResponse)
-    return answer.code == 1, sock
+    response = b"\0" + who.encode() + b"\0" + f"{who[0]}-secret".encode()
+    _mechanisms, code = sasl_login(sock, response, "PLAIN")
+    return code == 1, sock
 
 
 def dmp_login(gateway: GatewayProcess, who: str) -> tuple[bool, object]:

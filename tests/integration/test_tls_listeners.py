@@ -108,8 +108,13 @@ def test_a_certificate_from_another_ca_is_refused(
             raise ConnectionResetError("closed")
 
 
-def stream_login(tls: ssl.SSLSocket, authzid: bytes) -> tuple[tuple[str, ...], int]:
-    """Peer properties, SASL handshake, EXTERNAL with ``authzid``: the mechanisms and the code."""
+def stream_login(
+    tls: socket.socket, authzid: bytes, mechanism: str = "EXTERNAL"
+) -> tuple[tuple[str, ...], int]:
+    """Peer properties, SASL handshake, ``mechanism`` with ``authzid``: the mechanisms and the code.
+
+    For PLAIN, ``authzid`` is the whole response: NUL, user, NUL, password.
+    """
     codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
     events: list[sp.Event] = []
 
@@ -124,7 +129,7 @@ def stream_login(tls: ssl.SSLSocket, authzid: bytes) -> tuple[tuple[str, ...], i
     ask(sp.PeerProperties(correlation_id=1, properties={}))
     offered = ask(sp.SaslHandshake(correlation_id=2))
     assert isinstance(offered, sp.SaslHandshakeResponse)
-    answer = ask(sp.SaslAuthenticate(correlation_id=3, mechanism="EXTERNAL", data=authzid))
+    answer = ask(sp.SaslAuthenticate(correlation_id=3, mechanism=mechanism, data=authzid))
     assert isinstance(answer, sp.SaslAuthenticateResponse)
     return tuple(offered.mechanisms), answer.code
 
