@@ -110,7 +110,7 @@ async def _router_rounds(reactor: Any, count: int, rounds: int, directory: Path)
             started = time.process_time()
             for at in range(0, count, 5000):
                 for message in messages[at : at + 5000]:
-                    router.dispatch("mail", message)
+                    router.dispatch("mail", (message,))
                 await deferLater(reactor, 0, lambda: None)  # let the log commit
             flushed = recorder.flush()
             if flushed is not None:

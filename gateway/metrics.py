@@ -88,10 +88,10 @@ class RouteStats:
         self.latency_buckets = [0] * (len(_LATENCY_BUCKETS_SECONDS) + 1)
         self.latency_sum = 0.0
 
-    def observe_latency(self, seconds: float) -> None:
-        """Count one outcome's latency in its histogram bucket."""
-        self.latency_buckets[bisect.bisect_left(_LATENCY_BUCKETS_SECONDS, seconds)] += 1
-        self.latency_sum += seconds
+    def observe_latency(self, seconds: float, count: int = 1) -> None:
+        """Count ``count`` outcomes of the same latency (one batch) in its histogram bucket."""
+        self.latency_buckets[bisect.bisect_left(_LATENCY_BUCKETS_SECONDS, seconds)] += count
+        self.latency_sum += seconds * count
 
 
 class _RouteCollector(Collector):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,6 +43,7 @@ from gateway.config import (
     reload_routes,
     reload_secrets,
 )
+from gateway.core.batch import deliver_each
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, Retention
@@ -556,7 +557,11 @@ class _NoDelivery:
         self.name = name
         self._what = what
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Refuse: nothing on this listener takes routed messages."""
         return succeed(
             Outcome.rejected(f"{self.name} is {self._what}, which routes cannot deliver to")

@@ -7,7 +7,7 @@ one listens on a real loopback port and fetches with real `treq`.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -30,6 +30,7 @@ from zope.interface.verify import verifyObject
 
 from gateway.admin import HealthReport, make_admin_resource, make_admin_site
 from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import BoundRoute, Route, Router, RouteTable
@@ -48,7 +49,11 @@ class _HeldDelivery:
     def __init__(self) -> None:
         self.held: list[tuple[Message, Deferred[Outcome]]] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Hold each message of the batch."""
+        return deliver_each(self._hold, messages)
+
+    def _hold(self, message: Message) -> Deferred[Outcome]:
         """Keep the message; its outcome comes when the test fires the Deferred."""
         d: Deferred[Outcome] = Deferred()
         self.held.append((message, d))
@@ -59,9 +64,9 @@ class _HeldDelivery:
 class _AcceptingDelivery:
     """A route delivery that accepts every message at once."""
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Accept the message."""
-        return succeed(Outcome.accepted())
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Accept the messages."""
+        return succeed([Outcome.accepted()] * len(messages))
 
 
 @attrs.define
@@ -136,7 +141,7 @@ def _result(d: Deferred[T]) -> T:
 
 def _dispatch(router: Router, address: str, body: bytes) -> Deferred[Outcome]:
     """Dispatch a message from ``ssmp-in``, which some route must take."""
-    d = router.dispatch("ssmp-in", Message(body=body, address=address))
+    d = router.dispatch_one("ssmp-in", Message(body=body, address=address))
     assert d is not None, f"no route takes {address}"
     return d
 

@@ -11,10 +11,10 @@ offset, so a restart resumes where it stopped and loses nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -44,7 +44,7 @@ class _Log(Protocol):
 
 @implementer(IRouteDelivery)
 class DurableDelivery:
-    """Append to the route's stream; accepted once committed."""
+    """Append each batch to the route's stream; accepted once committed."""
 
     _log = Logger()
 
@@ -53,19 +53,32 @@ class DurableDelivery:
         self._stream = stream
         self._encode = encode
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Commit the message; the forwarder delivers it later."""
-        appended: Deferred[object] = self._stream.append([self._encode(message)])  # type: ignore[attr-defined]
-        return appended.addCallbacks(self._committed, self._failed)
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Commit the batch as one append (one chunk, one fsync); forwarded later."""
+        encode = self._encode
+        try:
+            appended: Deferred[object] = self._stream.append(  # type: ignore[attr-defined]
+                [encode(message) for message in messages]
+            )
+        except Exception:
+            return succeed(self._failed(Failure(), len(messages)))
+        return appended.addCallbacks(
+            self._committed,
+            self._failed,
+            callbackArgs=(len(messages),),
+            errbackArgs=(len(messages),),
+        )
 
-    def _committed(self, _result: object) -> Outcome:
-        return Outcome.accepted()
+    def _committed(self, _result: object, count: int) -> list[Outcome]:
+        return [Outcome.accepted()] * count
 
-    def _failed(self, failure: Failure) -> Outcome:
+    def _failed(self, failure: Failure, count: int) -> list[Outcome]:
         self._log.failure(
             "durable route {route}: could not commit to the log", failure, route=self.route.name
         )
-        return Outcome.retry(f"route {self.route.name}: the log could not store the message")
+        return [
+            Outcome.retry(f"route {self.route.name}: the log could not store the message")
+        ] * count
 
 
 class DurableRoutes:

@@ -18,11 +18,11 @@ chunk that was in progress are delivered again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -69,7 +69,7 @@ class LogForwarder:
     Args:
         reference: The name its offset is stored under in the stream.
         stream: The stream it reads.
-        deliver: Delivers one message; fires with its outcome.
+        deliver: Delivers a batch; fires with one outcome per message.
         to_message: Turns a stored entry (with its offset and the chunk's
             timestamp in seconds) back into a message.
         dead_letter: Stores a message that kept being rejected, with the
@@ -87,7 +87,7 @@ class LogForwarder:
         *,
         reference: str,
         stream: StreamLog,
-        deliver: Callable[[Message], Deferred[Outcome]],
+        deliver: Callable[[Sequence[Message]], Deferred[list[Outcome]]],
         to_message: Callable[[bytes, int, float], Message],
         dead_letter: Callable[[Message, Outcome], Deferred[object]],
         clock: IReactorTime,
@@ -197,30 +197,30 @@ class LogForwarder:
         return pending
 
     def _attempt(self, pending: list[_Pending]) -> Deferred[None]:
-        """Deliver every pending message until each has a final outcome."""
+        """Deliver the pending messages as one batch until each has a final outcome."""
         for item in pending:
             item.attempts += 1
-        results = [self._deliver_one(item) for item in pending]
-        done: Deferred[Any] = DeferredList(results, consumeErrors=True)
-        return done.addCallback(lambda _: self._settle(pending))
+        try:
+            d = self._deliver([item.message for item in pending])
+        except Exception:
+            d = fail()
 
-    def _deliver_one(self, item: _Pending) -> Deferred[Outcome]:
-        d = self._deliver(item.message)
+        def record(outcomes: list[Outcome]) -> None:
+            for item, outcome in zip(pending, outcomes, strict=True):
+                item.outcome = outcome
 
-        def record(outcome: Outcome) -> Outcome:
-            item.outcome = outcome
-            return outcome
-
-        def broken(failure: Failure) -> Outcome:
+        def broken(failure: Failure) -> None:
             self._log.failure(
                 "forwarder {reference}: delivery failed unexpectedly",
                 failure,
                 reference=self.reference,
             )
-            item.outcome = Outcome.retry("internal error")
-            return item.outcome
+            retry = Outcome.retry("internal error")
+            for item in pending:
+                item.outcome = retry
 
-        return d.addCallbacks(record, broken)
+        d.addCallbacks(record, broken)
+        return d.addCallback(lambda _: self._settle(pending))
 
     def _settle(self, pending: list[_Pending]) -> Deferred[None] | None:
         again: list[_Pending] = []

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from twisted.internet.defer import Deferred
 
     from gateway.core.message import Message, Outcome
@@ -27,22 +29,30 @@ class IDestination(Interface):
 
     name = Attribute("The listener or upstream name this destination belongs to.")
 
-    def deliver(message: Message) -> Deferred[Outcome]:
-        """Deliver one message; the Deferred fires with its `Outcome`.
+    def deliver(messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch; the Deferred fires with one `Outcome` per message, in order.
 
         Must never errback for an ordinary failure (peer gone, refused, too
-        large): those are `Outcome` values. The message's ``address`` is the
-        destination-side address (already translated by the route).
+        large): those are `Outcome` values. The messages' ``address`` is the
+        destination-side address (already translated by the route). The
+        router cancels the Deferred at the route's deadline: a destination
+        that already knows some outcomes answers them from its canceller
+        (see `gateway.core.batch.Answers`), the rest becoming retry later.
+        A single message is a batch of one.
         """
 
 
 class IRouteDelivery(Interface):
-    """How a route hands a message on: directly, or through the durable log.
+    """How a route hands messages on: directly, or through the durable log.
 
     A direct delivery answers with the destination's own outcome; a durable
     one (issue 4) answers once the message is committed to the log and
     forwards it from there. The router does not know which it has.
     """
 
-    def deliver(message: Message) -> Deferred[Outcome]:
-        """Hand on one (translated) message; the Deferred fires with its `Outcome`."""
+    def deliver(messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Hand on a batch of (translated) messages; one `Outcome` per message, in order.
+
+        A durable delivery commits the batch as one chunk (one fsync) and
+        answers every message after that commit.
+        """

@@ -11,17 +11,18 @@ any route can become durable without the router or the adapters changing.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.batch import UNANSWERED
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
@@ -31,6 +32,7 @@ from gateway.metrics import GatewayMetrics, RouteStats
 __all__ = [
     "BoundRoute",
     "DirectDelivery",
+    "Result",
     "Route",
     "RouteTable",
     "Router",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_ROUTE_TIMEOUT_SECONDS: Final = 30.0
+_UNANSWERED_ID: Final = id(UNANSWERED)
 MAX_MATCH_CACHE_ENTRIES: Final = 65536
 """Distinct (source, address) pairs remembered; past it the cache starts afresh."""
 
@@ -91,26 +94,29 @@ class Route:
 @implementer(IRouteDelivery)
 @attrs.frozen
 class DirectDelivery:
-    """Deliver straight to the destination and answer with its outcome."""
+    """Deliver straight to the destination and answer with its outcomes."""
 
     destination: IDestination
     _log: Logger = attrs.field(factory=Logger, eq=False, repr=False)
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Hand the message to the destination."""
-        d: Deferred[Outcome] = self.destination.deliver(message)
-        return d.addErrback(self._failed, message)
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Hand the batch to the destination."""
+        try:
+            d: Deferred[list[Outcome]] = self.destination.deliver(messages)
+        except Exception:
+            return succeed(self._failed(Failure(), len(messages)))
+        return d.addErrback(self._failed, len(messages))
 
-    def _failed(self, failure: Failure, message: Message) -> Outcome:
+    def _failed(self, failure: Failure, count: int) -> list[Outcome]:
         if isinstance(failure.value, CancelledError):
             return failure  # type: ignore[return-value]  # the router's time-out handles it
         self._log.failure(
-            "delivery of {message_id} to {destination} failed unexpectedly",
+            "delivery of {count} message(s) to {destination} failed unexpectedly",
             failure,
-            message_id=message.id,
+            count=count,
             destination=self.destination.name,
         )
-        return Outcome.retry(f"internal error delivering to {self.destination.name}")
+        return [Outcome.retry(f"internal error delivering to {self.destination.name}")] * count
 
 
 @attrs.frozen
@@ -122,6 +128,10 @@ class Unrouted:
     """
 
     addresses: tuple[str, ...]
+
+
+Result = Outcome | Unrouted
+"""What a message's sender is answered from: its combined outcome, or no route."""
 
 
 @attrs.frozen(eq=False)
@@ -256,89 +266,163 @@ class Router:
         """Whether any route takes messages from ``source`` on ``address``."""
         return bool(self.table.match(source, address))
 
-    def dispatch(self, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
-        """Deliver a message along every route that takes it.
-
-        The message is routed by its recipients when it has any (QMQP), else
-        by its address. It is all or nothing: when any recipient has no
-        route, nothing is delivered and the answer is `Unrouted` naming them.
-        Each route delivers once, with the destination addresses of all the
-        recipients it took as the message's recipients.
-
-        Args:
-            source: The listener or upstream it arrived at.
-            message: The message, with its source-side address(es).
+    def dispatch(self, source: str, messages: Sequence[Message]) -> Deferred[list[Result]]:
+        """`route` a batch and collect its results in one Deferred.
 
         Returns:
-            `Unrouted` when some address has no route (the adapter decides
-            what that means for its protocol), else a Deferred that fires with
-            the combined outcome: accepted only if every route accepted.
+            A Deferred firing with one result per message, in order, once
+            every message has one. It has fired already when nothing waits
+            for a destination.
+        """
+        results: list[Result | None] = [None] * len(messages)
+        done: Deferred[list[Result]] = Deferred()
+        waiting = len(messages)
+        if not waiting:
+            done.callback([])
+            return done
+
+        def answer(index: int, result: Result) -> None:
+            nonlocal waiting
+            results[index] = result
+            waiting -= 1
+            if not waiting:
+                done.callback(results)  # type: ignore[arg-type]  # no None left
+
+        self.route(source, messages, answer)
+        return done
+
+    def route(
+        self, source: str, messages: Sequence[Message], answer: Callable[[int, Result], None]
+    ) -> None:
+        """Deliver a batch along the routes that take its messages.
+
+        Each message is routed by its recipients when it has any (QMQP),
+        else by its address. It is all or nothing per message: when any
+        recipient has no route, the message is delivered nowhere and its
+        result is `Unrouted` naming them. Each route receives one batch: the
+        messages it took, translated, in their order (a message with several
+        recipients on one route is delivered once, with all of them).
+
+        ``answer(index, result)`` is called once per message: at once when
+        it has no route (or a route refused to translate it), else when
+        every route it took has answered, with the combined `Outcome`
+        (accepted only if every route accepted). A route's messages are
+        answered together, when its batch is; a route never waits for
+        another route's batch.
+
+        Args:
+            source: The listener or upstream the batch arrived at.
+            messages: The messages, with their source-side address(es).
+            answer: Told each message's result, by its index in ``messages``.
         """
         table = self.table
-        if not message.recipients:
-            matches = table.match(source, message.address, message.sender)
-            if not matches:
-                return Unrouted((message.address,))
-            if len(matches) == 1:  # the common case, kept short
-                bound, captures = matches[0]
-                destination = bound.route.destination_address(message.address, captures)
-                return self._deliver(bound, message, [destination], source)
-            plan = {
-                bound: [bound.route.destination_address(message.address, captures)]
-                for bound, captures in matches
-            }
-        else:
-            plan = {}
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]] = {}
+        refused: dict[int, Outcome] = {}
+        for index, message in enumerate(messages):
+            if not message.recipients:
+                matches = table.match(source, message.address, message.sender)
+                if not matches:
+                    answer(index, Unrouted((message.address,)))
+                    continue
+                for bound, captures in matches:
+                    addresses = [bound.route.destination_address(message.address, captures)]
+                    self._plan(plan, bound, index, message, addresses, refused)
+                continue
+            per_route: dict[BoundRoute, list[str]] = {}
             unrouted: list[str] = []
             for address in message.recipients:
                 matches = table.match(source, address, message.sender)
                 if not matches:
                     unrouted.append(address)
                 for bound, captures in matches:
-                    plan.setdefault(bound, []).append(
+                    per_route.setdefault(bound, []).append(
                         bound.route.destination_address(address, captures)
                     )
             if unrouted:
-                return Unrouted(tuple(unrouted))
-        results = [
-            self._deliver(bound, message, addresses, source) for bound, addresses in plan.items()
-        ]
-        if len(results) == 1:
-            return results[0]
-        combined: Deferred[list[Outcome]] = gatherResults(results)
-        return combined.addCallback(worst)
+                answer(index, Unrouted(tuple(unrouted)))
+                continue
+            for bound, addresses in per_route.items():
+                self._plan(plan, bound, index, message, addresses, refused)
+        if len(plan) == 1 and not refused:  # the common case: one route, each message once
+            [(bound, (indices, batch))] = plan.items()
+            self._deliver(bound, batch, source).addCallback(_answer_all, indices, answer)
+            return
+        _Combined(plan, refused, answer).start(self, source)
+
+    def dispatch_one(self, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
+        """`route` a batch of one, for adapters that receive one message at a time.
+
+        Returns `Unrouted` at once when no route takes the message, else a
+        Deferred firing with its outcome.
+        """
+        d: Deferred[Outcome] = Deferred()
+        unrouted: list[Unrouted] = []
+
+        def answer(_index: int, result: Result) -> None:
+            if isinstance(result, Unrouted):
+                unrouted.append(result)
+            else:
+                d.callback(result)
+
+        self.route(source, (message,), answer)
+        return unrouted[0] if unrouted else d
+
+    def _plan(
+        self,
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        bound: BoundRoute,
+        index: int,
+        message: Message,
+        addresses: list[str],
+        refused: dict[int, Outcome],
+    ) -> None:
+        """Put a message (translated) in its route's batch, or note the route's refusal."""
+        try:
+            translated = _translate(bound.route, message, addresses)
+        except TransformError as exc:
+            outcome = Outcome.rejected(f"route {bound.route.name}: {exc}")
+            known = refused.get(index)
+            refused[index] = outcome if known is None else worst((known, outcome))
+            return
+        entry = plan.get(bound)
+        if entry is None:
+            plan[bound] = ([index], [translated])
+        else:
+            entry[0].append(index)
+            entry[1].append(translated)
 
     def _deliver(
-        self, bound: BoundRoute, message: Message, addresses: list[str], source: str
-    ) -> Deferred[Outcome]:
+        self, bound: BoundRoute, batch: list[Message], source: str
+    ) -> Deferred[list[Outcome]]:
         route = bound.route
-        try:
-            translated = _translate(route, message, addresses)
-        except TransformError as exc:
-            return succeed(Outcome.rejected(f"route {route.name}: {exc}"))
         started = self._clock.seconds()
         stats = self._stats(route.name)
+        count = len(batch)
         if stats is not None:
-            stats.messages += 1
-            stats.bytes += len(message.body)
-            stats.in_flight += 1
-        d = bound.delivery.deliver(translated)
+            stats.messages += count
+            stats.bytes += sum(len(message.body) for message in batch)
+            stats.in_flight += count
+        d = bound.delivery.deliver(batch)
         recorder = self.recorder
-        if stats is None and recorder is None:
-            return d if d.called else self._deadlines(bound).watch(d)
 
-        def finished(outcome: Outcome) -> Outcome:
+        def finished(outcomes: list[Outcome]) -> list[Outcome]:
+            if _UNANSWERED_ID in map(id, outcomes):  # identity, at C speed
+                late = self._deadlines(bound).timed_out_outcome()
+                outcomes = [late if outcome is UNANSWERED else outcome for outcome in outcomes]
             if stats is not None:
-                stats.in_flight -= 1
-                stats.outcomes[outcome.status.value] += 1
-                stats.observe_latency(self._clock.seconds() - started)
+                stats.in_flight -= count
+                tally = stats.outcomes
+                for outcome in outcomes:
+                    tally[outcome.status.value] += 1
+                stats.observe_latency(self._clock.seconds() - started, count)
             if recorder is not None:
-                recorder.record(KIND_ROUTE, route.name, source, translated, started, outcome)
-            return outcome
+                for message, outcome in zip(batch, outcomes, strict=True):
+                    recorder.record(KIND_ROUTE, route.name, source, message, started, outcome)
+            return outcomes
 
         if d.called:
             return d.addCallback(finished)
-        return self._deadlines(bound).watch(d, finished)
+        return self._deadlines(bound).watch(d, count).addCallback(finished)
 
     def _deadlines(self, bound: BoundRoute) -> _Deadlines:
         watch = self._watches.get(bound)
@@ -367,7 +451,7 @@ class _Deadlines:
     def __init__(self, route: Route, clock: IReactorTime) -> None:
         self._route = route
         self._clock = clock
-        self._queue: deque[tuple[float, Deferred[Outcome]]] = deque()
+        self._queue: deque[tuple[float, Deferred[list[Outcome]]]] = deque()
         self._call: IDelayedCall | None = None
 
     @property
@@ -375,22 +459,15 @@ class _Deadlines:
         """Whether some delivery is still watched."""
         return bool(self._queue)
 
-    def watch(
-        self, d: Deferred[Outcome], then: Callable[[Outcome], Outcome] | None = None
-    ) -> Deferred[Outcome]:
-        """Watch a delivery; return it with its time-out turned into an outcome.
-
-        ``then`` sees the outcome either way (one callback pair, not two).
-        """
+    def watch(self, d: Deferred[list[Outcome]], count: int) -> Deferred[list[Outcome]]:
+        """Watch a batch's delivery; return it with its time-out turned into outcomes."""
         queue = self._queue
         while queue and queue[0][1].called:
             queue.popleft()  # answered in time: forget it
         queue.append((self._clock.seconds() + self._route.timeout_seconds, d))
         if self._call is None:
             self._call = self._clock.callLater(self._route.timeout_seconds, self._expire)
-        if then is None:
-            return d.addErrback(self._timed_out)
-        return d.addCallbacks(then, lambda failure: then(self._timed_out(failure)))
+        return d.addErrback(self._timed_out, count)
 
     def _expire(self) -> None:
         self._call = None
@@ -403,13 +480,75 @@ class _Deadlines:
         if queue:
             self._call = self._clock.callLater(max(queue[0][0] - now, 0.0), self._expire)
 
-    def _timed_out(self, failure: Failure) -> Outcome:
-        failure.trap(CancelledError)
+    def timed_out_outcome(self) -> Outcome:
+        """What a message without an outcome at its deadline answers."""
         route = self._route
         return Outcome.retry(
             f"route {route.name}: no outcome from {route.destination}"
             f" within {route.timeout_seconds:g} seconds"
         )
+
+    def _timed_out(self, failure: Failure, count: int) -> list[Outcome]:
+        failure.trap(CancelledError)
+        return [UNANSWERED] * count
+
+
+def _answer_all(
+    outcomes: list[Outcome], indices: list[int], answer: Callable[[int, Result], None]
+) -> None:
+    for index, outcome in zip(indices, outcomes, strict=True):
+        answer(index, outcome)
+
+
+class _Combined:
+    """One batch's messages spread over several routes: each answered when all its routes are.
+
+    Args:
+        plan: Each route's indices and translated messages.
+        refused: Messages a route refused to translate, with that refusal.
+        answer: Told each message's combined outcome.
+    """
+
+    __slots__ = ("_answer", "_known", "_plan", "_routes_left")
+
+    def __init__(
+        self,
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        refused: dict[int, Outcome],
+        answer: Callable[[int, Result], None],
+    ) -> None:
+        self._plan = plan
+        self._answer = answer
+        self._known: dict[int, Outcome] = dict(refused)
+        self._routes_left: dict[int, int] = {}
+        left = self._routes_left
+        for indices, _batch in plan.values():
+            for index in indices:
+                left[index] = left.get(index, 0) + 1
+
+    def start(self, router: Router, source: str) -> None:
+        """Answer the messages no route took, deliver each route's batch."""
+        for index, outcome in list(self._known.items()):
+            if index not in self._routes_left:
+                del self._known[index]
+                self._answer(index, outcome)
+        for bound, (indices, batch) in self._plan.items():
+            router._deliver(bound, batch, source).addCallback(self._route_answered, indices)
+
+    def _route_answered(self, outcomes: list[Outcome], indices: list[int]) -> None:
+        known = self._known
+        left = self._routes_left
+        for index, outcome in zip(indices, outcomes, strict=True):
+            before = known.get(index)
+            combined = outcome if before is None else worst((before, outcome))
+            remaining = left[index] - 1
+            if remaining:
+                left[index] = remaining
+                known[index] = combined
+            else:
+                del left[index]
+                known.pop(index, None)
+                self._answer(index, combined)
 
 
 def _translate(route: Route, message: Message, addresses: list[str]) -> Message:

@@ -8,7 +8,7 @@ the test.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,14 @@ class Destination:
         self.deliveries: list[tuple[str, bytes]] = []
         self.dead: list[tuple[bytes, str]] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Record the delivery; its attempt number is how often this id came before."""
-        attempt = sum(1 for id_, _ in self.deliveries if id_ == message.id) + 1
-        self.deliveries.append((message.id, message.body))
-        return succeed(self.answer(message, attempt))
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Record the batch; each message's attempt number is how often its id came before."""
+        outcomes = []
+        for message in messages:
+            attempt = sum(1 for id_, _ in self.deliveries if id_ == message.id) + 1
+            self.deliveries.append((message.id, message.body))
+            outcomes.append(self.answer(message, attempt))
+        return succeed(outcomes)
 
     def dead_letter(self, message: Message, outcome: Outcome) -> Deferred[object]:
         """Record a dead-lettered message and its last outcome."""

@@ -6,11 +6,12 @@ Destinations here are small real implementations of `IDestination`; time is a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import attrs
 import pytest
-from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -18,6 +19,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.batch import UNANSWERED, deliver_each
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import (
@@ -46,10 +48,10 @@ class _AnsweringDestination:
         self.outcome = outcome or Outcome.accepted()
         self.received: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Keep the message and answer with the fixed outcome."""
-        self.received.append(message)
-        return succeed(self.outcome)
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Keep the messages and answer each with the fixed outcome."""
+        self.received.extend(messages)
+        return succeed([self.outcome] * len(messages))
 
 
 @implementer(IDestination)
@@ -62,7 +64,11 @@ class _HeldDestination:
         self.held: list[tuple[Message, Deferred[Outcome]]] = []
         self.cancelled: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Hold each message of the batch."""
+        return deliver_each(self._hold, messages)
+
+    def _hold(self, message: Message) -> Deferred[Outcome]:
         """Keep the message; if cancellable, remember when the router gives up on it."""
         d: Deferred[Outcome] = Deferred(
             (lambda _: self.cancelled.append(message)) if self.cancellable else None
@@ -82,7 +88,7 @@ class _BrokenDestination:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Fail, as a buggy adapter would."""
         return fail(RuntimeError("disk on fire"))
 
@@ -96,10 +102,10 @@ class _LoggedDelivery:
         self.destination = destination
         self.committed: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Commit the message (in memory) and accept it."""
-        self.committed.append(message)
-        return succeed(Outcome.accepted("committed"))
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Commit the messages (in memory) and accept them."""
+        self.committed.extend(messages)
+        return succeed([Outcome.accepted("committed")] * len(messages))
 
 
 # --- helpers ------------------------------------------------------------------------
@@ -141,7 +147,7 @@ def _dispatch(
     router: Router, address: str, body: bytes = b"23C", source: str = "hub"
 ) -> Deferred[Outcome]:
     """Dispatch a message that some route must take."""
-    d = router.dispatch(source, Message(body=body, address=address))
+    d = router.dispatch_one(source, Message(body=body, address=address))
     assert not isinstance(d, Unrouted), f"no route takes {address} from {source}"
     return d
 
@@ -188,7 +194,7 @@ def test_no_matching_route_gives_none() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     assert not router.has_routes("hub", "news.today")
-    assert router.dispatch("hub", Message(body=b"", address="news.today")) == Unrouted(
+    assert router.dispatch_one("hub", Message(body=b"", address="news.today")) == Unrouted(
         ("news.today",)
     )
     assert central.received == []
@@ -207,7 +213,7 @@ def test_routes_belong_to_their_source() -> None:
     assert router.has_routes("hub", "weather.paris")
     assert not router.has_routes("central", "weather.paris")
     assert isinstance(
-        router.dispatch("central", Message(body=b"", address="weather.paris")), Unrouted
+        router.dispatch_one("central", Message(body=b"", address="weather.paris")), Unrouted
     )
     assert not router.has_routes("hub", "alerts")
 
@@ -221,7 +227,7 @@ def test_address_is_translated_through_the_template() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("archive", "weather.*.#", address="archive.{1}[{2}]")], central)
     message = Message(body=b"23C", address="weather.fr.paris.east", sender="alice")
-    d = router.dispatch("hub", message)
+    d = router.dispatch_one("hub", message)
     assert d is not None
     assert _result(d) == Outcome.accepted()
     [delivered] = central.received
@@ -234,7 +240,7 @@ def test_address_is_kept_without_a_template() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     message = Message(body=b"23C", address="weather.paris")
-    assert not isinstance(router.dispatch("hub", message), Unrouted)
+    assert not isinstance(router.dispatch_one("hub", message), Unrouted)
     assert central.received == [message]
 
 
@@ -372,11 +378,11 @@ def test_unexpected_failure_becomes_retry_and_is_logged() -> None:
     broken = _BrokenDestination("central")
     message = Message(body=b"", address="weather.paris")
     with capturedLogs() as events:
-        outcome = _result(DirectDelivery(broken).deliver(message))
-    assert outcome == Outcome.retry("internal error delivering to central")
+        outcomes = _result(DirectDelivery(broken).deliver([message, message]))
+    assert outcomes == [Outcome.retry("internal error delivering to central")] * 2
     [event] = [e for e in events if "log_failure" in e]
     assert event["log_failure"].check(RuntimeError)
-    assert event["message_id"] == message.id
+    assert event["count"] == 2
     assert event["destination"] == "central"
 
 
@@ -394,13 +400,12 @@ def test_unexpected_failure_through_the_router() -> None:
 
 
 def test_cancellation_passes_through_direct_delivery() -> None:
-    """Cancelling a delivery is not an internal error: CancelledError goes on, unlogged."""
+    """Cancelling a delivery is not an internal error: the batch answers UNANSWERED, unlogged."""
     central = _HeldDestination("central")
     with capturedLogs() as events:
-        d = DirectDelivery(central).deliver(Message(body=b"", address="x"))
+        d = DirectDelivery(central).deliver([Message(body=b"", address="x")])
         d.cancel()
-        with pytest.raises(CancelledError):
-            _result(d)
+        assert _result(d) == [UNANSWERED]
     assert [e for e in events if "log_failure" in e] == []
 
 
@@ -468,7 +473,9 @@ def test_replace_table_applies_to_new_messages() -> None:
 
     new_central = _AnsweringDestination("central")
     router.replace_table(bind_routes([_route("news", "news.*")], {"central": new_central}))
-    assert isinstance(router.dispatch("hub", Message(body=b"", address="weather.lyon")), Unrouted)
+    assert isinstance(
+        router.dispatch_one("hub", Message(body=b"", address="weather.lyon")), Unrouted
+    )
     assert _result(_dispatch(router, "news.today")).is_accepted
     assert [m.address for m in new_central.received] == ["news.today"]
 
@@ -590,7 +597,7 @@ def test_recipients_are_routed_each_and_delivered_once_per_route() -> None:
         alerts,
         archive,
     )
-    d = router.dispatch("hub", _mail("disk@alerts.example.com", "cpu@alerts.example.com"))
+    d = router.dispatch_one("hub", _mail("disk@alerts.example.com", "cpu@alerts.example.com"))
     assert not isinstance(d, Unrouted)
     assert _result(d) == Outcome.accepted()
     [to_alerts] = alerts.received
@@ -606,7 +613,7 @@ def test_one_unroutable_recipient_stops_the_whole_message() -> None:
     router, _, _ = _router(
         [_route("to-alerts", "*@alerts.example.com", destination="alerts")], alerts
     )
-    result = router.dispatch("hub", _mail("disk@alerts.example.com", "bob@elsewhere.org"))
+    result = router.dispatch_one("hub", _mail("disk@alerts.example.com", "bob@elsewhere.org"))
     assert result == Unrouted(("bob@elsewhere.org",))
     assert alerts.received == []
 
@@ -618,10 +625,10 @@ def test_match_sender_filters_routes() -> None:
         _route("trusted", "#"), match_sender=AddressPattern("#@trusted.example.com")
     )
     router, _, _ = _router([route], central)
-    assert isinstance(router.dispatch("hub", _mail("x@y.org", sender="eve@evil.org")), Unrouted)
+    assert isinstance(router.dispatch_one("hub", _mail("x@y.org", sender="eve@evil.org")), Unrouted)
     no_sender = attrs.evolve(_mail("x@y.org"), sender=None)
-    assert isinstance(router.dispatch("hub", no_sender), Unrouted)
-    d = router.dispatch("hub", _mail("x@y.org", sender="app@trusted.example.com"))
+    assert isinstance(router.dispatch_one("hub", no_sender), Unrouted)
+    d = router.dispatch_one("hub", _mail("x@y.org", sender="app@trusted.example.com"))
     assert not isinstance(d, Unrouted)
     assert len(central.received) == 1
 

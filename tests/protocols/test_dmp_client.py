@@ -6,6 +6,8 @@ server with the sans-IO codec (server role), and drives time with a `Clock`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -17,6 +19,7 @@ from twisted.python.failure import Failure
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
@@ -30,7 +33,11 @@ class Recorder:
 
     messages: list[Message] = attrs.Factory(list)
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record it."""
         self.messages.append(message)
         return succeed(Outcome.accepted())
@@ -87,12 +94,12 @@ def test_the_dialog_then_put() -> None:
     """Header; the lease only after the first 200; then routed messages become envelopes."""
     up, _recorder, _clock = upstream()
     outcome: list[Outcome] = []
-    up.deliver(Message(address="x", body=b"early")).addCallback(outcome.append)
+    up.deliver_one(Message(address="x", body=b"early")).addCallback(outcome.append)
     assert outcome[0].status is Status.RETRY
     server = Server(up)
     server.dialog()
     assert up.connected
-    up.deliver(
+    up.deliver_one(
         Message(id="m1", address="orders.eu", body=b"hi", sender="a@b", recipients=("c@d",))
     ).addCallback(outcome.append)
     assert outcome[1].status is Status.ACCEPTED
@@ -130,7 +137,7 @@ def test_heartbeats_and_backlog() -> None:
     clock.advance(5)
     assert server.read() == [dmp.Heartbeat()]
     server.protocol.pauseProducing()
-    outcomes = [up.deliver(Message(address="x", body=b"y" * 30_000)) for _ in range(4)]
+    outcomes = [up.deliver_one(Message(address="x", body=b"y" * 30_000)) for _ in range(4)]
     results: list[Outcome] = []
     for outcome in outcomes:
         outcome.addCallback(results.append)

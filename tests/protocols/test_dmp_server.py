@@ -8,6 +8,8 @@ take sink messages to a recording destination and deliver to the feeds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
@@ -16,6 +18,7 @@ from twisted.internet.testing import StringTransport
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
@@ -44,7 +47,11 @@ class Recorder:
 
     messages: list[Message] = attrs.Factory(list)
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record it."""
         self.messages.append(message)
         return succeed(Outcome.accepted())
@@ -169,7 +176,7 @@ def test_one_reader_per_feed_and_delivery() -> None:
     assert answers[-1] == dmp.Response(200, 'Ready to read from "alerts"', "OK")
     _second, second_transport, second = listener.opened(b"R-1")
     assert second[-1].code == 403 and second_transport.disconnecting  # type: ignore[attr-defined]
-    outcome = listener.router.dispatch(
+    outcome = listener.router.dispatch_one(
         "app",
         Message(
             id="q1",
@@ -194,7 +201,7 @@ def test_one_reader_per_feed_and_delivery() -> None:
         "x-gateway-recipients": ["c@d", "e@f"],
     }
     reader.connectionLost()
-    again = listener.router.dispatch("app", Message(address="x", body=b"later"))
+    again = listener.router.dispatch_one("app", Message(address="x", body=b"later"))
     assert isinstance(again, Deferred)
     again.addCallback(results.append)
     assert results[1].status is Status.RETRY and "no reader" in results[1].reason
@@ -251,7 +258,7 @@ def test_timeouts() -> None:
 def test_unknown_feed_is_rejected() -> None:
     """A route to a feed that does not exist is rejected, not retried."""
     listener = Listener()
-    outcome = listener.factory.deliver(Message(address="nowhere", body=b"x"))
+    outcome = listener.factory.deliver_one(Message(address="nowhere", body=b"x"))
     results: list[Outcome] = []
     outcome.addCallback(results.append)
     assert results[0].status is Status.REJECTED

@@ -80,7 +80,7 @@ def test_pings_and_a_dead_reader_gives_back_its_unconfirmed() -> None:
     listener, clock, control, sent = server()
     data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
     data(listener, b"r", mtl.Summon(2, "news"))
-    outcome = listener.deliver(Message(address="news", body=b"x"))
+    outcome = listener.deliver_one(Message(address="news", body=b"x"))
     assert isinstance(outcome, Deferred)
     results: list[Outcome] = []
     outcome.addCallback(results.append)
@@ -92,7 +92,7 @@ def test_pings_and_a_dead_reader_gives_back_its_unconfirmed() -> None:
     assert results == []
     clock.advance(5)  # 15 s of silence: dead
     assert results[0].status is Status.RETRY and "went away" in results[0].reason
-    retry = listener.deliver(Message(address="news", body=b"y"))
+    retry = listener.deliver_one(Message(address="news", body=b"y"))
     retry.addCallback(results.append)
     assert results[1].status is Status.RETRY and "no MTL reader" in results[1].reason
 
@@ -104,7 +104,7 @@ def test_multiple_and_recycle() -> None:
     data(listener, b"r", mtl.Summon(2, "news"))
     results: list[Outcome] = []
     for body in (b"a", b"b", b"c"):
-        listener.deliver(Message(address="news", body=body)).addCallback(results.append)
+        listener.deliver_one(Message(address="news", body=body)).addCallback(results.append)
     data(listener, b"r", mtl.Confirm(2, True))
     assert [r.status for r in results] == [Status.ACCEPTED, Status.ACCEPTED]
     data(listener, b"r", mtl.Reject(3, False, True))

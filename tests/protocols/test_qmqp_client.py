@@ -12,6 +12,7 @@ settings' and the README's "QMQP streaming" section.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import attrs
@@ -31,6 +32,7 @@ from gateway.codecs import qmqp
 from gateway.codecs.framing import encode_netstrings
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, RouteTable, bind_routes
@@ -133,7 +135,7 @@ class UpstreamWorld:
 
     def deliver(self, name: str, *recipients: str) -> Deferred[Outcome]:
         """Deliver a message with id ``name`` straight to the upstream."""
-        return self.upstream.deliver(letter(name, *recipients))
+        return self.upstream.deliver_one(letter(name, *recipients))
 
     def sample(self, name: str, **labels: str) -> float:
         """Return a metric's current value (0 when it was never set)."""
@@ -472,7 +474,7 @@ def test_router_time_out_while_waiting_for_a_resend_is_retry() -> None:
         settings=attrs.evolve(SETTINGS, retry_initial_seconds=30.0, retry_max_seconds=60.0)
     )
     connection = world.connect()
-    outcome = world.router.dispatch(FEED, letter("slow"))
+    outcome = world.router.dispatch_one(FEED, letter("slow"))
     assert isinstance(outcome, Deferred)
     [block_id] = connection.sent_ids()
     connection.answer(block_id, b"Z")  # resend due in 30 s; the route gives up at 20 s
@@ -490,7 +492,7 @@ def test_router_time_out_is_retry_and_the_message_is_never_sent_again(
 ) -> None:
     """The route's time-out gives "retry"; after a reconnect the message is not resent."""
     connection = world.connect()
-    outcome = world.router.dispatch(FEED, letter("slow"))
+    outcome = world.router.dispatch_one(FEED, letter("slow"))
     assert isinstance(outcome, Deferred)
     [block_id] = connection.sent_ids()
     world.clock.advance(ROUTE_TIMEOUT_SECONDS)
@@ -705,7 +707,11 @@ class DomainDestination:
     def __init__(self) -> None:
         self.messages: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Answer each message by its first recipient's domain."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Answer by the domain of the first recipient."""
         self.messages.append(message)
         domain = message.recipients[0].rpartition("@")[2]
@@ -762,9 +768,9 @@ def test_our_client_with_our_server_over_iosim() -> None:
     assert upstream.connected
     assert server.identity == "gw"
 
-    accepted = router.dispatch(FEED, letter("ok", "ops@ok.example"))
-    busy = router.dispatch(FEED, letter("busy", "ops@busy.example"))
-    rejected = router.dispatch(FEED, letter("bad", "ops@bad.example"))
+    accepted = router.dispatch_one(FEED, letter("ok", "ops@ok.example"))
+    busy = router.dispatch_one(FEED, letter("busy", "ops@busy.example"))
+    rejected = router.dispatch_one(FEED, letter("bad", "ops@bad.example"))
     assert isinstance(accepted, Deferred)
     assert isinstance(busy, Deferred)
     assert isinstance(rejected, Deferred)

@@ -11,7 +11,7 @@ docstring and the README's "QMQP streaming" section.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 import pytest
@@ -30,6 +30,7 @@ from gateway.codecs import qmqp
 from gateway.codecs.framing import encode_netstrings
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, bind_routes
@@ -124,7 +125,11 @@ class AnsweringDestination:
         self.name = name
         self.messages: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record the message and answer by its domain."""
         self.messages.append(message)
         domain = message.recipients[0].rpartition("@")[2]
@@ -144,7 +149,11 @@ class HeldDestination:
         self.messages: list[Message] = []
         self.outcomes: list[Deferred[Outcome]] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record the message; its outcome comes when the test fires it."""
         outcome: Deferred[Outcome] = Deferred()
         self.messages.append(message)
@@ -349,7 +358,8 @@ def test_one_reply_covers_all_recipients(world: ListenerWorld) -> None:
 def test_replies_go_out_in_completion_order(world: ListenerWorld) -> None:
     """Message 2 finishing first is answered first; pending counts what is still open."""
     client = world.connect()
-    client.send(mail("m1", "a@held.example") + mail("m2", "b@held.example"))
+    client.send(mail("m1", "a@held.example"))
+    client.send(mail("m2", "b@held.example"))
     assert client.received() == b""
     first, second = world.held.outcomes
     second.callback(Outcome.accepted())
@@ -358,6 +368,30 @@ def test_replies_go_out_in_completion_order(world: ListenerWorld) -> None:
     first.callback(Outcome.accepted())
     world.clock.advance(0)
     assert client.replies() == [(b"m1", qmqp.K, 0)]
+
+
+def test_one_read_is_one_batch_answered_together(world: ListenerWorld) -> None:
+    """The messages of one read reach their route as one batch and are answered when it is."""
+    client = world.connect()
+    client.send(mail("m1", "a@held.example") + mail("m2", "b@held.example"))
+    assert [m.id for m in world.held.messages] == ["m1", "m2"]
+    first, second = world.held.outcomes
+    second.callback(Outcome.accepted())
+    world.clock.advance(0)
+    assert client.replies() == []
+    first.callback(Outcome.rejected("nope"))
+    world.clock.advance(0)
+    assert client.replies() == [(b"m1", qmqp.D, 1), (b"m2", qmqp.K, 0)]
+
+
+def test_a_route_does_not_wait_for_another_routes_batch(world: ListenerWorld) -> None:
+    """Messages of one read on two routes: the route that answers first is answered first."""
+    client = world.connect()
+    client.send(mail("h", "a@held.example") + mail("k", "a@ok.example"))
+    assert client.replies() == [(b"k", qmqp.K, 1)]
+    world.held.outcomes[0].callback(Outcome.accepted())
+    world.clock.advance(0)
+    assert client.replies() == [(b"h", qmqp.K, 0)]
 
 
 def test_pending_counts_messages_of_the_same_read(world: ListenerWorld) -> None:
@@ -403,7 +437,11 @@ def test_failing_delivery_is_z() -> None:
     class Broken:
         name = HELD
 
-        def deliver(self, message: Message) -> Deferred[Outcome]:
+        def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+            """Deliver a batch, one message at a time."""
+            return deliver_each(self.deliver_one, messages)
+
+        def deliver_one(self, message: Message) -> Deferred[Outcome]:
             """Fail as a bug would."""
             return fail(RuntimeError("bug"))
 
@@ -443,7 +481,8 @@ def test_done_without_outstanding_work(world: ListenerWorld) -> None:
 def test_done_waits_for_outstanding_replies(world: ListenerWorld) -> None:
     """After the done block every message is still answered; the done block and close come last."""
     client = world.connect()
-    client.send(mail("m1", "a@held.example") + mail("m2", "b@held.example") + DONE)
+    client.send(mail("m1", "a@held.example"))
+    client.send(mail("m2", "b@held.example") + DONE)
     assert client.received() == b""
     assert not client.transport.disconnecting
     assert client.transport.producerState == "paused"  # nothing more is read
@@ -462,8 +501,9 @@ def test_block_after_done_gets_d(world: ListenerWorld) -> None:
     """A message block after the done block is answered D; then come the done block and close."""
     client = world.connect()
     client.send(mail("m1", "a@ok.example") + DONE + mail("late", "a@ok.example"))
+    # Replies may come in any order (spec); the refusal is known before the read's batch is routed.
     assert client.received() == (
-        reply("m1", b"K", 1) + reply("late", b"Dblock after the done block", 0) + DONE
+        reply("late", b"Dblock after the done block", 1) + reply("m1", b"K", 0) + DONE
     )
     assert client.transport.disconnecting
     assert world.sample("msggateway_protocol_errors_total", kind="after-done") == 1
@@ -499,7 +539,8 @@ def test_auth_is_optional_without_require_auth(world: ListenerWorld) -> None:
     """Without ``require_auth`` messages are served with or without an A block."""
     client = world.connect()
     client.send(mail("m1", "a@ok.example") + WRONG_AUTH_REQUEST + mail("m2", "a@ok.example"))
-    assert client.received() == reply("m1", b"K", 1) + AUTH_REFUSED + reply("m2", b"K", 0)
+    # The A reply is written as it is handled; the read's messages are answered as one batch.
+    assert client.received() == AUTH_REFUSED + reply("m1", b"K", 1) + reply("m2", b"K", 0)
 
 
 def test_require_auth_refuses_messages_before_a_successful_auth() -> None:
@@ -654,7 +695,8 @@ def test_reading_pauses_at_max_in_flight_and_resumes_at_three_quarters() -> None
     """At ``max_in_flight`` messages awaiting outcomes reading stops; it resumes at 3/4."""
     world = ListenerWorld(settings=QMQPListenerSettings(max_in_flight=8))
     client = world.connect()
-    client.send(b"".join(mail(f"m{i}", "a@held.example") for i in range(7)))
+    for i in range(7):
+        client.send(mail(f"m{i}", "a@held.example"))
     assert client.transport.producerState == "producing"
     client.send(mail("m7", "a@held.example"))
     assert client.transport.producerState == "paused"
@@ -721,7 +763,8 @@ def test_resume_from_transport_waits_for_in_flight_limit() -> None:
     """The transport resuming us does not resume reading while in-flight work is at its limit."""
     world = ListenerWorld(settings=QMQPListenerSettings(max_in_flight=2))
     client = world.connect()
-    client.send(mail("m0", "a@held.example") + mail("m1", "a@held.example"))
+    client.send(mail("m0", "a@held.example"))
+    client.send(mail("m1", "a@held.example"))
     client.protocol.pauseProducing()
     client.protocol.resumeProducing()
     assert client.transport.producerState == "paused"

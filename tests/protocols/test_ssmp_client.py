@@ -11,7 +11,7 @@ reactor and pair our client with our own hub through `twisted.test.iosim`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -28,6 +28,7 @@ from zope.interface.verify import verifyObject
 
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, RouteTable, bind_routes
@@ -82,7 +83,11 @@ class HeldDestination:
         self.messages: list[Message] = []
         self.outcomes: list[Deferred[Outcome]] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record the message; its outcome comes when the test fires it."""
         outcome: Deferred[Outcome] = Deferred()
         self.messages.append(message)
@@ -98,7 +103,11 @@ class AcceptingDestination:
         self.name = name
         self.messages: list[Message] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record the message and accept it."""
         self.messages.append(message)
         return succeed(Outcome.accepted())
@@ -292,12 +301,12 @@ def test_login_refused_closes_and_subscribes_nothing(world: UpstreamWorld) -> No
 
 def test_deliver_while_not_connected_is_retry(world: UpstreamWorld) -> None:
     """A delivery with no logged-in connection is answered retry at once."""
-    outcome = fired(world.upstream.deliver(weather()))
+    outcome = fired(world.upstream.deliver_one(weather()))
     assert outcome.status is Status.RETRY
     assert "not connected" in outcome.reason
 
     connection = world.connect()  # connected, login not answered yet
-    outcome = fired(world.upstream.deliver(weather()))
+    outcome = fired(world.upstream.deliver_one(weather()))
     assert outcome.status is Status.RETRY
     assert connection.sent() == b"LOGIN gw secret s3cret\n"
 
@@ -305,7 +314,7 @@ def test_deliver_while_not_connected_is_retry(world: UpstreamWorld) -> None:
 def test_deliver_writes_mcast_and_200_is_accepted(world: UpstreamWorld) -> None:
     """When ready, a delivery is an MCAST request; the server's 200 makes it accepted."""
     connection = world.ready()
-    outcome = world.upstream.deliver(weather())
+    outcome = world.upstream.deliver_one(weather())
     assert connection.sent() == b"MCAST weather.paris sunny\n"
     assert not outcome.called
     connection.server_says(b"200\n")
@@ -315,7 +324,7 @@ def test_deliver_writes_mcast_and_200_is_accepted(world: UpstreamWorld) -> None:
 def test_error_response_is_rejected_with_code(world: UpstreamWorld) -> None:
     """A non-200 response is a rejected outcome carrying the server's code and text."""
     connection = world.ready()
-    outcome = world.upstream.deliver(weather())
+    outcome = world.upstream.deliver_one(weather())
     connection.server_says(b"404 no such topic\n")
     result = fired(outcome)
     assert result.status is Status.REJECTED
@@ -326,21 +335,21 @@ def test_error_response_is_rejected_with_code(world: UpstreamWorld) -> None:
 def test_connection_lost_before_answer_is_retry(world: UpstreamWorld) -> None:
     """A request whose connection is lost before the answer gets a retry outcome."""
     connection = world.ready()
-    outcome = world.upstream.deliver(weather())
+    outcome = world.upstream.deliver_one(weather())
     connection.lose()
     result = fired(outcome)
     assert result.status is Status.RETRY
     assert "lost" in result.reason
     assert not world.upstream.connected
     assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
-    assert fired(world.upstream.deliver(weather())).status is Status.RETRY
+    assert fired(world.upstream.deliver_one(weather())).status is Status.RETRY
 
 
 def test_message_ssmp_cannot_carry_is_rejected(world: UpstreamWorld) -> None:
     """A body with LF, or a topic that is not an SSMP id, is rejected and never sent."""
     connection = world.ready()
     for message in (weather(body=b"a\nb"), weather(address="not a topic"), weather(body=b"")):
-        assert fired(world.upstream.deliver(message)).status is Status.REJECTED
+        assert fired(world.upstream.deliver_one(message)).status is Status.REJECTED
     assert connection.sent() == b""
 
 
@@ -350,7 +359,7 @@ def test_responses_match_requests_first_in_first_out(world: UpstreamWorld) -> No
     connection.sent()
     connection.server_says(b"200\n")
     assert connection.sent() == b"SUBSCRIBE news\nSUBSCRIBE alerts.fire\n"
-    outcomes = [world.upstream.deliver(weather(body=b"%d" % i)) for i in range(3)]
+    outcomes = [world.upstream.deliver_one(weather(body=b"%d" % i)) for i in range(3)]
     assert (
         connection.sent()
         == b"MCAST weather.paris 0\nMCAST weather.paris 1\nMCAST weather.paris 2\n"
@@ -367,14 +376,14 @@ def test_responses_match_requests_first_in_first_out(world: UpstreamWorld) -> No
 def test_router_timeout_does_not_break_the_next_response(world: UpstreamWorld) -> None:
     """A request the router gave up on still consumes its response; the next gets its own."""
     connection = world.ready()
-    first = world.router.dispatch(FEED, weather(body=b"first"))
+    first = world.router.dispatch_one(FEED, weather(body=b"first"))
     assert first is not None
     world.clock.advance(5)
     result = fired(first)
     assert result.status is Status.RETRY
     assert result.reason == "route weather-out: no outcome from central within 5 seconds"
 
-    second = world.router.dispatch(FEED, weather(body=b"second"))
+    second = world.router.dispatch_one(FEED, weather(body=b"second"))
     assert second is not None
     assert connection.sent() == b"MCAST weather.paris first\nMCAST weather.paris second\n"
     connection.server_says(b"404 late answer to the first\n")
@@ -501,7 +510,7 @@ def test_inbound_flow_control_pauses_and_resumes() -> None:
 def test_malformed_input_closes(world: UpstreamWorld) -> None:
     """Input that breaks the grammar closes the connection without a word; lines before count."""
     connection = world.ready()
-    outcome = world.upstream.deliver(weather())
+    outcome = world.upstream.deliver_one(weather())
     connection.sent()
     connection.server_says(b"200\nhello there\n200\n")
     assert fired(outcome).is_accepted
@@ -582,7 +591,7 @@ def test_client_and_hub_in_memory() -> None:
 
     # Out: a routed message becomes an MCAST on the hub; the hub's 200 is the outcome.
     bob_transport.clear()
-    outcome = router.dispatch(FEED, weather())
+    outcome = router.dispatch_one(FEED, weather())
     assert outcome is not None
     assert not outcome.called
     pump.flush()

@@ -16,7 +16,7 @@ real log in a temporary directory through `twisted.test.iosim`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
@@ -80,7 +81,11 @@ class Sink:
         self.pending: list[Deferred[Outcome]] = []
         self.auto = True
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Keep the message; accept it at once unless ``auto`` is off."""
         self.messages.append(message)
         if self.auto:
@@ -301,7 +306,7 @@ class World:
 
     def publish(self, name: str, body: bytes = b"hello") -> Deferred[Outcome]:
         """Deliver a message with id ``name`` to the upstream."""
-        return self.upstream.deliver(Message(body=body, address="anything", id=name))
+        return self.upstream.deliver_one(Message(body=body, address="anything", id=name))
 
     def sample(self, name: str, **labels: str) -> float:
         """A metric's current value (0 when never set)."""
@@ -640,8 +645,8 @@ def test_publisher_ids_stay_unique_after_a_refused_publisher() -> None:
     """A publisher dropped after a refusal does not hand its id to a stream still in use."""
     world = World(attrs.evolve(SETTINGS, stream=None))
     node = world.open()
-    world.upstream.deliver(Message(body=b"a", address="a", id="a"))
-    world.upstream.deliver(Message(body=b"b", address="b", id="b"))
+    world.upstream.deliver_one(Message(body=b"a", address="a", id="a"))
+    world.upstream.deliver_one(Message(body=b"b", address="b", id="b"))
     first, second = node.of(sp.DeclarePublisher)
     node.say(sp.Response(key=sp.Key.DECLARE_PUBLISHER, correlation_id=first.correlation_id, code=2))
     node.say(
@@ -651,7 +656,7 @@ def test_publisher_ids_stay_unique_after_a_refused_publisher() -> None:
     node.say(
         sp.QueryPublisherSequenceResponse(correlation_id=query.correlation_id, code=1, sequence=0)
     )
-    world.upstream.deliver(Message(body=b"c", address="c", id="c"))
+    world.upstream.deliver_one(Message(body=b"c", address="c", id="c"))
     world.reactor.advance(0)
     third = node.of(sp.DeclarePublisher)
     assert [event.stream for event in third] == ["c"]

@@ -38,6 +38,7 @@ from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
 from gateway.core.message import Message, Outcome, Status
@@ -216,7 +217,11 @@ class RecordingDestination:
         self.messages: list[Message] = []
         self._waiters: list[tuple[int, Deferred[None]]] = []
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Record the message; accepted."""
         self.messages.append(message)
         ready = [w for count, w in self._waiters if count <= len(self.messages)]
@@ -1396,11 +1401,12 @@ async def test_stream_destination_appends_amqp(listener: Listener) -> None:
         headers={"k": "v", "n": 3},
         timestamp=1_700_000_000.5,
     )
-    outcome = await destination.deliver(message)
+    outcome = (await destination.deliver([message]))[0]
     assert outcome.status is Status.ACCEPTED
     stream = listener.store.get("routed")
     assert stream is not None
-    assert await destination.deliver(message) == Outcome.accepted()  # into the existing stream
+    # Into the existing stream:
+    assert (await destination.deliver([message]))[0] == Outcome.accepted()
     chunks = stream.read_chunks(0, 10, 1 << 20)
     entries = [
         bytes(e)
@@ -1417,7 +1423,7 @@ async def test_stream_destination_appends_amqp(listener: Listener) -> None:
 async def test_stream_destination_rejects_bad_names(listener: Listener) -> None:
     """A stream that cannot be created is a rejected outcome, not an error."""
     destination = StreamDestination(LISTENER, listener.store)
-    outcome = await destination.deliver(Message(body=b"x", address=""))
+    outcome = (await destination.deliver([Message(body=b"x", address="")]))[0]
     assert outcome.status is Status.REJECTED
     assert listener.store.names() == []
 

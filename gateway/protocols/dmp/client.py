@@ -23,6 +23,7 @@ dead and the connection closed (the server heartbeats its feeds).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -41,6 +42,7 @@ from zope.interface import implementer
 
 from gateway.codecs import dmp
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -169,7 +171,7 @@ class DMPClientProtocol(Protocol):
         upstream = self.upstream
         upstream.traffic.messages_in += 1
         message = message_from_envelope(envelope, upstream.name, upstream.clock.seconds())
-        result = upstream.router.dispatch(upstream.name, message)
+        result = upstream.router.dispatch_one(upstream.name, message)
         if isinstance(result, Unrouted):
             upstream.count_error("unrouted")
             return
@@ -300,7 +302,11 @@ class DMPUpstream:
             if self._metrics is not None:
                 self._metrics.upstream_up.labels(self.name).set(0)
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Write a message into the remote sink."""
         connection = self._connection
         if self.settings.mode != "put":

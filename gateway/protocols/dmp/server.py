@@ -37,7 +37,7 @@ envelopes is closed.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from twisted.internet.defer import Deferred, succeed
@@ -50,6 +50,7 @@ from zope.interface import implementer
 from gateway.codecs import amqp091, dmp
 from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -303,7 +304,7 @@ class DMPServerProtocol(Protocol):
         factory = self.factory
         factory.traffic.messages_in += 1
         message = message_from_envelope(envelope, self.target, factory.clock.seconds())
-        result = factory.router.dispatch(factory.name, message)
+        result = factory.router.dispatch_one(factory.name, message)
         if isinstance(result, Unrouted):
             factory.count_error("unrouted")
             self._log.warn(
@@ -471,7 +472,11 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
         for text in expired:
             del self.granted[text]
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Write a routed message to the reader of the feed its address names."""
         feed = message.address
         if feed not in self.settings.feeds:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+from collections.abc import Sequence
 from typing import Any, Final
 
 from twisted.internet.defer import Deferred, succeed
@@ -37,6 +38,7 @@ from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, Unrouted
@@ -317,7 +319,7 @@ class MTLUpstream:
         message = message_from_content(
             content.resource, content.properties, content.body, self.clock.seconds()
         )
-        result = self.router.dispatch(self.name, message)
+        result = self.router.dispatch_one(self.name, message)
         if self.settings.confirm != "full":
             return
         if isinstance(result, Unrouted):
@@ -346,7 +348,11 @@ class MTLUpstream:
         self._send(mtl.Ping())
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Send a message to the server as Content on its address."""
         if self.settings.mode != "writer":
             return succeed(Outcome.rejected(f"upstream {self.name} is a reader; it takes nothing"))

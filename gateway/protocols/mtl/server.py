@@ -52,6 +52,7 @@ import binascii
 import itertools
 import secrets as random_texts
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -63,6 +64,7 @@ from zope.interface import implementer
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status, worst
 from gateway.core.router import Router, Unrouted
@@ -534,7 +536,7 @@ class MTLServer:
         message = message_from_content(
             resource, content.properties, content.body, self.clock.seconds()
         )
-        result = self.router.dispatch(self.name, message)
+        result = self.router.dispatch_one(self.name, message)
         if lease.confirm != "full":
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
@@ -565,7 +567,11 @@ class MTLServer:
             and resource in peer.summoned
         ]
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Send a routed message to every gateway-profile reader that summoned its address."""
         readers = self._readers(message.address, "gateway")
         if not readers:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Sequence
 from typing import Final, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -34,6 +35,7 @@ from zope.interface import implementer
 
 from gateway.codecs import qmqp
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.metrics import GatewayMetrics, TrafficCounters
@@ -234,7 +236,11 @@ class QMQPUpstream:
 
     # --- IDestination -------------------------------------------------------------------
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Queue a message; the Deferred fires with the server's answer."""
         # max_queue bounds the messages waiting (for the window or a resend),
         # not those in the window.

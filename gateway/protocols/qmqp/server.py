@@ -43,6 +43,7 @@ from zope.interface import implementer
 from gateway.codecs import qmqp
 from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
+from gateway.core.inbox import Inbox, Result
 from gateway.core.message import Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
@@ -85,6 +86,7 @@ class QMQPServerProtocol(Protocol):
         self._congested = False
         self._last_block = factory.clock.seconds()
         self._idle_call: IDelayedCall | None = None
+        self._inbox: Inbox[tuple[bytes, int]] = Inbox(factory.router, factory.name, self._answer)
 
     # --- connection life -------------------------------------------------------
 
@@ -245,6 +247,7 @@ class QMQPServerProtocol(Protocol):
         try:
             for block in blocks:
                 self._handle(block)
+            self._inbox.dispatch()  # the read's messages, one batch
         finally:
             self._in_batch = False
         if error is not None and not self._closing:
@@ -352,37 +355,24 @@ class QMQPServerProtocol(Protocol):
                 )
                 self._reply(block.id, status, description)
                 return
-        message = message_from_block(block, factory.clock.seconds())
-        result = factory.router.dispatch(factory.name, message)
-        if isinstance(result, Unrouted):
-            # Through result_for: recipients are peer bytes and may hold "#".
-            status, description = result_for(
-                Outcome.rejected("no route for recipient " + ", ".join(result.addresses))
-            )
-            self._reply(block.id, status, description)
-            return
         size = len(block.message)
         self._in_flight += 1
         self._in_flight_bytes += size
-        result.addCallbacks(
-            self._completed,
-            self._failed,
-            callbackArgs=(block.id, size),
-            errbackArgs=(block.id, size),
-        )
+        self._inbox.add(message_from_block(block, factory.clock.seconds()), (block.id, size))
 
-    def _completed(self, outcome: Outcome, block_id: bytes, size: int) -> None:
+    def _answer(self, token: tuple[bytes, int], result: Result) -> None:
+        """Reply to one message of a dispatched batch with what its routes did."""
+        block_id, size = token
         self._in_flight -= 1
         self._in_flight_bytes -= size
         if self._closing:
             return
-        status, description = result_for(outcome)
+        if isinstance(result, Unrouted):
+            # Through result_for: recipients are peer bytes and may hold "#".
+            result = Outcome.rejected("no route for recipient " + ", ".join(result.addresses))
+        status, description = result_for(result)
         self._reply(block_id, status, description)
         self._maybe_resume()
-
-    def _failed(self, failure: Failure, block_id: bytes, size: int) -> None:
-        self._log.failure("{listener}: routing failed", failure, listener=self.factory.name)
-        self._completed(Outcome.retry("internal error"), block_id, size)
 
 
 class QMQPServerFactory(ListenerFactory[QMQPServerProtocol]):

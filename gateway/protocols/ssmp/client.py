@@ -15,7 +15,7 @@ are matched first in, first out.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -28,6 +28,7 @@ from zope.interface import implementer
 
 from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -351,7 +352,11 @@ class SSMPUpstream:
 
     # --- IDestination -----------------------------------------------------------------------
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Send the message as an MCAST; the server's response is the outcome."""
         line = mcast_request(message)
         if isinstance(line, Outcome):
@@ -368,7 +373,7 @@ class SSMPUpstream:
     ) -> None:
         """Dispatch an MCAST event from the server along the routes from here."""
         message = message_from_mcast(source, topic, payload, self.clock.seconds())
-        outcome = self.router.dispatch(self.name, message)
+        outcome = self.router.dispatch_one(self.name, message)
         if isinstance(outcome, Unrouted):
             self.count_error("unrouted")
             return

@@ -15,6 +15,7 @@ reactor turn.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from twisted.internet.defer import Deferred, succeed
@@ -22,6 +23,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from gateway.codecs import ssmp
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.protocols.ssmp.mapping import event_line
@@ -177,7 +179,11 @@ class Hub:
 
     # --- IDestination ------------------------------------------------------------
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Deliver a routed message as MCAST events to its topics' subscribers.
 
         The topics are the message's recipients (a QMQP message for several

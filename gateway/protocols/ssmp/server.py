@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, cast
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
@@ -36,8 +35,9 @@ from zope.interface import implementer
 from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
-from gateway.core.message import Outcome, Status
-from gateway.core.router import Router, Unrouted
+from gateway.core.inbox import Inbox
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Result, Router, Unrouted
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.ssmp.hub import Hub
@@ -129,6 +129,7 @@ class SSMPServerProtocol(Protocol):
         self._ucast_prefix = b""
         self._timer: IDelayedCall | None = None
         self._awaiting_pong = False
+        self._inbox: Inbox[_Pending] = Inbox(factory.router, factory.name, self._answer)
 
     # --- connection life ----------------------------------------------------
 
@@ -280,6 +281,7 @@ class SSMPServerProtocol(Protocol):
             handlers[type(line)](self, line)
             if self._finishing:
                 break
+        self._inbox.dispatch()  # the read's routed MCASTs, one batch
         if error is not None and not self._finishing:
             self._protocol_error(error)
         self.hub.flush()
@@ -310,16 +312,18 @@ class SSMPServerProtocol(Protocol):
         else:
             self.queue(line)
 
-    def _respond_later(self, outcome: Deferred[Outcome]) -> None:
+    def _respond_later(self, message: Message) -> None:
+        """Route the message with the rest of this read; its response waits in a slot."""
         slot = _Pending()
         self._pending.append(slot)
         if len(self._pending) >= self.factory.settings.max_pending_replies:
             self._pause_reading()
-        outcome.addCallback(self._outcome_arrived, slot)
-        outcome.addErrback(self._outcome_failed, slot)
+        self._inbox.add(message, slot)
 
-    def _outcome_arrived(self, outcome: Outcome, slot: _Pending) -> None:
-        slot.line = outcome_response(outcome)
+    def _answer(self, slot: _Pending, result: Result) -> None:
+        """A routed MCAST's outcome: fill its slot, write the responses now in order."""
+        # No route after all (a route's match_sender): as without routes, 200.
+        slot.line = OK if isinstance(result, Unrouted) else outcome_response(result)
         pending = self._pending
         while pending:
             head = pending[0]
@@ -339,10 +343,6 @@ class SSMPServerProtocol(Protocol):
         self.hub.schedule_flush()
         if not self._congested and len(pending) < self.factory.settings.max_pending_replies:
             self._resume_reading()
-
-    def _outcome_failed(self, failure: Failure, slot: _Pending) -> None:
-        self._log.failure("{listener}: route outcome failed", failure, listener=self.factory.name)
-        self._outcome_arrived(Outcome.retry("internal error"), slot)
 
     # --- timers -----------------------------------------------------------------------
 
@@ -527,15 +527,12 @@ class SSMPServerProtocol(Protocol):
         if factory.authorization.restricted and not self._allowed(Action.PUBLISH, topic):
             return
         self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
-        if factory.routed:
-            outcome = factory.router.dispatch(
-                factory.name,
-                message_from_mcast(self.identity, topic, payload, factory.clock.seconds()),
+        if factory.routed and factory.router.has_routes(factory.name, topic.decode("ascii")):
+            self._respond_later(
+                message_from_mcast(self.identity, topic, payload, factory.clock.seconds())
             )
-            if not isinstance(outcome, Unrouted):
-                self._respond_later(outcome)
-                return
-        self._respond(OK)
+        else:
+            self._respond(OK)
 
     def _on_ucast(self, line: ssmp.Ucast) -> None:
         to = line.to

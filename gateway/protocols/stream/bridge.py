@@ -14,15 +14,16 @@ offset, surviving restarts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from gateway.core.batch import Answers, all_same
 from gateway.core.forwarder import LogForwarder
 from gateway.core.interfaces import IDestination
 from gateway.core.log import LogError, LogStore, StreamLog
@@ -84,26 +85,49 @@ class StreamDestination:
         self.name = name
         self._store = store
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
-        """Append the message to the stream named by its address."""
-        stream = self._store.get(message.address)
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Append the batch to the streams named by its addresses: one append per stream."""
+        by_stream: dict[str, list[int]] = {}
+        for index, message in enumerate(messages):
+            by_stream.setdefault(message.address, []).append(index)
+        if len(by_stream) == 1:
+            [(name, _)] = by_stream.items()
+            return self._append(name, messages)
+        answers = Answers(len(messages))
+        for name, indices in by_stream.items():
+            self._append(name, [messages[index] for index in indices]).addCallback(
+                self._settle, answers, indices
+            )
+        return answers.deferred
+
+    @staticmethod
+    def _settle(outcomes: list[Outcome], answers: Answers, indices: list[int]) -> None:
+        for index, outcome in zip(indices, outcomes, strict=True):
+            answers.settle(index, outcome)
+
+    def _append(self, name: str, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        count = len(messages)
+        stream = self._store.get(name)
         if stream is None:
             try:
-                stream = self._store.create(message.address)
+                stream = self._store.create(name)
             except (LogError, ValueError) as exc:
-                return succeed(Outcome.rejected(f"cannot create stream {message.address!r}: {exc}"))
+                return all_same(count, Outcome.rejected(f"cannot create stream {name!r}: {exc}"))
             self._log.info(
-                "{listener}: created stream {stream} for a route",
-                listener=self.name,
-                stream=message.address,
+                "{listener}: created stream {stream} for a route", listener=self.name, stream=name
             )
-        appended = stream.append([entry_from_message(message)])
-        return appended.addCallbacks(lambda _: Outcome.accepted(), self._failed)
+        try:
+            appended = stream.append([entry_from_message(message) for message in messages])
+        except (LogError, ValueError) as exc:
+            return all_same(count, Outcome.rejected(f"stream {name!r}: {exc}"))
+        return appended.addCallbacks(
+            lambda _: [Outcome.accepted()] * count, self._failed, errbackArgs=(count,)
+        )
 
-    def _failed(self, failure: Failure) -> Outcome:
+    def _failed(self, failure: Failure, count: int) -> list[Outcome]:
         if not failure.check(LogError):
             self._log.failure("{listener}: append failed", failure, listener=self.name)
-        return Outcome.retry(f"stream listener {self.name}: {failure.getErrorMessage()}")
+        return [Outcome.retry(f"stream listener {self.name}: {failure.getErrorMessage()}")] * count
 
 
 class StreamRouteFeeds:
@@ -142,11 +166,8 @@ class StreamRouteFeeds:
     def _routed(self, stream: str) -> bool:
         return bool(self._router.table.match(self.listener, stream))
 
-    def _deliver(self, message: Message) -> Deferred[Outcome]:
-        result = self._router.dispatch(self.listener, message)
-        if isinstance(result, Unrouted):
-            return succeed(Outcome.rejected(f"no route for {', '.join(result.addresses)} any more"))
-        return result
+    def _deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        return self._router.dispatch(self.listener, messages).addCallback(_no_longer_routed)
 
     def refresh(self) -> None:
         """Start forwarders for routed streams, stop those no route takes (after a reload)."""
@@ -189,3 +210,13 @@ class StreamRouteFeeds:
         for forwarder in self.forwarders.values():
             forwarder.stop()
         self.forwarders.clear()
+
+
+def _no_longer_routed(results: list[Outcome | Unrouted]) -> list[Outcome]:
+    """A stream's message that no route takes any more is refused (dead-lettered in the end)."""
+    return [
+        Outcome.rejected(f"no route for {', '.join(result.addresses)} any more")
+        if isinstance(result, Unrouted)
+        else result
+        for result in results
+    ]

@@ -44,7 +44,7 @@ import itertools
 import sys
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
 import attrs
@@ -60,6 +60,7 @@ from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
+from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -586,7 +587,11 @@ class StreamUpstream:
 
     # --- publishing -----------------------------------------------------------
 
-    def deliver(self, message: Message) -> Deferred[Outcome]:
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Deliver a batch, one message at a time (pipelined)."""
+        return deliver_each(self.deliver_one, messages)
+
+    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Queue a message for its stream; fire with the broker's answer."""
         if self._connection is None:
             # Not connected: say so at once (a durable route's forwarder
@@ -870,7 +875,7 @@ class StreamUpstream:
             message = message_from_entry(
                 entry, stream=subscription.stream, timestamp=timestamp, offset=offset
             )
-            result = self.router.dispatch(self.source, message)
+            result = self.router.dispatch_one(self.source, message)
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
                 continue

@@ -1,0 +1,130 @@
+"""The batch: what moves through the core (DESIGN.md, "The batch is the unit of work").
+
+A listener hands on what one read decoded for one route as a list of
+messages; a destination answers one `Outcome` per message, in the batch's
+order, through one Deferred. A single message is a batch of one.
+
+Destinations that learn their outcomes one by one (a broker's confirms,
+pipelined replies) collect them in an `Answers`: one object per batch, no
+Deferred per message. When the route's deadline passes, the router cancels
+the batch's Deferred; `Answers` then fires at once with the outcomes it
+knows and `UNANSWERED` for the rest, so a message the destination did
+confirm is never reported as failed (the router words `UNANSWERED` as its
+own time-out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from gateway.core.message import Message, Outcome, Status
+
+__all__ = ["UNANSWERED", "Answers", "all_same", "deliver_each"]
+
+UNANSWERED: Final = Outcome(Status.RETRY, "no outcome before the deadline")
+"""The outcome of a message whose destination had not answered when its batch was cancelled."""
+
+_log = Logger(namespace="gateway.core.batch")
+
+
+def all_same(count: int, outcome: Outcome) -> Deferred[list[Outcome]]:
+    """A batch of ``count`` messages that all had the same outcome, already known."""
+    return succeed([outcome] * count)
+
+
+class Answers:
+    """One batch's outcomes, filled in as the destination learns them.
+
+    ``deferred`` fires with the whole list once every message has its
+    outcome, or when it is cancelled (the route's deadline), with
+    `UNANSWERED` for the messages still open.
+
+    Args:
+        count: Messages in the batch.
+        on_cancel: Called when the batch is cancelled before it was
+            complete (to forget the batch's open messages), if given.
+    """
+
+    __slots__ = ("_on_cancel", "deferred", "open", "outcomes")
+
+    def __init__(self, count: int, on_cancel: Callable[[Answers], None] | None = None) -> None:
+        self.outcomes: list[Outcome | None] = [None] * count
+        self.open = count
+        self._on_cancel = on_cancel
+        self.deferred: Deferred[list[Outcome]] = Deferred(self._cancelled)
+        if not count:
+            self.deferred.callback([])
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        """Give message ``index`` its outcome (a second outcome is ignored)."""
+        outcomes = self.outcomes
+        if outcomes[index] is not None:
+            return
+        outcomes[index] = outcome
+        self.open -= 1
+        if not self.open and not self.deferred.called:
+            self.deferred.callback(outcomes)  # type: ignore[arg-type]  # no None left
+
+    def settle_rest(self, outcome: Outcome) -> None:
+        """Give every message still open the same outcome (the destination went away)."""
+        if not self.open:
+            return
+        outcomes = self.outcomes
+        for index, known in enumerate(outcomes):
+            if known is None:
+                outcomes[index] = outcome
+        self.open = 0
+        if not self.deferred.called:
+            self.deferred.callback(outcomes)  # type: ignore[arg-type]
+
+    def _cancelled(self, deferred: Deferred[list[Outcome]]) -> None:
+        if self._on_cancel is not None:
+            self._on_cancel(self)
+        self.settle_rest(UNANSWERED)
+
+
+def deliver_each(
+    deliver_one: Callable[[Message], Deferred[Outcome]], messages: Sequence[Message]
+) -> Deferred[list[Outcome]]:
+    """A batch delivered by a function that takes one message at a time.
+
+    For destinations whose own protocol has no batch (one request, one
+    reply): every message is started at once, so the protocol pipelines
+    them, and the batch fires when the last has answered. Cancelling the
+    batch cancels the messages still open.
+    """
+    if len(messages) == 1:
+        return deliver_one(messages[0]).addCallbacks(_one, _broken_list)
+    started = [deliver_one(message).addErrback(_broken) for message in messages]
+
+    def cancel(_: Deferred[list[Outcome]]) -> None:
+        for d in started:
+            if not d.called:
+                d.cancel()
+
+    result: Deferred[list[Outcome]] = Deferred(cancel)
+    gathered = DeferredList(started)
+    gathered.addCallback(lambda pairs: [outcome for _ok, outcome in pairs]).chainDeferred(
+        result  # the list of outcomes, by then
+    )
+    return result
+
+
+def _one(outcome: Outcome) -> list[Outcome]:
+    return [outcome]
+
+
+def _broken(failure: Failure) -> Outcome:
+    if failure.check(CancelledError):
+        return UNANSWERED
+    _log.failure("a delivery failed unexpectedly", failure)
+    return Outcome.retry("internal error")
+
+
+def _broken_list(failure: Failure) -> list[Outcome]:
+    return [_broken(failure)]
