@@ -164,6 +164,8 @@ class RouteTable:
                 bound,
             )
         self._cache: dict[tuple[str, str], tuple[Match, ...]] = {}
+        self.rank: dict[BoundRoute, int] = {bound: i for i, bound in enumerate(self.routes)}
+        """Each route's place in the table: several routes' outcomes combine in this order."""
         self._sources = frozenset(self._by_source)
         self._sender_filters = any(b.route.match_sender is not None for b in self.routes)
 
@@ -317,7 +319,7 @@ class Router:
         """
         table = self.table
         plan: dict[BoundRoute, tuple[list[int], list[Message]]] = {}
-        refused: dict[int, Outcome] = {}
+        refused: dict[int, list[tuple[int, Outcome]]] = {}
         for index, message in enumerate(messages):
             if not message.recipients:
                 matches = table.match(source, message.address, message.sender)
@@ -347,7 +349,7 @@ class Router:
             [(bound, (indices, batch))] = plan.items()
             self._deliver(bound, batch, source).addCallback(_answer_all, indices, answer)
             return
-        _Combined(plan, refused, answer).start(self, source)
+        _Combined(plan, refused, table.rank, answer).start(self, source)
 
     def dispatch_one(self, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
         """`route` a batch of one, for adapters that receive one message at a time.
@@ -374,15 +376,14 @@ class Router:
         index: int,
         message: Message,
         addresses: list[str],
-        refused: dict[int, Outcome],
+        refused: dict[int, list[tuple[int, Outcome]]],
     ) -> None:
         """Put a message (translated) in its route's batch, or note the route's refusal."""
         try:
             translated = _translate(bound.route, message, addresses)
         except TransformError as exc:
             outcome = Outcome.rejected(f"route {bound.route.name}: {exc}")
-            known = refused.get(index)
-            refused[index] = outcome if known is None else worst((known, outcome))
+            refused.setdefault(index, []).append((self.table.rank.get(bound, 0), outcome))
             return
         entry = plan.get(bound)
         if entry is None:
@@ -503,23 +504,29 @@ def _answer_all(
 class _Combined:
     """One batch's messages spread over several routes: each answered when all its routes are.
 
+    A message's outcomes combine (`worst`) in table order, whichever route
+    answers first, so that its reason reads as it does when routed alone.
+
     Args:
         plan: Each route's indices and translated messages.
         refused: Messages a route refused to translate, with that refusal.
+        rank: Each route's place in the table.
         answer: Told each message's combined outcome.
     """
 
-    __slots__ = ("_answer", "_known", "_plan", "_routes_left")
+    __slots__ = ("_answer", "_known", "_plan", "_rank", "_routes_left")
 
     def __init__(
         self,
         plan: dict[BoundRoute, tuple[list[int], list[Message]]],
-        refused: dict[int, Outcome],
+        refused: dict[int, list[tuple[int, Outcome]]],
+        rank: dict[BoundRoute, int],
         answer: Callable[[int, Result], None],
     ) -> None:
         self._plan = plan
+        self._rank = rank
         self._answer = answer
-        self._known: dict[int, Outcome] = dict(refused)
+        self._known = refused
         self._routes_left: dict[int, int] = {}
         left = self._routes_left
         for indices, _batch in plan.values():
@@ -528,27 +535,29 @@ class _Combined:
 
     def start(self, router: Router, source: str) -> None:
         """Answer the messages no route took, deliver each route's batch."""
-        for index, outcome in list(self._known.items()):
-            if index not in self._routes_left:
-                del self._known[index]
-                self._answer(index, outcome)
+        for index in [i for i in self._known if i not in self._routes_left]:
+            self._answer(index, _combine(self._known.pop(index)))
         for bound, (indices, batch) in self._plan.items():
-            router._deliver(bound, batch, source).addCallback(self._route_answered, indices)
+            router._deliver(bound, batch, source).addCallback(
+                self._route_answered, indices, self._rank.get(bound, 0)
+            )
 
-    def _route_answered(self, outcomes: list[Outcome], indices: list[int]) -> None:
+    def _route_answered(self, outcomes: list[Outcome], indices: list[int], rank: int) -> None:
         known = self._known
         left = self._routes_left
         for index, outcome in zip(indices, outcomes, strict=True):
-            before = known.get(index)
-            combined = outcome if before is None else worst((before, outcome))
+            known.setdefault(index, []).append((rank, outcome))
             remaining = left[index] - 1
             if remaining:
                 left[index] = remaining
-                known[index] = combined
             else:
                 del left[index]
-                known.pop(index, None)
-                self._answer(index, combined)
+                self._answer(index, _combine(known.pop(index)))
+
+
+def _combine(ranked: list[tuple[int, Outcome]]) -> Outcome:
+    ranked.sort(key=lambda pair: pair[0])
+    return worst(outcome for _rank, outcome in ranked)
 
 
 def _translate(route: Route, message: Message, addresses: list[str]) -> Message:
