@@ -8,13 +8,19 @@ Reported: messages a second from the first write to the last envelope read,
 and the same in MB/s of body. The peers here frame envelopes with struct
 (empty exchange and properties), so the figure is the gateway's cost.
 
+The baseline, in the same run: the gateway's SSMP hub, MCAST 1 publisher to
+1 subscriber with 100-byte payloads, driven by ``ssmpload`` (as
+``bench/ssmp_hub.py`` does); issue 15 asks for at least 0.35x of it. It is
+skipped with ``--no-baseline`` or when ssmpload cannot be built (no Go).
+
 Bounded: a fixed message count and a time limit. Run with
-``python bench/dmp_sink_to_feed.py``.
+``python bench/dmp_sink_to_feed.py [--ssmpload PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import socket
 import struct
 import sys
@@ -26,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.ssmp_hub import build_ssmpload, gateway_server, run_load  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
 CONFIG = """
@@ -93,25 +100,19 @@ def read_count(sock: socket.socket, count: int, deadline: float, done: list[floa
     done.append(seen)
 
 
-def main() -> None:
-    """Run the benchmark and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--writers", type=int, default=4)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--limit-seconds", type=float, default=120.0)
-    args = parser.parse_args()
-    per_writer = args.count // args.writers
-    total = per_writer * args.writers
-    batch = envelope(b"x" * args.size) * 1000
+def sink_to_feed(count: int, writers: int, size: int, limit_seconds: float) -> tuple[int, float]:
+    """Run the DMP measurement; return envelopes read and seconds taken."""
+    per_writer = count // writers
+    total = per_writer * writers
+    batch = envelope(b"x" * size) * 1000
     with tempfile.TemporaryDirectory() as scratch:
         process = GatewayProcess(Path(scratch), CONFIG, routes=ROUTES).start()
         try:
             address = process.address("dmp")
             reader = opened(address, b"r")
-            writers = [opened(address, b"w") for _ in range(args.writers)]
+            sinks = [opened(address, b"w") for _ in range(writers)]
             done: list[float] = []
-            deadline = time.monotonic() + args.limit_seconds
+            deadline = time.monotonic() + limit_seconds
             thread = threading.Thread(target=read_count, args=(reader, total, deadline, done))
             thread.start()
             start = time.monotonic()
@@ -119,25 +120,58 @@ def main() -> None:
             def write(sock: socket.socket) -> None:
                 for _ in range(per_writer // 1000):
                     sock.sendall(batch)
-                sock.sendall(envelope(b"x" * args.size) * (per_writer % 1000))
+                sock.sendall(envelope(b"x" * size) * (per_writer % 1000))
 
-            senders = [threading.Thread(target=write, args=(w,)) for w in writers]
+            senders = [threading.Thread(target=write, args=(w,)) for w in sinks]
             for sender in senders:
                 sender.start()
             for sender in senders:
                 sender.join()
             thread.join()
             end, seen = done
-            seconds = end - start
-            print(
-                f"DMP sink -> feed, {args.writers} writers, {args.size}-byte bodies: "
-                f"{int(seen):,} of {total:,} read in {seconds:.2f} s = "
-                f"{seen / seconds:,.0f} msg/s, {seen * args.size / seconds / 1e6:.1f} MB/s body"
-            )
-            for sock in (reader, *writers):
+            for sock in (reader, *sinks):
                 sock.close()
         finally:
             process.stop()
+    return int(seen), end - start
+
+
+def ssmp_mcast_rate(ssmpload: Path) -> float:
+    """The gateway's SSMP hub, MCAST 1 to 1, 100-byte payloads: deliveries a second."""
+    with gateway_server() as (port, pid):
+        figures = run_load(ssmpload, port, pid, ["-mode", "mcast", "-pubs", "1", "-subs", "1"])
+    return figures["deliv_rate"]
+
+
+def main() -> None:
+    """Run the benchmark (and its SSMP baseline) and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--count", type=int, default=200_000)
+    parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--limit-seconds", type=float, default=120.0)
+    parser.add_argument("--ssmpload", type=Path, help="ssmpload binary (default: build it)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the SSMP baseline")
+    args = parser.parse_args()
+    seen, seconds = sink_to_feed(args.count, args.writers, args.size, args.limit_seconds)
+    total = args.count // args.writers * args.writers
+    rate = seen / seconds
+    print(
+        f"DMP sink -> feed, {args.writers} writers, {args.size}-byte bodies: "
+        f"{seen:,} of {total:,} read in {seconds:.2f} s = "
+        f"{rate:,.0f} msg/s, {seen * args.size / seconds / 1e6:.1f} MB/s body"
+    )
+    if args.no_baseline:
+        return
+    ssmpload = args.ssmpload
+    if ssmpload is None:
+        if shutil.which("go") is None:
+            print("SSMP baseline skipped: no ssmpload and no Go to build it")
+            return
+        ssmpload = build_ssmpload()
+    base = ssmp_mcast_rate(ssmpload)
+    print(f"SSMP hub MCAST 1->1, 100-byte payloads: {base:,.0f} deliveries/s (baseline)")
+    print(f"ratio: {rate / base:.2f}x of the SSMP hub (issue 15 target: 0.35x)")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@
    all answered K. The baseline, in the same run, is the same stream to a
    listener without routes (every message answered D at once): the
    difference is the cost of routing and delivery.
-2. Memory while a destination is stalled: the route goes to a QMQP upstream
+2. Through a QMQP upstream: the same stream to a listener routed to a QMQP
+   upstream, a second gateway ("far") whose QMQP listener routes to its own
+   SSMP hub; reported against the direct figure of step 1 (the far gateway
+   does what the routed listener does, so the ratio is the upstream's cost).
+3. Memory while a destination is stalled: the route goes to a QMQP upstream
    whose server accepts the connection and never reads. The client streams
    as fast as the gateway lets it for a bounded time while the gateway's
    resident memory is sampled; reported against its memory when idle.
@@ -55,14 +59,44 @@ protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
 
+[listeners.relayed]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
 [upstreams.tarpit]
 protocol = "qmqp"
 endpoint = "tcp:host=127.0.0.1:port={tarpit}"
+
+[upstreams.far]
+protocol = "qmqp"
+endpoint = "tcp:host=127.0.0.1:port={far}"
+window = 1000
 """
+
+FAR_CONFIG = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.qmqp]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+"""
+FAR_ROUTES = {
+    "to-hub": 'from = "qmqp"\nmatch = "#"\nto = "hub"\naddress = "mail"\nbody = "subject"\n',
+}
 
 ROUTES = {
     "to-hub": 'from = "routed"\nmatch = "#"\nto = "hub"\naddress = "mail"\nbody = "subject"\n',
     "to-tarpit": 'from = "stalled"\nmatch = "#"\nto = "tarpit"\ntimeout_seconds = 5\n',
+    "to-far": 'from = "relayed"\nmatch = "#"\nto = "far"\n',
 }
 
 
@@ -143,21 +177,31 @@ def main() -> None:
     tarpit.listen()
     held: list[socket.socket] = []
     threading.Thread(target=lambda: held.append(tarpit.accept()[0]), daemon=True).start()
-    with tempfile.TemporaryDirectory() as directory:
-        config = CONFIG.format(tarpit=tarpit.getsockname()[1])
-        process = GatewayProcess(Path(directory), config, routes=ROUTES).start()
+    with tempfile.TemporaryDirectory() as directory, tempfile.TemporaryDirectory() as far_dir:
+        far = GatewayProcess(Path(far_dir), FAR_CONFIG, routes=FAR_ROUTES).start()
         try:
-            base_s, base_status = stream(process.address("unrouted"), args.count, 120)
-            routed_s, routed_status = stream(process.address("routed"), args.count, 120)
-            idle, peak, sent = stalled_memory(process, args.stall_seconds)
+            config = CONFIG.format(tarpit=tarpit.getsockname()[1], far=far.address("qmqp")[1])
+            process = GatewayProcess(Path(directory), config, routes=ROUTES).start()
+            try:
+                base_s, base_status = stream(process.address("unrouted"), args.count, 120)
+                routed_s, routed_status = stream(process.address("routed"), args.count, 120)
+                relayed_s, relayed_status = stream(process.address("relayed"), args.count, 120)
+                idle, peak, sent = stalled_memory(process, args.stall_seconds)
+            finally:
+                process.stop()
         finally:
-            process.stop()
+            far.stop()
     rate = args.count / routed_s
     base_rate = args.count / base_s
+    relayed_rate = args.count / relayed_s
     print(f"messages            {args.count} of about 1 KB, one client connection")
     print(f"routed to SSMP      {routed_s:6.2f} s  {rate:9.0f} msg/s  {routed_status}")
     print(f"no route (baseline) {base_s:6.2f} s  {base_rate:9.0f} msg/s  {base_status}")
     print(f"ratio               {rate / base_rate:6.2f}x of the baseline rate")
+    print(
+        f"via QMQP upstream   {relayed_s:6.2f} s  {relayed_rate:9.0f} msg/s  {relayed_status}"
+        f"  {relayed_rate / rate:.2f}x of routed to SSMP"
+    )
     print(
         f"stalled destination {args.stall_seconds:.0f} s: {sent / 1e6:.1f} MB accepted from the"
         f" client; gateway RSS {idle / 1024:.0f} MiB idle, {peak / 1024:.0f} MiB peak"
