@@ -37,6 +37,7 @@ or 1); the spec says to drop those silently.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -121,14 +122,47 @@ class ControlRequest:
     body: dict[str, Any]
 
 
+MAX_JSON_DEPTH: Final = 32
+"""Nesting of arrays and objects a control body may have. No MTL command nests
+more than two levels; a deeper body is ill-formed here, as the parser would
+otherwise recurse as deep as the peer likes (RecursionError past ~1,000)."""
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET: Final = re.compile(rb"[\[\]{}]")
+
+
+def json_depth_within(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the arrays and objects of a JSON text nest at most ``limit`` deep.
+
+    Cheap for ordinary bodies: only a text with more than ``limit`` opening
+    brackets in all is scanned (strings first removed, as their brackets do
+    not nest).
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return True
+    depth = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub(b"", data)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return False
+        else:
+            depth -= 1
+    return True
+
+
 def parse_request(frames: list[bytes]) -> ControlRequest | None:
-    """A control request, or None when it is ill-formed (the spec: drop it silently)."""
-    if len(frames) != 2:
+    """A control request, or None when it is ill-formed (the spec: drop it silently).
+
+    Spec, "Error handling": ill-formed requests are those with the wrong
+    number of frames or a body that is not valid JSON; a body nesting deeper
+    than `MAX_JSON_DEPTH` counts as ill-formed too.
+    """
+    if len(frames) != 2 or not json_depth_within(frames[1]):
         return None
     try:
         command = frames[0].decode("utf-8")
         body = json.loads(frames[1])
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(body, dict):
         return None

@@ -84,6 +84,54 @@ def test_round_trip(command: mtl.DataCommand) -> None:
     assert mtl.decode_data(mtl.encode_data(command)) == command
 
 
+def test_deeply_nested_json_is_ill_formed_and_dropped() -> None:
+    """A body nesting past MAX_JSON_DEPTH is dropped like invalid JSON, never a RecursionError."""
+    assert mtl.parse_request([b"connection.open", b"[" * 200_000]) is None
+    deep = b'{"a": ' + b"[" * (mtl.MAX_JSON_DEPTH + 1) + b"]" * (mtl.MAX_JSON_DEPTH + 1) + b"}"
+    assert mtl.parse_request([b"connection.open", deep]) is None
+    within = b'{"a": ' + b"[" * (mtl.MAX_JSON_DEPTH - 1) + b"]" * (mtl.MAX_JSON_DEPTH - 1) + b"}"
+    assert mtl.parse_request([b"connection.open", within]) is not None
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    """Only structure nests: a string full of brackets (and escaped quotes) is fine."""
+    body = json.dumps({"a": '\\"[{' * 100, "b": [[1]]}).encode()
+    request = mtl.parse_request([b"connection.open", body])
+    assert request is not None and request.body["b"] == [[1]]
+
+
+json_texts = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet="[]{}\\\"ab", max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=60,
+)
+
+
+@given(json_texts)
+def test_depth_check_agrees_with_the_structure(value: object) -> None:
+    """json_depth_within measures the real nesting of any JSON value."""
+
+    def depth(v: object) -> int:
+        if isinstance(v, list):
+            return 1 + max((depth(x) for x in v), default=0)
+        if isinstance(v, dict):
+            return 1 + max((depth(x) for x in v.values()), default=0)
+        return 0
+
+    data = json.dumps(value).encode()
+    for limit in (0, 1, 2, 5):
+        assert mtl.json_depth_within(data, limit) == (depth(value) <= limit)
+
+
+@given(st.lists(st.binary(max_size=60), max_size=3))
+def test_arbitrary_control_frames_parse_or_are_dropped(frames: list[bytes]) -> None:
+    """Any frames give a request or None (dropped); no other exception escapes."""
+    request = mtl.parse_request(frames)
+    assert request is None or isinstance(request.body, dict)
+
+
 @given(st.lists(st.binary(max_size=40), max_size=3))
 def test_garbage_raises_only_mtl_errors(frames: list[bytes]) -> None:
     """Arbitrary frames decode or raise MTLError."""
