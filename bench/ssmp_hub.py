@@ -54,10 +54,14 @@ schemes = ["open"]
 """
 
 
-def build_ssmpload() -> Path:
-    """Build ssmpload from ../shared/tools (Go standard library only)."""
+def build_ssmpload(target: Path | None = None) -> Path:
+    """Build ssmpload from ../shared/tools (Go standard library only).
+
+    Args:
+        target: Where the binary goes (default: ``ssmpload`` in the temporary directory).
+    """
     source = ROOT.parent / "shared" / "tools" / "ssmpload"
-    target = Path(tempfile.gettempdir()) / "ssmpload"
+    target = target or Path(tempfile.gettempdir()) / "ssmpload"
     subprocess.run(
         ["go", "build", "-o", str(target), "."],
         cwd=source,
@@ -68,17 +72,33 @@ def build_ssmpload() -> Path:
 
 
 def run_load(ssmpload: Path, port: int, pid: int, args: list[str]) -> dict[str, float]:
-    """Run one ssmpload scenario; return its RESULT figures."""
+    """Run one ssmpload scenario; return its RESULT figures (exit on loss or disorder)."""
+    figures, problem = load_figures(ssmpload, port, pid, args)
+    if problem:
+        raise SystemExit(problem)
+    return figures
+
+
+def load_figures(
+    ssmpload: Path, port: int, pid: int, args: list[str], timeout: float = 120
+) -> tuple[dict[str, float], str | None]:
+    """Run one ssmpload scenario; return its RESULT figures and what went wrong, if anything.
+
+    The second item names loss, reordering or duplicates (with the RESULT
+    line), or is None. Later ``args`` override the defaults given here
+    (``-size 100 -duration 10s``); the run is killed after ``timeout`` seconds.
+    """
     command = [
         str(ssmpload), "-addr", f"127.0.0.1:{port}", "-size", "100",
         "-duration", "10s", "-pid", str(pid), *args,
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     figures = dict(item.split("=", 1) for item in result.split()[1:])
+    problem = None
     if int(figures["ooo"]) or int(figures["dups"]) or figures["delivered"] != figures["expected"]:
-        raise SystemExit(f"ssmpload saw loss, reordering or duplicates: {result}")
-    return {key: float(value) for key, value in figures.items() if _is_number(value)}
+        problem = f"ssmpload saw loss, reordering or duplicates: {result}"
+    return {key: float(value) for key, value in figures.items() if _is_number(value)}, problem
 
 
 def _is_number(text: str) -> bool:
