@@ -192,7 +192,8 @@ async def _publish(spec: dict[str, Any], stream: str, result: dict[str, Any]) ->
     Confirms are counted from the PublishConfirm frames (``confirms =
     "frames"``), or through rstream's per-message ``on_publish_confirm``
     callback (``"callback"``), which costs the client about a microsecond
-    more per message.
+    more per message. With ``seconds`` in the spec, no batch is sent after
+    that many seconds: the phase ends with the last confirm of what was sent.
     """
     producer_class, _ = _counting_classes()
     count, batch, limit = spec["count"], spec["batch"], spec["max_unconfirmed"]
@@ -201,6 +202,7 @@ async def _publish(spec: dict[str, Any], stream: str, result: dict[str, Any]) ->
     producer.confirm_frames = []
     result.update(confirmed=0, failed=0, publish_frames=0)
     sent = settled = 0
+    target = count  # what must settle: all of it, or what was sent by the time bound
     room = asyncio.Event()
     finished = asyncio.Event()
 
@@ -211,7 +213,7 @@ async def _publish(spec: dict[str, Any], stream: str, result: dict[str, Any]) ->
         result["failed"] += failed
         if sent - settled + batch <= limit:
             room.set()
-        if settled >= count:
+        if settled >= target:
             finished.set()
 
     def on_confirm(status: Any) -> None:
@@ -228,7 +230,13 @@ async def _publish(spec: dict[str, Any], stream: str, result: dict[str, Any]) ->
         await producer.create_stream(stream)
         clock = _PhaseClock(spec["server_pid"])
         result["clock"] = clock
+        stop_at = time.monotonic() + spec["seconds"] if spec.get("seconds") else None
         for start in range(0, count, batch):
+            if stop_at is not None and time.monotonic() >= stop_at:
+                target = sent
+                if settled >= target:
+                    finished.set()
+                break
             size = min(batch, count - start)
             while sent - settled + size > limit:
                 room.clear()
@@ -317,7 +325,9 @@ def run_client(spec: dict[str, Any]) -> dict[str, Any]:
     consume: dict[str, Any] = {"status": "not started"}
     asyncio.run(_bounded(_publish, spec, stream, publish))
     if publish["status"] == "ok":
-        asyncio.run(_bounded(_consume, spec, stream, consume))
+        # Under a time bound, what was confirmed is what there is to read.
+        bounded = dict(spec, count=publish["confirmed"]) if spec.get("seconds") else spec
+        asyncio.run(_bounded(_consume, bounded, stream, consume))
     else:
         consume["status"] = "skipped (publish did not finish)"
     return {"publish": publish, "consume": consume, "stream": stream}
