@@ -209,6 +209,11 @@ class GatewayProcess:
         assert self._process is not None
         self._process.send_signal(signum)
 
+    def wait(self, timeout: float = 10.0) -> int:
+        """Wait for the process to exit by itself (after a signal, say); return its status."""
+        assert self._process is not None
+        return self._process.wait(timeout)
+
     def stop(self) -> int | None:
         """Stop the process (SIGTERM, then SIGKILL after 10 s); return its status."""
         process = self._process

@@ -210,12 +210,15 @@ class LogStore:
         self._retention.start(self._retention_interval, now=False)
         if IReactorCore.providedBy(self._reactor):
             core = cast(IReactorCore, self._reactor)
+            # "during", not "before": the owner's services stop "before"
+            # (twistd), and the last writes they make (the outcome records'
+            # final flush) must find the store still open.
             self._shutdown_trigger = core.addSystemEventTrigger(
-                "before", "shutdown", self._reactor_stopping
+                "during", "shutdown", self._reactor_stopping
             )
 
     def _reactor_stopping(self) -> Deferred[None]:
-        """Close the store before the reactor stops (the trigger fires once)."""
+        """Close the store as the reactor stops, if its owner has not (the trigger fires once)."""
         self._shutdown_trigger = None
         return self.close()
 
