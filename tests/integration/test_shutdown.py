@@ -49,7 +49,8 @@ protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 """
 ROUTES = {
-    "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail"\nbody = "subject"\n'
+    "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail"\n'
+    'body = "subject"\n'
 }
 
 
