@@ -24,7 +24,7 @@ import attrs
 import pytest
 import pytest_twisted
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock, deferLater
@@ -38,7 +38,7 @@ from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import Answers, all_same
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
@@ -78,21 +78,24 @@ class Sink:
     def __init__(self, name: str = SINK) -> None:
         self.name = name
         self.messages: list[Message] = []
-        self.pending: list[Deferred[Outcome]] = []
+        self.batches: list[list[Message]] = []
+        self.pending: list[tuple[Answers, int]] = []
         self.auto = True
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
-
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Keep the message; accept it at once unless ``auto`` is off."""
-        self.messages.append(message)
+        """Keep the batch; accept it at once unless ``auto`` is off."""
+        self.messages.extend(messages)
+        self.batches.append(list(messages))
         if self.auto:
-            return succeed(Outcome.accepted())
-        d: Deferred[Outcome] = Deferred()
-        self.pending.append(d)
-        return d
+            return all_same(len(messages), Outcome.accepted())
+        answers = Answers(len(messages))
+        self.pending.extend((answers, index) for index in range(len(messages)))
+        return answers.deferred
+
+    def answer(self, number: int, outcome: Outcome) -> None:
+        """Answer the ``number``-th message kept while ``auto`` was off."""
+        answers, index = self.pending[number]
+        answers.settle(index, outcome)
 
 
 class Node:
@@ -305,8 +308,16 @@ class World:
         return node
 
     def publish(self, name: str, body: bytes = b"hello") -> Deferred[Outcome]:
-        """Deliver a message with id ``name`` to the upstream."""
-        return self.upstream.deliver_one(Message(body=body, address="anything", id=name))
+        """Deliver a message with id ``name`` to the upstream, as a batch of one."""
+        return self.publish_batch([name], body).addCallback(lambda outcomes: outcomes[0])
+
+    def publish_batch(
+        self, names: Sequence[str], body: bytes = b"hello", address: str = "anything"
+    ) -> Deferred[list[Outcome]]:
+        """Deliver one batch of messages with ids ``names`` to the upstream."""
+        return self.upstream.deliver(
+            [Message(body=body, address=address, id=name) for name in names]
+        )
 
     def sample(self, name: str, **labels: str) -> float:
         """A metric's current value (0 when never set)."""
@@ -520,13 +531,16 @@ def test_not_connected_is_retry_later_at_once(world: World) -> None:
 
 
 def test_publishes_in_batches_and_confirms_accept(world: World) -> None:
-    """Messages of one turn go in Publish frames of batch_size; confirms accept them."""
+    """Messages queued before the publisher is ready go in Publish frames of batch_size.
+
+    No timer: they are written as soon as the publisher is declared. Confirms
+    accept the messages they name, and only those.
+    """
     node = world.open()
     outcomes = [tracked(world.publish(f"m{i}")) for i in range(7)]
     declared = node.declare()
     assert declared.stream == STREAM
     assert declared.reference == f"msggateway.{UPSTREAM}"
-    world.reactor.advance(0)
     frames = node.of(sp.Publish)
     assert [list(frame.publishing_ids) for frame in frames] == [[1, 2, 3], [4, 5, 6], [7]]
     ids = [
@@ -553,7 +567,6 @@ def test_batches_stay_within_frame_max() -> None:
     for i in range(10):
         world.publish(f"m{i}", body)
     node.declare()
-    world.reactor.advance(0)
     node.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=4096)  # it refuses larger frames
     frames = node.of(sp.Publish)
     assert sum(len(frame.publishing_ids) for frame in frames) == 10
@@ -570,7 +583,6 @@ def test_small_frame_max_is_honoured() -> None:
     for i in range(6):
         world.publish(f"m{i}", b"y" * 300)
     node.declare()
-    world.reactor.advance(0)
     node.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=1024)
     frames = node.of(sp.Publish)
     assert sum(len(frame.publishing_ids) for frame in frames) == 6
@@ -582,7 +594,6 @@ def test_message_larger_than_frame_max_is_rejected(world: World) -> None:
     big = tracked(world.publish("big", b"z" * 4000))
     world.publish("small")
     node.declare()
-    world.reactor.advance(0)
     assert status(big) is Status.REJECTED
     assert ids_of(node) == ["small"]
     assert not node.transport.disconnecting
@@ -595,7 +606,6 @@ def test_max_unconfirmed_holds_messages_until_confirms() -> None:
     for i in range(5):
         world.publish(f"m{i}")
     declared = node.declare()
-    world.reactor.advance(0)
     assert ids_of(node) == ["m0", "m1"]
     node.confirm(declared.publisher_id, 1)
     assert ids_of(node) == ["m2"]
@@ -626,7 +636,6 @@ def test_publish_error_codes(world: World, code: int, expected: Status) -> None:
     node = world.open()
     results = tracked(world.publish("m1"))
     declared = node.declare()
-    world.reactor.advance(0)
     node.of(sp.Publish)
     node.say(sp.PublishError(publisher_id=declared.publisher_id, publishing_ids=[1], codes=[code]))
     assert status(results) is expected
@@ -645,8 +654,8 @@ def test_publisher_ids_stay_unique_after_a_refused_publisher() -> None:
     """A publisher dropped after a refusal does not hand its id to a stream still in use."""
     world = World(attrs.evolve(SETTINGS, stream=None))
     node = world.open()
-    world.upstream.deliver_one(Message(body=b"a", address="a", id="a"))
-    world.upstream.deliver_one(Message(body=b"b", address="b", id="b"))
+    world.upstream.deliver([Message(body=b"a", address="a", id="a")])
+    world.upstream.deliver([Message(body=b"b", address="b", id="b")])
     first, second = node.of(sp.DeclarePublisher)
     node.say(sp.Response(key=sp.Key.DECLARE_PUBLISHER, correlation_id=first.correlation_id, code=2))
     node.say(
@@ -656,8 +665,7 @@ def test_publisher_ids_stay_unique_after_a_refused_publisher() -> None:
     node.say(
         sp.QueryPublisherSequenceResponse(correlation_id=query.correlation_id, code=1, sequence=0)
     )
-    world.upstream.deliver_one(Message(body=b"c", address="c", id="c"))
-    world.reactor.advance(0)
+    world.upstream.deliver([Message(body=b"c", address="c", id="c")])
     third = node.of(sp.DeclarePublisher)
     assert [event.stream for event in third] == ["c"]
     assert third[0].publisher_id != second.publisher_id
@@ -668,7 +676,6 @@ def test_reconnect_confirms_stored_and_resends_the_rest_with_their_ids(world: Wo
     node = world.open()
     outcomes = [tracked(world.publish(f"m{i}")) for i in range(5)]
     declared = node.declare()
-    world.reactor.advance(0)
     assert ids_of(node) == [f"m{i}" for i in range(5)]
     node.confirm(declared.publisher_id, 1)
     node.lose()
@@ -683,7 +690,6 @@ def test_reconnect_confirms_stored_and_resends_the_rest_with_their_ids(world: Wo
     node.confirm(declared.publisher_id, 4, 5)
     assert all(status(results) is Status.ACCEPTED for results in outcomes)
     after = tracked(world.publish("next"))
-    world.reactor.advance(0)
     frames = node.of(sp.Publish)
     assert [list(frame.publishing_ids) for frame in frames] == [[6]]
     node.confirm(declared.publisher_id, 6)
@@ -695,7 +701,6 @@ def test_sequence_above_local_ids_moves_the_next_id(world: World) -> None:
     node = world.open()
     world.publish("m1")
     node.declare(sequence=41)
-    world.reactor.advance(0)
     assert [list(frame.publishing_ids) for frame in node.of(sp.Publish)] == [[42]]
 
 
@@ -745,9 +750,9 @@ def test_chunks_routed_and_credit_granted_once_settled() -> None:
     node.deliver_chunk(0, 0, b"a", b"b")
     assert [m.body for m in world.sink.messages] == [b"a", b"b"]
     assert node.of(sp.Credit) == []
-    world.sink.pending[0].callback(Outcome.accepted())
+    world.sink.answer(0, Outcome.accepted())
     assert node.of(sp.Credit) == []
-    world.sink.pending[1].callback(Outcome.retry("later"))
+    world.sink.answer(1, Outcome.retry("later"))
     assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
 
 
@@ -784,7 +789,7 @@ def test_offsets_not_stored_past_unsettled_messages() -> None:
     node.deliver_chunk(0, 0, b"a")
     world.reactor.advance(5)
     assert node.of(sp.StoreOffset) == []
-    world.sink.pending[0].callback(Outcome.accepted())
+    world.sink.answer(0, Outcome.accepted())
     world.reactor.advance(5)
     assert [event.offset for event in node.of(sp.StoreOffset)] == [0]
 
@@ -863,7 +868,6 @@ def test_request_timing_out_on_an_open_connection(world: World) -> None:
     assert status(results) is None  # still queued: it goes out after the reconnect
     world.reactor.advance(0.5)
     node = world.open()
-    world.reactor.advance(0)
     assert ids_of(node) == ["m1"]
 
 
@@ -962,7 +966,6 @@ def test_replica_consumer_reads_from_a_replica_while_publishing_stays_on_the_lea
 
     published = tracked(world.publish("m1"))
     declared = leader.declare()
-    world.reactor.advance(0)
     assert ids_of(leader) == ["m1"]
     assert replica.of(sp.Publish) == [] and replica.of(sp.DeclarePublisher) == []
     leader.confirm(declared.publisher_id, 1)

@@ -60,10 +60,11 @@ from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import Answers, all_same
+from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
-from gateway.core.router import Router, Unrouted
+from gateway.core.router import Result, Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.settings import StreamUpstreamSettings
@@ -80,6 +81,8 @@ ENTRY_OVERHEAD_BYTES: Final = 12
 """Publishing id and length of each message in a Publish frame."""
 MAX_PUBLISHER_ID: Final = 255
 """Publisher ids are a uint8 on the wire."""
+
+_ACCEPTED: Final = Outcome.accepted()
 
 _REJECTING_CODES: Final = frozenset({2, 16, 17})
 """PublishError codes that no retry will fix: stream missing, access refused,
@@ -112,16 +115,23 @@ def _smaller(theirs: int, ours: int) -> int:
 
 
 class _Job:
-    """One message on its way to a stream."""
+    """One message on its way to a stream: its entry, and where its outcome goes.
 
-    __slots__ = ("cancelled", "entry", "outcome", "publishing_id", "stream")
+    No Deferred of its own: its outcome is ``answers.settle(index, ...)``,
+    the batch it came in (`gateway.core.batch.Answers`).
+    """
 
-    def __init__(self, stream: str, entry: bytes, outcome: Deferred[Outcome]) -> None:
-        self.stream = stream
+    __slots__ = ("answers", "entry", "index", "publishing_id", "queued")
+
+    def __init__(self, answers: Answers, index: int, entry: bytes) -> None:
+        self.answers = answers
+        self.index = index
         self.entry = entry
-        self.outcome = outcome
         self.publishing_id = 0
-        self.cancelled = False
+        """0 until first published; the same id ever after (deduplication)."""
+        self.queued = True
+        """Waiting in its publisher's queue; False once sent, or when its batch was
+        cancelled there (`pump` then drops it)."""
 
 
 class _Publisher:
@@ -225,6 +235,14 @@ class StreamClientProtocol(Protocol):
         assert self.transport is not None
         self.transport.write(data)
         self.upstream.traffic.bytes_out += len(data)
+
+    def send_all(self, events: Sequence[sp.Event]) -> None:
+        """Send frames in one write."""
+        send = self._codec.send
+        frames = [send(event) for event in events]
+        assert self.transport is not None
+        self.transport.writeSequence(frames)
+        self.upstream.traffic.bytes_out += sum(map(len, frames))
 
     def request(self, request: Callable[..., sp.Event], **fields: Any) -> Deferred[Any]:
         """Send ``request(correlation_id=..., **fields)``; fire with its response."""
@@ -389,6 +407,7 @@ class StreamUpstream:
         self._subscribing = settings.subscribe if self.consumer is None else ()
         self._connection: StreamClientProtocol | None = None
         self._publishers: dict[str, _Publisher] = {}
+        self._publisher_ids: dict[int, _Publisher] = {}
         self._subscriptions: dict[int, _Subscription] = {}
         self._unconfirmed = 0
         self._queued = 0
@@ -398,7 +417,6 @@ class StreamUpstream:
         self._store_call: IDelayedCall | None = None
         self._connecting: Deferred[Any] | None = None
         self._stopped: Deferred[None] | None = None
-        self._pump_call: IDelayedCall | None = None
         self._live: set[StreamClientProtocol] = set()
         if metrics is not None:
             metrics.upstream_up.labels(name).set(0)
@@ -427,7 +445,7 @@ class StreamUpstream:
 
     def _stop_own(self) -> Deferred[None]:
         self._running = False
-        for call in (self._connect_call, self._store_call, self._pump_call):
+        for call in (self._connect_call, self._store_call):
             if call is not None and call.active():
                 call.cancel()
         if self._connecting is not None and not self._connecting.called:
@@ -588,50 +606,68 @@ class StreamUpstream:
     # --- publishing -----------------------------------------------------------
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Queue a batch for its stream(s); fire with one outcome per message, in order.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Queue a message for its stream; fire with the broker's answer."""
+        The batch is one `Answers`; each message becomes a job that knows its
+        place in it. The jobs are published at once (`pump`): a batch for one
+        stream goes out in as few Publish frames as ``batch_size``,
+        ``max_unconfirmed`` and frame_max allow, in one write. Not
+        connected: every message is answered "retry later" at once; past
+        ``max_queue`` the messages that do not fit are (as one at a time
+        would have been). Cancelling the batch (the route's deadline)
+        answers what is known and `UNANSWERED` for the rest (`_forget`).
+        """
+        count = len(messages)
         if self._connection is None:
             # Not connected: say so at once (a durable route's forwarder
             # retries with backoff; a direct route's sender learns "later").
-            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
-        if self._queued >= self.settings.max_queue:
-            return succeed(
-                Outcome.retry(f"upstream {self.name}: {self._queued} messages queued already")
+            return all_same(count, Outcome.retry(f"upstream {self.name} is not connected"))
+        jobs: list[_Job] = []
+        answers = Answers(count, lambda _answers: self._forget(jobs))
+        room = self.settings.max_queue - self._queued
+        if room < count:
+            full = Outcome.retry(
+                f"upstream {self.name}: {max(self._queued, self.settings.max_queue)}"
+                " messages queued already"
             )
-        stream = self.settings.stream or message.address
-        job: _Job
-        outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
-        job = _Job(stream, entry_from_message(message), outcome)
-        publisher = self._publishers.get(stream)
-        if publisher is None:
-            # The smallest id not in use: a publisher dropped after a refusal
-            # frees its id, and an id must never name two streams at once.
-            used = {p.id for p in self._publishers.values()}
-            free = next(i for i in range(len(used) + 1) if i not in used)
-            if free > MAX_PUBLISHER_ID:
-                return succeed(Outcome.rejected(f"upstream {self.name}: too many streams"))
-            publisher = self._publishers[stream] = _Publisher(free, stream)
-            connection = self._connection
-            if connection is not None:
-                Deferred.fromCoroutine(self._declare(connection, stream)).addErrback(
-                    self._declare_failed, connection
-                )
-        publisher.queue.append(job)
-        self._queued += 1
-        self._pump_soon()
-        return outcome
+            for index in range(max(room, 0), count):
+                answers.settle(index, full)
+        fixed = self.settings.stream
+        publishers = self._publishers
+        stream: str | None = None
+        publisher: _Publisher | None = None
+        for index in range(min(max(room, 0), count)):
+            message = messages[index]
+            address = fixed or message.address
+            if address != stream:
+                stream = address
+                publisher = publishers.get(address) or self._add_publisher(address)
+            if publisher is None:
+                answers.settle(index, Outcome.rejected(f"upstream {self.name}: too many streams"))
+                continue
+            job = _Job(answers, index, entry_from_message(message))
+            jobs.append(job)
+            publisher.queue.append(job)
+        self._queued += len(jobs)
+        if jobs:
+            self.pump()
+        return answers.deferred
 
-    def _pump_soon(self) -> None:
-        """Publish at the end of this reactor turn: what arrives together shares frames."""
-        if self._pump_call is None:
-            self._pump_call = self.clock.callLater(0, self._pump_now)
-
-    def _pump_now(self) -> None:
-        self._pump_call = None
-        self.pump()
+    def _add_publisher(self, stream: str) -> _Publisher | None:
+        """A publisher for a new stream, declared on the open connection; None past 256."""
+        # The smallest id not in use: a publisher dropped after a refusal
+        # frees its id, and an id must never name two streams at once.
+        used = self._publisher_ids
+        free = next(i for i in range(len(used) + 1) if i not in used)
+        if free > MAX_PUBLISHER_ID:
+            return None
+        publisher = self._publishers[stream] = used[free] = _Publisher(free, stream)
+        connection = self._connection
+        if connection is not None:
+            Deferred.fromCoroutine(self._declare(connection, stream)).addErrback(
+                self._declare_failed, connection
+            )
+        return publisher
 
     def _declare_failed(self, failure: Failure, connection: StreamClientProtocol) -> None:
         connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")
@@ -653,18 +689,23 @@ class StreamUpstream:
         )
         sequence = answer.sequence if answer.code == 1 else 0
         # Sent before the connection ended: stored if not above the sequence;
-        # else sent again, first and with the same ids (the broker deduplicates).
+        # else sent again, first and with the same ids (the broker
+        # deduplicates). A message whose batch was cancelled meanwhile has
+        # its answer already: it is not sent again, but its id stays used.
+        in_flight = publisher.in_flight
         again: list[_Job] = []
-        for publishing_id, job in sorted(publisher.in_flight.items()):
+        for publishing_id in sorted(in_flight):
+            job = in_flight[publishing_id]
             if publishing_id <= sequence:
-                self._settle(job, Outcome.accepted())
-            else:
+                job.answers.settle(job.index, _ACCEPTED)
+            elif job.answers.outcomes[job.index] is None:
+                job.queued = True
                 again.append(job)
-        publisher.in_flight.clear()
+        publisher.next_id = max(sequence, *in_flight, 0) + 1
+        in_flight.clear()
         self._unconfirmed = sum(len(p.in_flight) for p in self._publishers.values())
         publisher.queue.extendleft(reversed(again))
         self._queued += len(again)
-        publisher.next_id = max(sequence, *(job.publishing_id for job in again), 0) + 1
         publisher.ready = True
         self.pump()
 
@@ -676,122 +717,139 @@ class StreamUpstream:
                 f"{self.name} refused a publisher on {publisher.stream} (code {code})"
             )
         )
-        while publisher.queue:
-            self._queued -= 1
-            self._settle(publisher.queue.popleft(), outcome)
-        for job in publisher.in_flight.values():
-            self._settle(job, outcome)
-        self._unconfirmed -= len(publisher.in_flight)
-        publisher.in_flight.clear()
+        # Gone before anyone is answered: an answer may lead to a delivery to
+        # the same stream at once, which then declares a publisher afresh.
         del self._publishers[publisher.stream]
+        del self._publisher_ids[publisher.id]
+        queued = [job for job in publisher.queue if job.queued]  # else cancelled, forgotten
+        publisher.queue.clear()
+        in_flight = list(publisher.in_flight.values())
+        publisher.in_flight.clear()
+        self._queued -= len(queued)
+        self._unconfirmed -= len(in_flight)
+        for job in queued:
+            job.queued = False
+        for job in (*in_flight, *queued):
+            job.answers.settle(job.index, outcome)
 
     def pump(self) -> None:
-        """Publish queued messages in batches while confirmations allow."""
+        """Publish queued messages in batches while confirmations allow; one write for all."""
         connection = self._connection
         if connection is None or connection.closing:
             return
         settings = self.settings
         frame_max = connection.frame_max
         budget = frame_max - PUBLISH_OVERHEAD_BYTES if frame_max else sys.maxsize
+        frames: list[sp.Event] = []
+        too_large: list[_Job] = []
+        unconfirmed = self._unconfirmed
+        taken = 0
         for publisher in self._publishers.values():
             queue = publisher.queue
-            while publisher.ready and queue and self._unconfirmed < settings.max_unconfirmed:
+            in_flight = publisher.in_flight
+            while publisher.ready and queue and unconfirmed < settings.max_unconfirmed:
                 # Within batch_size and within what max_unconfirmed still allows.
-                room = min(settings.batch_size, settings.max_unconfirmed - self._unconfirmed)
+                room = min(settings.batch_size, settings.max_unconfirmed - unconfirmed)
                 ids: list[int] = []
                 entries: list[bytes] = []
                 size = 0
                 while queue and len(ids) < room:
                     job = queue[0]
-                    if job.cancelled:
+                    if not job.queued:  # its batch was cancelled while it waited
                         queue.popleft()
-                        self._queued -= 1
                         continue
-                    cost = ENTRY_OVERHEAD_BYTES + len(job.entry)
-                    if cost > budget:
+                    entry = job.entry
+                    cost = ENTRY_OVERHEAD_BYTES + len(entry)
+                    if size + cost > budget:
+                        if ids:
+                            break  # the next frame
                         # It would never fit: sent alone, its frame would make
                         # the server close the connection, again and again.
                         queue.popleft()
-                        self._queued -= 1
-                        self._settle(
-                            job,
-                            Outcome.rejected(
-                                f"upstream {self.name}: a message of {len(job.entry)} bytes"
-                                f" does not fit in a frame of {frame_max} bytes"
-                            ),
-                        )
+                        job.queued = False
+                        taken += 1
+                        too_large.append(job)
                         continue
-                    if ids and size + cost > budget:
-                        break
                     queue.popleft()
-                    self._queued -= 1
-                    if job.publishing_id == 0:
-                        job.publishing_id = publisher.next_id
-                        publisher.next_id += 1
-                    publisher.in_flight[job.publishing_id] = job
-                    ids.append(job.publishing_id)
-                    entries.append(job.entry)
+                    job.queued = False
+                    publishing_id = job.publishing_id
+                    if not publishing_id:
+                        publishing_id = job.publishing_id = publisher.next_id
+                        publisher.next_id = publishing_id + 1
+                    in_flight[publishing_id] = job
+                    ids.append(publishing_id)
+                    entries.append(entry)
                     size += cost
                 if not ids:
                     break
-                self._unconfirmed += len(ids)
-                self.traffic.messages_out += len(ids)
-                connection.send(
+                taken += len(ids)
+                unconfirmed += len(ids)
+                frames.append(
                     sp.Publish(publisher_id=publisher.id, publishing_ids=ids, messages=entries)
                 )
-
-    def _publisher_by_id(self, publisher_id: int) -> _Publisher | None:
-        for publisher in self._publishers.values():
-            if publisher.id == publisher_id:
-                return publisher
-        return None
+        self._queued -= taken
+        if frames:
+            sent = unconfirmed - self._unconfirmed
+            self._unconfirmed = unconfirmed
+            self.traffic.messages_out += sent
+            connection.send_all(frames)
+        # Answered last: an answer may reach a sender that delivers again at
+        # once, and that pump must find this one's counts and frames done.
+        for job in too_large:
+            job.answers.settle(
+                job.index,
+                Outcome.rejected(
+                    f"upstream {self.name}: a message of {len(job.entry)} bytes"
+                    f" does not fit in a frame of {frame_max} bytes"
+                ),
+            )
 
     def confirmed(self, event: sp.PublishConfirm) -> None:
         """Accept the confirmed messages."""
-        publisher = self._publisher_by_id(event.publisher_id)
+        publisher = self._publisher_ids.get(event.publisher_id)
         if publisher is None:
             return
+        take = publisher.in_flight.pop
         for publishing_id in event.publishing_ids:
-            job = publisher.in_flight.pop(publishing_id, None)
+            job = take(publishing_id, None)
             if job is not None:
                 self._unconfirmed -= 1
-                self._settle(job, Outcome.accepted())
+                job.answers.settle(job.index, _ACCEPTED)
         self.pump()
 
     def publish_failed(self, event: sp.PublishError) -> None:
         """Map PublishError codes to outcomes."""
-        publisher = self._publisher_by_id(event.publisher_id)
+        publisher = self._publisher_ids.get(event.publisher_id)
         if publisher is None:
             return
+        take = publisher.in_flight.pop
         for publishing_id, code in zip(event.publishing_ids, event.codes, strict=True):
-            job = publisher.in_flight.pop(publishing_id, None)
+            job = take(publishing_id, None)
             if job is None:
                 continue
             self._unconfirmed -= 1
             reason = f"{self.name} refused the message on {publisher.stream} (code {code})"
-            self._settle(
-                job,
+            job.answers.settle(
+                job.index,
                 Outcome.rejected(reason, code=str(code))
                 if code in _REJECTING_CODES
                 else Outcome.retry(reason, code=str(code)),
             )
         self.pump()
 
-    def _settle(self, job: _Job, outcome: Outcome) -> None:
-        if not job.cancelled and not job.outcome.called:
-            job.outcome.callback(outcome)
+    def _forget(self, jobs: list[_Job]) -> None:
+        """The router gave up on a batch (its deadline): forget its open messages.
 
-    def _cancel(self, job: _Job) -> None:
-        # The router gave up: a queued message is never sent; a sent one keeps
-        # its id (and its place under max_unconfirmed) until answered.
-        job.cancelled = True
-        publisher = self._publishers.get(job.stream)
-        if publisher is not None and job.publishing_id == 0:
-            try:
-                publisher.queue.remove(job)
-            except ValueError:
-                return
-            self._queued -= 1
+        Still queued: never sent (`pump` drops them). Sent: each keeps its id
+        and its place under ``max_unconfirmed`` until the broker answers
+        (which is then ignored) or, after a reconnect, is not sent again.
+        """
+        dropped = 0
+        for job in jobs:
+            if job.queued:
+                job.queued = False
+                dropped += 1
+        self._queued -= dropped
 
     # --- consuming ------------------------------------------------------------
 
@@ -867,43 +925,55 @@ class StreamUpstream:
                 reason=exc.reason,
             )
         timestamp = header.timestamp / 1000
-        outcomes: list[Deferred[Any]] = []
-        for index, entry in enumerate(entries):
-            offset = header.first_offset + index
-            if offset <= subscription.after:
-                continue
-            message = message_from_entry(
-                entry, stream=subscription.stream, timestamp=timestamp, offset=offset
-            )
-            result = self.router.dispatch_one(self.source, message)
-            if isinstance(result, Unrouted):
-                self.count_error("unrouted")
-                continue
-            outcomes.append(result.addCallback(self._consumed, message))
-        self.traffic.messages_in += len(entries)
         last = header.first_offset + header.num_records - 1
+        first_new = subscription.after + 1 - header.first_offset
         subscription.after = max(subscription.after, last)
         chunk_state = [last, 0]
         subscription.chunks.append(chunk_state)
-        done: Deferred[Any] = DeferredList(outcomes, consumeErrors=True)
-        done.addCallback(lambda _: self._chunk_settled(protocol, subscription, chunk_state))
+        self.traffic.messages_in += len(entries)
+        stream = subscription.stream
+        left = 0
+        dispatched = False
+
+        def answer(message: Message, result: Result) -> None:
+            nonlocal left
+            if isinstance(result, Unrouted):
+                self.count_error("unrouted")
+            elif not result.is_accepted:
+                self._log.warn(
+                    "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
+                    upstream=self.name,
+                    id=message.id,
+                    stream=stream,
+                    reason=result.reason,
+                )
+            left -= 1
+            if not left and dispatched:
+                self._chunk_settled(protocol, subscription, chunk_state)
+
+        # The chunk is one batch: the router has it all at once, and the
+        # chunk is settled (credit, then its offset may be stored) once every
+        # message has its result, whatever the result.
+        inbox: Inbox[Message] = Inbox(self.router, self.source, answer)
+        for index in range(max(first_new, 0), len(entries)):
+            message = message_from_entry(
+                entries[index],
+                stream=stream,
+                timestamp=timestamp,
+                offset=header.first_offset + index,
+            )
+            inbox.add(message, message)
+        left = len(inbox)
+        inbox.dispatch()
+        dispatched = True
+        if not left:
+            self._chunk_settled(protocol, subscription, chunk_state)
 
     def _chunk_settled(
         self, protocol: StreamClientProtocol, subscription: _Subscription, chunk: list[int]
     ) -> None:
         subscription.settle(chunk)
         self._credit(protocol, subscription)
-
-    def _consumed(self, outcome: Outcome, message: Message) -> Outcome:
-        if not outcome.is_accepted:
-            self._log.warn(
-                "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
-                upstream=self.name,
-                id=message.id,
-                stream=message.address,
-                reason=outcome.reason,
-            )
-        return outcome
 
     def _credit(self, protocol: StreamClientProtocol, subscription: _Subscription) -> None:
         if protocol is self._connection and not protocol.closing:
