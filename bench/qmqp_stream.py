@@ -9,6 +9,10 @@
    upstream, a second gateway ("far") whose QMQP listener routes to its own
    SSMP hub; reported against the direct figure of step 1 (the far gateway
    does what the routed listener does, so the ratio is the upstream's cost).
+   Durable: the same stream to a listener whose route to the SSMP hub is
+   durable (each read committed to the embedded log as one chunk, fsync
+   always, K after the commit; the forwarder delivers from the log), against
+   the same baseline.
 3. Memory while a destination is stalled: the route goes to a QMQP upstream
    whose server accepts the connection and never reads. The client streams
    as fast as the gateway lets it for a bounded time while the gateway's
@@ -63,6 +67,10 @@ schemes = ["open"]
 protocol = "qmqp"
 endpoint = "tcp:0:interface=127.0.0.1"
 
+[listeners.durable]
+protocol = "qmqp"
+endpoint = "tcp:0:interface=127.0.0.1"
+
 [upstreams.tarpit]
 protocol = "qmqp"
 endpoint = "tcp:host=127.0.0.1:port={tarpit}"
@@ -97,6 +105,8 @@ ROUTES = {
     "to-hub": 'from = "routed"\nmatch = "#"\nto = "hub"\naddress = "mail"\nbody = "subject"\n',
     "to-tarpit": 'from = "stalled"\nmatch = "#"\nto = "tarpit"\ntimeout_seconds = 5\n',
     "to-far": 'from = "relayed"\nmatch = "#"\nto = "far"\n',
+    "to-hub-durable": 'from = "durable"\nmatch = "#"\nto = "hub"\naddress = "mail"\n'
+    'body = "subject"\ndurable = true\n',
 }
 
 
@@ -171,6 +181,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--stall-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--durable-only", action="store_true", help="only the baseline and the durable route"
+    )
     args = parser.parse_args()
     tarpit = socket.socket()
     tarpit.bind(("127.0.0.1", 0))
@@ -184,6 +197,10 @@ def main() -> None:
             process = GatewayProcess(Path(directory), config, routes=ROUTES).start()
             try:
                 base_s, base_status = stream(process.address("unrouted"), args.count, 120)
+                durable_s, durable_status = stream(process.address("durable"), args.count, 120)
+                if args.durable_only:
+                    _print_durable(args.count, base_s, base_status, durable_s, durable_status)
+                    return
                 routed_s, routed_status = stream(process.address("routed"), args.count, 120)
                 relayed_s, relayed_status = stream(process.address("relayed"), args.count, 120)
                 idle, peak, sent = stalled_memory(process, args.stall_seconds)
@@ -199,6 +216,10 @@ def main() -> None:
     print(f"no route (baseline) {base_s:6.2f} s  {base_rate:9.0f} msg/s  {base_status}")
     print(f"ratio               {rate / base_rate:6.2f}x of the baseline rate")
     print(
+        f"durable to SSMP     {durable_s:6.2f} s  {args.count / durable_s:9.0f} msg/s"
+        f"  {durable_status}  {base_s / durable_s:.2f}x of the baseline rate"
+    )
+    print(
         f"via QMQP upstream   {relayed_s:6.2f} s  {relayed_rate:9.0f} msg/s  {relayed_status}"
         f"  {relayed_rate / rate:.2f}x of routed to SSMP"
     )
@@ -206,6 +227,22 @@ def main() -> None:
         f"stalled destination {args.stall_seconds:.0f} s: {sent / 1e6:.1f} MB accepted from the"
         f" client; gateway RSS {idle / 1024:.0f} MiB idle, {peak / 1024:.0f} MiB peak"
         f" ({peak / idle:.2f}x)"
+    )
+
+
+def _print_durable(
+    count: int,
+    base_s: float,
+    base_status: dict[bytes, int],
+    durable_s: float,
+    durable_status: dict[bytes, int],
+) -> None:
+    """The durable route's line and its baseline's, for ``--durable-only``."""
+    print(f"messages            {count} of about 1 KB, one client connection")
+    print(f"no route (baseline) {base_s:6.2f} s  {count / base_s:9.0f} msg/s  {base_status}")
+    print(
+        f"durable to SSMP     {durable_s:6.2f} s  {count / durable_s:9.0f} msg/s"
+        f"  {durable_status}  {base_s / durable_s:.2f}x of the baseline rate"
     )
 
 
