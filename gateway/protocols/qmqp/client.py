@@ -1,9 +1,13 @@
 """The QMQP streaming client role: the gateway streaming mail to a server.
 
-`QMQPUpstream` is a route destination. Messages wait in a queue and are
-streamed to the server with at most ``window`` unanswered at a time; replies
-are matched by id and become outcomes: ``K`` accepted, ``D`` rejected, ``Z``
+`QMQPUpstream` is a route destination. A batch's messages join a queue and
+are streamed to the server with at most ``window`` unanswered at a time: all
+the blocks the window takes are written at once, in one write. Replies are
+matched by id and become outcomes: ``K`` accepted, ``D`` rejected, ``Z``
 resent after a growing delay until ``max_attempts``, then "retry later".
+Each batch collects its outcomes in one `Answers` (no Deferred per
+message); when the router cancels it at the route's deadline, the messages
+already answered keep their outcome and the rest are never sent again.
 
 The connection comes from Twisted's `ClientService` (reconnect with
 backoff). When it is lost, messages that were sent but never answered go
@@ -17,10 +21,10 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
@@ -35,7 +39,7 @@ from zope.interface import implementer
 
 from gateway.codecs import qmqp
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import Answers
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.metrics import GatewayMetrics, TrafficCounters
@@ -50,14 +54,20 @@ RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 
 
 class _Job:
-    """One message on its way: its block, its outcome, its attempts."""
+    """One message on its way: its block, where its outcome goes, its attempts.
 
-    __slots__ = ("attempts", "block", "cancelled", "id", "outcome", "retry_call")
+    Attributes:
+        answers: The outcomes of the batch the message came in.
+        index: The message's place in that batch.
+    """
 
-    def __init__(self, block: qmqp.MessageBlock, outcome: Deferred[Outcome]) -> None:
+    __slots__ = ("answers", "attempts", "block", "cancelled", "id", "index", "retry_call")
+
+    def __init__(self, block: qmqp.MessageBlock, answers: Answers, index: int) -> None:
         self.id = block.id
         self.block = block
-        self.outcome = outcome
+        self.answers = answers
+        self.index = index
         self.attempts = 0
         self.retry_call: IDelayedCall | None = None
         self.cancelled = False
@@ -211,6 +221,7 @@ class QMQPUpstream:
         self._sent: dict[bytes, _Job] = {}
         self._waiting_retry = 0
         self._ids = itertools.count(1)
+        self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
         self._connection: QMQPClientProtocol | None = None
         self.service = ClientService(
             endpoint,
@@ -237,40 +248,69 @@ class QMQPUpstream:
     # --- IDestination -------------------------------------------------------------------
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Queue a batch and stream what the window takes, in one write.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Queue a message; the Deferred fires with the server's answer."""
+        Returns:
+            A Deferred firing with the server's answer for each message, in
+            order. Messages past ``max_queue`` are "retry later" at once;
+            cancelling it (the route's deadline) answers what is known and
+            `UNANSWERED` for the rest, which are never sent again.
+        """
+        jobs: list[_Job] = []
+        answers = Answers(len(messages), lambda cancelled: self._cancel(cancelled, jobs))
+        queue = self._queue
         # max_queue bounds the messages waiting (for the window or a resend),
-        # not those in the window.
-        waiting = len(self._queue) + self._waiting_retry
-        if waiting >= self.settings.max_queue:
-            return succeed(
-                Outcome.retry(f"upstream {self.name}: {waiting} messages queued already")
-            )
-        # Ids only need to be unique per connection; the message id keeps
-        # them readable in the server's logs.
-        block_id = raw(f"{message.id}.{next(self._ids)}")
-        job: _Job
-        outcome: Deferred[Outcome] = Deferred(lambda _d: self._cancel(job))
-        job = _Job(block_for(message, block_id), outcome)
-        self._queue.append(job)
-        self.pump()
-        return outcome
+        # not those in the window: the window's free slots take the first of
+        # the queue as soon as they are pumped (once, below).
+        free = self._free_window()
+        max_queue = self.settings.max_queue
+        retrying = self._waiting_retry
+        ids = self._ids
+        for index, message in enumerate(messages):
+            waiting = max(len(queue) - free, 0) + retrying
+            if waiting >= max_queue:
+                answers.settle(
+                    index, Outcome.retry(f"upstream {self.name}: {waiting} messages queued already")
+                )
+                continue
+            # Ids only need to be unique per connection; the message id keeps
+            # them readable in the server's logs.
+            job = _Job(block_for(message, raw(f"{message.id}.{next(ids)}")), answers, index)
+            jobs.append(job)
+            queue.append(job)
+        if jobs:
+            self.pump()
+        return answers.deferred
 
-    def _cancel(self, job: _Job) -> None:
-        # The router gave up (time-out): never send it again. If it is on the
-        # wire it keeps its place in the window until the server answers (the
-        # answer is then dropped) or the connection ends: a server that stops
-        # answering must not make us write without bound.
-        job.cancelled = True
-        if job.retry_call is not None and job.retry_call.active():
-            # Waiting for a resend: in neither the queue nor the window.
-            job.retry_call.cancel()
-            self._waiting_retry -= 1
-        elif job.id not in self._sent:
-            self._queue.remove(job)
+    def _free_window(self) -> int:
+        """Window slots a pump would fill now (none while it cannot send)."""
+        connection = self._connection
+        if connection is None or connection.paused or connection.closing:
+            return 0
+        return max(self.settings.window - len(self._sent), 0)
+
+    def _cancel(self, answers: Answers, jobs: list[_Job]) -> None:
+        """The router gave up on a batch (time-out): never send its open messages again.
+
+        A message on the wire keeps its place in the window until the server
+        answers (the answer is then dropped) or the connection ends: a server
+        that stops answering must not make us write without bound.
+        """
+        outcomes = answers.outcomes
+        queued = False
+        for job in jobs:
+            if outcomes[job.index] is not None:
+                continue  # answered already
+            job.cancelled = True
+            if job.retry_call is not None and job.retry_call.active():
+                # Waiting for a resend: in neither the queue nor the window.
+                job.retry_call.cancel()
+                job.retry_call = None
+                self._waiting_retry -= 1
+            elif job.id not in self._sent:
+                queued = True
+        if queued:  # one pass over the queue for the whole batch
+            self._queue = deque(job for job in self._queue if not job.cancelled)
 
     # --- streaming --------------------------------------------------------------------------
 
@@ -296,7 +336,7 @@ class QMQPUpstream:
         """Turn a reply into its message's outcome (or a resend after Z)."""
         job = self._sent.pop(reply.id, None)
         if self._metrics is not None:
-            self._metrics.qmqp_replies.labels(self.name, reply.status.decode("ascii")).inc()
+            self._count_reply(reply.status)
         if job is None or job.cancelled:
             return  # a message the router gave up on, or an id we never sent
         if reply.status == qmqp.Z and job.attempts < self.settings.max_attempts:
@@ -307,7 +347,15 @@ class QMQPUpstream:
             self._waiting_retry += 1
             job.retry_call = self.clock.callLater(delay, self._retry, job)
             return
-        job.outcome.callback(outcome_from_reply(reply, self.name))
+        job.answers.settle(job.index, outcome_from_reply(reply, self.name))
+
+    def _count_reply(self, status: bytes) -> None:
+        counter = self._replies.get(status)
+        if counter is None:
+            assert self._metrics is not None
+            label = status.decode("ascii")
+            counter = self._replies[status] = self._metrics.qmqp_replies.labels(self.name, label)
+        counter.inc()
 
     def _retry(self, job: _Job) -> None:
         job.retry_call = None
