@@ -34,7 +34,7 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
-from gateway.protocols.listener import DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS
 from gateway.protocols.mtl.settings import LISTENER_MECHANISMS as MTL_LISTENER_MECHANISMS
 from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
@@ -74,6 +74,7 @@ __all__ = [
     "ListenerConfig",
     "LogSettings",
     "UpstreamConfig",
+    "endpoint_with_backlog",
     "load_config",
     "load_default_config",
     "load_routes",
@@ -132,6 +133,8 @@ class ListenerConfig:
         max_connections_per_identity: Open connections one authenticated
             identity may hold (0: no limit); past it the login is refused.
         authorization: Its ``authorize`` allow-lists (unrestricted without).
+        backlog: The listen queue: connections the kernel holds before they
+            are accepted (the endpoint's own ``backlog=`` if it has one).
     """
 
     name: str
@@ -141,6 +144,12 @@ class ListenerConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_identity: int = 0
     authorization: Authorization = UNRESTRICTED
+    backlog: int = DEFAULT_LISTEN_BACKLOG
+
+    @property
+    def listen_endpoint(self) -> str:
+        """The endpoint string to listen on: `endpoint` with the backlog, where it takes one."""
+        return endpoint_with_backlog(self.endpoint, self.backlog)
 
     @property
     def tls(self) -> bool:
@@ -759,6 +768,17 @@ _UPSTREAM_SETTINGS: Final[dict[str, Callable[[_Section], Any]]] = {
 # --- endpoints --------------------------------------------------------------------------
 
 
+_BACKLOG_ENDPOINTS: Final = ("tcp:", "tcp6:", "ssl:", "unix:", "mtls:")
+_BACKLOG_PARAMETER: Final = re.compile(r"(?<!\\):backlog=")
+
+
+def endpoint_with_backlog(description: str, backlog: int) -> str:
+    """A server endpoint string with ``backlog=`` added, unless it has one or takes none."""
+    if not description.startswith(_BACKLOG_ENDPOINTS) or _BACKLOG_PARAMETER.search(description):
+        return description
+    return f"{description}:backlog={backlog}"
+
+
 def _check_server_endpoint(section: _Section, name: str, description: str) -> None:
     try:
         serverFromString(MemoryReactor(), description)
@@ -1102,6 +1122,11 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     settings = _LISTENER_SETTINGS[protocol](section, tls)
     max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
     per_identity = section.integer("max_connections_per_identity", 0, minimum=0)
+    backlog = section.integer("backlog", DEFAULT_LISTEN_BACKLOG, minimum=1)
+    if "backlog" in section.table and _BACKLOG_PARAMETER.search(endpoint):
+        section.problem(
+            "backlog", "the endpoint sets backlog= too: give the listen queue in one place"
+        )
     authorization = _authorization(section)
     section.done()
     return ListenerConfig(
@@ -1112,6 +1137,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
         max_connections=max_connections,
         max_connections_per_identity=per_identity,
         authorization=authorization,
+        backlog=backlog,
     )
 
 

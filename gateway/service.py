@@ -623,7 +623,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:
-            endpoint = serverFromString(reactor, listener.endpoint)
+            endpoint = serverFromString(reactor, listener.listen_endpoint)
         service = ListenerService(listener.name, endpoint, factory)
         service.setServiceParent(gateway)
         gateway.endpoints[listener.name] = _Endpoint(

@@ -910,6 +910,34 @@ def test_listener_max_connections(tmp_path: Path) -> None:
     _only_problem(main, "listeners.hub.max_connections", "at least 1")
 
 
+def test_listener_backlog_defaults_to_1024_and_reaches_the_listen_call(tmp_path: Path) -> None:
+    """Every listener listens with a queue of 1024 unless ``backlog`` says otherwise."""
+    from gateway.service import build_gateway
+
+    main = _write(tmp_path / "gateway.toml", HUB)
+    [listener] = load_config(main).listeners
+    assert listener.backlog == 1024
+    assert listener.listen_endpoint == "tcp:0:interface=127.0.0.1:backlog=1024"
+    reactor = MemoryReactor()
+    config = load_config(_write(tmp_path / "g.toml", HUB + "backlog = 4096\n"))
+    gateway = build_gateway(config, reactor)
+    gateway.startService()
+    try:
+        hub = [(port, backlog, host) for port, _, backlog, host in reactor.tcpServers if port == 0]
+        assert hub == [(0, 4096, "127.0.0.1")]
+    finally:
+        gateway.stopService()
+
+
+def test_listener_backlog_in_the_endpoint_string_or_the_key(tmp_path: Path) -> None:
+    """An endpoint's own backlog= is kept; setting it there and in ``backlog`` is refused."""
+    own = HUB.replace("interface=127.0.0.1", "interface=127.0.0.1:backlog=77")
+    [listener] = load_config(_write(tmp_path / "own.toml", own)).listeners
+    assert listener.listen_endpoint.endswith(":backlog=77")
+    _only_problem(_write(tmp_path / "both.toml", own + "backlog = 5\n"), "listeners.hub.backlog")
+    _only_problem(_write(tmp_path / "zero.toml", HUB + "backlog = 0\n"), "listeners.hub.backlog")
+
+
 def test_max_connections_per_identity(tmp_path: Path) -> None:
     """The per-identity limit is read; negative numbers are refused."""
     config = load_config(

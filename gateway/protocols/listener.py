@@ -19,10 +19,13 @@ from twisted.internet.protocol import Factory, Protocol
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.metrics import GatewayMetrics, TrafficCounters
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
+__all__ = ["DEFAULT_LISTEN_BACKLOG", "DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
 
 DEFAULT_MAX_CONNECTIONS = 1024
 """Open connections per listener unless its config says otherwise."""
+DEFAULT_LISTEN_BACKLOG = 1024
+"""Connections the kernel queues for a listener before it accepts them (Twisted's
+default, 50, drops SYNs when a thousand clients connect at once: a one-second wait)."""
 
 P = TypeVar("P", bound=Protocol)
 
