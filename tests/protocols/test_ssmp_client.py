@@ -28,7 +28,6 @@ from zope.interface.verify import verifyObject
 
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, RouteTable, bind_routes
@@ -37,6 +36,7 @@ from gateway.protocols.ssmp.client import SSMPClientProtocol, SSMPUpstream
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.server import SSMPServerFactory, SSMPServerProtocol
 from gateway.protocols.ssmp.settings import SSMPListenerSettings, SSMPUpstreamSettings
+from tests.protocols.test_ssmp_server import HeldDestination
 
 T = TypeVar("T")
 
@@ -75,42 +75,19 @@ WEATHER_OUT = Route(
 
 
 @implementer(IDestination)
-class HeldDestination:
-    """A route destination that records messages and lets the test decide outcomes."""
-
-    def __init__(self, name: str = SINK) -> None:
-        self.name = name
-        self.messages: list[Message] = []
-        self.outcomes: list[Deferred[Outcome]] = []
-
-    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
-
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Record the message; its outcome comes when the test fires it."""
-        outcome: Deferred[Outcome] = Deferred()
-        self.messages.append(message)
-        self.outcomes.append(outcome)
-        return outcome
-
-
-@implementer(IDestination)
 class AcceptingDestination:
-    """A route destination that records messages and accepts each at once."""
+    """A route destination that records batches and accepts every message at once."""
 
     def __init__(self, name: str = SINK) -> None:
         self.name = name
+        self.batches: list[list[Message]] = []
         self.messages: list[Message] = []
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
-
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Record the message and accept it."""
-        self.messages.append(message)
-        return succeed(Outcome.accepted())
+        """Record the batch and accept it."""
+        self.batches.append(list(messages))
+        self.messages.extend(messages)
+        return succeed([Outcome.accepted()] * len(messages))
 
 
 class Connection:
@@ -301,12 +278,12 @@ def test_login_refused_closes_and_subscribes_nothing(world: UpstreamWorld) -> No
 
 def test_deliver_while_not_connected_is_retry(world: UpstreamWorld) -> None:
     """A delivery with no logged-in connection is answered retry at once."""
-    outcome = fired(world.upstream.deliver_one(weather()))
+    [outcome] = fired(world.upstream.deliver([weather()]))
     assert outcome.status is Status.RETRY
     assert "not connected" in outcome.reason
 
     connection = world.connect()  # connected, login not answered yet
-    outcome = fired(world.upstream.deliver_one(weather()))
+    [outcome] = fired(world.upstream.deliver([weather()]))
     assert outcome.status is Status.RETRY
     assert connection.sent() == b"LOGIN gw secret s3cret\n"
 
@@ -314,19 +291,19 @@ def test_deliver_while_not_connected_is_retry(world: UpstreamWorld) -> None:
 def test_deliver_writes_mcast_and_200_is_accepted(world: UpstreamWorld) -> None:
     """When ready, a delivery is an MCAST request; the server's 200 makes it accepted."""
     connection = world.ready()
-    outcome = world.upstream.deliver_one(weather())
+    outcomes = world.upstream.deliver([weather()])
     assert connection.sent() == b"MCAST weather.paris sunny\n"
-    assert not outcome.called
+    assert not outcomes.called
     connection.server_says(b"200\n")
-    assert fired(outcome) == Outcome.accepted()
+    assert fired(outcomes) == [Outcome.accepted()]
 
 
 def test_error_response_is_rejected_with_code(world: UpstreamWorld) -> None:
     """A non-200 response is a rejected outcome carrying the server's code and text."""
     connection = world.ready()
-    outcome = world.upstream.deliver_one(weather())
+    outcomes = world.upstream.deliver([weather()])
     connection.server_says(b"404 no such topic\n")
-    result = fired(outcome)
+    [result] = fired(outcomes)
     assert result.status is Status.REJECTED
     assert result.code == "404"
     assert result.reason == "central answered 404 no such topic"
@@ -335,21 +312,22 @@ def test_error_response_is_rejected_with_code(world: UpstreamWorld) -> None:
 def test_connection_lost_before_answer_is_retry(world: UpstreamWorld) -> None:
     """A request whose connection is lost before the answer gets a retry outcome."""
     connection = world.ready()
-    outcome = world.upstream.deliver_one(weather())
+    outcomes = world.upstream.deliver([weather()])
     connection.lose()
-    result = fired(outcome)
+    [result] = fired(outcomes)
     assert result.status is Status.RETRY
     assert "lost" in result.reason
     assert not world.upstream.connected
     assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
-    assert fired(world.upstream.deliver_one(weather())).status is Status.RETRY
+    assert fired(world.upstream.deliver([weather()]))[0].status is Status.RETRY
 
 
 def test_message_ssmp_cannot_carry_is_rejected(world: UpstreamWorld) -> None:
     """A body with LF, or a topic that is not an SSMP id, is rejected and never sent."""
     connection = world.ready()
     for message in (weather(body=b"a\nb"), weather(address="not a topic"), weather(body=b"")):
-        assert fired(world.upstream.deliver_one(message)).status is Status.REJECTED
+        [outcome] = fired(world.upstream.deliver([message]))
+        assert outcome.status is Status.REJECTED
     assert connection.sent() == b""
 
 
@@ -359,37 +337,36 @@ def test_responses_match_requests_first_in_first_out(world: UpstreamWorld) -> No
     connection.sent()
     connection.server_says(b"200\n")
     assert connection.sent() == b"SUBSCRIBE news\nSUBSCRIBE alerts.fire\n"
-    outcomes = [world.upstream.deliver_one(weather(body=b"%d" % i)) for i in range(3)]
+    outcomes = [world.upstream.deliver([weather(body=b"%d" % i)]) for i in range(3)]
     assert (
         connection.sent()
         == b"MCAST weather.paris 0\nMCAST weather.paris 1\nMCAST weather.paris 2\n"
     )
 
     connection.server_says(b"200\n200\n200\n400 too long\n")  # two SUBSCRIBEs first
-    assert fired(outcomes[0]).is_accepted
-    assert fired(outcomes[1]).code == "400"
+    assert fired(outcomes[0])[0].is_accepted
+    assert fired(outcomes[1])[0].code == "400"
     assert not outcomes[2].called
     connection.server_says(b"200\n")
-    assert fired(outcomes[2]).is_accepted
+    assert fired(outcomes[2])[0].is_accepted
 
 
 def test_router_timeout_does_not_break_the_next_response(world: UpstreamWorld) -> None:
     """A request the router gave up on still consumes its response; the next gets its own."""
     connection = world.ready()
-    first = world.router.dispatch_one(FEED, weather(body=b"first"))
-    assert first is not None
+    first = world.router.dispatch(FEED, [weather(body=b"first")])
     world.clock.advance(5)
-    result = fired(first)
+    [result] = fired(first)
+    assert isinstance(result, Outcome)
     assert result.status is Status.RETRY
     assert result.reason == "route weather-out: no outcome from central within 5 seconds"
 
-    second = world.router.dispatch_one(FEED, weather(body=b"second"))
-    assert second is not None
+    second = world.router.dispatch(FEED, [weather(body=b"second")])
     assert connection.sent() == b"MCAST weather.paris first\nMCAST weather.paris second\n"
     connection.server_says(b"404 late answer to the first\n")
     assert not second.called
     connection.server_says(b"200\n")
-    assert fired(second).is_accepted
+    assert fired(second) == [Outcome.accepted()]
     assert not connection.transport.disconnecting
 
 
@@ -421,7 +398,11 @@ def test_mcast_events_are_routed_with_upstream_as_source() -> None:
 
 
 def test_unrouted_and_other_events_are_dropped(world: UpstreamWorld) -> None:
-    """Events no route takes, presence, UCAST, BCAST and PONG are dropped; the connection stays."""
+    """Events no route takes, presence and PONG are dropped; the connection stays.
+
+    MCAST, UCAST (``!ucast.gw``) and BCAST (``!bcast``) events are all
+    routable: without a route each is counted as unrouted.
+    """
     connection = world.ready()
     connection.server_says(
         b"000 x MCAST news not routed\n"
@@ -435,7 +416,7 @@ def test_unrouted_and_other_events_are_dropped(world: UpstreamWorld) -> None:
     assert world.sink.messages == []
     assert not connection.transport.disconnecting
     assert connection.sent() == b""
-    assert world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="unrouted") == 1
+    assert world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="unrouted") == 3
 
 
 def test_unknown_event_verb_closes(world: UpstreamWorld) -> None:
@@ -510,10 +491,10 @@ def test_inbound_flow_control_pauses_and_resumes() -> None:
 def test_malformed_input_closes(world: UpstreamWorld) -> None:
     """Input that breaks the grammar closes the connection without a word; lines before count."""
     connection = world.ready()
-    outcome = world.upstream.deliver_one(weather())
+    outcomes = world.upstream.deliver([weather()])
     connection.sent()
     connection.server_says(b"200\nhello there\n200\n")
-    assert fired(outcome).is_accepted
+    assert fired(outcomes) == [Outcome.accepted()]
     assert connection.transport.disconnecting
     assert connection.sent() == b""
     assert world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="bad-code")
@@ -591,11 +572,10 @@ def test_client_and_hub_in_memory() -> None:
 
     # Out: a routed message becomes an MCAST on the hub; the hub's 200 is the outcome.
     bob_transport.clear()
-    outcome = router.dispatch_one(FEED, weather())
-    assert outcome is not None
+    outcome = router.dispatch(FEED, [weather()])
     assert not outcome.called
     pump.flush()
-    assert fired(outcome).is_accepted
+    assert fired(outcome) == [Outcome.accepted()]
     assert bob_transport.value() == b"000 gw MCAST weather.paris sunny\n"
 
     # In: an MCAST on the hub reaches the gateway and enters its routes.

@@ -30,7 +30,7 @@ from zope.interface.verify import verifyObject
 from gateway.codecs import ssmp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import Answers
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
@@ -73,29 +73,49 @@ MCAST_WITHOUT_PAYLOAD = b"400 MCAST needs a topic and a non-empty payload\n"
 # --- test doubles and helpers ------------------------------------------------------------
 
 
+class HeldOutcome:
+    """The outcome of one message held by a `HeldDestination`, for the test to give."""
+
+    def __init__(self, answers: Answers, index: int) -> None:
+        self._answers = answers
+        self._index = index
+
+    @property
+    def called(self) -> bool:
+        """Whether the message has its outcome (given, or its batch given up)."""
+        return self._answers.outcomes[self._index] is not None or self._answers.deferred.called
+
+    def callback(self, outcome: Outcome) -> None:
+        """Give the message its outcome."""
+        self._answers.settle(self._index, outcome)
+
+    def errback(self, error: Exception) -> None:
+        """Fail the message's whole batch unexpectedly, as a broken destination would."""
+        self._answers.deferred.errback(error)
+
+
 @implementer(IDestination)
 class HeldDestination:
-    """A route destination that records messages and lets the test decide outcomes.
+    """A route destination that records batches and lets the test decide each outcome.
 
-    Each delivery returns a fresh Deferred, kept in ``outcomes``; the test
-    fires it (or lets the router time it out) whenever it wants.
+    Each batch gets one `Answers`; ``outcomes`` holds a `HeldOutcome` per
+    message, in arrival order, which the test fires (or lets the router
+    time out) whenever it wants.
     """
 
     def __init__(self, name: str = SINK) -> None:
         self.name = name
+        self.batches: list[list[Message]] = []
         self.messages: list[Message] = []
-        self.outcomes: list[Deferred[Outcome]] = []
+        self.outcomes: list[HeldOutcome] = []
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
-
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Record the message; its outcome comes when the test fires it."""
-        outcome: Deferred[Outcome] = Deferred()
-        self.messages.append(message)
-        self.outcomes.append(outcome)
-        return outcome
+        """Record the batch; its outcomes come when the test gives them."""
+        answers = Answers(len(messages))
+        self.batches.append(list(messages))
+        self.messages.extend(messages)
+        self.outcomes.extend(HeldOutcome(answers, index) for index in range(len(messages)))
+        return answers.deferred
 
 
 class CountingTransport(StringTransport):
@@ -1047,8 +1067,8 @@ def test_hub_deliver_to_subscribers(world: HubWorld) -> None:
     """A routed message reaches the topic's subscribers as an MCAST event on the next turn."""
     bob = world.subscriber("bob", "news")
     carol = world.subscriber("carol", "news")
-    outcome = world.hub.deliver_one(Message(body=b"from afar", address="news", sender="remote"))
-    assert fired(outcome) == Outcome.accepted()
+    outcomes = world.hub.deliver([Message(body=b"from afar", address="news", sender="remote")])
+    assert fired(outcomes) == [Outcome.accepted()]
     assert bob.received() == b""
     world.clock.advance(0)
     assert bob.received() == b"000 remote MCAST news from afar\n"
@@ -1059,16 +1079,15 @@ def test_hub_deliver_to_subscribers(world: HubWorld) -> None:
 def test_hub_deliver_anonymous_sender(world: HubWorld, sender: str | None) -> None:
     """A sender that is not a valid SSMP id is shown as the anonymous ``.``."""
     bob = world.subscriber("bob", "news")
-    assert fired(
-        world.hub.deliver_one(Message(body=b"hi", address="news", sender=sender))
-    ).is_accepted
+    [outcome] = fired(world.hub.deliver([Message(body=b"hi", address="news", sender=sender)]))
+    assert outcome.is_accepted
     world.clock.advance(0)
     assert bob.received() == b"000 . MCAST news hi\n"
 
 
 def test_hub_deliver_without_subscribers_is_accepted(world: HubWorld) -> None:
     """MCAST never answers 404: a delivery to a topic nobody reads is accepted."""
-    outcome = fired(world.hub.deliver_one(Message(body=b"hi", address="quiet", sender="x")))
+    [outcome] = fired(world.hub.deliver([Message(body=b"hi", address="quiet", sender="x")]))
     assert outcome.is_accepted
     assert world.clock.getDelayedCalls() == []
 
@@ -1086,7 +1105,7 @@ def test_hub_deliver_without_subscribers_is_accepted(world: HubWorld) -> None:
 def test_hub_deliver_rejects_what_ssmp_cannot_carry(world: HubWorld, message: Message) -> None:
     """Bodies with LF, empty or too long, and invalid topics are rejected; nobody gets them."""
     bob = world.subscriber("bob", "news")
-    outcome = fired(world.hub.deliver_one(message))
+    [outcome] = fired(world.hub.deliver([message]))
     assert outcome.status is Status.REJECTED
     assert outcome.reason
     world.clock.advance(0)
@@ -1104,11 +1123,10 @@ def test_hub_as_route_destination() -> None:
     )
     world = HubWorld(routes=[inbound])
     bob = world.subscriber("bob", "weather.paris")
-    outcome = world.router.dispatch_one(
-        "feed", Message(body=b"sunny", address="weather.paris", sender="station-7")
+    results = world.router.dispatch(
+        "feed", [Message(body=b"sunny", address="weather.paris", sender="station-7")]
     )
-    assert outcome is not None
-    assert fired(outcome).is_accepted
+    assert fired(results) == [Outcome.accepted()]
     world.clock.advance(0)
     assert bob.received() == b"000 station-7 MCAST weather.paris sunny\n"
 

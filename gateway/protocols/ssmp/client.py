@@ -5,11 +5,15 @@
 secrets file, ``cert`` through the endpoint's client certificate, or
 ``open``), subscribes to its topics, answers PING and pings an idle server.
 It is the upstream's `IDestination` (routes deliver to it as MCAST requests,
-whose responses become outcomes) and a route source (MCAST events it
-receives are dispatched along the routes from it).
+or UCAST and BCAST for the address forms ``!ucast.<peer>`` and ``!bcast``;
+the responses become outcomes) and a route source (the MCAST, UCAST and
+BCAST events of one read are dispatched along the routes from it as one
+batch).
 
 Responses carry no request id; SSMP answers requests in order, so responses
-are matched first in, first out.
+are matched first in, first out. A batch of deliveries is written with one
+write and waits in the queue of responses as one entry, whose outcomes are
+collected in one `Answers`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
@@ -28,12 +32,19 @@ from zope.interface import implementer
 
 from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import Answers, all_same
+from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.ssmp.mapping import mcast_request, message_from_mcast
+from gateway.protocols.ssmp.mapping import (
+    message_from_bcast,
+    message_from_mcast,
+    message_from_ucast,
+    outcome_from_response,
+    request_line,
+)
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
@@ -45,8 +56,59 @@ RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 _PING: Final = b"PING\n"
 _PONG: Final = b"PONG\n"
 
-_Waiter = Callable[[ssmp.Response | None], None]
+_Callback = Callable[[ssmp.Response | None], None]
 """Called with the matching response, or None if the connection was lost first."""
+
+
+class _Single:
+    """One request of our own (LOGIN, SUBSCRIBE) awaiting its response."""
+
+    __slots__ = ("_callback",)
+
+    def __init__(self, callback: _Callback) -> None:
+        self._callback = callback
+
+    def take(self, response: ssmp.Response) -> bool:
+        """Its response came; it waits for no more."""
+        self._callback(response)
+        return True
+
+    def lost(self, upstream: str) -> None:
+        """The connection ended first."""
+        self._callback(None)
+
+
+class _Batch:
+    """A batch's requests, written together, awaiting their responses in order.
+
+    The responses settle the batch's `Answers`. One that comes after the
+    router gave up on the batch (its deadline) still takes its request's
+    place in the order, and is otherwise ignored.
+    """
+
+    __slots__ = ("_answers", "_indices", "_next", "_upstream")
+
+    def __init__(self, upstream: str, answers: Answers, indices: list[int]) -> None:
+        self._upstream = upstream
+        self._answers = answers
+        self._indices = indices
+        self._next = 0
+
+    def take(self, response: ssmp.Response) -> bool:
+        """The response to the next request; True when it was the last one."""
+        at = self._next
+        self._answers.settle(self._indices[at], outcome_from_response(self._upstream, response))
+        self._next = at + 1
+        return self._next == len(self._indices)
+
+    def lost(self, upstream: str) -> None:
+        """The connection ended before the rest were answered."""
+        self._answers.settle_rest(
+            Outcome.retry(f"connection to {upstream} lost before it answered")
+        )
+
+
+_Awaiting = _Single | _Batch
 
 
 class SSMPClientProtocol(Protocol):
@@ -58,13 +120,14 @@ class SSMPClientProtocol(Protocol):
         self.upstream = upstream
         settings = upstream.settings
         self._codec = ssmp.SSMPCodec(ssmp.Role.CLIENT, max_line_bytes=settings.max_line_bytes)
-        self._waiters: deque[_Waiter] = deque()
+        self._waiters: deque[_Awaiting] = deque()
         self._ready = False
         self._closing = False
         self._paused = False
         self._last_heard = 0.0
         self._awaiting_pong = False
         self._timer: IDelayedCall | None = None
+        self._inbox: Inbox[Message] = Inbox(upstream.router, upstream.name, self._routed)
 
     # --- connection life ------------------------------------------------------
 
@@ -82,7 +145,7 @@ class SSMPClientProtocol(Protocol):
             credential=credential,
         )
         self._write(self._codec.send(login))
-        self._waiters.append(self._logged_in)
+        self._waiters.append(_Single(self._logged_in))
         self._last_heard = upstream.clock.seconds()
         self._arm_timer(settings.ping_interval_seconds)
 
@@ -93,14 +156,15 @@ class SSMPClientProtocol(Protocol):
             self._timer.cancel()
         self._timer = None
         waiters, self._waiters = self._waiters, deque()
+        name = self.upstream.name
         for waiter in waiters:
-            waiter(None)
+            waiter.lost(name)
         self.upstream.connection_lost(self, reason)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, lines: int = 1) -> None:
         assert self.transport is not None
         self.transport.write(data)
-        self.upstream.count_out(data)
+        self.upstream.count_out(data, lines)
 
     def _close(self, why: str) -> None:
         if self._closing:
@@ -128,11 +192,11 @@ class SSMPClientProtocol(Protocol):
                 ssmp.Subscribe(topic=topic.encode("ascii"), presence=settings.presence)
             )
             self._write(line)
-            self._waiters.append(self._subscribed(topic))
+            self._waiters.append(_Single(self._subscribed(topic)))
         self._ready = True
         self.upstream.connection_ready(self)
 
-    def _subscribed(self, topic: str) -> _Waiter:
+    def _subscribed(self, topic: str) -> _Callback:
         def check(response: ssmp.Response | None) -> None:
             # 409 means we already were: fine after a quick reconnect race.
             if response is not None and response.code not in (200, 409):
@@ -149,36 +213,21 @@ class SSMPClientProtocol(Protocol):
 
     # --- requests -------------------------------------------------------------
 
-    def request(self, line: bytes) -> Deferred[Outcome]:
-        """Send an encoded request; the Deferred fires with the mapped response."""
-        result: Deferred[Outcome] = Deferred()
+    def send_batch(self, lines: list[bytes], answers: Answers, indices: list[int]) -> None:
+        """Write a batch's encoded requests at once (pipelined); responses settle ``answers``.
 
-        def answered(response: ssmp.Response | None) -> None:
-            if result.called:  # the router gave up waiting (time-out)
-                return
-            if response is None:
-                result.callback(
-                    Outcome.retry(f"connection to {self.upstream.name} lost before it answered")
-                )
-            elif response.code == 200:
-                result.callback(Outcome.accepted())
-            else:
-                text = (response.payload or b"").decode("utf-8", "replace")
-                result.callback(
-                    Outcome.rejected(
-                        f"{self.upstream.name} answered {response.code} {text}".rstrip(),
-                        code=str(response.code),
-                    )
-                )
-
-        self._waiters.append(answered)
-        self._write(line)
-        return result
+        Args:
+            lines: The requests, each LF-terminated.
+            answers: The batch's outcomes.
+            indices: For each request, its message's index in the batch.
+        """
+        self._waiters.append(_Batch(self.upstream.name, answers, indices))
+        self._write(lines[0] if len(lines) == 1 else b"".join(lines), len(lines))
 
     # --- input ----------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        """Decode responses and events and act on each."""
+        """Decode responses and events and act on each; route the read's events as one batch."""
         if self._closing:
             return
         self._last_heard = self.upstream.clock.seconds()
@@ -190,24 +239,35 @@ class SSMPClientProtocol(Protocol):
             error = exc
             lines = cast(list[ssmp.Line], exc.events)
         self.upstream.count_in(len(lines), len(data))
+        waiters = self._waiters
         for line in lines:
             if isinstance(line, ssmp.Response):
-                if not self._waiters:
+                if not waiters:
                     self._close(f"response {line.code} to no request")
-                    return
-                self._waiters.popleft()(line)
+                    break
+                if waiters[0].take(line):
+                    waiters.popleft()
             elif isinstance(line, ssmp.Event):
                 self._on_event(line)
             if self._closing:
-                return
-        if error is not None:
+                break
+        self._dispatch()
+        if error is not None and not self._closing:
             self.upstream.count_error(error.kind)
             self._close(f"bad input from the server: {error.reason}")
 
     def _on_event(self, event: ssmp.Event) -> None:
         message = event.message
+        now = self.upstream.clock.seconds
         if isinstance(message, ssmp.Mcast):
-            self.upstream.inbound(self, event.source, message.topic, message.payload)
+            routed = message_from_mcast(event.source, message.topic, message.payload, now())
+            self._inbox.add(routed, routed)
+        elif isinstance(message, ssmp.Ucast):
+            routed = message_from_ucast(event.source, message.to, message.payload, now())
+            self._inbox.add(routed, routed)
+        elif isinstance(message, ssmp.Bcast):
+            routed = message_from_bcast(event.source, message.payload, now())
+            self._inbox.add(routed, routed)
         elif isinstance(message, ssmp.Ping):
             # Spec, "Server-initiated": clients MUST answer a PING event with PONG.
             self._write(_PONG)
@@ -215,8 +275,22 @@ class SSMPClientProtocol(Protocol):
             # Spec, "Forward compatibility": unknown event verb, close at once.
             self.upstream.count_error("unknown-event")
             self._close(f"event with unknown verb {message.verb.decode('ascii')}")
-        # PONG (liveness already noted), presence, UCAST and BCAST events
-        # carry nothing routes take; they are counted as received and dropped.
+        # PONG (liveness already noted) and presence events carry nothing
+        # routes take; they are counted as received and dropped.
+
+    def _dispatch(self) -> None:
+        """Hand the read's events to the router as one batch; pause past ``max_in_flight``."""
+        count = len(self._inbox)
+        if not count:
+            return
+        upstream = self.upstream
+        upstream.in_flight += count
+        self._inbox.dispatch()
+        if upstream.in_flight >= upstream.settings.max_in_flight:
+            self.pause_reading()
+
+    def _routed(self, message: Message, result: Result) -> None:
+        self.upstream.inbound_done(self, message, result)
 
     # --- flow control of inbound messages -------------------------------------
 
@@ -296,7 +370,8 @@ class SSMPUpstream:
         self._metrics = metrics
         self._traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._connection: SSMPClientProtocol | None = None
-        self._in_flight = 0
+        self.in_flight = 0
+        """Inbound messages (of every connection) whose routes have not answered yet."""
         self.service = ClientService(
             endpoint,
             UpstreamFactory(SSMPClientProtocol, self),
@@ -316,11 +391,15 @@ class SSMPUpstream:
         return self._connection is not None
 
     def topics(self) -> list[str]:
-        """The topics to subscribe to now, each once, in a stable order."""
+        """The topics to subscribe to now, each once, in a stable order.
+
+        Exact route patterns that are no SSMP topic (the address forms
+        ``!ucast.<peer>`` and ``!bcast``) are left out.
+        """
         wanted = dict.fromkeys(self.settings.subscribe)
         if self._topics is not None:
             wanted.update(dict.fromkeys(self._topics()))
-        return list(wanted)
+        return [topic for topic in wanted if topic.isascii() and ssmp.is_valid_id(topic.encode())]
 
     # --- connection state (called by the protocol) ----------------------------------------
 
@@ -353,56 +432,58 @@ class SSMPUpstream:
     # --- IDestination -----------------------------------------------------------------------
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Send a batch as requests in one write; the server's responses are the outcomes.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Send the message as an MCAST; the server's response is the outcome."""
-        line = mcast_request(message)
-        if isinstance(line, Outcome):
-            return succeed(line)
+        Each message becomes an MCAST to its address, a UCAST for
+        ``!ucast.<peer>`` or a BCAST for ``!bcast`` (`request_line`). A
+        ``200`` is accepted, any other response rejected with its code; a
+        message SSMP cannot carry is rejected without being sent, and every
+        message is retry later while the upstream is not logged in. When
+        the router cancels the batch (its deadline), the outcomes known by
+        then stand and the rest are `UNANSWERED`.
+        """
+        count = len(messages)
         connection = self._connection
         if connection is None:
-            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
-        return connection.request(line)
+            return all_same(count, Outcome.retry(f"upstream {self.name} is not connected"))
+        answers = Answers(count)
+        lines: list[bytes] = []
+        indices: list[int] = []
+        for index, message in enumerate(messages):
+            line = request_line(message)
+            if isinstance(line, Outcome):
+                answers.settle(index, line)
+            else:
+                lines.append(line)
+                indices.append(index)
+        if lines:
+            connection.send_batch(lines, answers, indices)
+        return answers.deferred
 
     # --- inbound --------------------------------------------------------------
 
-    def inbound(
-        self, connection: SSMPClientProtocol, source: bytes, topic: bytes, payload: bytes
+    def inbound_done(
+        self, connection: SSMPClientProtocol, message: Message, result: Result
     ) -> None:
-        """Dispatch an MCAST event from the server along the routes from here."""
-        message = message_from_mcast(source, topic, payload, self.clock.seconds())
-        outcome = self.router.dispatch_one(self.name, message)
-        if isinstance(outcome, Unrouted):
-            self.count_error("unrouted")
-            return
-        self._in_flight += 1
-        if self._in_flight >= self.settings.max_in_flight:
-            connection.pause_reading()
-        outcome.addBoth(self._inbound_done, connection, message)
-
-    def _inbound_done(
-        self, outcome: Outcome | Failure, connection: SSMPClientProtocol, message: Message
-    ) -> None:
-        self._in_flight -= 1
-        if self._in_flight < self.settings.max_in_flight // 2 + 1:
+        """An inbound message's routes answered (or none took it)."""
+        self.in_flight -= 1
+        if self.in_flight < self.settings.max_in_flight // 2 + 1:
             connection.resume_reading()
             current = self._connection
             if current is not None and current is not connection:
                 # The count includes a lost connection's messages: the one that
                 # replaced it may have been paused by them, and must resume too.
                 current.resume_reading()
-        if isinstance(outcome, Failure):
-            self._log.failure("upstream {upstream}: routing failed", outcome, upstream=self.name)
-        elif not outcome.is_accepted:
+        if isinstance(result, Unrouted):
+            self.count_error("unrouted")
+        elif not result.is_accepted:
             # SSMP events carry no acknowledgement back: the loss is logged and counted.
             self._log.warn(
                 "upstream {upstream}: message on {topic} from {sender} not delivered: {reason}",
                 upstream=self.name,
                 topic=message.address,
                 sender=message.sender,
-                reason=outcome.reason,
+                reason=result.reason,
             )
 
     # --- counters -------------------------------------------------------------
@@ -412,9 +493,9 @@ class SSMPUpstream:
         self._traffic.messages_in += lines
         self._traffic.bytes_in += size
 
-    def count_out(self, data: bytes) -> None:
-        """Count a sent line."""
-        self._traffic.messages_out += 1
+    def count_out(self, data: bytes, lines: int = 1) -> None:
+        """Count sent lines and their bytes."""
+        self._traffic.messages_out += lines
         self._traffic.bytes_out += len(data)
 
     def count_error(self, kind: str) -> None:

@@ -3,7 +3,8 @@
 One hub per SSMP listener. It knows peers by identity and topics by name,
 forwards MCAST, UCAST and BCAST lines, sends presence events in a safe order,
 and is the listener's `IDestination`: routes deliver into it as MCAST events
-to the topic's subscribers.
+to a topic's subscribers, and as UCAST and BCAST events for the address
+forms ``!ucast.<peer>`` and ``!bcast``.
 
 Output is batched: forwarding only queues bytes on each recipient
 (`HubPeer.queue`); the hub then writes each recipient's batch with one
@@ -16,17 +17,22 @@ reactor turn.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from gateway.codecs import ssmp
-from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
-from gateway.protocols.ssmp.mapping import event_line
+from gateway.protocols.ssmp.mapping import (
+    BCAST_ADDRESS,
+    bcast_event,
+    event_line,
+    ucast_event,
+    ucast_peer,
+)
 
 __all__ = ["Hub", "HubPeer"]
 
@@ -38,8 +44,8 @@ class HubPeer(Protocol):
     topics: dict[bytes, bool]
     """Topics the peer subscribes to, with its PRESENCE flag."""
 
-    def queue(self, data: bytes) -> None:
-        """Queue bytes for the peer; they are written at the next flush."""
+    def queue(self, data: bytes, lines: int = 1) -> None:
+        """Queue bytes (``lines`` SSMP lines) for the peer; they are written at the next flush."""
 
     def flush(self) -> None:
         """Write what is queued."""
@@ -180,31 +186,121 @@ class Hub:
     # --- IDestination ------------------------------------------------------------
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Deliver a batch of routed messages as events; one outcome per message, at once.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Deliver a routed message as MCAST events to its topics' subscribers.
+        Each message goes to its address, or to each of its recipients (a
+        QMQP message for several recipients that a route mapped to topics):
+        a topic is delivered as MCAST events to its subscribers,
+        ``!ucast.<peer>`` as a UCAST event to that peer and ``!bcast`` as a
+        BCAST event to every named peer logged in, except one with the
+        message sender's id (`gateway.protocols.ssmp.mapping`).
 
-        The topics are the message's recipients (a QMQP message for several
-        recipients that a route mapped to topics), else its address. SSMP
-        delivery is best effort: the outcome is accepted once the event is
-        queued for every current subscriber, even if there are none (the
-        spec's MCAST never answers 404). Bodies SSMP cannot carry (empty,
-        containing LF, too long) and invalid topics are rejected, and then
-        nothing is delivered.
+        SSMP delivery is best effort: a message is accepted once its events
+        are queued, even for a topic nobody subscribes to (the spec's MCAST
+        never answers 404). A message SSMP cannot carry (an empty body, one
+        with LF, too long, an invalid topic or peer id) is rejected, and a
+        UCAST to a peer that is not connected is rejected with code ``404``;
+        a rejected message is delivered to none of its addresses.
+
+        Events are only queued: consecutive MCASTs to one topic are queued
+        on each subscriber as one buffer, and each peer gets one write for
+        the whole batch on the next reactor turn (`schedule_flush`).
         """
-        lines: list[tuple[bytes, bytes]] = []
-        for topic in message.recipients or (message.address,):
-            encoded = event_line(message, topic)
-            if isinstance(encoded, Outcome):
-                return succeed(encoded)
-            lines.append(encoded)
-        for topic_bytes, line in lines:
-            self.mcast(None, topic_bytes, line)
+        outcomes: list[Outcome] = []
+        run_topic = b""
+        run: list[bytes] = []
+        events: Sequence[tuple[_Target, bytes]] | Outcome
+        for message in messages:
+            if not message.recipients and message.address[:1] != "!":
+                encoded = event_line(message, message.address)  # the common case: one topic
+                events = encoded if isinstance(encoded, Outcome) else (encoded,)
+            else:
+                events = self._events(message)
+            if isinstance(events, Outcome):
+                outcomes.append(events)
+                continue
+            for target, line in events:
+                if isinstance(target, bytes):
+                    if target != run_topic and run:
+                        self._queue_run(run_topic, run)
+                        run = []
+                    run_topic = target
+                    run.append(line)
+                    continue
+                if run:
+                    self._queue_run(run_topic, run)
+                    run = []
+                if isinstance(target, _Everyone):
+                    self._bcast_all(target.sender, line)
+                else:
+                    target.queue(line)
+            outcomes.append(_ACCEPTED)
+        if run:
+            self._queue_run(run_topic, run)
         if self._dirty:
             self.schedule_flush()
-        return succeed(Outcome.accepted())
+        return succeed(outcomes)
+
+    def _events(self, message: Message) -> list[tuple[_Target, bytes]] | Outcome:
+        """A message's events, each with whom it goes to (see `_Target`).
+
+        Returns the refusal instead when any of its addresses cannot be delivered.
+        """
+        events: list[tuple[_Target, bytes]] = []
+        for address in message.recipients or (message.address,):
+            peer_id = ucast_peer(address)
+            if peer_id is not None:
+                ucast = ucast_event(message, peer_id)
+                if isinstance(ucast, Outcome):
+                    return ucast
+                peer = self.peers.get(ucast[0])
+                if peer is None:
+                    return Outcome.rejected(
+                        f"no peer {peer_id!r} is connected to {self.name}", code="404"
+                    )
+                events.append((peer, ucast[1]))
+            elif address == BCAST_ADDRESS:
+                bcast = bcast_event(message)
+                if isinstance(bcast, Outcome):
+                    return bcast
+                events.append((_Everyone(bcast[0]), bcast[1]))
+            else:
+                mcast = event_line(message, address)
+                if isinstance(mcast, Outcome):
+                    return mcast
+                events.append(mcast)
+        return events
+
+    def _queue_run(self, topic: bytes, lines: list[bytes]) -> None:
+        """Queue consecutive MCAST events to one topic: one buffer per subscriber."""
+        subscribers = self.topics.get(topic)
+        if subscribers:
+            data = lines[0] if len(lines) == 1 else b"".join(lines)
+            count = len(lines)
+            for peer in subscribers:
+                peer.queue(data, count)
+
+    def _bcast_all(self, sender: bytes, line: bytes) -> None:
+        """Queue a routed BCAST event for every named peer but one with the sender's id."""
+        for identity, peer in self.peers.items():
+            if identity != sender:
+                peer.queue(line)
+
+
+_ACCEPTED: Final = Outcome.accepted()
+
+
+class _Everyone:
+    """The recipients of a routed BCAST: every named peer but the sender's namesake."""
+
+    __slots__ = ("sender",)
+
+    def __init__(self, sender: bytes) -> None:
+        self.sender = sender
+
+
+_Target = bytes | HubPeer | _Everyone
+"""Whom an event goes to: a topic's subscribers (MCAST), one peer (UCAST), or everyone."""
 
 
 def _presence_event(identity: bytes, topic: bytes, presence: bool) -> bytes:

@@ -2,8 +2,10 @@
 
 A thin adapter over `gateway.codecs.ssmp`: it feeds the codec, applies the
 spec's rules for each request (login first, schemes, 405/404/409/501), hands
-forwarding to the `Hub` and MCASTs with matching routes to the `Router`, and
-keeps responses in request order even when a route answers later.
+forwarding to the `Hub` and the requests that routes take to the `Router`
+(MCASTs by topic, BCASTs as ``!bcast``, UCASTs to a peer not connected here
+as ``!ucast.<peer>``: `gateway.protocols.ssmp.mapping`), one batch per read,
+and keeps responses in request order even when a route answers later.
 
 Flow control (README, "Flow control"): each connection is a push producer on
 its own transport. When the transport's buffer fills (the peer reads slower
@@ -41,7 +43,13 @@ from gateway.core.router import Result, Router, Unrouted
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import ListenerFactory
 from gateway.protocols.ssmp.hub import Hub
-from gateway.protocols.ssmp.mapping import message_from_mcast
+from gateway.protocols.ssmp.mapping import (
+    BCAST_ADDRESS,
+    message_from_bcast,
+    message_from_mcast,
+    message_from_ucast,
+    ucast_address,
+)
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
 from gateway.protocols.tcp import disable_nagle
 from gateway.tls import peer_identities
@@ -52,11 +60,13 @@ __all__ = [
     "cert_identity_matches",
     "cert_name_for",
     "outcome_response",
+    "ucast_response",
 ]
 
 OK: Final = b"200\n"
 PONG_EVENT: Final = b"000 . PONG\n"
 PING_EVENT: Final = b"000 . PING\n"
+_NO_SUCH_PEER: Final = b"404 no such peer\n"
 
 
 def cert_name_for(identity: str, names: frozenset[str]) -> str | None:
@@ -92,13 +102,29 @@ def outcome_response(outcome: Outcome) -> bytes:
     return ssmp.response_line(400, f"rejected: {outcome.reason}")
 
 
+def ucast_response(result: Result) -> bytes:
+    """Map a routed UCAST's result to the SSMP response line for its sender.
+
+    Spec, "Unicast": 404 when no peer with the identifier is connected. A
+    UCAST that no route took after all (a route's ``match_sender``), or
+    that a route's destination rejected with code ``404`` (the far hub has
+    no such peer), is answered ``404``; other outcomes as `outcome_response`.
+    """
+    if isinstance(result, Unrouted):
+        return _NO_SUCH_PEER
+    if result.code == "404" and result.status is Status.REJECTED:
+        return ssmp.response_line(404, result.reason or "no such peer")
+    return outcome_response(result)
+
+
 class _Pending:
-    """A response slot waiting for a route outcome."""
+    """A response slot waiting for a route outcome (of an MCAST, a UCAST or a BCAST)."""
 
-    __slots__ = ("line",)
+    __slots__ = ("line", "ucast")
 
-    def __init__(self) -> None:
+    def __init__(self, ucast: bool) -> None:
         self.line: bytes | None = None
+        self.ucast = ucast
 
 
 @implementer(IPushProducer)
@@ -193,15 +219,15 @@ class SSMPServerProtocol(Protocol):
 
     # --- output -------------------------------------------------------------
 
-    def queue(self, data: bytes) -> None:
-        """Queue bytes for this peer (see `Hub.flush`)."""
+    def queue(self, data: bytes, lines: int = 1) -> None:
+        """Queue bytes (``lines`` SSMP lines) for this peer (see `Hub.flush`)."""
         if self._closing:
             return
         out = self._out
         if not out:
             self.hub.mark_dirty(self)
         out.append(data)
-        self._out_lines += 1
+        self._out_lines += lines
 
     def flush(self) -> None:
         """Write everything queued in one write."""
@@ -312,18 +338,21 @@ class SSMPServerProtocol(Protocol):
         else:
             self.queue(line)
 
-    def _respond_later(self, message: Message) -> None:
+    def _respond_later(self, message: Message, ucast: bool = False) -> None:
         """Route the message with the rest of this read; its response waits in a slot."""
-        slot = _Pending()
+        slot = _Pending(ucast)
         self._pending.append(slot)
         if len(self._pending) >= self.factory.settings.max_pending_replies:
             self._pause_reading()
         self._inbox.add(message, slot)
 
     def _answer(self, slot: _Pending, result: Result) -> None:
-        """A routed MCAST's outcome: fill its slot, write the responses now in order."""
-        # No route after all (a route's match_sender): as without routes, 200.
-        slot.line = OK if isinstance(result, Unrouted) else outcome_response(result)
+        """A routed request's outcome: fill its slot, write the responses now in order."""
+        if slot.ucast:
+            slot.line = ucast_response(result)
+        else:
+            # No route after all (a route's match_sender): as without routes, 200.
+            slot.line = OK if isinstance(result, Unrouted) else outcome_response(result)
         pending = self._pending
         while pending:
             head = pending[0]
@@ -539,11 +568,19 @@ class SSMPServerProtocol(Protocol):
         if to == ssmp.ANONYMOUS:
             self._respond(ssmp.response_line(405, "anonymous peers cannot receive UCAST"))
             return
-        if self.factory.authorization.restricted and not self._allowed(Action.PUBLISH, to):
+        factory = self.factory
+        if factory.authorization.restricted and not self._allowed(Action.PUBLISH, to):
             return
         target = self.hub.peers.get(to)
         if target is None:
-            self._respond(ssmp.response_line(404, "no such peer"))
+            # Not connected here: a route taking ``!ucast.<to>`` may know the peer.
+            if factory.routed and factory.router.has_routes(factory.name, ucast_address(to)):
+                message = message_from_ucast(
+                    self.identity, to, line.payload, factory.clock.seconds()
+                )
+                self._respond_later(message, ucast=True)
+            else:
+                self._respond(_NO_SUCH_PEER)
             return
         prefix = self._ucast_prefix
         if len(prefix) + len(to) + len(line.payload) + 2 > ssmp.MAX_LINE_BYTES:
@@ -556,17 +593,26 @@ class SSMPServerProtocol(Protocol):
         if self.identity == ssmp.ANONYMOUS:
             self._respond(ssmp.response_line(405, "anonymous peers cannot BCAST"))
             return
-        if self.factory.authorization.restricted:
-            # BCAST reaches the sender's topics: it needs the right to publish to each.
+        factory = self.factory
+        routed = factory.routed and factory.router.has_routes(factory.name, BCAST_ADDRESS)
+        if factory.authorization.restricted:
+            # BCAST reaches the sender's topics: it needs the right to publish to each,
+            # and to ``!bcast`` when a route takes it beyond the hub.
             for topic in self.topics:
                 if not self._allowed(Action.PUBLISH, topic):
                     return
+            if routed and not self._allowed(Action.PUBLISH, _BCAST_ADDRESS_BYTES):
+                return
         event = b"000 " + self.identity + b" BCAST " + line.payload + b"\n"
         if len(event) > ssmp.MAX_LINE_BYTES:
             self._respond(_TOO_LONG_TO_FORWARD)
             return
         self.hub.bcast(self, event)
-        self._respond(OK)
+        if routed:
+            message = message_from_bcast(self.identity, line.payload, factory.clock.seconds())
+            self._respond_later(message)
+        else:
+            self._respond(OK)
 
     def _on_compat(self, line: ssmp.Compat) -> None:
         # Spec, "Forward compatibility": unrecognized verb, 501.
@@ -587,6 +633,7 @@ class SSMPServerProtocol(Protocol):
     }
 
 
+_BCAST_ADDRESS_BYTES: Final = BCAST_ADDRESS.encode("ascii")
 _TOO_LONG_TO_FORWARD: Final = ssmp.response_line(
     400, f"too long to forward: the event would pass the {ssmp.MAX_LINE_BYTES}-byte limit"
 )
