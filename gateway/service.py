@@ -9,6 +9,7 @@ them. Only `makeService` (the twistd entry point) touches the global reactor.
 from __future__ import annotations
 
 import gc
+import resource
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -698,6 +699,23 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit, so max_connections is reachable.
+
+    Every connection is a file descriptor; a soft limit of 1,024 (a common
+    default) stops a listener long before its ``max_connections``. Returns
+    the limit before and after (the same when it could not be raised).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == hard:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return soft, soft
+    return soft, hard
+
+
 def makeService(options: Options) -> GatewayService:
     """Build the gateway for twistd, on the global reactor."""
     from twisted.internet import reactor as _reactor
@@ -707,6 +725,7 @@ def makeService(options: Options) -> GatewayService:
     config: GatewayConfig = options.gateway_config
     gateway = build_gateway(config, reactor)
     tune_garbage_collector()
+    before, after = raise_open_file_limit()
     if config.source != DEFAULT_CONFIG_NAME and hasattr(signal, "SIGHUP"):
 
         def on_hangup(signum: int, frame: object) -> None:
@@ -714,8 +733,10 @@ def makeService(options: Options) -> GatewayService:
 
         signal.signal(signal.SIGHUP, on_hangup)
     Logger().info(
-        "msggateway starting with {summary} (Python {python})",
+        "msggateway starting with {summary} (Python {python}; open files: {files}{raised})",
         summary=config.summary(),
         python=sys.version.split()[0],
+        files=after,
+        raised=f", raised from {before}" if after != before else "",
     )
     return gateway

@@ -102,6 +102,7 @@ def test_records_of_the_last_moments_survive_a_clean_stop(tmp_path: Path, signum
     finally:
         gateway.stop()
     output = gateway.output()
+    assert "open files: " in output  # the limit it runs with, raised to the hard limit
     assert "dropped" not in output, output
     assert status in (0, -signum), output  # twistd ends with the signal it stopped on
     assert _route_records(tmp_path / "data" / "log") == MESSAGES
