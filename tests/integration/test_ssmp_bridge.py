@@ -6,7 +6,11 @@ A, logging in with a secret, with routes in both directions:
 * ``news`` published on B's hub goes to A's ``news`` (B's publisher gets its
   200 only once A answered);
 * ``alerts`` on A arrives on B's hub as ``remote.alerts``, from its original
-  sender.
+  sender;
+* a UCAST on B to ``<peer>@a`` (not connected to B) is a UCAST to ``<peer>``
+  on A, whose 404 reaches B's sender; a UCAST on A to B's identity ``gw-b``
+  reaches ``bob`` on B;
+* a BCAST on either side is a BCAST on the other.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ a = "bridge-secret"
 ROUTES_B = {
     "news-to-a": 'from = "hub"\nmatch = "news"\nto = "a"\n',
     "alerts-from-a": 'from = "a"\nmatch = "alerts"\nto = "hub"\naddress = "remote.alerts"\n',
+    "ucast-to-a": 'from = "hub"\nmatch = "!ucast.*@a"\nto = "a"\naddress = "!ucast.{1}"\n',
+    "ucast-from-a": 'from = "a"\nmatch = "!ucast.gw-b"\nto = "hub"\naddress = "!ucast.bob"\n',
+    "bcast-to-a": 'from = "hub"\nmatch = "!bcast"\nto = "a"\n',
+    "bcast-from-a": 'from = "a"\nmatch = "!bcast"\nto = "hub"\n',
 }
 
 
@@ -121,6 +129,38 @@ def test_bridge_both_ways(bridge: tuple[GatewayProcess, GatewayProcess]) -> None
         bob.send("MCAST local.only x")
         bob.expect("200")
         alice.sync()
+
+
+def test_ucast_and_bcast_cross_the_bridge(bridge: tuple[GatewayProcess, GatewayProcess]) -> None:
+    """UCAST and BCAST cross the bridge both ways; A's 404 reaches B's sender as 404."""
+    a, b = bridge
+    with login(a.address("hub"), "alice") as alice, login(b.address("hub"), "bob") as bob:
+        # B's upstream subscribes to `alerts` on A, so alice shares a topic with gw-b.
+        alice.send("SUBSCRIBE alerts PRESENCE")
+        alice.expect("200")
+        alice.expect("000 gw-b SUBSCRIBE alerts")
+
+        # B -> A: a UCAST to alice@a is a UCAST to alice on A; bob's 200 follows A's.
+        bob.send("UCAST alice@a hi alice", "UCAST nobody@a anyone", "UCAST nobody hm")
+        bob.expect("200")
+        bob.expect("404 a answered 404 no such peer")
+        bob.expect("404 no such peer")  # no route for it: B's own 404
+        alice.expect("000 gw-b UCAST alice hi alice")
+
+        # A -> B: a UCAST to gw-b reaches bob on B, from alice.
+        alice.send("UCAST gw-b hi bob")
+        alice.expect("200")
+        bob.expect("000 alice UCAST bob hi bob")
+
+        # BCAST both ways: bob's reaches alice (sharing `alerts` with gw-b), and back.
+        bob.send("BCAST from b")
+        bob.expect("200")
+        alice.expect("000 gw-b BCAST from b")
+        alice.send("BCAST from a")
+        alice.expect("200")
+        bob.expect("000 alice BCAST from a")
+        alice.sync()
+        bob.sync()
 
 
 def test_upstream_down_means_retry(bridge: tuple[GatewayProcess, GatewayProcess]) -> None:
