@@ -22,28 +22,43 @@ ready: retry later.
 Reader: every Content is routed from the upstream with its resource as the
 address; with ``confirm = "full"`` the route's outcome goes back as
 Confirm, Reject, or Reject with recycle.
+
+Batches (DESIGN.md, "The batch is the unit of work"): the Contents of one
+ZeroMQ read burst go to the router as one batch, each answered on its own;
+a batch routed to a writer goes out in one go, its outcomes gathered in one
+`PendingBatch`.
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Final
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import all_same
+from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.mtl.mapping import content_properties, message_from_content, settle
+from gateway.protocols.mtl.mapping import (
+    Copy,
+    PendingBatch,
+    Unconfirmed,
+    content_properties,
+    give_back,
+    message_from_content,
+    settle,
+)
 from gateway.protocols.mtl.settings import MTLUpstreamSettings
 
 __all__ = ["MTLUpstream"]
@@ -104,7 +119,10 @@ class MTLUpstream:
         self._ping: IDelayedCall | None = None
         self._heard = 0.0
         self._sequence = itertools.count(1)
-        self._unconfirmed: dict[int, Deferred[Outcome]] = {}
+        self._unconfirmed: Unconfirmed = {}
+        self._flow = 0
+        """Counts data flows, so that answers meant for one are not sent on the next."""
+        self._inbox: Inbox[int] = Inbox(router, name, partial(self._answer, self._flow))
         self._summons: dict[int, str] = {}
         self._scram: scram.ScramClient | None = None
         self._scram_round = 0
@@ -168,9 +186,7 @@ class MTLUpstream:
         self._ready = False
         if self._metrics is not None:
             self._metrics.upstream_up.labels(self.name).set(0)
-        waiting, self._unconfirmed = self._unconfirmed, {}
-        for deferred in waiting.values():
-            deferred.callback(Outcome.retry(f"upstream {self.name}: {why}"))
+        give_back(self._unconfirmed, Outcome.retry(f"upstream {self.name}: {why}"))
         if self._zmq is not None:
             self._zmq.shutdown()
         self._zmq = self._control = self._data = None
@@ -270,12 +286,22 @@ class MTLUpstream:
 
         from gateway.protocols.mtl.zmq import ZmqSocket
 
-        self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data)
+        self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data, self._new_flow())
         self._curve(self._data)
         self._data.connect(f"tcp://{self.host}:{port}")
         self._heard = self.clock.seconds()
         self._send(mtl.Lease(next(self._sequence), lease))
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def _new_flow(self) -> Callable[[], None]:
+        """Give a new data flow its inbox; return what ends one of its read bursts.
+
+        An inbox per flow: answers for the contents of a flow that is gone
+        are not sent on the next one, whose sequences mean other contents.
+        """
+        self._flow += 1
+        self._inbox = Inbox(self.router, self.name, partial(self._answer, self._flow))
+        return self._inbox.dispatch
 
     def _on_data(self, frames: list[bytes]) -> None:
         try:
@@ -319,21 +345,19 @@ class MTLUpstream:
         message = message_from_content(
             content.resource, content.properties, content.body, self.clock.seconds()
         )
-        result = self.router.dispatch_one(self.name, message)
-        if self.settings.confirm != "full":
+        # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
+        self._inbox.add(message, content.sequence)
+
+    def _answer(self, flow: int, sequence: int, result: Result) -> None:
+        """With confirm=full, tell the server what became of one Content of data flow ``flow``."""
+        if self.settings.confirm != "full" or flow != self._flow or not self._ready:
             return
         if isinstance(result, Unrouted):
-            self._send(mtl.Reject(content.sequence, False, False))
-            return
-        result.addCallback(self._answer, content.sequence)
-
-    def _answer(self, outcome: Outcome, sequence: int) -> None:
-        if not self._ready:
-            return
-        if outcome.status is Status.ACCEPTED:
+            self._send(mtl.Reject(sequence, False, False))
+        elif result.status is Status.ACCEPTED:
             self._send(mtl.Confirm(sequence, False))
         else:
-            self._send(mtl.Reject(sequence, False, outcome.status is Status.RETRY))
+            self._send(mtl.Reject(sequence, False, result.status is Status.RETRY))
 
     def _settle(self, command: mtl.Confirm | mtl.Reject) -> None:
         settle(self._unconfirmed, command, f"the server of upstream {self.name}")
@@ -349,28 +373,42 @@ class MTLUpstream:
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Send a batch to the server as Contents on their addresses, all in one go.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Send a message to the server as Content on its address."""
+        With ``confirm = "full"`` each Content's Confirm or Reject answers its
+        message; without, written is accepted. Not connected, or ZeroMQ not
+        taking a Content: retry later; a reader upstream takes nothing.
+        """
+        count = len(messages)
         if self.settings.mode != "writer":
-            return succeed(Outcome.rejected(f"upstream {self.name} is a reader; it takes nothing"))
-        if not self._ready:
-            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
-        sequence = next(self._sequence)
-        content = mtl.Content(sequence, message.address, content_properties(message), message.body)
-        try:
-            sent = self._send(content)
-        except mtl.MTLLocalError as exc:
-            return succeed(Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
-        if not sent:
-            return succeed(Outcome.retry(f"upstream {self.name}: the server is not reading"))
-        if self.settings.confirm != "full":
-            return succeed(Outcome.accepted())
-        waiting: Deferred[Outcome] = Deferred()
-        self._unconfirmed[sequence] = waiting
-        return waiting
+            return all_same(
+                count, Outcome.rejected(f"upstream {self.name} is a reader; it takes nothing")
+            )
+        if not self._ready or self._data is None:
+            return all_same(count, Outcome.retry(f"upstream {self.name} is not connected"))
+        unconfirmed = self._unconfirmed if self.settings.confirm == "full" else None
+        batch = PendingBatch(count)
+        frames: list[list[bytes]] = []
+        copies: list[Copy] = []
+        sequences = self._sequence
+        for index, message in enumerate(messages):
+            sequence = next(sequences)
+            content = mtl.Content(
+                sequence, message.address, content_properties(message), message.body
+            )
+            try:
+                frames.append(mtl.encode_data(content))
+            except mtl.MTLLocalError as exc:
+                batch.settle(index, Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
+                continue
+            copies.append((unconfirmed, sequence, index))
+        if frames:
+            self.traffic.messages_out += len(frames)
+            failed = self._data.send_many(frames)
+            batch.sent(
+                copies, failed, Outcome.retry(f"upstream {self.name}: the server is not reading")
+            )
+        return batch.deferred
 
     def _send(self, command: mtl.DataCommand) -> bool:
         if self._data is None:

@@ -1,20 +1,39 @@
-"""MTL Content to and from the canonical `Message`: pure functions, no sockets.
+"""MTL Content to and from the canonical `Message`, and the confirmations of a sent batch.
 
-In: the resource is the address, the body the body; properties with text
-values become headers, except ``message-id`` (the id) and
-``x-gateway-sender`` (the sender). Out: the message's text headers, its id
-as ``message-id`` and its sender as ``x-gateway-sender``.
+No sockets here. In: the resource is the address, the body the body;
+properties with text values become headers, except ``message-id`` (the id)
+and ``x-gateway-sender`` (the sender). Out: the message's text headers, its
+id as ``message-id`` and its sender as ``x-gateway-sender``.
+
+A batch delivered to an MTL peer is a `PendingBatch`: one `Answers` for the
+whole batch, filled in by each Content's Confirm or Reject (spec, "Data
+Flow": Confirm is accepted, Reject rejected, Reject with recycle retry
+later), with no Deferred or timer per message.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
 
 from twisted.internet.defer import Deferred
 
 from gateway.codecs import mtl
 from gateway.codecs.fieldtable import FieldValue
-from gateway.core.message import Message, Outcome
+from gateway.core.batch import Answers
+from gateway.core.message import Message, Outcome, worst
 
-__all__ = ["content_properties", "message_from_content", "settle"]
+__all__ = [
+    "Copy",
+    "PendingBatch",
+    "Unconfirmed",
+    "content_properties",
+    "give_back",
+    "message_from_content",
+    "settle",
+]
+
+_ACCEPTED = Outcome.accepted()
 
 
 def message_from_content(
@@ -47,23 +66,113 @@ def content_properties(message: Message) -> dict[str, FieldValue]:
     return properties
 
 
-def settle(
-    unconfirmed: dict[int, Deferred[Outcome]], command: mtl.Confirm | mtl.Reject, who: str
-) -> None:
+class PendingBatch:
+    """A batch sent as Contents, its outcomes gathered in one `Answers`.
+
+    A message sent to several readers (``copies``) answers the worst of
+    their answers once all of them have. When the router cancels the batch
+    (its deadline), `Answers` answers what it knows and the Contents still
+    unconfirmed are forgotten, so that a late Confirm finds nothing.
+
+    Args:
+        count: Messages in the batch.
+    """
+
+    __slots__ = ("_copies", "_known", "_sent", "answers")
+
+    def __init__(self, count: int) -> None:
+        self.answers = Answers(count, self._cancelled)
+        self._copies: dict[int, int] = {}
+        self._known: dict[int, Outcome] = {}
+        self._sent: Sequence[Copy] = ()
+
+    @property
+    def deferred(self) -> Deferred[list[Outcome]]:
+        """Fires with one outcome per message, in order."""
+        return self.answers.deferred
+
+    def copies(self, index: int, count: int) -> None:
+        """Message ``index`` goes out ``count`` times (once per reader)."""
+        if count > 1:
+            self._copies[index] = count
+
+    def settle(self, index: int, outcome: Outcome) -> None:
+        """One copy of message ``index`` has its outcome."""
+        copies = self._copies
+        if copies and index in copies:
+            known = self._known.get(index)
+            if known is not None:
+                outcome = worst((known, outcome))
+            left = copies[index] - 1
+            if left:
+                copies[index] = left
+                self._known[index] = outcome
+                return
+            del copies[index]
+            self._known.pop(index, None)
+        self.answers.settle(index, outcome)
+
+    def sent(self, copies: Sequence[Copy], failed: Sequence[int], not_taken: Outcome) -> None:
+        """The Contents went out: wait for the confirmations they need.
+
+        Args:
+            copies: Each Content sent: the unconfirmed Contents of its peer
+                when the peer confirms (None when it does not: written is
+                accepted), its sequence and the index of its message.
+            failed: The positions in ``copies`` ZeroMQ did not take.
+            not_taken: Their outcome.
+        """
+        refused = set(failed)
+        for position, (unconfirmed, sequence, index) in enumerate(copies):
+            if refused and position in refused:
+                self.settle(index, not_taken)
+            elif unconfirmed is None:
+                self.settle(index, _ACCEPTED)
+            else:
+                unconfirmed[sequence] = (self, index)
+        self._sent = copies
+
+    def _cancelled(self, _answers: Answers) -> None:
+        for unconfirmed, sequence, _index in self._sent:
+            if unconfirmed is not None:
+                entry = unconfirmed.get(sequence)
+                if entry is not None and entry[0] is self:
+                    del unconfirmed[sequence]
+        self._sent = ()
+
+
+Unconfirmed: TypeAlias = dict[int, tuple[PendingBatch, int]]
+"""A peer's Contents waiting for Confirm or Reject: sequence to (batch, index)."""
+
+Copy: TypeAlias = tuple[Unconfirmed | None, int, int]
+"""One Content sent: its peer's `Unconfirmed` (None: no confirmations), sequence, index."""
+
+
+def settle(unconfirmed: Unconfirmed, command: mtl.Confirm | mtl.Reject, who: str) -> None:
     """Answer the contents a Confirm or Reject covers; invalid ones are ignored (the spec).
 
     Confirm is accepted, Reject rejected, Reject with recycle retry later;
     ``multiple`` covers every unconfirmed sequence up to the one given.
     """
-    if command.multiple:
-        sequences = sorted(s for s in unconfirmed if s <= command.sequence)
+    if isinstance(command, mtl.Confirm):
+        outcome = _ACCEPTED
+    elif command.recycle:
+        outcome = Outcome.retry(f"{who} asked to recycle it")
     else:
-        sequences = [command.sequence] if command.sequence in unconfirmed else []
-    for sequence in sequences:
-        waiting = unconfirmed.pop(sequence)
-        if isinstance(command, mtl.Confirm):
-            waiting.callback(Outcome.accepted())
-        elif command.recycle:
-            waiting.callback(Outcome.retry(f"{who} asked to recycle it"))
-        else:
-            waiting.callback(Outcome.rejected(f"{who} rejected it"))
+        outcome = Outcome.rejected(f"{who} rejected it")
+    if not command.multiple:
+        entry = unconfirmed.pop(command.sequence, None)
+        if entry is not None:
+            entry[0].settle(entry[1], outcome)
+        return
+    for sequence in sorted(s for s in unconfirmed if s <= command.sequence):
+        batch, index = unconfirmed.pop(sequence)
+        batch.settle(index, outcome)
+
+
+def give_back(unconfirmed: Unconfirmed, outcome: Outcome) -> None:
+    """Answer every unconfirmed Content with ``outcome`` (its peer went away) and forget them."""
+    waiting = list(unconfirmed.values())
+    unconfirmed.clear()
+    for batch, index in waiting:
+        batch.settle(index, outcome)

@@ -30,6 +30,12 @@ answered Pong; the listener pings idle peers every
 ``ping_interval_seconds`` and forgets one silent for ``dead_after_seconds``.
 Ill-formed commands are dropped.
 
+Batches (DESIGN.md, "The batch is the unit of work"): the gateway-profile
+Contents of one ZeroMQ read burst (every message waiting when the reactor
+woke, from every writer) go to the router as one batch, and each has its own
+Confirm or Reject from its own outcome. A batch routed to the listener goes
+out to its readers in one go, its outcomes gathered in one `PendingBatch`.
+
 Profile ``test``: one resource, ``resource``; no confirmations (``full``
 is ``501``); every writer's content goes to every reader that summoned it.
 
@@ -56,7 +62,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -64,12 +70,20 @@ from zope.interface import implementer
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
-from gateway.core.batch import deliver_each
+from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
-from gateway.core.message import Message, Outcome, Status, worst
+from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.mtl.mapping import content_properties, message_from_content, settle
+from gateway.protocols.mtl.mapping import (
+    Copy,
+    PendingBatch,
+    Unconfirmed,
+    content_properties,
+    give_back,
+    message_from_content,
+    settle,
+)
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["MTLServer"]
@@ -111,7 +125,7 @@ class _DataPeer:
     summoned: set[str] = attrs.Factory(set)
     heard: float = 0.0
     sequence: Any = attrs.Factory(lambda: itertools.count(1))
-    unconfirmed: dict[int, Deferred[Outcome]] = attrs.Factory(dict)
+    unconfirmed: Unconfirmed = attrs.Factory(dict)
 
 
 @implementer(IDestination)
@@ -168,6 +182,8 @@ class MTLServer:
         self._timer: IDelayedCall | None = None
         self.authorization: Authorization = UNRESTRICTED
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
+        # Each routed Content's writer and sequence when its writer wants a confirmation.
+        self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
 
     # --- life --------------------------------------------------------------------------
 
@@ -180,7 +196,7 @@ class MTLServer:
 
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
-        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data)
+        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._inbox.dispatch)
         # A command for a peer that is gone or whose queue is full fails to send
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
@@ -536,23 +552,24 @@ class MTLServer:
         message = message_from_content(
             resource, content.properties, content.body, self.clock.seconds()
         )
-        result = self.router.dispatch_one(self.name, message)
-        if lease.confirm != "full":
+        # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
+        self._inbox.add(message, (peer, content.sequence) if lease.confirm == "full" else None)
+
+    def _answer_writer(self, token: tuple[_DataPeer, int] | None, result: Result) -> None:
+        """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
+        if token is None:  # confirm=none: the writer hears nothing
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
             return
+        peer, sequence = token
+        if self._peers.get(peer.identity) is not peer:
+            return  # forgotten since: nobody to tell
         if isinstance(result, Unrouted):
-            self._send(peer, mtl.Reject(content.sequence, False, False))
-            return
-        result.addCallback(self._answer_writer, peer, content.sequence)
-
-    def _answer_writer(self, outcome: Outcome, peer: _DataPeer, sequence: int) -> None:
-        if peer.identity not in self._peers:
-            return
-        if outcome.status is Status.ACCEPTED:
+            self._send(peer, mtl.Reject(sequence, False, False))
+        elif result.status is Status.ACCEPTED:
             self._send(peer, mtl.Confirm(sequence, False))
         else:
-            self._send(peer, mtl.Reject(sequence, False, outcome.status is Status.RETRY))
+            self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
 
     def _settle(self, peer: _DataPeer, command: mtl.Confirm | mtl.Reject) -> None:
         settle(peer.unconfirmed, command, f"an MTL reader of {self.name}")
@@ -568,35 +585,49 @@ class MTLServer:
         ]
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Send a batch to the gateway-profile readers that summoned each message's address.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Send a routed message to every gateway-profile reader that summoned its address."""
-        readers = self._readers(message.address, "gateway")
-        if not readers:
-            return succeed(
-                Outcome.retry(f"no MTL reader of {self.name} summoned {message.address!r}")
-            )
-        properties = content_properties(message)
-        answers: list[Deferred[Outcome]] = []
-        for reader in readers:
-            sequence = next(reader.sequence)
-            if not self._send(
-                reader, mtl.Content(sequence, message.address, properties, message.body)
-            ):
-                answers.append(
-                    succeed(Outcome.retry(f"an MTL reader of {self.name} is not reading"))
+        All of the batch's Contents go out together. A confirm=full reader's
+        Confirm or Reject answers its copy; a reader without confirmations
+        accepts what was written to it; a message goes to every reader of
+        its address and answers the worst of their answers. No reader, or
+        one ZeroMQ cannot hand the Content to: retry later.
+        """
+        batch = PendingBatch(len(messages))
+        readers_of: dict[str, list[_DataPeer]] = {}
+        frames: list[list[bytes]] = []
+        copies: list[Copy] = []
+        for index, message in enumerate(messages):
+            address = message.address
+            readers = readers_of.get(address)
+            if readers is None:
+                readers = readers_of[address] = self._readers(address, "gateway")
+            if not readers:
+                batch.settle(
+                    index, Outcome.retry(f"no MTL reader of {self.name} summoned {address!r}")
                 )
-            elif reader.lease is not None and reader.lease.confirm == "full":
-                waiting: Deferred[Outcome] = Deferred()
-                reader.unconfirmed[sequence] = waiting
-                answers.append(waiting)
-            else:
-                answers.append(succeed(Outcome.accepted()))
-        if len(answers) == 1:
-            return answers[0]
-        return gatherResults(answers).addCallback(worst)
+                continue
+            batch.copies(index, len(readers))
+            properties = content_properties(message)
+            body = message.body
+            for reader in readers:
+                sequence = next(reader.sequence)
+                try:
+                    command = mtl.encode_data(mtl.Content(sequence, address, properties, body))
+                except mtl.MTLLocalError as exc:
+                    batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
+                    continue
+                frames.append([reader.identity, *command])
+                lease = reader.lease
+                confirms = lease is not None and lease.confirm == "full"
+                copies.append((reader.unconfirmed if confirms else None, sequence, index))
+        if frames:
+            self.traffic.messages_out += len(frames)
+            failed = self._data.send_many(frames)
+            batch.sent(
+                copies, failed, Outcome.retry(f"an MTL reader of {self.name} is not reading")
+            )
+        return batch.deferred
 
     # --- heartbeats --------------------------------------------------------------------
 
@@ -618,9 +649,8 @@ class MTLServer:
 
     def _forget(self, peer: _DataPeer, why: str) -> None:
         self._peers.pop(peer.identity, None)
-        for waiting in peer.unconfirmed.values():
-            waiting.callback(Outcome.retry(f"an MTL reader of {self.name} went away ({why})"))
-        peer.unconfirmed.clear()
+        gone = Outcome.retry(f"an MTL reader of {self.name} went away ({why})")
+        give_back(peer.unconfirmed, gone)
 
     # --- helpers -----------------------------------------------------------------------
 

@@ -1,0 +1,162 @@
+"""Tests for `gateway.protocols.mtl.zmq`: real ZeroMQ sockets, the reactor's wake-ups by hand.
+
+The socket under test lives on a `MemoryReactorClock` and talks over
+``inproc://``, where a message sent is in the peer's queue at once; the
+test plays the reactor, calling ``doRead`` as a wake-up would, so what one
+wake-up reads is exactly what was sent before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import zmq
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import capturedLogs
+
+from gateway.protocols.mtl.zmq import MAX_READ_BURST, ZmqSocket, zmq_factory
+
+
+class Recorder:
+    """What a socket handed on: its messages, and the read bursts they came in."""
+
+    def __init__(self) -> None:
+        self.messages: list[list[bytes]] = []
+        self.bursts: list[int] = []
+        self._since = 0
+
+    def message(self, frames: list[bytes]) -> None:
+        """One message."""
+        self.messages.append(frames)
+        self._since += 1
+
+    def drained(self) -> None:
+        """The end of a burst: how many messages it had."""
+        self.bursts.append(self._since)
+        self._since = 0
+
+
+class World:
+    """A ROUTER `ZmqSocket` on inproc, and raw pyzmq peers on the same context."""
+
+    def __init__(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.factory: Any = zmq_factory(self.reactor)
+        self.seen = Recorder()
+        self.router = ZmqSocket(self.factory, zmq.ROUTER, self.seen.message, self.seen.drained)
+        self.router.set_option(zmq.ROUTER_MANDATORY, 1)
+        self.router.bind("inproc://router")
+        self.peers: list[zmq.Socket[bytes]] = []
+
+    def peer(self, identity: bytes) -> zmq.Socket[bytes]:
+        """A DEALER with this identity, connected to the ROUTER."""
+        socket: zmq.Socket[bytes] = self.factory.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, identity)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect("inproc://router")
+        self.peers.append(socket)
+        return socket
+
+    def wake(self) -> None:
+        """What the reactor does when the socket's descriptor is readable."""
+        self.router._connection.doRead()
+
+    def close(self) -> None:
+        """Close every socket and the context."""
+        for socket in self.peers:
+            socket.close(linger=0)
+        self.factory.shutdown()
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    """A fresh ROUTER and context, closed after the test."""
+    made = World()
+    yield made
+    made.close()
+
+
+def test_one_wake_up_is_one_burst(world: World) -> None:
+    """Every message waiting when the reactor wakes is handed on, then drained is said once."""
+    dealer = world.peer(b"a")
+    for number in range(5):
+        dealer.send_multipart([b"h%d" % number, b"body"])
+    world.wake()
+    assert world.seen.messages == [[b"a", b"h%d" % n, b"body"] for n in range(5)]
+    assert world.seen.bursts == [5]
+    world.wake()  # nothing more: no empty burst
+    assert world.seen.bursts == [5]
+
+
+def test_messages_of_any_frame_count_keep_their_boundaries(world: World) -> None:
+    """One, two and four frames after the identity: each message whole, none run together."""
+    dealer = world.peer(b"a")
+    shapes = [[b"1"], [b"1", b"2"], [b"1", b"2", b"3", b""]]
+    for frames in shapes:
+        dealer.send_multipart(frames)
+    world.wake()
+    assert world.seen.messages == [[b"a", *frames] for frames in shapes]
+
+
+def test_a_long_burst_yields_to_the_reactor(world: World) -> None:
+    """Past MAX_READ_BURST the burst is handed on and the rest read on the next reactor turn."""
+    dealer = world.peer(b"a")
+    for number in range(MAX_READ_BURST + 3):
+        dealer.send_multipart([b"%d" % number, b""])
+    world.wake()
+    assert world.seen.bursts == [MAX_READ_BURST]
+    world.reactor.advance(0)
+    assert world.seen.bursts == [MAX_READ_BURST, 3]
+    assert len(world.seen.messages) == MAX_READ_BURST + 3
+
+
+def test_send_many_says_which_were_refused(world: World) -> None:
+    """A message for a peer that is not there is refused alone; those around it go out."""
+    dealer = world.peer(b"a")
+    dealer.send_multipart([b"hello", b""])
+    world.wake()  # the ROUTER knows "a" now
+    failed = world.router.send_many([[b"a", b"1", b""], [b"nobody", b"2", b""], [b"a", b"3", b""]])
+    assert failed == [1]
+    assert [dealer.recv_multipart() for _ in range(2)] == [[b"1", b""], [b"3", b""]]
+    assert world.router.send([b"nobody", b"4", b""]) is False
+
+
+def test_a_failing_handler_does_not_lose_the_burst(world: World) -> None:
+    """A handler that raises is logged; the burst's other messages and its end still come."""
+    dealer = world.peer(b"a")
+    for body in (b"1", b"boom", b"3"):
+        dealer.send_multipart([body])
+    handled: list[bytes] = []
+
+    def handle(frames: list[bytes]) -> None:
+        if frames[1] == b"boom":
+            raise ValueError("boom")
+        handled.append(frames[1])
+        world.seen.message(frames)
+
+    world.router._connection._on_message = handle
+    with capturedLogs() as events:
+        world.wake()
+    assert handled == [b"1", b"3"]
+    assert world.seen.bursts == [2]
+    assert [e["log_format"] for e in events if e.get("log_failure")] == [
+        "handling a ZeroMQ message failed unexpectedly"
+    ]
+
+
+def test_a_req_socket_waiting_to_send_reads_nothing(world: World) -> None:
+    """A REQ socket woken between its reply and its next request neither reads nor fails."""
+    replies = Recorder()
+    req = ZmqSocket(world.factory, zmq.REQ, replies.message, replies.drained)
+    req.connect("inproc://router")
+    assert req.send([b"ask"])
+    world.wake()
+    [request] = world.seen.messages
+    assert request[1:] == [b"", b"ask"]
+    world.router.send([request[0], b"", b"answer"])
+    req._connection.doRead()
+    assert replies.messages == [[b"answer"]]
+    req._connection.doRead()  # nothing to read in this state: no error, no burst
+    assert replies.bursts == [1]
