@@ -15,15 +15,16 @@ from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.dmp.client import DMPClientProtocol, DMPUpstream
+from gateway.protocols.dmp.client import MAX_IN_FLIGHT, DMPClientProtocol, DMPUpstream
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
 
 
@@ -33,14 +34,13 @@ class Recorder:
 
     messages: list[Message] = attrs.Factory(list)
 
-    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
+    batches: list[int] = attrs.Factory(list)
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Record it."""
-        self.messages.append(message)
-        return succeed(Outcome.accepted())
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Record the batch (and its size); accept every message."""
+        self.messages.extend(messages)
+        self.batches.append(len(messages))
+        return succeed([Outcome.accepted()] * len(messages))
 
 
 def upstream(mode: str = "put", **changes: object) -> tuple[DMPUpstream, Recorder, Clock]:
@@ -66,9 +66,9 @@ def upstream(mode: str = "put", **changes: object) -> tuple[DMPUpstream, Recorde
 class Server:
     """The test playing a DMP server on the upstream's connection."""
 
-    def __init__(self, up: DMPUpstream) -> None:
+    def __init__(self, up: DMPUpstream, transport: StringTransport | None = None) -> None:
         self.protocol = DMPClientProtocol(up)
-        self.transport = StringTransport()
+        self.transport = StringTransport() if transport is None else transport
         self.protocol.makeConnection(self.transport)
         self.codec = dmp.DMPCodec(dmp.Role.SERVER)
 
@@ -94,14 +94,14 @@ def test_the_dialog_then_put() -> None:
     """Header; the lease only after the first 200; then routed messages become envelopes."""
     up, _recorder, _clock = upstream()
     outcome: list[Outcome] = []
-    up.deliver_one(Message(address="x", body=b"early")).addCallback(outcome.append)
+    up.deliver([Message(address="x", body=b"early")]).addCallback(outcome.extend)
     assert outcome[0].status is Status.RETRY
     server = Server(up)
     server.dialog()
     assert up.connected
-    up.deliver_one(
-        Message(id="m1", address="orders.eu", body=b"hi", sender="a@b", recipients=("c@d",))
-    ).addCallback(outcome.append)
+    up.deliver(
+        [Message(id="m1", address="orders.eu", body=b"hi", sender="a@b", recipients=("c@d",))]
+    ).addCallback(outcome.extend)
     assert outcome[1].status is Status.ACCEPTED
     [envelope] = server.read()
     assert isinstance(envelope, dmp.Envelope)
@@ -130,17 +130,19 @@ def test_a_refusal_closes_and_reconnects_later() -> None:
 
 
 def test_heartbeats_and_backlog() -> None:
-    """Null messages every heartbeat; a server that does not read: retry later past the limit."""
+    """Null messages every heartbeat; a server that does not read: retry later past the limit.
+
+    In one batch as one at a time: each message counts what the ones
+    before it added to the backlog.
+    """
     up, _recorder, clock = upstream(max_backlog_bytes=65536)
     server = Server(up)
     server.dialog()
     clock.advance(5)
     assert server.read() == [dmp.Heartbeat()]
     server.protocol.pauseProducing()
-    outcomes = [up.deliver_one(Message(address="x", body=b"y" * 30_000)) for _ in range(4)]
     results: list[Outcome] = []
-    for outcome in outcomes:
-        outcome.addCallback(results.append)
+    up.deliver([Message(address="x", body=b"y" * 30_000)] * 4).addCallback(results.extend)
     assert [r.status for r in results] == [Status.ACCEPTED] * 3 + [Status.RETRY]
     assert server.read() == []
     server.protocol.resumeProducing()
@@ -171,3 +173,136 @@ def test_a_sink_that_sends_is_closed() -> None:
     assert not server.transport.disconnecting
     server.say(dmp.Envelope(body=b"?"))
     assert server.transport.disconnecting
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+
+class WriteCountingTransport(StringTransport):
+    """A `StringTransport` that also keeps each write apart, to count them."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Keep the write, then buffer it as StringTransport does."""
+        self.writes.append(data)
+        super().write(data)  # type: ignore[no-untyped-call]
+
+
+@implementer(IDestination)
+class Holder:
+    """A route destination that keeps each batch waiting until the test answers it."""
+
+    name = "holder"
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[Message], Deferred[list[Outcome]]]] = []
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Keep the batch; its Deferred fires when the test says."""
+        d: Deferred[list[Outcome]] = Deferred()
+        self.batches.append((list(messages), d))
+        return d
+
+
+def counted_server(up: DMPUpstream) -> tuple[Server, WriteCountingTransport]:
+    """A scripted server whose transport counts the upstream's writes, past its dialog."""
+    transport = WriteCountingTransport()
+    server = Server(up, transport)
+    server.dialog()
+    transport.writes.clear()
+    return server, transport
+
+
+def test_put_writes_a_batch_in_one_write() -> None:
+    """Mode put: a batch's envelopes go out in one write, in order, each accepted."""
+    up, _recorder, _clock = upstream()
+    server, transport = counted_server(up)
+    outcomes: list[Outcome] = []
+    up.deliver([Message(address="k", body=b"%d" % i) for i in range(25)]).addCallback(
+        outcomes.extend
+    )
+    assert outcomes == [Outcome.accepted()] * 25
+    assert len(transport.writes) == 1
+    bodies = [e.body for e in server.read() if isinstance(e, dmp.Envelope)]
+    assert bodies == [b"%d" % i for i in range(25)]
+
+
+def test_put_batch_with_a_message_dmp_cannot_carry() -> None:
+    """One message of a batch DMP cannot carry (id over 255 bytes) is rejected, the rest written."""
+    up, _recorder, _clock = upstream()
+    server, transport = counted_server(up)
+    outcomes: list[Outcome] = []
+    batch = [
+        Message(address="k", body=b"a"),
+        Message(address="k", body=b"b", id="\u00e9" * 200),
+        Message(address="k", body=b"c"),
+    ]
+    up.deliver(batch).addCallback(outcomes.extend)
+    assert [o.status for o in outcomes] == [Status.ACCEPTED, Status.REJECTED, Status.ACCEPTED]
+    assert outcomes[1].reason.startswith("upstream remote: ")
+    assert len(transport.writes) == 1
+    assert [e.body for e in server.read() if isinstance(e, dmp.Envelope)] == [b"a", b"c"]
+
+
+def test_put_batch_after_the_connection_dropped_is_retry_for_each() -> None:
+    """A batch after the connection dropped: retry later for every message, nothing written."""
+    up, _recorder, _clock = upstream()
+    server, transport = counted_server(up)
+    server.protocol.connectionLost(Failure(ConnectionLost("gone")))
+    outcomes: list[Outcome] = []
+    up.deliver([Message(address="k", body=b"x")] * 3).addCallback(outcomes.extend)
+    assert [o.status for o in outcomes] == [Status.RETRY] * 3
+    assert transport.writes == []
+
+
+def test_get_mode_takes_no_batch() -> None:
+    """Mode get: a batch routed to the upstream is rejected, message by message."""
+    up, _recorder, _clock = upstream(mode="get")
+    outcomes: list[Outcome] = []
+    up.deliver([Message(address="k", body=b"x")] * 2).addCallback(outcomes.extend)
+    assert [o.status for o in outcomes] == [Status.REJECTED] * 2
+
+
+def test_get_routes_the_envelopes_of_one_read_as_one_batch() -> None:
+    """Mode get: the envelopes of one read reach the router as one batch, in order."""
+    up, recorder, _clock = upstream(mode="get")
+    server = Server(up)
+    server.dialog()
+    server.say(*(dmp.Envelope(routing_key="k", body=b"%d" % i) for i in range(30)))
+    assert recorder.batches == [30]
+    assert [m.body for m in recorder.messages] == [b"%d" % i for i in range(30)]
+
+
+def test_get_dialog_end_and_envelopes_in_one_read_are_one_batch() -> None:
+    """The feed's last dialog response and its first envelopes in one read: one batch."""
+    up, recorder, _clock = upstream(mode="get")
+    server = Server(up)
+    assert server.read() == [dmp.ProtocolHeader()]
+    server.say(dmp.Response(200, "DMP/0.1"))
+    assert server.read() == [dmp.Lease("L-1")]
+    server.say(
+        dmp.Response(200, 'Ready to read from "f"'),
+        dmp.Envelope(body=b"1"),
+        dmp.Envelope(body=b"2"),
+    )
+    assert up.connected
+    assert recorder.batches == [2]
+
+
+def test_get_reading_pauses_while_too_many_await_outcomes() -> None:
+    """Mode get: past MAX_IN_FLIGHT messages awaiting outcomes, reading pauses until they drain."""
+    up, _recorder, _clock = upstream(mode="get")
+    holder = Holder()
+    route = Route(name="in", source="remote", pattern=AddressPattern("#"), destination="holder")
+    up.router.replace_table(bind_routes([route], {"holder": holder}))
+    server = Server(up)
+    server.dialog()
+    server.say(*(dmp.Envelope(body=b"x") for _ in range(MAX_IN_FLIGHT)))
+    [(batch, d)] = holder.batches
+    assert len(batch) == MAX_IN_FLIGHT
+    assert server.transport.producerState == "paused"
+    d.callback([Outcome.accepted()] * MAX_IN_FLIGHT)
+    assert server.transport.producerState == "producing"

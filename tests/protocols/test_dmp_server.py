@@ -14,14 +14,16 @@ import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from zope.interface import implementer
 
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
-from gateway.core.router import Route, Router, bind_routes
+from gateway.core.router import Result, Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.mapping import envelope_from_message
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 
@@ -47,20 +49,48 @@ class Recorder:
 
     messages: list[Message] = attrs.Factory(list)
 
-    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time."""
-        return deliver_each(self.deliver_one, messages)
+    batches: list[int] = attrs.Factory(list)
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Record it."""
-        self.messages.append(message)
-        return succeed(Outcome.accepted())
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Record the batch (and its size); accept every message."""
+        self.messages.extend(messages)
+        self.batches.append(len(messages))
+        return succeed([Outcome.accepted()] * len(messages))
+
+
+@implementer(IDestination)
+class Holder:
+    """A route destination that keeps each batch waiting until the test answers it."""
+
+    name = "holder"
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[Message], Deferred[list[Outcome]]]] = []
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Keep the batch; its Deferred fires when the test says (or the deadline cancels it)."""
+        d: Deferred[list[Outcome]] = Deferred()
+        self.batches.append((list(messages), d))
+        return d
+
+
+class WriteCountingTransport(StringTransport):
+    """A `StringTransport` that also keeps each write apart, to count them."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Keep the write, then buffer it as StringTransport does."""
+        self.writes.append(data)
+        super().write(data)  # type: ignore[no-untyped-call]
 
 
 class Listener:
     """A DMP listener with routes: sink ``orders`` to a recorder; ``to-feed`` into ``alerts``."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: DMPListenerSettings = SETTINGS) -> None:
         self.clock = Clock()
         self.clock.advance(100)
         self.metrics = GatewayMetrics()
@@ -68,7 +98,7 @@ class Listener:
         self.router = Router(bind_routes([], {}), self.clock, self.metrics)
         self.factory = DMPServerFactory(
             name="dmp",
-            settings=SETTINGS,
+            settings=settings,
             router=self.router,
             secrets=SECRETS,
             clock=self.clock,
@@ -88,14 +118,27 @@ class Listener:
             bind_routes(routes, {"rec": self.recorder, "dmp": self.factory})  # type: ignore[dict-item]
         )
 
-    def connect(self) -> tuple[DMPServerProtocol, StringTransport]:
+    def route_sink_to(self, destination: Holder, timeout_seconds: float) -> None:
+        """Send sink ``orders`` to ``destination`` instead, with this route time-out."""
+        route = Route(
+            name="held",
+            source="dmp",
+            pattern=AddressPattern("orders.#"),
+            destination=destination.name,
+            timeout_seconds=timeout_seconds,
+        )
+        self.router.replace_table(bind_routes([route], {destination.name: destination}))
+
+    def connect(self) -> tuple[DMPServerProtocol, WriteCountingTransport]:
         """A new connection."""
         protocol = self.factory.buildProtocol(None)
-        transport = StringTransport()
+        transport = WriteCountingTransport()
         protocol.makeConnection(transport)
         return protocol, transport
 
-    def opened(self, lease: bytes) -> tuple[DMPServerProtocol, StringTransport, list[object]]:
+    def opened(
+        self, lease: bytes
+    ) -> tuple[DMPServerProtocol, WriteCountingTransport, list[object]]:
         """Connect, send the header and a lease; return what the listener answered."""
         protocol, transport = self.connect()
         protocol.dataReceived(dmp.PROTOCOL_HEADER + bytes((len(lease),)) + lease)
@@ -176,20 +219,21 @@ def test_one_reader_per_feed_and_delivery() -> None:
     assert answers[-1] == dmp.Response(200, 'Ready to read from "alerts"', "OK")
     _second, second_transport, second = listener.opened(b"R-1")
     assert second[-1].code == 403 and second_transport.disconnecting  # type: ignore[attr-defined]
-    outcome = listener.router.dispatch_one(
+    outcome = listener.router.dispatch(
         "app",
-        Message(
-            id="q1",
-            address="x",
-            body=b"hello",
-            sender="a@b",
-            headers={"x-gateway-recipients": "c@d,e@f"},
-        ),
+        [
+            Message(
+                id="q1",
+                address="x",
+                body=b"hello",
+                sender="a@b",
+                headers={"x-gateway-recipients": "c@d,e@f"},
+            )
+        ],
     )
-    assert isinstance(outcome, Deferred)
-    results: list[Outcome] = []
-    outcome.addCallback(results.append)
-    assert results[0].status is Status.ACCEPTED
+    results: list[Result] = []
+    outcome.addCallback(results.extend)
+    assert isinstance(results[0], Outcome) and results[0].status is Status.ACCEPTED
     codec = dmp.DMPCodec(dmp.Role.CLIENT)
     codec.receive_data(b"\x0e200 OK DMP/0.1" + b"\x05200 X")
     [envelope] = codec.receive_data(transport.value())
@@ -201,15 +245,20 @@ def test_one_reader_per_feed_and_delivery() -> None:
         "x-gateway-recipients": ["c@d", "e@f"],
     }
     reader.connectionLost()
-    again = listener.router.dispatch_one("app", Message(address="x", body=b"later"))
-    assert isinstance(again, Deferred)
-    again.addCallback(results.append)
+    again = listener.router.dispatch("app", [Message(address="x", body=b"later")])
+    again.addCallback(results.extend)
+    assert isinstance(results[1], Outcome)
     assert results[1].status is Status.RETRY and "no reader" in results[1].reason
     assert listener.opened(b"R-1")[2][-1].code == 200  # type: ignore[attr-defined]
 
 
 def test_feed_heartbeats_and_backpressure() -> None:
-    """Null messages every heartbeat; a reader that does not read holds messages, then refuses."""
+    """Null messages every heartbeat; a reader that does not read holds messages, then refuses.
+
+    One batch of 80 large messages: those written before the held backlog
+    passed ``max_feed_backlog_bytes`` are accepted (held), the rest refused
+    (retry later), as if each had been delivered alone.
+    """
     listener = Listener()
     reader, transport, _ = listener.opened(b"R-1")
     listener.clock.advance(5)
@@ -217,12 +266,16 @@ def test_feed_heartbeats_and_backpressure() -> None:
     transport.clear()
     reader.pauseProducing()
     big = Message(address="alerts", body=b"x" * 60_000)
-    outcomes = [reader.deliver(big) for _ in range(80)]
+    outcomes = reader.deliver([big] * 80)
     assert transport.value() == b""
-    assert outcomes[0].status is Status.ACCEPTED
-    assert outcomes[-1].status is Status.RETRY and "behind" in outcomes[-1].reason
+    accepted = sum(o.is_accepted for o in outcomes)
+    limit = SETTINGS.max_feed_backlog_bytes
+    assert accepted == limit // len(dmp.encode_envelope(envelope_from_message(big, "alerts"))) + 1
+    assert all(o.is_accepted for o in outcomes[:accepted])
+    refused = outcomes[accepted:]
+    assert refused and all(o.status is Status.RETRY and "behind" in o.reason for o in refused)
     reader.resumeProducing()
-    assert transport.value().count(b"x" * 60_000) == sum(o.is_accepted for o in outcomes)
+    assert transport.value().count(b"x" * 60_000) == accepted
 
 
 def test_bad_input_gets_its_answer() -> None:
@@ -258,9 +311,9 @@ def test_timeouts() -> None:
 def test_unknown_feed_is_rejected() -> None:
     """A route to a feed that does not exist is rejected, not retried."""
     listener = Listener()
-    outcome = listener.factory.deliver_one(Message(address="nowhere", body=b"x"))
+    outcome = listener.factory.deliver([Message(address="nowhere", body=b"x")])
     results: list[Outcome] = []
-    outcome.addCallback(results.append)
+    outcome.addCallback(results.extend)
     assert results[0].status is Status.REJECTED
 
 
@@ -280,3 +333,173 @@ def test_a_stalled_reader_is_closed_after_the_idle_timeout() -> None:
     listener.clock.advance(5)  # 30 s without reading
     assert transport.disconnecting and listener.errors("reader-stalled") == 1
     assert "alerts" not in listener.factory.readers
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+
+def envelopes(count: int, routing_key: str = "eu") -> bytes:
+    """``count`` envelopes with bodies ``0``, ``1``..., heartbeats between them."""
+    return dmp.HEARTBEAT_BYTES.join(
+        dmp.encode_envelope(dmp.Envelope(routing_key=routing_key, body=b"%d" % index))
+        for index in range(count)
+    )
+
+
+def test_a_sink_read_of_many_envelopes_reaches_the_router_as_one_batch() -> None:
+    """The envelopes one read decoded (heartbeats between them) are one batch, in order."""
+    listener = Listener()
+    writer, _transport, _ = listener.opened(b"W-1")
+    writer.dataReceived(envelopes(50))
+    assert listener.recorder.batches == [50]
+    assert [m.body for m in listener.recorder.messages] == [b"%d" % i for i in range(50)]
+    writer.dataReceived(envelopes(2))
+    assert listener.recorder.batches == [50, 2]  # each read its own batch: nothing waits to fill
+
+
+def test_the_lease_and_the_first_envelopes_in_one_read_are_one_batch() -> None:
+    """A writer that sends its header, lease and envelopes at once has them routed as one batch."""
+    listener = Listener()
+    writer, transport = listener.connect()
+    writer.dataReceived(dmp.PROTOCOL_HEADER + b"\x03W-1" + envelopes(3))
+    assert [getattr(a, "code", None) for a in read(transport)] == [200, 200]
+    assert listener.recorder.batches == [3]
+
+
+def test_envelopes_before_bad_input_are_routed_then_the_writer_is_closed() -> None:
+    """Bad input mid-read: what was decoded before it is routed as one batch, then close."""
+    listener = Listener()
+    writer, transport, _ = listener.opened(b"W-1")
+    writer.dataReceived(envelopes(3) + b"\x00\x01\x00\x00")
+    assert listener.recorder.batches == [3]
+    assert transport.disconnecting and listener.errors("too-large") == 1
+
+
+def test_a_sink_batch_with_unrouted_messages_counts_each() -> None:
+    """In one batch, routed messages are delivered together and each unrouted one is counted."""
+    listener = Listener()
+    eu_only = Route(name="eu", source="dmp", pattern=AddressPattern("orders.eu"), destination="rec")
+    listener.router.replace_table(bind_routes([eu_only], {"rec": listener.recorder}))  # type: ignore[dict-item]
+    writer, _transport, _ = listener.opened(b"W-1")
+    writer.dataReceived(envelopes(2) + envelopes(3, routing_key="us"))
+    assert listener.recorder.batches == [2]
+    assert listener.errors("unrouted") == 3
+
+
+def test_reading_pauses_while_a_batch_awaits_its_outcomes_and_the_deadline_frees_it() -> None:
+    """Past max_in_flight, reading pauses; the route's deadline answers the batch and resumes it.
+
+    The outcomes that were not accepted (the time-out's retry later) are
+    counted, one per message: DMP has no way to tell the writer.
+    """
+    listener = Listener(attrs.evolve(SETTINGS, max_in_flight=4))
+    holder = Holder()
+    listener.route_sink_to(holder, timeout_seconds=5.0)
+    writer, transport, _ = listener.opened(b"W-1")
+    writer.dataReceived(envelopes(5))
+    [(batch, _d)] = holder.batches
+    assert len(batch) == 5
+    assert transport.producerState == "paused"
+    listener.clock.advance(5)
+    assert transport.producerState == "producing"
+    assert listener.errors("not-delivered") == 5
+
+
+def test_outcomes_known_at_once_never_pause_reading() -> None:
+    """A read larger than max_in_flight whose outcomes come at once leaves reading on."""
+    listener = Listener(attrs.evolve(SETTINGS, max_in_flight=4))
+    writer, transport, _ = listener.opened(b"W-1")
+    paused: list[str] = []
+    transport.pauseProducing = lambda: paused.append("paused")  # type: ignore[method-assign]
+    writer.dataReceived(envelopes(10))
+    assert listener.recorder.batches == [10]
+    assert paused == []
+
+
+def test_a_writer_that_leaves_mid_batch_has_its_batch_answered_quietly() -> None:
+    """A sink writer gone while its batch awaits outcomes: they still count; nothing breaks."""
+    listener = Listener(attrs.evolve(SETTINGS, max_in_flight=2))
+    holder = Holder()
+    listener.route_sink_to(holder, timeout_seconds=5.0)
+    writer, transport, _ = listener.opened(b"W-1")
+    writer.dataReceived(envelopes(3))
+    assert transport.producerState == "paused"
+    writer.connectionLost()
+    [(_batch, d)] = holder.batches
+    d.callback([Outcome.accepted(), Outcome.retry("busy"), Outcome.accepted()])
+    assert listener.errors("not-delivered") == 1
+    assert transport.producerState == "paused"  # a closed connection is not read again
+
+
+def test_a_feed_batch_is_one_write_with_an_outcome_per_message() -> None:
+    """The messages of a batch for one feed go to its reader in one write, in order."""
+    listener = Listener()
+    _reader, transport, _ = listener.opened(b"R-1")
+    transport.writes.clear()
+    d = listener.factory.deliver([Message(address="alerts", body=b"%d" % i) for i in range(20)])
+    outcomes: list[Outcome] = []
+    d.addCallback(outcomes.extend)
+    assert outcomes == [Outcome.accepted()] * 20
+    assert len(transport.writes) == 1
+    codec = dmp.DMPCodec(dmp.Role.CLIENT)
+    codec.receive_data(b"\x0e200 OK DMP/0.1" + b"\x05200 X")
+    bodies = [e.body for e in codec.receive_data(transport.value()) if isinstance(e, dmp.Envelope)]
+    assert bodies == [b"%d" % i for i in range(20)]
+
+
+def test_a_feed_batch_with_partial_refusals() -> None:
+    """One batch over several feeds: each message gets its own feed's answer, in order.
+
+    A message DMP cannot carry (a message id of more than 255 bytes) is
+    rejected and its neighbours still written, in one write for the reader.
+    """
+    listener = Listener(attrs.evolve(SETTINGS, feeds=frozenset({"alerts", "spare"})))
+    _reader, transport, _ = listener.opened(b"R-1")
+    transport.writes.clear()
+    batch = [
+        Message(address="alerts", body=b"a"),
+        Message(address="nowhere", body=b"b"),
+        Message(address="alerts", body=b"c", id="\u00e9" * 200),
+        Message(address="spare", body=b"d"),
+        Message(address="alerts", body=b"e"),
+    ]
+    outcomes: list[Outcome] = []
+    listener.factory.deliver(batch).addCallback(outcomes.extend)
+    assert [o.status for o in outcomes] == [
+        Status.ACCEPTED,
+        Status.REJECTED,
+        Status.REJECTED,
+        Status.RETRY,
+        Status.ACCEPTED,
+    ]
+    assert "no feed named 'nowhere'" in outcomes[1].reason
+    assert "cannot carry" in outcomes[2].reason
+    assert "no reader" in outcomes[3].reason
+    assert len(transport.writes) == 1
+    assert transport.value().count(b"\x01a") + transport.value().count(b"\x01e") == 2
+
+
+def test_a_feed_reader_that_leaves_mid_batch_gets_nothing_more() -> None:
+    """A reader gone while its writes were held: the next batch is retry later (no reader)."""
+    listener = Listener()
+    reader, _transport, _ = listener.opened(b"R-1")
+    reader.pauseProducing()
+    outcomes: list[Outcome] = []
+    listener.factory.deliver([Message(address="alerts", body=b"x")] * 3).addCallback(
+        outcomes.extend
+    )
+    assert outcomes == [Outcome.accepted()] * 3  # held for the reader: written, as DMP counts
+    reader.connectionLost()
+    listener.factory.deliver([Message(address="alerts", body=b"y")] * 2).addCallback(
+        outcomes.extend
+    )
+    assert [o.status for o in outcomes[3:]] == [Status.RETRY] * 2
+    assert all("no reader" in o.reason for o in outcomes[3:])
+
+
+def test_an_empty_batch_is_answered_at_once() -> None:
+    """A batch of no messages answers an empty list."""
+    listener = Listener()
+    outcomes: list[list[Outcome]] = []
+    listener.factory.deliver([]).addCallback(outcomes.append)
+    assert outcomes == [[]]

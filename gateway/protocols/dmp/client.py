@@ -6,15 +6,17 @@ upstream's secret in the secrets file), and waits for the second ``200``;
 any other response is logged and counted, and the connection closed (the
 service tries again later).
 
-``mode = "put"``: the upstream is a route destination. A message is written
-to the sink as one envelope (`gateway.protocols.dmp.mapping`) and the route
-told *accepted*: DMP has no acknowledgement, so that means "written to the
-connection" (a durable route answers its sender after the local commit and
-is the safe choice). While not connected, or when more than
-``max_backlog_bytes`` wait for a slow server, *retry later*.
+``mode = "put"``: the upstream is a route destination. Each message is
+written to the sink as one envelope (`gateway.protocols.dmp.mapping`), a
+batch's envelopes in one write, and the route told *accepted*: DMP has no
+acknowledgement, so that means "written to the connection" (a durable route
+answers its sender after the local commit and is the safe choice). While
+not connected, or when more than ``max_backlog_bytes`` wait for a slow
+server (counting what the batch adds), *retry later*.
 
 ``mode = "get"``: every envelope the feed sends is routed from the
-upstream; reading pauses while 1,000 of them await outcomes.
+upstream, the envelopes of one read as one batch (`gateway.core.inbox`);
+reading pauses while 1,000 of them await outcomes.
 
 Null messages are written every ``heartbeat_seconds``; with
 ``dead_after_seconds``, a feed that sends nothing for that long is taken for
@@ -42,12 +44,13 @@ from zope.interface import implementer
 
 from gateway.codecs import dmp
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
+from gateway.core.batch import all_same
+from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.dmp.flow import HeldWrites, InFlight
+from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
 from gateway.protocols.dmp.lease_request import LeaseRequest
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
@@ -80,6 +83,7 @@ class DMPClientProtocol(Protocol):
         self._lease_request: Deferred[str] | None = None
         self._in_flight = InFlight(MAX_IN_FLIGHT, self._stop_reading, self._read)
         self.writes = HeldWrites(self._write)
+        self._inbox: Inbox[None] = Inbox(upstream.router, upstream.name, self._answer)
 
     def connectionMade(self) -> None:
         """Send the protocol header."""
@@ -132,15 +136,30 @@ class DMPClientProtocol(Protocol):
         try:
             events = self._codec.receive_data(data)
         except dmp.DMPError as exc:
-            for event in exc.events:
-                self._handle(event)  # type: ignore[arg-type]
+            self._handle_all(exc.events)  # type: ignore[arg-type]
             self.upstream.count_error(exc.kind)
             self.close(f"bad input from the server: {exc.reason}")
             return
-        for event in events:
-            self._handle(event)
-            if self._closing:
-                return
+        self._handle_all(events)
+
+    def _handle_all(self, events: list[dmp.Event]) -> None:
+        """Handle a read's events; a feed's envelopes go to the router as one batch."""
+        if self.ready and self.upstream.settings.mode == "get":
+            upstream = self.upstream
+            inbox = self._inbox
+            name = upstream.name
+            now = upstream.clock.seconds()
+            for event in events:
+                if type(event) is dmp.Envelope:
+                    inbox.add(message_from_envelope(event, name, now), None)
+                # else: a heartbeat (being heard is enough)
+        else:
+            for event in events:
+                self._handle(event)
+                if self._closing:
+                    break
+        if len(self._inbox):
+            self._dispatch()
 
     def _handle(self, event: dmp.Event) -> None:
         if isinstance(event, dmp.Response):
@@ -165,18 +184,22 @@ class DMPClientProtocol(Protocol):
                 self.upstream.count_error("unexpected-message")
                 self.close("the sink sent a message")
                 return
-            self._route(event)
+            # The dialog's last response and the first envelopes came in one read.
+            upstream = self.upstream
+            message = message_from_envelope(event, upstream.name, upstream.clock.seconds())
+            self._inbox.add(message, None)
 
-    def _route(self, envelope: dmp.Envelope) -> None:
-        upstream = self.upstream
-        upstream.traffic.messages_in += 1
-        message = message_from_envelope(envelope, upstream.name, upstream.clock.seconds())
-        result = upstream.router.dispatch_one(upstream.name, message)
+    def _dispatch(self) -> None:
+        """Hand the read's messages to the router as one batch, counted in flight."""
+        inbox = self._inbox
+        self.upstream.traffic.messages_in += len(inbox)
+        self._in_flight.track(len(inbox), inbox.dispatch)
+
+    def _answer(self, _token: None, result: Result) -> None:
+        """One feed message's routes answered (DMP has no acknowledgement to give)."""
+        self._in_flight.done()
         if isinstance(result, Unrouted):
-            upstream.count_error("unrouted")
-            return
-        self._in_flight.add()
-        result.addBoth(self._in_flight.done)
+            self.upstream.count_error("unrouted")
 
     def _stop_reading(self) -> None:
         assert self.transport is not None
@@ -303,26 +326,29 @@ class DMPUpstream:
                 self._metrics.upstream_up.labels(self.name).set(0)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Write a batch into the remote sink, in one write.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Write a message into the remote sink."""
+        Returns:
+            A Deferred, already fired, with one outcome per message, in order.
+        """
         connection = self._connection
         if self.settings.mode != "put":
-            return succeed(Outcome.rejected(f"upstream {self.name} reads a feed; it takes nothing"))
+            why = f"upstream {self.name} reads a feed; it takes nothing"
+            return all_same(len(messages), Outcome.rejected(why))
         if connection is None:
-            return succeed(Outcome.retry(f"upstream {self.name} is not connected"))
-        held = connection.writes.held_bytes
-        if held > self.settings.max_backlog_bytes:
-            return succeed(Outcome.retry(f"upstream {self.name}: {held} bytes unwritten"))
-        try:
-            data = dmp.encode_envelope(envelope_from_message(message, self.settings.exchange))
-        except dmp.DMPLocalError as exc:
-            return succeed(Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
-        connection.write(data)
-        self.traffic.messages_out += 1
-        return succeed(Outcome.accepted())
+            return all_same(len(messages), Outcome.retry(f"upstream {self.name} is not connected"))
+        exchange = self.settings.exchange
+        name = self.name
+        outcomes, written = write_envelopes(
+            connection.writes,
+            messages,
+            lambda message: dmp.encode_envelope(envelope_from_message(message, exchange)),
+            self.settings.max_backlog_bytes,
+            lambda held: Outcome.retry(f"upstream {name}: {held} bytes unwritten"),
+            lambda why: Outcome.rejected(f"upstream {name}: {why}"),
+        )
+        self.traffic.messages_out += written
+        return succeed(outcomes)
 
     def request_lease(self) -> Deferred[str]:
         """Ask the server for a lease over a principal connection (``principal`` set)."""

@@ -1,10 +1,21 @@
-"""Flow control shared by both DMP roles: held writes and reading paused by in-flight messages."""
+"""Flow control shared by both DMP roles: held writes, batches written at once, reading paused.
+
+`HeldWrites` keeps what is written while the peer does not read;
+`write_envelopes` turns a batch of messages into envelopes, answers each
+one, and writes all that it takes in one piece; `InFlight` pauses reading
+while too many messages read await their outcome.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["HeldWrites", "InFlight"]
+from gateway.codecs import dmp
+from gateway.core.message import Message, Outcome
+
+__all__ = ["HeldWrites", "InFlight", "write_envelopes"]
+
+_ACCEPTED = Outcome.accepted()
 
 
 class HeldWrites:
@@ -45,6 +56,55 @@ class HeldWrites:
             self._write(data)
 
 
+def write_envelopes(
+    writes: HeldWrites,
+    messages: Sequence[Message],
+    encode: Callable[[Message], bytes],
+    max_held_bytes: int,
+    behind: Callable[[int], Outcome],
+    cannot_carry: Callable[[str], Outcome],
+) -> tuple[list[Outcome], int]:
+    """Write a batch's envelopes in one piece and answer each message.
+
+    Each message is taken as if it were written alone: while the peer does
+    not read, what this batch adds counts towards ``max_held_bytes``, and a
+    message that finds more than that held is refused with ``behind(held)``
+    (retry later); one that DMP cannot carry gets ``cannot_carry(reason)``.
+    Written means accepted: DMP has no acknowledgement.
+
+    Args:
+        writes: The connection's writes.
+        messages: The batch.
+        encode: A message's envelope, size prefix included.
+        max_held_bytes: Bytes held for a slow peer past which more are refused.
+        behind: The outcome of a message refused for the backlog.
+        cannot_carry: The outcome of a message DMP cannot carry, given why.
+
+    Returns:
+        One outcome per message, in order, and how many were written.
+    """
+    outcomes: list[Outcome] = []
+    parts: list[bytes] = []
+    paused = writes.paused
+    held = writes.held_bytes
+    for message in messages:
+        if held > max_held_bytes:
+            outcomes.append(behind(held))
+            continue
+        try:
+            data = encode(message)
+        except dmp.DMPLocalError as exc:
+            outcomes.append(cannot_carry(exc.reason))
+            continue
+        parts.append(data)
+        outcomes.append(_ACCEPTED)
+        if paused:
+            held += len(data)
+    if parts:
+        writes.write(b"".join(parts) if len(parts) > 1 else parts[0])
+    return outcomes, len(parts)
+
+
 class InFlight:
     """Messages read and awaiting their outcome; reading pauses at a limit, resumes at half.
 
@@ -61,15 +121,21 @@ class InFlight:
         self.count = 0
         self._paused = False
 
-    def add(self) -> None:
-        """One more message awaits its outcome."""
-        self.count += 1
+    def track(self, count: int, dispatch: Callable[[], None]) -> None:
+        """Count ``count`` messages in flight while ``dispatch`` hands them on.
+
+        Reading pauses when, after the dispatch, the limit is reached: the
+        outcomes that came at once (a destination that answers at once)
+        never stop and restart reading.
+        """
+        self.count += count
+        dispatch()
         if self.count >= self._limit and not self._paused:
             self._paused = True
             self._pause()
 
-    def done(self, _result: object = None) -> None:
-        """One message has its outcome (usable as a Deferred callback)."""
+    def done(self) -> None:
+        """One message has its outcome."""
         self.count -= 1
         if self._paused and self.count <= self._limit // 2:
             self._paused = False

@@ -20,12 +20,20 @@ to their properties.
 
 from __future__ import annotations
 
+import operator
 from typing import Final
 
 from gateway.codecs import dmp
-from gateway.core.message import Message
+from gateway.codecs.fieldtable import FieldValue
+from gateway.core.message import HeaderValue, Message
 
-__all__ = ["RECIPIENTS_HEADER", "SENDER_HEADER", "envelope_from_message", "message_from_envelope"]
+__all__ = [
+    "APP_ID",
+    "RECIPIENTS_HEADER",
+    "SENDER_HEADER",
+    "envelope_from_message",
+    "message_from_envelope",
+]
 
 SENDER_HEADER: Final = "x-gateway-sender"
 RECIPIENTS_HEADER: Final = "x-gateway-recipients"
@@ -33,69 +41,89 @@ _TEXT_PROPERTIES: Final = ("content_type", "content_encoding", "correlation_id",
                            "expiration", "type", "user_id", "app_id")  # fmt: skip
 _HEADER_OF: Final = {name: "dmp." + name.replace("_", "-") for name in _TEXT_PROPERTIES}
 _PROPERTY_OF: Final = {header: name for name, header in _HEADER_OF.items()}
+_TEXT_HEADERS: Final = tuple(_HEADER_OF.values())
+_text_properties: Final = operator.attrgetter(*_TEXT_PROPERTIES)
+"""All the text properties of a `dmp.BasicProperties` in one call (the hot path's)."""
+_NO_TEXT: Final = (None,) * len(_TEXT_PROPERTIES)
+APP_ID: Final = "msggateway"
 
 
 def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -> Message:
     """The message a sink received (``timestamp``: arrival, if the envelope has none)."""
     properties = envelope.properties
-    headers: dict[str, str] = {}
+    headers: dict[str, HeaderValue] = {}
     sender: str | None = None
-    for key, value in (properties.headers or {}).items():
-        if key == SENDER_HEADER and isinstance(value, str):
-            sender = value or None
-        elif key == RECIPIENTS_HEADER and isinstance(value, list):
-            headers[key] = ",".join(str(item) for item in value)
-        elif isinstance(value, str):
-            headers[key] = value
-        elif isinstance(value, bytes):
-            headers[key] = value.decode("utf-8", "replace")
-        elif value is not None:
-            headers[key] = str(value)
-    for name, header in _HEADER_OF.items():
-        value = getattr(properties, name)
-        if value is not None:
-            headers[header] = value
+    table = properties.headers
+    if table:
+        for key, value in table.items():
+            if key == SENDER_HEADER and isinstance(value, str):
+                sender = value or None
+            elif key == RECIPIENTS_HEADER and isinstance(value, list):
+                headers[key] = ",".join(str(item) for item in value)
+            elif isinstance(value, str):
+                headers[key] = value
+            elif isinstance(value, bytes):
+                headers[key] = value.decode("utf-8", "replace")
+            elif value is not None:
+                headers[key] = str(value)
+    texts = _text_properties(properties)
+    if texts != _NO_TEXT:
+        for header, value in zip(_TEXT_HEADERS, texts, strict=True):
+            if value is not None:
+                headers[header] = value
     if envelope.exchange:
         headers["dmp.exchange"] = envelope.exchange
-    if envelope.routing_key:
-        headers["dmp.routing-key"] = envelope.routing_key
-    address = f"{sink}.{envelope.routing_key}" if envelope.routing_key else sink
-    optional: dict[str, object] = {}
+    routing_key = envelope.routing_key
+    if routing_key:
+        headers["dmp.routing-key"] = routing_key
+        address = f"{sink}.{routing_key}"
+    else:
+        address = sink
+    if properties.timestamp:
+        timestamp = float(properties.timestamp)
     if properties.message_id:
-        optional["id"] = properties.message_id
+        return Message(
+            body=envelope.body,
+            address=address,
+            id=properties.message_id,
+            sender=sender,
+            headers=headers,
+            timestamp=timestamp,
+        )
     return Message(
-        body=envelope.body,
-        address=address,
-        sender=sender,
-        headers=headers,
-        timestamp=float(properties.timestamp) if properties.timestamp else timestamp,
-        **optional,  # type: ignore[arg-type]
+        body=envelope.body, address=address, sender=sender, headers=headers, timestamp=timestamp
     )
 
 
 def envelope_from_message(message: Message, exchange: str = "") -> dmp.Envelope:
     """The envelope a feed reader or a remote sink gets for a message."""
-    table: dict[str, object] = {}
+    table: dict[str, FieldValue] = {}
     if message.sender:
         table[SENDER_HEADER] = message.sender
     if message.recipients:
         table[RECIPIENTS_HEADER] = list(message.recipients)
-    values: dict[str, object] = {}
-    for key, value in message.headers.items():
-        if key == RECIPIENTS_HEADER:
-            if not message.recipients and isinstance(value, str):
-                table[key] = [part for part in value.split(",") if part]
-        elif key in _PROPERTY_OF:
-            values[_PROPERTY_OF[key]] = str(value)
-        elif not key.startswith("dmp.") and isinstance(value, str):
-            table[key] = value
-    values.setdefault("app_id", "msggateway")
-    properties = dmp.BasicProperties(
-        message_id=message.id[:255],
-        timestamp=int(message.timestamp) if message.timestamp else None,
-        headers=table or None,
-        **values,  # type: ignore[arg-type]
-    )
+    timestamp = int(message.timestamp) if message.timestamp else None
+    if not message.headers:  # the common case: nothing to sort into properties
+        properties = dmp.BasicProperties(
+            message_id=message.id[:255], timestamp=timestamp, headers=table or None, app_id=APP_ID
+        )
+    else:
+        values: dict[str, str] = {}
+        for key, value in message.headers.items():
+            if key == RECIPIENTS_HEADER:
+                if not message.recipients and isinstance(value, str):
+                    table[key] = [part for part in value.split(",") if part]
+            elif key in _PROPERTY_OF:
+                values[_PROPERTY_OF[key]] = str(value)
+            elif not key.startswith("dmp.") and isinstance(value, str):
+                table[key] = value
+        values.setdefault("app_id", APP_ID)
+        properties = dmp.BasicProperties(
+            message_id=message.id[:255],
+            timestamp=timestamp,
+            headers=table or None,
+            **values,  # type: ignore[arg-type]
+        )
     return dmp.Envelope(
         exchange=exchange,
         routing_key=message.address[:255],

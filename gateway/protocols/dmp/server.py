@@ -18,20 +18,22 @@ opening a sink needs the right to publish to it, a feed the right to consume
 from it; otherwise ``403 NO-ACCESS`` and a close.
 
 Sinks (many writers): every envelope is routed from the listener (see
-`gateway.protocols.dmp.mapping` for its address and headers). DMP has no
-acknowledgement, so outcomes other than accepted are logged and counted; a
-connection with ``max_in_flight`` messages awaiting outcomes is not read
-from until they drain. Null messages are ignored; a sink connection silent
-for ``idle_timeout_seconds`` is closed as dead.
+`gateway.protocols.dmp.mapping` for its address and headers); the envelopes
+one read decoded go to the router as one batch (`gateway.core.inbox`). DMP
+has no acknowledgement, so outcomes other than accepted are logged and
+counted; a connection with ``max_in_flight`` messages awaiting outcomes is
+not read from until they drain. Null messages are ignored; a sink
+connection silent for ``idle_timeout_seconds`` is closed as dead.
 
 Feeds (one reader): the listener is the route destination for them; a
-message routed to feed ``F`` is written to F's reader at once and the route
-told *accepted* (written to the reader's connection: DMP has nothing
-more), *retry later* when F has no reader or its unwritten backlog passed
-``max_feed_backlog_bytes``, *rejected* when no feed F exists. Null messages
-go to readers every ``heartbeat_seconds``; a reader that is gone shows as
-the write failing and the connection closing. A reader that writes
-envelopes is closed.
+batch's messages routed to feed ``F`` are written to F's reader at once, in
+one write, and the route told *accepted* for each (written to the reader's
+connection: DMP has nothing more), *retry later* when F has no reader or
+its unwritten backlog passed ``max_feed_backlog_bytes`` (counting what the
+batch adds), *rejected* when no feed F exists or DMP cannot carry the
+message. Null messages go to readers every ``heartbeat_seconds``; a reader
+that is gone shows as the write failing and the connection closing. A
+reader that writes envelopes is closed.
 """
 
 from __future__ import annotations
@@ -50,12 +52,12 @@ from zope.interface import implementer
 from gateway.codecs import amqp091, dmp
 from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
-from gateway.core.batch import deliver_each
+from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.dmp.flow import HeldWrites, InFlight
+from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
 from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
@@ -92,6 +94,7 @@ class DMPServerProtocol(Protocol):
         self._stalled_seconds = 0.0  # a feed reader not draining, counted at heartbeats
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
+        self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
 
     # --- connection life -------------------------------------------------------------------
 
@@ -152,15 +155,30 @@ class DMPServerProtocol(Protocol):
         try:
             events = self._codec.receive_data(data)
         except dmp.DMPError as exc:
-            for event in exc.events:
-                self._handle(event)  # type: ignore[arg-type]
+            self._handle_all(exc.events)  # type: ignore[arg-type]
             self.factory.count_error(exc.kind)
             self._close(f"bad input: {exc.reason}", exc.response)
             return
-        for event in events:
-            self._handle(event)
-            if self._closing:
-                return
+        self._handle_all(events)
+
+    def _handle_all(self, events: list[dmp.Event]) -> None:
+        """Handle a read's events; a sink's envelopes go to the router as one batch."""
+        if self.kind == "sink":
+            inbox = self._inbox
+            target = self.target
+            now = self.factory.clock.seconds()
+            for event in events:
+                if type(event) is dmp.Envelope:
+                    message = message_from_envelope(event, target, now)
+                    inbox.add(message, message)
+                # else: a heartbeat (nothing to do: being heard is enough)
+        else:
+            for event in events:
+                self._handle(event)
+                if self._closing:
+                    break
+        if len(self._inbox):
+            self._dispatch()
 
     def _sort_header(self, data: bytes) -> bytes:
         """Tell AMQP 0-9-1 (a principal connection) from DMP by the header's fifth octet.
@@ -209,7 +227,9 @@ class DMPServerProtocol(Protocol):
             self._open(event.lease)
         elif isinstance(event, dmp.Envelope):
             if self.kind == "sink":
-                self._route(event)
+                # The lease and the first envelopes came in one read.
+                message = message_from_envelope(event, self.target, self.factory.clock.seconds())
+                self._inbox.add(message, message)
             else:
                 self.factory.count_error("write-to-feed")
                 self._close(f"the reader of feed {self.target!r} wrote a message")
@@ -300,11 +320,18 @@ class DMPServerProtocol(Protocol):
 
     # --- sinks ---------------------------------------------------------------------------
 
-    def _route(self, envelope: dmp.Envelope) -> None:
+    def _dispatch(self) -> None:
+        """Hand the read's messages to the router as one batch, counted in flight."""
+        inbox = self._inbox
+        self.factory.traffic.messages_in += len(inbox)
+        self._in_flight.track(len(inbox), inbox.dispatch)
+
+    def _answer(self, message: Message, result: Result) -> None:
+        """One sink message's routes answered: DMP has no acknowledgement, so count and log."""
+        self._in_flight.done()
+        if type(result) is Outcome and result.is_accepted:
+            return
         factory = self.factory
-        factory.traffic.messages_in += 1
-        message = message_from_envelope(envelope, self.target, factory.clock.seconds())
-        result = factory.router.dispatch_one(factory.name, message)
         if isinstance(result, Unrouted):
             factory.count_error("unrouted")
             self._log.warn(
@@ -315,23 +342,14 @@ class DMPServerProtocol(Protocol):
                 id=message.id,
             )
             return
-        self._in_flight.add()
-        result.addCallbacks(self._outcome, self._failed, callbackArgs=(message,))
-        result.addCallback(self._in_flight.done)
-
-    def _outcome(self, outcome: Outcome, message: Message) -> None:
-        if not outcome.is_accepted:
-            self.factory.count_error("not-delivered")
-            self._log.warn(
-                "{listener}: sink {sink}: message {id} not delivered: {reason}",
-                listener=self.factory.name,
-                sink=self.target,
-                id=message.id,
-                reason=outcome.reason,
-            )
-
-    def _failed(self, failure: Failure) -> None:
-        self._log.failure("{listener}: routing failed", failure, listener=self.factory.name)
+        factory.count_error("not-delivered")
+        self._log.warn(
+            "{listener}: sink {sink}: message {id} not delivered: {reason}",
+            listener=factory.name,
+            sink=self.target,
+            id=message.id,
+            reason=result.reason,
+        )
 
     def _stop_reading(self) -> None:
         assert self.transport is not None
@@ -354,22 +372,26 @@ class DMPServerProtocol(Protocol):
 
     # --- feeds ---------------------------------------------------------------------------
 
-    def deliver(self, message: Message) -> Outcome:
-        """Write a message to this feed reader, or say why it cannot take it now."""
-        settings = self.factory.settings
+    def deliver(self, messages: Sequence[Message]) -> list[Outcome]:
+        """Write a batch to this feed reader in one write; say for each message why not, if not.
+
+        Returns:
+            One outcome per message, in order: accepted when written (or
+            held for the reader), retry later past the backlog limit.
+        """
         if self._closing:
-            return Outcome.retry(f"the reader of feed {self.target!r} is leaving")
-        if self._writes.held_bytes > settings.max_feed_backlog_bytes:
-            return Outcome.retry(
-                f"the reader of feed {self.target!r} is {self._writes.held_bytes} bytes behind"
-            )
-        try:
-            data = dmp.encode_envelope(envelope_from_message(message, self.target))
-        except dmp.DMPLocalError as exc:
-            return Outcome.rejected(f"feed {self.target!r} cannot carry the message: {exc.reason}")
-        self.factory.traffic.messages_out += 1
-        self._writes.write(data)
-        return Outcome.accepted()
+            return [Outcome.retry(f"the reader of feed {self.target!r} is leaving")] * len(messages)
+        target = self.target
+        outcomes, written = write_envelopes(
+            self._writes,
+            messages,
+            lambda message: dmp.encode_envelope(envelope_from_message(message, target)),
+            self.factory.settings.max_feed_backlog_bytes,
+            lambda held: Outcome.retry(f"the reader of feed {target!r} is {held} bytes behind"),
+            lambda why: Outcome.rejected(f"feed {target!r} cannot carry the message: {why}"),
+        )
+        self.factory.traffic.messages_out += written
+        return outcomes
 
     def pauseProducing(self) -> None:
         """The reader's socket buffer is full: hold further messages here."""
@@ -473,15 +495,37 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
             del self.granted[text]
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
+        """Write routed messages to the readers of the feeds their addresses name.
 
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
-        """Write a routed message to the reader of the feed its address names."""
-        feed = message.address
+        The messages for one feed are written to its reader in one write.
+
+        Returns:
+            A Deferred, already fired, with one outcome per message, in order.
+        """
+        if not messages:
+            return succeed([])
+        feed = messages[0].address
+        for message in messages:
+            if message.address != feed:
+                return succeed(self._to_feeds(messages))
+        return succeed(self._to_feed(feed, messages))
+
+    def _to_feeds(self, messages: Sequence[Message]) -> list[Outcome]:
+        """A batch for several feeds: each feed's share as one batch, answered in order."""
+        by_feed: dict[str, list[int]] = {}
+        for index, message in enumerate(messages):
+            by_feed.setdefault(message.address, []).append(index)
+        outcomes: list[Outcome] = [Outcome.accepted()] * len(messages)
+        for feed, indices in by_feed.items():
+            answered = self._to_feed(feed, [messages[index] for index in indices])
+            for index, outcome in zip(indices, answered, strict=True):
+                outcomes[index] = outcome
+        return outcomes
+
+    def _to_feed(self, feed: str, messages: Sequence[Message]) -> list[Outcome]:
         if feed not in self.settings.feeds:
-            return succeed(Outcome.rejected(f"{self.name} has no feed named {feed!r}"))
+            return [Outcome.rejected(f"{self.name} has no feed named {feed!r}")] * len(messages)
         reader = self.readers.get(feed)
         if reader is None:
-            return succeed(Outcome.retry(f"feed {feed!r} of {self.name} has no reader"))
-        return succeed(reader.deliver(message))
+            return [Outcome.retry(f"feed {feed!r} of {self.name} has no reader")] * len(messages)
+        return reader.deliver(messages)
