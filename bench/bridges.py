@@ -32,7 +32,8 @@ messages per second over the time to the last acknowledgement (or delivery),
 of a load that sends for ``--seconds``.
 
 Then one latency pass at a fixed 10,000 messages a second (one connection,
-100-byte bodies, 1 KB for QMQP): the bridge's p50/p99 and the p99 of its
+100-byte bodies, 1 KB for QMQP; the paced clients first send half a second
+at that rate that is not counted): the bridge's p50/p99 and the p99 of its
 endpoints measured the same way, and the difference between the bridge's p99
 and the slower endpoint's. What is timed, per path: ssmp-rabbitmq, MCAST to
 its ``200`` (a paced SSMP client) against rstream's publish to confirm
@@ -42,6 +43,15 @@ block to D and the hub; dmp-feed, sink write to feed read against the hub;
 mtl-routed, writer Content to reader Content against the test profile (the
 writer's Confirm round trip is in the notes); ssmp-hub and stream-publish,
 the gateway against the baseline.
+
+The machine is shared: each measurement records how many cores other
+processes kept busy meanwhile, and a table cell that rests on a disturbed
+measurement is marked ``*``; ``--quiet-seconds N`` waits (at most N
+seconds) for the machine to calm down before each measurement. The gateway's
+route metrics (outcomes other than accepted, messages left in flight) and
+error lines in its log are listed under the table with the clients' own
+checks (loss, duplicates and disorder seen by ssmpload, replies other than
+expected, counts that do not add up).
 
 Bounded: every load sends for ``--seconds`` (and at most a fixed count),
 waits a bounded time for what is outstanding, and every child process has
@@ -57,6 +67,9 @@ Run (RabbitMQ is installed if missing, as root; Go is needed for ssmpload,
     .venv/bin/python bench/bridges.py --quick            # a smoke run
     .venv/bin/python bench/bridges.py --only qmqp-hub --only dmp-feed --json out.json
     .venv/bin/python bench/bridges.py --compare out.json # ratios against an earlier run
+
+Other options: ``--rounds N``, ``--latency-seconds S``, ``--no-latency``,
+``--quiet-seconds N``, ``--budget-seconds S``, ``--ssmpload PATH``.
 """
 
 from __future__ import annotations
@@ -1013,7 +1026,7 @@ def zmq_drain(
 ) -> None:
     """Hand every message waiting on the sockets to ``handle`` (edge-triggered FDs need it)."""
     for sock in socks:
-        while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             handle(sock, sock.recv_multipart(zmq.NOBLOCK))
 
 
@@ -1070,7 +1083,7 @@ def mtl_paced(port: int, port2: int | None, count: int) -> dict[str, Any]:
                 sock.send_multipart([b"\x09", b""])
 
         socks = [reader, writer]
-        fds = [sock.getsockopt(zmq.FD) for sock in socks]
+        fds = [int(sock.getsockopt(zmq.FD)) for sock in socks]
         deadline = pacer.deadline()
         while time.perf_counter() < deadline:
             if counts["delivered"] >= pacer.count and (port2 is None or not unsettled):
@@ -1446,6 +1459,8 @@ def run_one(
     record: dict[str, Any] = {}
     if time.monotonic() - bench.started > bench.args.budget_seconds:
         return {"error": "skipped: --budget-seconds spent", "problems": []}
+    if bench.args.quiet_seconds > 0:
+        record["busy_before"] = stream_vs_rabbitmq.wait_for_quiet(bench.args.quiet_seconds)
     before = ours(bench), stream_vs_rabbitmq._machine_busy_seconds(), time.monotonic()
     try:
         record.update(scenario(bench, record))
@@ -1536,6 +1551,10 @@ def arguments() -> argparse.Namespace:
         help="each latency measurement at 10k msg/s lasts this long (default: --seconds)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small counts for a smoke run")
+    parser.add_argument(
+        "--quiet-seconds", type=float, default=0.0,
+        help="before each measurement, wait at most this long for other load to stop",
+    )  # fmt: skip
     parser.add_argument("--no-latency", action="store_true", help="skip the latency pass")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument(
