@@ -926,25 +926,62 @@ def ssmp_paced(address: tuple[str, int], topic: bytes, count: int) -> dict[str, 
     return result
 
 
-def qmqp_paced(address: tuple[str, int], count: int) -> dict[str, Any]:
-    """1 KB blocks at `LATENCY_RATE` on one connection; the time from each to its reply."""
+def ssmp_subscriber(address: tuple[str, int], topic: bytes) -> socket.socket:
+    """An SSMP connection logged in (open) and subscribed to ``topic``."""
+    sock = socket.create_connection(address, timeout=10)
+    sock.sendall(b"LOGIN watcher open\nSUBSCRIBE " + topic + b"\n")
+    buffer = b""
+    while buffer.count(b"\n") < 2:
+        data = sock.recv(4096)
+        if not data:
+            raise RuntimeError(f"the hub closed the subscriber: {buffer!r}")
+        buffer += data
+    answers = buffer.split(b"\n")[:2]
+    if not all(answer.startswith(b"200") for answer in answers):
+        raise RuntimeError(f"LOGIN and SUBSCRIBE answered {answers!r}")
+    return sock
+
+
+def qmqp_paced(
+    address: tuple[str, int], count: int, hub: tuple[str, int] | None = None
+) -> dict[str, Any]:
+    """1 KB blocks at `LATENCY_RATE` on one connection; the time from each to its reply.
+
+    With ``hub`` (the route takes the Subject to the hub's topic ``mail``), a
+    subscriber there checks that every message answered K arrives exactly
+    once, and times its delivery (in the figures).
+    """
     sock = socket.create_connection(address, timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    body = b"From: bench@example.org\nSubject: paced\n\n" + b"x" * QMQP_BODY_BYTES + b"\n"
+    watcher = ssmp_subscriber(hub, b"mail") if hub else None
     codec = qmqp.QMQPCodec(qmqp.Role.CLIENT)
     sent_at: dict[bytes, float] = {}
+    sent_times: list[float] = []
     statuses: dict[str, int] = {}
     pacer = Pacer(LATENCY_RATE, count)
+    deliveries = Pacer(LATENCY_RATE, 0)  # only its samples: send to delivery
+    deliveries.measured_from = pacer.measured_from
+    seen: set[int] = set()
+    duplicates = 0
     deadline = pacer.deadline()
     answered = sent = 0
+    pending = b""
+    sockets = [sock] if watcher is None else [sock, watcher]
     try:
-        while answered < pacer.count and time.perf_counter() < deadline:
+        while time.perf_counter() < deadline:
+            if answered >= pacer.count and (watcher is None or len(seen) >= statuses.get("K", 0)):
+                break
             ready = pacer.due()
             if ready:
                 blocks = []
                 for _ in range(ready):
                     ident = b"%d" % sent
                     sent += 1
+                    body = (
+                        b"From: bench@example.org\nSubject: paced %s\n\n" % ident
+                        + b"x" * QMQP_BODY_BYTES
+                        + b"\n"
+                    )
                     block = qmqp.MessageBlock(
                         id=ident,
                         message=body,
@@ -953,12 +990,26 @@ def qmqp_paced(address: tuple[str, int], count: int) -> dict[str, Any]:
                     )
                     blocks.append(qmqp.encode(block))
                     sent_at[ident] = time.perf_counter()
+                    sent_times.append(sent_at[ident])
                 sock.sendall(b"".join(blocks))
-            readable, _, _ = select.select([sock], [], [], pacer.wait())
-            if not readable:
+            readable, _, _ = select.select(sockets, [], [], pacer.wait())
+            now = time.perf_counter()
+            if watcher is not None and watcher in readable:
+                data = watcher.recv(1 << 20)
+                if not data:
+                    raise RuntimeError("the hub closed the subscriber")
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    if line == b"000 . PING":
+                        watcher.sendall(b"PONG\n")
+                    elif line.startswith(b"000 ") and b" MCAST mail paced " in line:
+                        number = int(line.rsplit(b" ", 1)[1])
+                        duplicates += number in seen
+                        seen.add(number)
+                        deliveries.sample(sent_times[number], now)
+            if sock not in readable:
                 continue
             data = sock.recv(1 << 20)
-            now = time.perf_counter()
             if not data:
                 break
             for reply in codec.receive_data(data):
@@ -973,7 +1024,19 @@ def qmqp_paced(address: tuple[str, int], count: int) -> dict[str, Any]:
             sock.sendall(qmqp.DONE_BYTES)
     finally:
         sock.close()
-    return pacer.result(sent, answered, {"statuses": statuses})
+        if watcher is not None:
+            watcher.close()
+    extra: dict[str, Any] = {"statuses": statuses}
+    if watcher is not None:
+        extra.update(delivered=len(seen), duplicates=duplicates)
+        extra["delivery"] = percentiles(deliveries.samples)
+    result = pacer.result(sent, answered, extra)
+    if watcher is not None and (len(seen) != statuses.get("K", 0) or duplicates):
+        result["problems"].append(
+            f"{statuses.get('K', 0)} answered K, {len(seen)} delivered to the hub,"
+            f" {duplicates} duplicates"
+        )
+    return result
 
 
 def dmp_paced(address: tuple[str, int], count: int) -> dict[str, Any]:
@@ -1246,7 +1309,8 @@ def l_qmqp(route: str | None) -> Callable[[Bench, dict[str, Any]], dict[str, Any
     def run(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
         routes = {"to-hub": route} if route else None
         with bench.gateway(QMQP, routes, record) as gateway:
-            return qmqp_paced(gateway.address("mail"), latency_count(bench))
+            hub = gateway.address("hub") if route else None
+            return qmqp_paced(gateway.address("mail"), latency_count(bench), hub)
 
     run.__doc__ = "QMQP block to reply, " + ("routed to the hub" if route else "no route (D)")
     return run
@@ -1278,6 +1342,7 @@ LATENCY: Final[dict[str, Callable[[Bench, dict[str, Any]], dict[str, Any]]]] = {
     "hub mcast 1->1": l_hub,
     "naive hub 1->1": l_naive_hub,
     "qmqp direct K": l_qmqp(QMQP_ROUTE),
+    "qmqp durable K": l_qmqp(DURABLE_ROUTE),
     "qmqp unrouted D": l_qmqp(None),
     "dmp sink->feed": l_dmp,
     "mtl routed": l_mtl_routed,
@@ -1315,7 +1380,7 @@ ROWS: Final = (
         "rabbitmq (rstream)", 0.5, "rate", "publish", "ssmp->rabbitmq 200",
         ("rabbitmq confirm", "hub mcast 1->1"), True),
     Row("qmqp-durable", "QMQP 1 KB -> hub, durable, fsync always", "qmqp durable",
-        "qmqp unrouted", 0.7),
+        "qmqp unrouted", 0.7, latency="qmqp durable K", endpoints=("qmqp unrouted D",)),
     Row("qmqp-hub", "QMQP 1 KB -> hub, direct", "qmqp direct", "qmqp unrouted", 0.85,
         latency="qmqp direct K", endpoints=("qmqp unrouted D", "hub mcast 1->1"), direct=True),
     Row("dmp-feed", "DMP sink -> feed, 4 writers, 100 B", "dmp sink->feed", "hub mcast 1->1",
@@ -1514,13 +1579,19 @@ def notes(rounds: list[dict[str, dict[str, Any]]], latency: dict[str, dict[str, 
             errors = [brief(record["error"])] if record.get("error") else []
             for problem in errors + record.get("problems", []):
                 found.append(f"{label}, {name}: {problem}")
-            if record.get("other_cores", 0) > BUSY_CORES:
-                found.append(
-                    f"{label}, {name}: other processes kept {record['other_cores']:.1f}"
-                    " cores busy meanwhile"
-                )
             for line in record.get("log_problems", [])[:3]:
                 found.append(f"{label}, {name}: gateway log: {line[:200]}")
+    busy = [
+        float(record.get("other_cores", 0))
+        for _, measured in labelled
+        for record in measured.values()
+    ]
+    if any(cores > BUSY_CORES for cores in busy):
+        found.append(
+            f"other processes kept more than {BUSY_CORES} cores busy during"
+            f" {sum(cores > BUSY_CORES for cores in busy)} of {len(busy)} measurements"
+            f" (median {statistics.median(busy):.1f}, max {max(busy):.1f} cores)"
+        )
     return found
 
 
@@ -1634,12 +1705,15 @@ def main() -> None:
     for row in rows:
         ends = f"; latency vs {', '.join(row.endpoints)}" if row.endpoints else ""
         print(f"  {row.path:15} {row.title}: {row.bridge} / {row.baseline}{ends}")
-    mtl = latency.get("mtl routed", {}).get("figures", {}).get("confirm")
-    if mtl:
-        print(
-            f"  mtl routed: the writer's Confirm round trip at {LATENCY_RATE:,} msg/s:"
-            f" p50 {mtl['p50_us'] / 1000:.2f} ms, p99 {mtl['p99_us'] / 1000:.2f} ms"
-        )
+    also = {"confirm": "the writer's Confirm round trip", "delivery": "send to hub delivery"}
+    for name, record in latency.items():
+        for key, what in also.items():
+            figures = record.get("figures", {}).get(key)
+            if figures:
+                print(
+                    f"  {name}: {what} at {LATENCY_RATE:,} msg/s: p50"
+                    f" {figures['p50_us'] / 1000:.2f} ms, p99 {figures['p99_us'] / 1000:.2f} ms"
+                )
     found = notes(rounds, latency)
     print("problems seen:" if found else "problems seen: none")
     for line in found:
