@@ -720,6 +720,68 @@ def settle(unsettled: dict[int, Any], header: bytes) -> int:
     return len(covered)
 
 
+PAYLOAD_SEQUENCE: Final = re.compile(rb"([0-9a-f]{16})(?:[0-9a-f]{16})?xxxxxxxx")
+"""Where an entry's payload starts: ssmpload's 16 hex digits of sequence and 16 of time
+then padding, or the paced client's sequence then padding."""
+
+
+async def _read_stream(
+    connection: dict[str, Any], stream: str, expected: int, limit: float
+) -> dict[str, int]:
+    """The asyncio side of `check_stream`."""
+    import rstream
+
+    sequences: dict[bytes | None, int] = {}
+    received = 0
+    enough = asyncio.Event()
+
+    def on_message(body: bytes, _context: Any) -> None:
+        nonlocal received
+        received += 1
+        found = PAYLOAD_SEQUENCE.search(body)
+        key = found.group(1) if found else None
+        sequences[key] = sequences.get(key, 0) + 1
+        if received >= expected:
+            enough.set()
+
+    consumer = rstream.Consumer(**connection)
+    await consumer.start()
+    runner = None
+    try:
+        first = rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST)
+        await consumer.subscribe(stream, on_message, offset_specification=first)
+        runner = asyncio.create_task(consumer.run())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(enough.wait(), limit)
+        await asyncio.sleep(0.5)  # anything past what was expected: duplicates
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(consumer.close(), 10)
+        if runner is not None:
+            runner.cancel()
+    unreadable = sequences.pop(None, 0)
+    return {"read": received, "distinct": len(sequences), "unreadable": unreadable}
+
+
+def check_stream(
+    connection: dict[str, Any], stream: str, acked: int, result: dict[str, Any]
+) -> list[str]:
+    """Read back what the gateway put in a RabbitMQ stream: each acknowledged payload once?
+
+    Puts the counts into ``result["figures"]["in_rabbitmq"]``; returns the problems.
+    """
+    counts = asyncio.run(_read_stream(connection, stream, acked, 30))
+    result["figures"]["in_rabbitmq"] = counts
+    duplicates = counts["read"] - counts["distinct"] - counts["unreadable"]
+    problems = []
+    if counts["distinct"] < acked or duplicates or counts["unreadable"]:
+        problems.append(
+            f"{acked} acknowledged 200, RabbitMQ has {counts['read']} ({counts['distinct']}"
+            f" distinct, {duplicates} duplicates, {counts['unreadable']} unreadable)"
+        )
+    return problems
+
+
 # --- throughput scenarios ----------------------------------------------------------------
 
 
@@ -732,10 +794,13 @@ def t_ssmp_rabbitmq(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     try:
         with bench.gateway(config, routes, record) as gateway:
             gateway.wait_for_log("upstream rabbit: connected", 30)
-            return ssmpload_rate(
+            result = ssmpload_rate(
                 bench, gateway.address("hub")[1], gateway.pid,
                 ["-window", str(SSMP_WINDOW), "-topic", "bench"], "ack_rate",
             )  # fmt: skip
+        acked = int(result["figures"]["acked"])
+        result["problems"] += check_stream(node.stream_connection(), stream, acked, result)
+        return result
     finally:
         with contextlib.suppress(Exception):
             node.delete_stream(stream)
@@ -889,7 +954,7 @@ def ssmp_paced(address: tuple[str, int], topic: bytes, count: int) -> dict[str, 
     line, _, buffer = buffer.partition(b"\n")
     if not line.startswith(b"200"):
         raise RuntimeError(f"LOGIN answered {line!r}")
-    request = b"MCAST " + topic + b" " + b"x" * MESSAGE_BYTES + b"\n"
+    prefix, padding = b"MCAST " + topic + b" ", b"x" * (MESSAGE_BYTES - 16) + b"\n"
     sent_at: list[float] = []
     answered = errors = 0
     pacer = Pacer(LATENCY_RATE, count)
@@ -898,8 +963,13 @@ def ssmp_paced(address: tuple[str, int], topic: bytes, count: int) -> dict[str, 
         while answered < pacer.count and time.perf_counter() < deadline:
             ready = pacer.due()
             if ready:
+                first = len(sent_at)  # payloads: 16 hex digits of the sequence, then x
                 sent_at.extend([time.perf_counter()] * ready)
-                sock.sendall(request * ready)
+                sock.sendall(
+                    b"".join(
+                        b"%s%016x%s" % (prefix, n, padding) for n in range(first, first + ready)
+                    )
+                )
             readable, _, _ = select.select([sock], [], [], pacer.wait())
             if not readable:
                 continue
@@ -1250,7 +1320,10 @@ def l_ssmp_rabbitmq(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     try:
         with bench.gateway(config, routes, record) as gateway:
             gateway.wait_for_log("upstream rabbit: connected", 30)
-            return ssmp_paced(gateway.address("hub"), b"bench", latency_count(bench))
+            result = ssmp_paced(gateway.address("hub"), b"bench", latency_count(bench))
+        acked = int(result["figures"]["answered"]) - int(result["figures"]["errors"])
+        result["problems"] += check_stream(node.stream_connection(), stream, acked, result)
+        return result
     finally:
         with contextlib.suppress(Exception):
             node.delete_stream(stream)
