@@ -9,13 +9,16 @@ with pyzmq peers written from the spec (not our client):
   Content, the writer counts Confirms (confirmed round trips/s).
 
 Every run is bounded by a message count and a time limit. Run it with
-``python bench/mtl_flow.py [--count N]``.
+``python bench/mtl_flow.py [--count N]``. Besides the rates (which on a busy
+machine say as much about the machine as about the gateway), each line gives
+the gateway process's CPU time per message (Linux: ``/proc/PID/stat``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 import sys
 import tempfile
@@ -50,6 +53,23 @@ LIMIT_SECONDS = 60.0
 WINDOW = 1000
 U64 = struct.Struct(">Q")
 EMPTY_TABLE = b"\0\0\0\0"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) a process has used so far, if /proc says."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_message(pid: int, before: float | None, count: int) -> str:
+    """The gateway's CPU microseconds per message since ``before``."""
+    after = cpu_seconds(pid)
+    if before is None or after is None or not count:
+        return ""
+    return f", gateway CPU {(after - before) / count * 1e6:,.1f} us/message"
 
 
 def short(text: str) -> bytes:
@@ -97,8 +117,8 @@ def write(data: zmq.Socket[bytes], count: int, resource: str, pace: threading.Se
         data.send_multipart([b"\x05" + U64.pack(sequence) + head, body])
 
 
-def test_profile(context: zmq.Context[zmq.Socket[bytes]], port: int, count: int) -> str:
-    """One writer to one reader through the test profile."""
+def test_profile(context: zmq.Context[zmq.Socket[bytes]], port: int, count: int) -> tuple[str, int]:
+    """One writer to one reader through the test profile; the figures and the count delivered."""
     reader = lease(context, port, "test", "Reader", ["resource"], "none")
     summon(reader, "resource")
     writer = lease(context, port, "test", "Writer", [], "none")
@@ -115,13 +135,13 @@ def test_profile(context: zmq.Context[zmq.Socket[bytes]], port: int, count: int)
         elif header[0] == 0x08:
             reader.send_multipart([b"\x09", b""])
     elapsed = time.perf_counter() - started
-    return f"test profile 1->1: {got}/{count} delivered, {got / elapsed:,.0f} deliveries/s"
+    return f"test profile 1->1: {got}/{count} delivered, {got / elapsed:,.0f} deliveries/s", got
 
 
 def gateway_profile(
     context: zmq.Context[zmq.Socket[bytes]], port: int, port2: int, count: int
-) -> str:
-    """A confirm=full writer, a route, a confirm=full reader that confirms each Content."""
+) -> tuple[str, int]:
+    """A confirm=full writer, a route, a confirm=full reader; the figures, the count confirmed."""
     reader = lease(context, port2, "gateway", "Reader", ["out"], "full")
     summon(reader, "out")
     writer = lease(context, port, "gateway", "Writer", ["in"], "full")
@@ -154,7 +174,7 @@ def gateway_profile(
     return (
         f"gateway profile, confirm=full both ends, via a route: {confirmed}/{count} confirmed, "
         f"{confirmed / elapsed:,.0f} confirmed round trips/s"
-    )
+    ), confirmed
 
 
 def main() -> None:
@@ -167,8 +187,12 @@ def main() -> None:
         context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         try:
             port = gateway.address("mtl")[1]
-            print(test_profile(context, port, args.count))
-            print(gateway_profile(context, port, gateway.address("mtl2")[1], args.count // 2))
+            before = cpu_seconds(gateway.pid)
+            line, done = test_profile(context, port, args.count)
+            print(line + cpu_per_message(gateway.pid, before, done))
+            before = cpu_seconds(gateway.pid)
+            line, done = gateway_profile(context, port, gateway.address("mtl2")[1], args.count // 2)
+            print(line + cpu_per_message(gateway.pid, before, done))
         finally:
             context.destroy(linger=0)
             gateway.stop()

@@ -141,10 +141,22 @@ def data(listener: MTLServer, identity: bytes, command: mtl.DataCommand) -> None
 
 
 def burst(listener: MTLServer, commands: list[tuple[bytes, mtl.DataCommand]]) -> None:
-    """Data commands read in one wake-up of the data socket, then the burst's end."""
+    """Data commands read in one wake-up of the data socket, the burst's end, the next turn."""
     for identity, command in commands:
         listener._on_data([identity, *mtl.encode_data(command)])
-    listener._inbox.dispatch()  # what the socket calls once the read is drained
+    listener._drained()  # what the socket calls once the read is drained
+    clock = listener.clock
+    assert isinstance(clock, Clock)
+    clock.advance(0)  # the reactor's next turn: what other listeners' outcomes queued goes out
+
+
+def content_batches(sent: Sent) -> list[int]:
+    """How many Contents each send of several messages held (those with any)."""
+    sizes = [
+        sum(isinstance(mtl.decode_data(frames[1:]), mtl.Content) for frames in batch)
+        for batch in sent.batches
+    ]
+    return [size for size in sizes if size]
 
 
 def contents(sent: Sent, identity: bytes) -> list[mtl.Content]:
@@ -212,8 +224,7 @@ def test_a_batch_goes_out_together() -> None:
         data(listener, reader, mtl.Summon(2, "news"))
     batch = [Message(address="news", body=body) for body in (b"a", b"b")]
     listener.deliver(batch)
-    [together] = sent.batches
-    assert len(together) == 4
+    assert content_batches(sent) == [4]
     assert [c.body for c in contents(sent, b"r1")] == [b"a", b"b"]
     assert [c.body for c in contents(sent, b"r2")] == [b"a", b"b"]
 
@@ -278,8 +289,7 @@ def test_a_read_burst_is_one_batch() -> None:
     world = bridge()
     count = 5
     burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"%d" % n)) for n in range(1, count + 1)])
-    [together] = world.readers_sent.batches
-    assert len(together) == count
+    assert content_batches(world.readers_sent) == [count]
     delivered = contents(world.readers_sent, b"r")
     assert [c.body for c in delivered] == [b"%d" % n for n in range(1, count + 1)]
     assert {c.resource for c in delivered} == {"out"}
@@ -295,7 +305,7 @@ def test_bursts_of_one_are_batches_of_one() -> None:
     world = bridge()
     data(world.writers, b"w", mtl.Content(1, "in", {}, b"a"))
     data(world.writers, b"w", mtl.Content(2, "in", {}, b"b"))
-    assert [len(b) for b in world.readers_sent.batches] == [1, 1]
+    assert content_batches(world.readers_sent) == [1, 1]
 
 
 def test_partial_refusals_in_one_batch() -> None:
@@ -403,3 +413,50 @@ def test_confirm_none_writers_hear_nothing_and_unrouted_is_counted() -> None:
         "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "unrouted"}
     )
     assert unrouted == 1
+
+
+def test_a_bursts_answers_go_out_together() -> None:
+    """What a burst's commands are answered (Pongs here) is sent in one go when it is drained."""
+    listener, _clock, _control, sent = server()
+    for _ in range(3):
+        listener._on_data([b"p", *mtl.encode_data(mtl.Ping())])
+        assert sent.messages == []  # not before the burst is over
+    listener._drained()
+    [together] = sent.batches
+    assert [mtl.decode_data(frames[1:]) for frames in together] == [mtl.Pong()] * 3
+
+
+def test_outcomes_from_elsewhere_go_out_on_the_next_turn() -> None:
+    """The Confirms a reader's burst settles reach their writer together, on the next turn."""
+    world = bridge()
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (1, 2, 3)])
+    for content in contents(world.readers_sent, b"r"):
+        world.readers._on_data([b"r", *mtl.encode_data(mtl.Confirm(content.sequence, False))])
+    world.readers._drained()
+    assert answers(world.writers_sent, b"w") == {}
+    sends = len(world.writers_sent.batches)
+    world.clock.advance(0)
+    assert world.writers_sent.batches[sends:] == [
+        [[b"w", *mtl.encode_data(mtl.Confirm(n, False))] for n in (1, 2, 3)]
+    ]
+
+
+def test_a_reader_is_answered_before_it_is_sent_content() -> None:
+    """In one burst a reader summons and a writer writes: the Summon's 200 goes out first."""
+    clock = Clock()
+    router = Router(bind_routes([], {}), clock)
+    listener, _, control, sent = server("mtl", router, clock)
+    route = Route(
+        name="loop",
+        source="mtl",
+        pattern=AddressPattern("in"),
+        destination="mtl",
+        target=AddressTemplate("out"),
+    )
+    router.replace_table(bind_routes([route], {"mtl": listener}))
+    data(listener, b"w", mtl.Lease(1, lease(listener, control, "Writer", "none", ["in"])))
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "none", ["out"])))
+    burst(listener, [(b"r", mtl.Summon(2, "out")), (b"w", mtl.Content(2, "in", {}, b"x"))])
+    response, content = sent.commands(b"r")[1:]
+    assert response == mtl.Response(2, 200)
+    assert isinstance(content, mtl.Content) and content.body == b"x"

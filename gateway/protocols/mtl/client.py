@@ -60,6 +60,7 @@ from gateway.protocols.mtl.mapping import (
     settle,
 )
 from gateway.protocols.mtl.settings import MTLUpstreamSettings
+from gateway.protocols.mtl.zmq import Outbox
 
 __all__ = ["MTLUpstream"]
 
@@ -123,6 +124,8 @@ class MTLUpstream:
         self._flow = 0
         """Counts data flows, so that answers meant for one are not sent on the next."""
         self._inbox: Inbox[int] = Inbox(router, name, partial(self._answer, self._flow))
+        self._outbox = Outbox(clock, self._send_out)
+        self._server_who = f"the server of upstream {name}"
         self._summons: dict[int, str] = {}
         self._scram: scram.ScramClient | None = None
         self._scram_round = 0
@@ -187,6 +190,7 @@ class MTLUpstream:
         if self._metrics is not None:
             self._metrics.upstream_up.labels(self.name).set(0)
         give_back(self._unconfirmed, Outcome.retry(f"upstream {self.name}: {why}"))
+        self._outbox.clear()  # meant for the flow that is closing
         if self._zmq is not None:
             self._zmq.shutdown()
         self._zmq = self._control = self._data = None
@@ -291,6 +295,7 @@ class MTLUpstream:
         self._data.connect(f"tcp://{self.host}:{port}")
         self._heard = self.clock.seconds()
         self._send(mtl.Lease(next(self._sequence), lease))
+        self._outbox.flush()
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
     def _new_flow(self) -> Callable[[], None]:
@@ -301,7 +306,13 @@ class MTLUpstream:
         """
         self._flow += 1
         self._inbox = Inbox(self.router, self.name, partial(self._answer, self._flow))
-        return self._inbox.dispatch
+        return self._drained
+
+    def _drained(self) -> None:
+        """The data socket's read burst is over: route its Contents, send its answers."""
+        self._inbox.dispatch()
+        self._outbox.reading = False
+        self._outbox.flush()
 
     def _on_data(self, frames: list[bytes]) -> None:
         try:
@@ -311,12 +322,14 @@ class MTLUpstream:
             return
         self._heard = self.clock.seconds()
         self.traffic.messages_in += 1
-        if isinstance(command, mtl.Response):
-            self._response(command)
-        elif isinstance(command, mtl.Content):
+        self._outbox.reading = True  # answers go out when the burst is drained
+        # The commands of the data path first: they are nearly all there is.
+        if isinstance(command, mtl.Content):
             self._content(command)
         elif isinstance(command, mtl.Confirm | mtl.Reject):
-            self._settle(command)
+            settle(self._unconfirmed, command, self._server_who)
+        elif isinstance(command, mtl.Response):
+            self._response(command)
         elif isinstance(command, mtl.Ping):
             self._send(mtl.Pong())
 
@@ -359,9 +372,6 @@ class MTLUpstream:
         else:
             self._send(mtl.Reject(sequence, False, result.status is Status.RETRY))
 
-    def _settle(self, command: mtl.Confirm | mtl.Reject) -> None:
-        settle(self._unconfirmed, command, f"the server of upstream {self.name}")
-
     def _tick(self) -> None:
         silent = self.clock.seconds() - self._heard
         if silent >= self.settings.dead_after_seconds:
@@ -370,6 +380,7 @@ class MTLUpstream:
             self._start_over(f"the data flow was silent for {silent:g} s")
             return
         self._send(mtl.Ping())
+        self._outbox.flush()
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
@@ -404,18 +415,23 @@ class MTLUpstream:
             copies.append((unconfirmed, sequence, index))
         if frames:
             self.traffic.messages_out += len(frames)
+            self._outbox.flush()  # what the server was told before goes first
             failed = self._data.send_many(frames)
             batch.sent(
                 copies, failed, Outcome.retry(f"upstream {self.name}: the server is not reading")
             )
         return batch.deferred
 
-    def _send(self, command: mtl.DataCommand) -> bool:
+    def _send(self, command: mtl.DataCommand) -> None:
+        """Send a data command with the others of this burst or reactor turn (`Outbox`)."""
         if self._data is None:
-            return False
+            return
         self.traffic.messages_out += 1
-        sent: bool = self._data.send(mtl.encode_data(command))
-        return sent
+        self._outbox.add(mtl.encode_data(command))
+
+    def _send_out(self, messages: list[list[bytes]]) -> None:
+        if self._data is not None:
+            self._data.send_many(messages)
 
     def count_error(self, kind: str) -> None:
         """Count a protocol error."""

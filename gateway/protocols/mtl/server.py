@@ -85,6 +85,7 @@ from gateway.protocols.mtl.mapping import (
     settle,
 )
 from gateway.protocols.mtl.settings import MTLListenerSettings
+from gateway.protocols.mtl.zmq import Outbox
 
 __all__ = ["MTLServer"]
 
@@ -184,6 +185,8 @@ class MTLServer:
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
+        self._outbox = Outbox(clock, self._send_out)
+        self._reader_who = f"an MTL reader of {name}"
 
     # --- life --------------------------------------------------------------------------
 
@@ -196,7 +199,7 @@ class MTLServer:
 
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
-        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._inbox.dispatch)
+        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._drained)
         # A command for a peer that is gone or whose queue is full fails to send
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
@@ -239,6 +242,7 @@ class MTLServer:
             self._timer.cancel()
         for peer in list(self._peers.values()):
             self._forget(peer, "the listener is stopping")
+        self._outbox.flush()
         if self._zmq is not None:
             self._zmq.shutdown()
             self._zmq = None
@@ -475,24 +479,32 @@ class MTLServer:
             self.count_error("ill-formed-data")
             return  # the spec: drop it silently
         self.traffic.messages_in += 1
+        self._outbox.reading = True  # answers go out when the burst is drained
         peer = self._peers.get(identity)
         if peer is None:
             peer = self._peers[identity] = _DataPeer(identity)
         peer.heard = self.clock.seconds()
-        if isinstance(command, mtl.Lease):
+        # The commands of the data path first: they are nearly all there is.
+        if isinstance(command, mtl.Content):
+            self._content(peer, command)
+        elif isinstance(command, mtl.Confirm | mtl.Reject):
+            settle(peer.unconfirmed, command, self._reader_who)
+        elif isinstance(command, mtl.Lease):
             lease = self._leases.get(command.lease)
             if lease is not None:
                 peer.lease = lease
             self._send(peer, mtl.Response(command.sequence, 200 if lease else 403))
         elif isinstance(command, mtl.Summon | mtl.Dismiss):
             self._summon(peer, command)
-        elif isinstance(command, mtl.Content):
-            self._content(peer, command)
-        elif isinstance(command, mtl.Confirm | mtl.Reject):
-            self._settle(peer, command)
         elif isinstance(command, mtl.Ping):
             self._send(peer, mtl.Pong())
         # Pong and stray Responses: being heard is all.
+
+    def _drained(self) -> None:
+        """The data socket's read burst is over: route its Contents, send its answers."""
+        self._inbox.dispatch()
+        self._outbox.reading = False
+        self._outbox.flush()
 
     def _summon(self, peer: _DataPeer, command: mtl.Summon | mtl.Dismiss) -> None:
         lease = peer.lease
@@ -571,9 +583,6 @@ class MTLServer:
         else:
             self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
 
-    def _settle(self, peer: _DataPeer, command: mtl.Confirm | mtl.Reject) -> None:
-        settle(peer.unconfirmed, command, f"an MTL reader of {self.name}")
-
     def _readers(self, resource: str, profile: str) -> list[_DataPeer]:
         return [
             peer
@@ -623,6 +632,7 @@ class MTLServer:
                 copies.append((reader.unconfirmed if confirms else None, sequence, index))
         if frames:
             self.traffic.messages_out += len(frames)
+            self._outbox.flush()  # what this peer was told before goes first
             failed = self._data.send_many(frames)
             batch.sent(
                 copies, failed, Outcome.retry(f"an MTL reader of {self.name} is not reading")
@@ -645,6 +655,7 @@ class MTLServer:
                 self._forget(peer, why)
             else:
                 self._send(peer, mtl.Ping())
+        self._outbox.flush()
         self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
     def _forget(self, peer: _DataPeer, why: str) -> None:
@@ -654,10 +665,14 @@ class MTLServer:
 
     # --- helpers -----------------------------------------------------------------------
 
-    def _send(self, peer: _DataPeer, command: mtl.DataCommand) -> bool:
+    def _send(self, peer: _DataPeer, command: mtl.DataCommand) -> None:
+        """Send a data command with the others of this burst or reactor turn (`Outbox`)."""
         self.traffic.messages_out += 1
-        sent: bool = self._data.send([peer.identity, *mtl.encode_data(command)])
-        return sent
+        self._outbox.add([peer.identity, *mtl.encode_data(command)])
+
+    def _send_out(self, messages: list[list[bytes]]) -> None:
+        if self._data is not None:
+            self._data.send_many(messages)
 
     def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
         return check(

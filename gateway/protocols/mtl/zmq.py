@@ -1,4 +1,4 @@
-"""ZeroMQ sockets on the gateway's reactor, through txzmq.
+"""ZeroMQ sockets on the gateway's reactor, through txzmq, and what is written to them.
 
 txzmq imports the global reactor when it is imported, and its ``send``
 schedules reads on that global reactor. So it is imported only when a
@@ -11,6 +11,11 @@ once: what one wake-up read is one batch (DESIGN.md, "The batch is the unit
 of work"). txzmq's own read loop is replaced for that, and because it asks
 ZeroMQ for the socket's events and wraps a logging context around every
 message, which cost more than the read itself.
+
+Writing: an `Outbox` gathers the commands of a burst (its answers, or the
+answers a batch's outcomes give) and sends them together at the end of the
+burst or on the next reactor turn: ZeroMQ then wakes its I/O thread once
+for them instead of once per message.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Final
 
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-__all__ = ["MAX_READ_BURST", "ZmqSocket", "zmq_factory"]
+__all__ = ["MAX_READ_BURST", "Outbox", "ZmqSocket", "zmq_factory"]
 
 MAX_READ_BURST: Final = 1000
 """Messages read in one wake-up before they are handed on and reading yields to the reactor.
@@ -229,3 +235,54 @@ class ZmqSocket:
     def close(self) -> None:
         """Close the socket."""
         self._connection.shutdown()
+
+
+class Outbox:
+    """Multipart messages waiting to be sent together.
+
+    They go out when the read burst that made them is drained (`flush`), or,
+    for those made outside a burst (outcomes arriving, timers), on the next
+    reactor turn. Something sent at once on the same socket calls `flush`
+    first, so that the order of a peer's commands is kept.
+
+    Args:
+        clock: For the next reactor turn.
+        send_many: Sends a list of multipart messages.
+
+    Attributes:
+        reading: Set while a read burst is handled: its end flushes.
+    """
+
+    __slots__ = ("_call", "_clock", "_messages", "_send_many", "reading")
+
+    def __init__(
+        self, clock: IReactorTime, send_many: Callable[[list[list[bytes]]], object]
+    ) -> None:
+        self._clock = clock
+        self._send_many = send_many
+        self._messages: list[list[bytes]] = []
+        self._call: IDelayedCall | None = None
+        self.reading = False
+
+    def add(self, frames: list[bytes]) -> None:
+        """Send one multipart message with the others of this burst or reactor turn."""
+        self._messages.append(frames)
+        if self._call is None and not self.reading:
+            self._call = self._clock.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """Send everything waiting now (what ZeroMQ refuses is dropped, as a lone send's is)."""
+        call, self._call = self._call, None
+        if call is not None and call.active():
+            call.cancel()
+        messages = self._messages
+        if messages:
+            self._messages = []
+            self._send_many(messages)
+
+    def clear(self) -> None:
+        """Drop everything waiting (the socket is going away)."""
+        call, self._call = self._call, None
+        if call is not None and call.active():
+            call.cancel()
+        self._messages = []
