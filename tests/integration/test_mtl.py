@@ -374,6 +374,39 @@ def test_gateway_profile_with_confirmations(
         assert watcher.read_line().startswith(b"400 rejected")
 
 
+def test_a_burst_of_contents_is_answered_one_by_one(
+    gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Contents sent at once (routed as batches) each get their own Confirm or Reject, in full."""
+    port = gateway.address("mtl")[1]
+    data_port, lease = Control(context, port).ready("gateway", "Writer", [], confirm="full")
+    writer = Data(context, data_port)
+    assert writer.lease(lease) == 200
+    count = 200
+    with LineClient(gateway.address("hub")) as watcher:
+        watcher.send("LOGIN burst-watcher open", "SUBSCRIBE burst.items")
+        watcher.expect("200")
+        watcher.expect("200")
+        for sequence in range(1, count + 1):
+            # Every third cannot be carried to SSMP (a LF in the payload): rejected.
+            body = b"bad\nline" if sequence % 3 == 0 else b"item %d" % sequence
+            writer.content(sequence, "burst.items", body)
+        answers: dict[int, tuple[int, bytes]] = {}
+        while len(answers) < count:
+            kind, fields, _ = writer.next()
+            answers[struct.unpack(">Q", fields[:8])[0]] = (kind, fields[8:])
+        assert answers == {
+            sequence: (0x07, b"\x00\x00") if sequence % 3 == 0 else (0x06, b"\x00")
+            for sequence in range(1, count + 1)
+        }
+        delivered = [watcher.read_line() for _ in range(count - count // 3)]
+        assert delivered == [
+            b"000 . MCAST burst.items item %d" % sequence
+            for sequence in range(1, count + 1)
+            if sequence % 3
+        ]
+
+
 def test_confirm_and_reject_multiple(
     gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
 ) -> None:

@@ -275,3 +275,14 @@ def test_a_message_mtl_cannot_carry_is_rejected_alone() -> None:
     [[refused, accepted]] = results
     assert refused.status is Status.REJECTED
     assert accepted.status is Status.ACCEPTED
+
+
+def test_a_flow_ending_mid_burst_still_routes_what_it_read() -> None:
+    """Contents read before a bad Response ends the flow are delivered; no answer goes back."""
+    up, _old_peer, _listener, listener_sent, _clock = reader_world()
+    up._running = False  # no new attempt: this test is about the flow that ends
+    for command in (mtl.Content(8, "news", {}, b"x"), mtl.Response(99, 403)):
+        up._on_data(mtl.encode_data(command))
+    assert not up.connected
+    assert [c.body for c in contents(listener_sent, b"r")] == [b"x"]
+    assert up._outbox.reading is False  # the next flow's answers are not held back

@@ -189,6 +189,9 @@ class MTLUpstream:
         self._ready = False
         if self._metrics is not None:
             self._metrics.upstream_up.labels(self.name).set(0)
+        # Contents read before the flow ended mid-burst are routed all the same
+        # (their answers, for a flow that is gone, are not sent: the server recycles).
+        self._inbox.dispatch()
         give_back(self._unconfirmed, Outcome.retry(f"upstream {self.name}: {why}"))
         self._outbox.clear()  # meant for the flow that is closing
         if self._zmq is not None:

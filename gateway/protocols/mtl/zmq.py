@@ -281,8 +281,9 @@ class Outbox:
             self._send_many(messages)
 
     def clear(self) -> None:
-        """Drop everything waiting (the socket is going away)."""
+        """Drop everything waiting (the socket is going away, perhaps mid-burst)."""
         call, self._call = self._call, None
         if call is not None and call.active():
             call.cancel()
         self._messages = []
+        self.reading = False
