@@ -1,12 +1,22 @@
 """Durable routes: commit to the log, acknowledge, forward from the log.
 
-A route with ``durable = true`` hands each message to a `DurableDelivery`,
+A route with ``durable = true`` hands each batch to a `DurableDelivery`,
 which appends it (translated for the destination) to the route's own stream
-in the embedded log and answers accepted once the log committed it: the
+in the embedded log as one append (one chunk, one fsync for all its
+senders) and answers every message accepted once the log committed it: the
 sender's K, 200 or PublishConfirm means "safe on disk". A `LogForwarder`
 then delivers from that stream to the route's destination, with retries, a
 dead-letter stream for messages that keep being rejected, and a stored
 offset, so a restart resumes where it stopped and loses nothing.
+
+The committed batch is also handed to the forwarder (`LogForwarder.hold`,
+one call per chunk the append went into, at the offsets the log gave it),
+so that while the forwarder keeps up with the tail it delivers these very
+messages instead of reading and decoding what was just written.
+
+Outcome records (`gateway.core.outcomes`): a committed batch is one range
+record naming the route's stream and the offsets it took; a batch the log
+did not commit is recorded per message, with what its senders were told.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -22,8 +32,9 @@ from zope.interface import implementer
 
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
 from gateway.core.interfaces import IDestination, IRouteDelivery
+from gateway.core.log import AppendResult
 from gateway.core.message import Message, Outcome
-from gateway.core.outcomes import OutcomeRecorder
+from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.router import Route
 
 __all__ = ["DurableDelivery", "DurableRoutes", "route_stream_name"]
@@ -44,41 +55,114 @@ class _Log(Protocol):
 
 @implementer(IRouteDelivery)
 class DurableDelivery:
-    """Append each batch to the route's stream; accepted once committed."""
+    """Append each batch to the route's stream; accepted once committed.
+
+    Args:
+        route: The route.
+        stream: The route's stream (`route_stream_name`).
+        encode: A message to a stored entry.
+        clock: Times the outcome records.
+        forwarder: The route's forwarder, handed each committed batch.
+        recorder: Keeps the outcome records, if any.
+    """
 
     _log = Logger()
 
-    def __init__(self, route: Route, stream: object, encode: Callable[[Message], bytes]) -> None:
+    def __init__(
+        self,
+        route: Route,
+        stream: object,
+        encode: Callable[[Message], bytes],
+        *,
+        clock: IReactorTime | None = None,
+        forwarder: LogForwarder | None = None,
+        recorder: OutcomeRecorder | None = None,
+    ) -> None:
+        if recorder is not None and clock is None:
+            raise ValueError("outcome records need a clock")
         self.route = route
         self._stream = stream
         self._encode = encode
+        self._clock = clock
+        self._forwarder = forwarder
+        self._recorder = recorder
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Commit the batch as one append (one chunk, one fsync); forwarded later."""
         encode = self._encode
+        entries = [encode(message) for message in messages]
+        arrived = 0.0 if self._clock is None else self._clock.seconds()
         try:
-            appended: Deferred[object] = self._stream.append(  # type: ignore[attr-defined]
-                [encode(message) for message in messages]
-            )
+            appended: Deferred[AppendResult] = self._stream.append(entries)  # type: ignore[attr-defined]
         except Exception:
-            return succeed(self._failed(Failure(), len(messages)))
+            return succeed(self._failed(Failure(), messages, arrived))
+        nbytes = sum(map(len, entries)) if self._forwarder is not None else 0
         return appended.addCallbacks(
             self._committed,
             self._failed,
-            callbackArgs=(len(messages),),
-            errbackArgs=(len(messages),),
+            callbackArgs=(messages, nbytes, arrived),
+            errbackArgs=(messages, arrived),
         )
 
-    def _committed(self, _result: object, count: int) -> list[Outcome]:
+    def _committed(
+        self, result: AppendResult, messages: Sequence[Message], nbytes: int, arrived: float
+    ) -> list[Outcome]:
+        count = len(messages)
+        spans = result.spans
+        forwarder = self._forwarder
+        if forwarder is not None and result.stored == count and count:
+            if len(spans) == 1:
+                forwarder.hold(spans[0][0], messages, nbytes)
+            else:  # the batch went into several chunks
+                done = 0
+                for first, taken in spans:
+                    part = messages[done : done + taken]
+                    forwarder.hold(first, part, nbytes * taken // count)
+                    done += taken
+        recorder = self._recorder
+        if recorder is not None:
+            name = self._stream.name  # type: ignore[attr-defined]
+            route = self.route
+            accepted = Outcome.accepted()
+            for first, taken in spans:
+                recorder.record_range(
+                    KIND_ROUTE,
+                    route.name,
+                    route.source,
+                    name,
+                    first,
+                    first + taken - 1,
+                    arrived,
+                    accepted,
+                )
         return [Outcome.accepted()] * count
 
-    def _failed(self, failure: Failure, count: int) -> list[Outcome]:
-        self._log.failure(
-            "durable route {route}: could not commit to the log", failure, route=self.route.name
-        )
-        return [
-            Outcome.retry(f"route {self.route.name}: the log could not store the message")
-        ] * count
+    def _failed(
+        self, failure: Failure, messages: Sequence[Message], arrived: float
+    ) -> list[Outcome]:
+        route = self.route
+        if failure.check(CancelledError):
+            # The router's deadline: the commit may still happen (and the
+            # forwarder deliver it); the sender was told to retry.
+            self._log.warn(
+                "durable route {route}: the log did not commit within {seconds} seconds",
+                route=route.name,
+                seconds=route.timeout_seconds,
+            )
+            reason = (
+                f"route {route.name}: the log did not commit the message"
+                f" within {route.timeout_seconds:g} seconds"
+            )
+        else:
+            self._log.failure(
+                "durable route {route}: could not commit to the log", failure, route=route.name
+            )
+            reason = f"route {route.name}: the log could not store the message"
+        outcomes = [Outcome.retry(reason)] * len(messages)
+        recorder = self._recorder
+        if recorder is not None and self._clock is not None:
+            recorder.record_batch(KIND_ROUTE, route.name, route.source, messages, arrived, outcomes)
+        return outcomes
 
 
 class DurableRoutes:
@@ -113,7 +197,8 @@ class DurableRoutes:
         self.forwarders: dict[str, LogForwarder] = {}
         self._running = False
         self.recorder: OutcomeRecorder | None = None
-        """Told what each forwarder settles (the outcome record), when set."""
+        """Keeps what each route commits and each forwarder forwards (the
+        outcome record), when set; set it before `delivery` is called."""
 
     def _stream(self, name: str) -> object:
         stream = self._store.get(name)
@@ -125,6 +210,7 @@ class DurableRoutes:
         previous = self.forwarders.pop(route.name, None)
         if previous is not None:
             previous.stop()
+        recorder = self.recorder
         forwarder = LogForwarder(
             reference=f"msggateway.forwarder.{route.name}",
             stream=stream,  # type: ignore[arg-type]
@@ -133,12 +219,23 @@ class DurableRoutes:
             dead_letter=self._dead_letter(route.dead_letter, route.name),
             clock=self._clock,
             settings=ForwarderSettings(max_attempts=route.max_attempts),
-            on_settled=None if self.recorder is None else self.recorder.forwarded(route.name),
+            on_forwarded=(
+                None
+                if recorder is None
+                else recorder.forwarded(route.name, route_stream_name(route.name))
+            ),
         )
         self.forwarders[route.name] = forwarder
         if self._running:
             forwarder.start()
-        return DurableDelivery(route, stream, self._encode)
+        return DurableDelivery(
+            route,
+            stream,
+            self._encode,
+            clock=self._clock,
+            forwarder=forwarder,
+            recorder=recorder,
+        )
 
     def retire(self, keep: set[str]) -> None:
         """Stop the forwarders of routes that are no longer durable (after a reload)."""

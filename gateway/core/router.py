@@ -416,9 +416,10 @@ class Router:
                 for outcome in outcomes:
                     tally[outcome.status.value] += 1
                 stats.observe_latency(self._clock.seconds() - started, count)
-            if recorder is not None:
-                for message, outcome in zip(batch, outcomes, strict=True):
-                    recorder.record(KIND_ROUTE, route.name, source, message, started, outcome)
+            if recorder is not None and not route.durable:
+                # One call per batch. A durable route's delivery records its
+                # own batches: a range of its stream once committed.
+                recorder.record_batch(KIND_ROUTE, route.name, source, batch, started, outcomes)
             return outcomes
 
         if d.called:

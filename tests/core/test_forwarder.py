@@ -19,7 +19,12 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from gateway.codecs import osiris
-from gateway.core.forwarder import ForwarderSettings, LogForwarder
+from gateway.core.forwarder import (
+    Forwarded,
+    ForwardedException,
+    ForwarderSettings,
+    LogForwarder,
+)
 from gateway.core.log import LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 
@@ -177,4 +182,106 @@ async def test_sub_batch_records_and_a_bad_one(store: LogStore) -> None:
     assert destination.deliveries == [("0", b"a"), ("1", b"r1"), ("2", b"r2"), ("5", b"after")]
     skipped = [e for e in events if "skipping the rest" in e.get("log_format", "")]
     assert [(e["chunk_id"], e["stream"]) for e in skipped] == [(3, "s")]
+    running.stop()
+
+
+class HeldDestination:
+    """Keeps each batch until the test answers it."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[list[bytes], Deferred[list[Outcome]]]] = []
+        self.dead: list[bytes] = []
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Keep the batch; the Deferred fires when the test answers."""
+        d: Deferred[list[Outcome]] = Deferred()
+        self.pending.append(([message.body for message in messages], d))
+        return d
+
+    def dead_letter(self, message: Message, outcome: Outcome) -> Deferred[object]:
+        """Record a dead-lettered message."""
+        self.dead.append(message.body)
+        return succeed(None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_outcomes_that_come_after_a_stop_are_ignored(store: LogStore) -> None:
+    """A delivery answered after a stop changes nothing: after a start it is delivered again."""
+    stream = store.create("s")
+    await stream.append([b"a"])
+    clock = Clock()
+    destination = HeldDestination()
+    running = LogForwarder(
+        reference="fw",
+        stream=stream,
+        deliver=destination.deliver,
+        to_message=to_message,
+        dead_letter=destination.dead_letter,
+        clock=clock,
+        settings=ForwarderSettings(max_attempts=1),
+    )
+    running.start()
+    running.stop()
+    [(_, stale)] = destination.pending
+    stale.callback([Outcome.rejected("gone")])  # would have dead-lettered it
+    assert (destination.dead, running.dead_lettered, running.delivered) == ([], 0, 0)
+    assert stream.query_offset("fw") is None
+    running.start()
+    clock.advance(0)
+    assert [b for b, _ in destination.pending] == [[b"a"], [b"a"]]
+    destination.pending[1][1].callback([Outcome.accepted()])
+    assert running.delivered == 1 and stream.query_offset("fw") == 0
+    assert not clock.getDelayedCalls() or all(
+        call.getTime() == clock.seconds() for call in clock.getDelayedCalls()
+    )
+    running.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_chunk_is_reported_as_a_range_with_its_exceptions(store: LogStore) -> None:
+    """One report per chunk: its range, first answer time, and who needed more than one try."""
+    stream = store.create("s")
+    await stream.append([b"a", b"b", b"c", b"d"])
+    stream.store_offset("fw", 0)  # as if stopped in the middle of the chunk
+    await stream.append([b"e"])
+    clock = Clock()
+    clock.advance(100)
+    destination = Destination(
+        lambda message, attempt: (
+            Outcome.rejected("no", "550")
+            if message.body == b"b"
+            else Outcome.retry("busy", "451")
+            if message.body == b"c" and attempt == 1
+            else Outcome.accepted()
+        )
+    )
+    reports: list[Forwarded] = []
+    running = LogForwarder(
+        reference="fw",
+        stream=stream,
+        deliver=destination.deliver,
+        to_message=to_message,
+        dead_letter=destination.dead_letter,
+        clock=clock,
+        settings=SETTINGS,
+        on_forwarded=reports.append,
+    )
+    running.start()
+    clock.advance(1.0)
+    clock.advance(2.0)
+    clock.advance(0)
+    [first, second] = reports
+    stored = stream.read_chunks(0, 1, 1 << 20)[0].header.timestamp / 1000  # to_message's time
+    assert first == Forwarded(
+        1,
+        3,
+        stored,
+        100.0,
+        (
+            ForwardedException(1, True, Outcome.rejected("no", "550"), 3, 103.0),
+            ForwardedException(2, False, Outcome.retry("busy", "451"), 2, 101.0),
+        ),
+    )
+    assert (second.first_offset, second.last_offset, second.exceptions) == (4, 4, ())
+    assert [body for _, body in destination.deliveries][:3] == [b"b", b"c", b"d"]
     running.stop()

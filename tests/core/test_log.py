@@ -127,9 +127,9 @@ async def test_one_turn_one_chunk_one_write(tmp_path: Path) -> None:
             [stream.append([b"a", b"b"]), stream.append([b"c"]), stream.append([b"d", b"e"])]
         )
         assert results == [
-            AppendResult(first_offset=0, chunk_id=0, stored=2, duplicates=0),
-            AppendResult(first_offset=2, chunk_id=0, stored=1, duplicates=0),
-            AppendResult(first_offset=3, chunk_id=0, stored=2, duplicates=0),
+            AppendResult(first_offset=0, chunk_id=0, stored=2, duplicates=0, spans=((0, 2),)),
+            AppendResult(first_offset=2, chunk_id=0, stored=1, duplicates=0, spans=((2, 1),)),
+            AppendResult(first_offset=3, chunk_id=0, stored=2, duplicates=0, spans=((3, 2),)),
         ]
         assert len(writes.sizes) == 1
         (chunk,) = read_all(stream)
@@ -171,7 +171,13 @@ async def test_chunks_split_at_65535_entries(tmp_path: Path) -> None:
     try:
         stream = store.create("big")
         result = await stream.append([b"x"] * 70000)
-        assert result == AppendResult(first_offset=0, chunk_id=0, stored=70000, duplicates=0)
+        assert result == AppendResult(
+            first_offset=0,
+            chunk_id=0,
+            stored=70000,
+            duplicates=0,
+            spans=((0, 65535), (65535, 4465)),
+        )
         chunks = stream.read_chunks(0, 10, 10**7)
         assert [(c.chunk_id, c.header.num_entries) for c in chunks] == [(0, 65535), (65535, 4465)]
         assert stream.next_offset == 70000
@@ -192,6 +198,45 @@ async def test_chunks_split_by_size(tmp_path: Path) -> None:
         assert [c.chunk_id for c in chunks] == [0]
         chunks = stream.read_chunks(0, 10, 10**8)
         assert [len(records(c)) for c in chunks] == [1, 2]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_append_across_a_roll_says_where_each_part_went(tmp_path: Path) -> None:
+    """An append that fills a chunk goes on past a new segment's snapshot: its spans say so."""
+    store = open_store(tmp_path, default_retention=Retention(max_segment_bytes=300))
+    try:
+        stream = store.create("big")
+        body = b"m" * (5 * 1024 * 1024)
+        result = await stream.append([body, body, b"small"])
+        # Offset 1 is the second segment's tracking snapshot.
+        assert (result.first_offset, result.chunk_id, result.stored) == (0, 0, 3)
+        assert result.spans == ((0, 1), (2, 2))
+        chunks = stream.read_chunks(0, 10, 10**8)
+        assert [(c.chunk_id, c.header.num_entries) for c in chunks] == [(0, 1), (2, 2)]
+        assert [stream.user_chunk_at(n) for n in range(5)] == [(0, 1), (2, 4), (2, 4), (2, 4), None]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_user_chunk_at_is_where_a_read_starts(tmp_path: Path) -> None:
+    """From any id, user_chunk_at names the chunk read_chunks returns first, from the index."""
+    store = open_store(tmp_path, default_retention=tiny_segments(max_bytes=700))
+    try:
+        stream = store.create("s")
+        for number in range(6):
+            await fill(stream, 2)
+            stream.store_offset("reader", number)  # tracking chunks between user chunks
+            await next_turn()
+        await stream.append([b"a", b"b"])
+        await store.apply_retention()
+        assert stream.first_offset > 0
+        for chunk_id in range(-1, stream.next_offset + 2):
+            chunks = stream.read_chunks(chunk_id, 1, 1)
+            expected = (chunks[0].chunk_id, chunks[0].next_chunk_id) if chunks else None
+            assert stream.user_chunk_at(chunk_id) == expected, chunk_id
     finally:
         await store.close()
 
@@ -383,7 +428,9 @@ async def test_duplicates_are_acknowledged_not_stored(tmp_path: Path) -> None:
         stream = store.create("s")
         first = await stream.append([b"a", b"b"], reference="p", publishing_ids=[1, 2])
         again = await stream.append([b"a", b"b"], reference="p", publishing_ids=[1, 2])
-        assert first == AppendResult(first_offset=0, chunk_id=0, stored=2, duplicates=0)
+        assert first == AppendResult(
+            first_offset=0, chunk_id=0, stored=2, duplicates=0, spans=((0, 2),)
+        )
         assert again == AppendResult(first_offset=None, chunk_id=None, stored=0, duplicates=2)
         mixed = await stream.append(
             [b"b", b"c", b"c", b"d", b"x"], reference="p", publishing_ids=[2, 3, 3, 4, 1]

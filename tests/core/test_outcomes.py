@@ -9,6 +9,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.task import Clock
 
+from gateway.core.forwarder import Forwarded, ForwardedException
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import (
     KIND_DEAD_LETTER,
@@ -19,6 +20,7 @@ from gateway.core.outcomes import (
     decode_records,
     encode_records,
     outcome_row,
+    range_row,
 )
 from gateway.spark.logfiles import plan_slices, read_slice
 from tests.core.test_log import open_store
@@ -64,11 +66,81 @@ def test_record_round_trip() -> None:
         "code": "451",
         "reason": "busy",
         "finished": 10.75,
+        "stream": None,
+        "first": None,
+        "last": None,
+        "exceptions": [],
     }
-    with pytest.raises(ValueError, match="not a version 2 outcome entry"):
+    with pytest.raises(ValueError, match="not a version 2 or 3 outcome entry"):
         decode_records(b'[1, "x"]')
     with pytest.raises(ValueError, match="without its 13 fields"):
         decode_records(b'[2, [["route"]]]')
+    with pytest.raises(ValueError, match="without its 17 fields"):
+        decode_records(b'[3, [["route"]]]')
+
+
+def test_range_record_round_trip() -> None:
+    """A range record keeps its stream, offsets, outcome and every exception."""
+    row = range_row(
+        KIND_FORWARD,
+        "r",
+        "log",
+        "msggateway.route.r",
+        10,
+        19,
+        5.0,
+        Outcome.accepted(),
+        7.5,
+        [(12, KIND_DEAD_LETTER, "rejected", "550", "no such mailbox", 9_000_000, 3)],
+    )
+    [record] = decode_records(encode_records([row]))
+    assert record == {
+        "kind": "forward",
+        "route": "r",
+        "source": "log",
+        "id": None,
+        "address": None,
+        "sender": None,
+        "recipients": None,
+        "bytes": None,
+        "arrived": 5.0,
+        "status": "accepted",
+        "code": None,
+        "reason": "",
+        "finished": 7.5,
+        "stream": "msggateway.route.r",
+        "first": 10,
+        "last": 19,
+        "exceptions": [
+            {
+                "offset": 12,
+                "kind": "dead-letter",
+                "status": "rejected",
+                "code": "550",
+                "reason": "no such mailbox",
+                "finished": 9.0,
+                "attempts": 3,
+            }
+        ],
+    }
+    with pytest.raises(ValueError, match="exception without its 7 fields"):
+        decode_records(encode_records([(*row[:-1], [[12]])]))
+
+
+def test_version_2_records_still_decode() -> None:
+    """An entry the previous release wrote reads as per-message records without a range."""
+    entry = (
+        b'[2,[["route","r","mail","m1","inbox","a@b.example",["x@y.example"],5,'
+        b'10500000,"retry","451","busy",10750000],'
+        b'["forward","r","log","m2","far",null,[],3,5000000,"accepted",null,"",7000000]]]'
+    )
+    routed, forwarded = decode_records(entry)
+    assert (routed["id"], routed["recipients"], routed["bytes"]) == ("m1", ["x@y.example"], 5)
+    assert (routed["arrived"], routed["finished"], routed["code"]) == (10.5, 10.75, "451")
+    assert (forwarded["kind"], forwarded["sender"], forwarded["finished"]) == ("forward", None, 7.0)
+    for record in (routed, forwarded):
+        assert (record["stream"], record["first"], record["last"]) == (None, None, None)
+        assert record["exceptions"] == []
 
 
 @pytest_twisted.ensureDeferred
@@ -179,22 +251,71 @@ async def test_bounded_and_dropped_when_the_log_refuses(tmp_path: Path) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_forwarder_records(tmp_path: Path) -> None:
-    """A durable route's forwarder reports deliveries and dead letters as their own kinds."""
+    """A forwarded chunk is one range record; retried and dead-lettered offsets are listed."""
     store = open_store(tmp_path)
     try:
         clock = Clock()
         recorder = OutcomeRecorder(store.create(OUTCOME_STREAM), clock)
-        settled = recorder.forwarded("durable-route")
-        message = Message(body=b"abc", address="far", timestamp=5.0)
-        clock.advance(7)
-        settled(message, Outcome.accepted(), False)
-        settled(message, Outcome.rejected("gone"), True)
+        report = recorder.forwarded("durable-route", "msggateway.route.durable-route")
+        report(
+            Forwarded(
+                4,
+                9,
+                5.0,
+                7.0,
+                (
+                    ForwardedException(5, False, Outcome.retry("busy", "451"), 2, 8.0),
+                    ForwardedException(6, True, Outcome.rejected("gone"), 5, 9.5),
+                ),
+            )
+        )
+        report(Forwarded(10, 10, 6.0, 7.25))
         await recorder.flush()
-        kinds = _logged(tmp_path)
-        assert [(r["kind"], r["route"], r["source"]) for r in kinds] == [
-            (KIND_FORWARD, "durable-route", "log"),
-            (KIND_DEAD_LETTER, "durable-route", "log"),
+        assert recorder.recorded == 2
+        first, second = _logged(tmp_path)
+        assert [(r["kind"], r["route"], r["source"], r["status"]) for r in (first, second)] == [
+            (KIND_FORWARD, "durable-route", "log", "accepted"),
+            (KIND_FORWARD, "durable-route", "log", "accepted"),
         ]
-        assert kinds[0]["arrived"] == 5.0 and kinds[0]["finished"] == 7.0
+        assert first["stream"] == "msggateway.route.durable-route"
+        assert (first["first"], first["last"], first["arrived"], first["finished"]) == (4, 9, 5, 7)
+        assert [
+            (e["offset"], e["kind"], e["status"], e["code"], e["reason"], e["finished"])
+            for e in first["exceptions"]
+        ] == [
+            (5, KIND_FORWARD, "accepted", "451", "busy", 8.0),
+            (6, KIND_DEAD_LETTER, "rejected", None, "gone", 9.5),
+        ]
+        assert [e["attempts"] for e in first["exceptions"]] == [2, 5]
+        assert (second["first"], second["last"], second["exceptions"]) == (10, 10, [])
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_batch_is_one_call_and_bounded_as_a_whole(tmp_path: Path) -> None:
+    """One record per message of a batch, with the batch's times; past the bound, what fits."""
+    store = open_store(tmp_path)
+    try:
+        clock = Clock()
+        clock.advance(3)
+        recorder = OutcomeRecorder(store.create(OUTCOME_STREAM), clock, max_pending=3)
+        batch = [Message(body=b"x" * n, address=f"a{n}", id=f"m{n}") for n in range(1, 5)]
+        outcomes = [
+            Outcome.accepted(),
+            Outcome.retry("busy"),
+            Outcome.accepted(),
+            Outcome.accepted(),
+        ]
+        recorder.record_batch("route", "r", "s", batch, 2.0, outcomes)
+        assert recorder.dropped == 1
+        await recorder.flush()
+        logged = _logged(tmp_path)
+        assert [(r["id"], r["address"], r["bytes"], r["status"]) for r in logged] == [
+            ("m1", "a1", 1, "accepted"),
+            ("m2", "a2", 2, "retry"),
+            ("m3", "a3", 3, "accepted"),
+        ]
+        assert {(r["arrived"], r["finished"]) for r in logged} == {(2.0, 3.0)}
     finally:
         await store.close()

@@ -61,6 +61,8 @@ class PendingAppend:
         records: Offsets the entries take (None: one each, no sub-batches).
         first_offset: Set by the planner: offset of the first stored message.
         chunk_id: Set by the planner: the chunk holding it.
+        spans: Set by the planner: ``(first offset, offsets taken)`` in each
+            chunk the append went into.
     """
 
     deferred: Deferred[AppendResult]
@@ -72,6 +74,7 @@ class PendingAppend:
     records: int | None = None
     first_offset: int | None = None
     chunk_id: int | None = None
+    spans: list[tuple[int, int]] = field(default_factory=list)
 
     def result(self) -> AppendResult:
         """The outcome to acknowledge with."""
@@ -80,6 +83,7 @@ class PendingAppend:
             chunk_id=self.chunk_id,
             stored=len(self.messages),
             duplicates=self.duplicates,
+            spans=tuple(self.spans),
         )
 
 
@@ -176,9 +180,11 @@ class CommitPlanner:
                     self._close_user_chunk(chunk, pending_offsets)
                     pending_offsets, chunk = {}, _OpenChunk()
                     continue
+                offset = self._next_id + chunk.records
                 if append.first_offset is None:
                     append.chunk_id = self._next_id
-                    append.first_offset = self._next_id + chunk.records
+                    append.first_offset = offset
+                append.spans.append((offset, take))
                 if done == 0 and take == total:
                     chunk.messages.extend(append.messages)
                 else:
@@ -217,6 +223,7 @@ class CommitPlanner:
             self._prepare_chunk()
         append.chunk_id = self._next_id
         append.first_offset = self._next_id + chunk.records
+        append.spans.append((append.first_offset, append.records or 0))
         chunk.messages.extend(append.messages)
         chunk.nbytes += append.nbytes
         chunk.records += append.records or 0

@@ -508,24 +508,54 @@ class StreamLog:
         if max_chunks <= 0 or self._error is not None or chunk_id >= self._next_id:
             return []
         segments = self._segments
-        number = bisect_right(segments, chunk_id, key=lambda s: s.first_id) - 1
-        index = 0
-        if number < 0:
-            number = 0
-        else:
-            segment = segments[number]
-            index = max(segment.locate(chunk_id), 0)
-            if index < len(segment) and chunk_id >= segment.chunk_next_id(index):
-                index += 1
+        number, index = self._start(chunk_id)
         chunks: list[StoredChunk] = []
         budget = max_bytes
-        while number < len(segments) and len(chunks) < max_chunks and budget > 0:
+        # Until a user chunk is found the budget does not stop the read: tracking
+        # chunks at the end of a segment must not hide the user chunk after them.
+        while number < len(segments) and len(chunks) < max_chunks and (budget > 0 or not chunks):
             segment = segments[number]
             if index >= len(segment):
                 number, index = number + 1, 0
                 continue
             index, budget = self._read_span(segment, index, max_chunks, budget, chunks)
         return chunks
+
+    def _start(self, chunk_id: int) -> tuple[int, int]:
+        """Segment number and chunk index a read from ``chunk_id`` starts at."""
+        segments = self._segments
+        number = bisect_right(segments, chunk_id, key=lambda s: s.first_id) - 1
+        if number < 0:
+            return 0, 0
+        segment = segments[number]
+        index = max(segment.locate(chunk_id), 0)
+        if index < len(segment) and chunk_id >= segment.chunk_next_id(index):
+            index += 1
+        return number, index
+
+    def user_chunk_at(self, chunk_id: int) -> tuple[int, int] | None:
+        """Id and next chunk id of the chunk `read_chunks` would return first, from the index.
+
+        Nothing is read: a reader that already holds the chunk's messages
+        (a durable route's forwarder at the tail) learns where it is and
+        where the next read starts without reading or decoding it.
+
+        Returns:
+            ``(chunk_id, next_chunk_id)`` of the first committed user chunk
+            at or after ``chunk_id`` (as `read_chunks` starts), or None at
+            the end of the stream.
+        """
+        if self._error is not None or chunk_id >= self._next_id:
+            return None
+        segments = self._segments
+        number, index = self._start(chunk_id)
+        while number < len(segments):
+            segment = segments[number]
+            found = segment.types.find(USER, index)
+            if found >= 0:
+                return segment.chunk_ids[found], segment.chunk_next_id(found)
+            number, index = number + 1, 0
+        return None
 
     def _read_span(
         self,

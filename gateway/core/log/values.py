@@ -84,15 +84,22 @@ class AppendResult:
     Attributes:
         first_offset: Offset of the first message stored, None if none was.
         chunk_id: Id of the chunk holding that message, None if none was stored.
-        stored: Messages written (at consecutive offsets from ``first_offset``).
+        stored: Messages written, in order, from ``first_offset`` on.
         duplicates: Messages not written because their publishing id was not
             above the reference's last one; they are acknowledged all the same.
+        spans: Where the stored messages went: one ``(first offset, offsets
+            taken)`` per chunk, in order. Within a chunk offsets are
+            consecutive; an append that fills a chunk goes on in the next
+            user chunk, which may not start right after it (a segment roll
+            puts a tracking snapshot, one offset, in between). Appends of
+            one group commit share chunks, so a chunk may hold others too.
     """
 
     first_offset: int | None
     chunk_id: int | None
     stored: int
     duplicates: int
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @attrs.frozen
