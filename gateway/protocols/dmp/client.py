@@ -52,7 +52,7 @@ from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
 from gateway.protocols.dmp.lease_request import LeaseRequest
-from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
+from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 
@@ -337,12 +337,11 @@ class DMPUpstream:
             return all_same(len(messages), Outcome.rejected(why))
         if connection is None:
             return all_same(len(messages), Outcome.retry(f"upstream {self.name} is not connected"))
-        exchange = self.settings.exchange
         name = self.name
         outcomes, written = write_envelopes(
             connection.writes,
             messages,
-            lambda message: dmp.encode_envelope(envelope_from_message(message, exchange)),
+            self.settings.exchange,
             self.settings.max_backlog_bytes,
             lambda held: Outcome.retry(f"upstream {name}: {held} bytes unwritten"),
             lambda why: Outcome.rejected(f"upstream {name}: {why}"),

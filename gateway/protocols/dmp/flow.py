@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.codecs import dmp
 from gateway.core.message import Message, Outcome
+from gateway.protocols.dmp.mapping import envelope_from_message
 
 __all__ = ["HeldWrites", "InFlight", "write_envelopes"]
 
@@ -59,7 +60,7 @@ class HeldWrites:
 def write_envelopes(
     writes: HeldWrites,
     messages: Sequence[Message],
-    encode: Callable[[Message], bytes],
+    exchange: str,
     max_held_bytes: int,
     behind: Callable[[int], Outcome],
     cannot_carry: Callable[[str], Outcome],
@@ -75,7 +76,7 @@ def write_envelopes(
     Args:
         writes: The connection's writes.
         messages: The batch.
-        encode: A message's envelope, size prefix included.
+        exchange: The envelopes' exchange (`envelope_from_message`).
         max_held_bytes: Bytes held for a slow peer past which more are refused.
         behind: The outcome of a message refused for the backlog.
         cannot_carry: The outcome of a message DMP cannot carry, given why.
@@ -83,21 +84,21 @@ def write_envelopes(
     Returns:
         One outcome per message, in order, and how many were written.
     """
-    outcomes: list[Outcome] = []
+    outcomes = [_ACCEPTED] * len(messages)
     parts: list[bytes] = []
     paused = writes.paused
     held = writes.held_bytes
-    for message in messages:
+    encode = dmp.encode_envelope
+    for index, message in enumerate(messages):
         if held > max_held_bytes:
-            outcomes.append(behind(held))
+            outcomes[index] = behind(held)
             continue
         try:
-            data = encode(message)
+            data = encode(envelope_from_message(message, exchange))
         except dmp.DMPLocalError as exc:
-            outcomes.append(cannot_carry(exc.reason))
+            outcomes[index] = cannot_carry(exc.reason)
             continue
         parts.append(data)
-        outcomes.append(_ACCEPTED)
         if paused:
             held += len(data)
     if parts:

@@ -58,7 +58,7 @@ from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
-from gateway.protocols.dmp.mapping import envelope_from_message, message_from_envelope
+from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.listener import ListenerFactory
@@ -385,7 +385,7 @@ class DMPServerProtocol(Protocol):
         outcomes, written = write_envelopes(
             self._writes,
             messages,
-            lambda message: dmp.encode_envelope(envelope_from_message(message, target)),
+            target,
             self.factory.settings.max_feed_backlog_bytes,
             lambda held: Outcome.retry(f"the reader of feed {target!r} is {held} bytes behind"),
             lambda why: Outcome.rejected(f"feed {target!r} cannot carry the message: {why}"),
