@@ -4,8 +4,11 @@ A listener connection (or an upstream that receives) adds each message it
 decodes to its `Inbox`, with a token saying how to answer that message's
 sender (a QMQP block id, an SSMP response slot, an MTL confirm tag). When the
 read is drained it calls `Inbox.dispatch`: the router gets the whole read as
-one batch, and when the routes have answered, the inbox calls ``answer``
-once per message, in the order they were added. Nothing waits for a batch
+one batch, and the inbox calls ``answer`` once per message as its result is
+known (`Router.route`: at once for a message no route takes, then each
+route's messages together when that route's batch is answered; an adapter
+whose protocol answers in request order keeps its own order, as the SSMP
+server's response slots do). Nothing waits for a batch
 to fill (DESIGN.md, "The batch is the unit of work").
 """
 
@@ -29,8 +32,8 @@ class Inbox(Generic[T]):
     Args:
         router: Where the batch goes.
         source: The listener or upstream name the messages arrived at.
-        answer: Called with each message's token and result, in order,
-            once its routes have answered.
+        answer: Called with each message's token and result once its
+            routes have answered (not necessarily in the order added).
     """
 
     __slots__ = ("_answer", "_messages", "_router", "_source", "_tokens")
