@@ -16,19 +16,22 @@ real log in a temporary directory through `twisted.test.iosim`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 import pytest
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.test import iosim
 from zope.interface import implementer
@@ -44,6 +47,7 @@ from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.stream.bridge import StreamDestination
 from gateway.protocols.stream.client import (
     ENTRY_OVERHEAD_BYTES,
     PUBLISH_OVERHEAD_BYTES,
@@ -98,10 +102,29 @@ class Sink:
         answers.settle(index, outcome)
 
 
+class CountingTransport(StringTransport):
+    """A StringTransport that counts the client's writes (one per batch, not per frame)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        """Count and keep one write."""
+        self.writes += 1
+        super().write(data)
+
+    def writeSequence(self, data: Iterable[bytes]) -> None:  # noqa: N802 (Twisted's name)
+        """Count and keep one write of several pieces."""
+        self.writes += 1
+        for piece in data:
+            super().write(piece)
+
+
 class Node:
     """One connection of the upstream, with the test playing the stream node."""
 
-    def __init__(self, wrapper: Any, transport: StringTransport) -> None:
+    def __init__(self, wrapper: Any, transport: CountingTransport) -> None:
         self.wrapper = wrapper
         self.protocol: StreamClientProtocol = wrapper._wrappedProtocol
         self.transport = transport
@@ -281,7 +304,7 @@ class World:
         self._taken += 1
         address = IPv4Address("TCP", host, port)
         wrapper = factory.buildProtocol(address)
-        transport = StringTransport(peerAddress=address)
+        transport = CountingTransport(peerAddress=address)
         wrapper.makeConnection(transport)
         return Node(wrapper, transport)
 
@@ -1196,7 +1219,7 @@ def test_moves_through_the_relocate_function() -> None:
     host, port, factory, *_ = reactor.tcpClients[0]
     address = IPv4Address("TCP", host, port)
     wrapper = factory.buildProtocol(address)
-    transport = StringTransport(peerAddress=address)
+    transport = CountingTransport(peerAddress=address)
     wrapper.makeConnection(transport)
     node = Node(wrapper, transport)
     node.login()
@@ -1220,3 +1243,398 @@ def test_an_unreadable_sub_batch_is_skipped_not_fatal() -> None:
     assert [m.body for m in world.sink.messages] == [b"readable"]
     assert not node.transport.disconnecting
     assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+
+
+# --- batches (issue 15): a batch in, one Answers, Publish frames per batch ------------------
+
+
+BIG = attrs.evolve(SETTINGS, batch_size=1000)
+"""Frames as large as frame_max allows."""
+PUBLISHED = Route(
+    name="published",
+    source="src",
+    pattern=AddressPattern("#"),
+    destination=UPSTREAM,
+    timeout_seconds=5.0,
+)
+"""A route from ``src`` into the upstream, with a deadline of 5 s."""
+
+
+def ready(world: World) -> tuple[Node, int]:
+    """Open the world and declare the publisher (one message, confirmed); return node and id."""
+    node = world.open()
+    first = tracked(world.publish("warm-up"))
+    declared = node.declare()
+    [frame] = node.of(sp.Publish)
+    node.confirm(declared.publisher_id, *frame.publishing_ids)
+    assert status(first) is Status.ACCEPTED
+    node.transport.writes = 0
+    return node, declared.publisher_id
+
+
+def entries_of(names: Sequence[str], body: bytes = b"hello") -> list[bytes]:
+    """The entries the upstream writes for messages with ids ``names``."""
+    return [entry_from_message(Message(body=body, address="anything", id=name)) for name in names]
+
+
+def test_a_batch_is_one_publish_frame_in_one_write() -> None:
+    """A batch of N messages for one stream is one Publish frame with N ids, in one write."""
+    world = World(BIG)
+    node, publisher_id = ready(world)
+    names = [f"m{i}" for i in range(50)]
+    outcomes = tracked(world.publish_batch(names))
+    expected = sp.encode(
+        sp.Publish(
+            publisher_id=publisher_id,
+            publishing_ids=list(range(2, 52)),
+            messages=entries_of(names),
+        )
+    )
+    assert node.transport.writes == 1
+    assert node.transport.value() == expected
+    [frame] = node.of(sp.Publish)
+    assert list(frame.publishing_ids) == list(range(2, 52))
+    assert outcomes == []
+    node.confirm(publisher_id, *range(2, 52))
+    assert outcomes == [[Outcome.accepted()] * 50]
+
+
+def test_a_batch_past_batch_size_is_several_frames_in_one_write(world: World) -> None:
+    """Past batch_size (3 here) a batch takes several Publish frames, still one write."""
+    node, _ = ready(world)
+    tracked(world.publish_batch([f"m{i}" for i in range(7)]))
+    assert node.transport.writes == 1
+    frames = node.of(sp.Publish)
+    assert [list(frame.publishing_ids) for frame in frames] == [[2, 3, 4], [5, 6, 7], [8]]
+
+
+def test_confirms_in_pieces_settle_each_message() -> None:
+    """Confirms arriving in pieces, out of order, settle their messages; the batch fires last."""
+    world = World(BIG)
+    node, publisher_id = ready(world)
+    outcomes = tracked(world.publish_batch([f"m{i}" for i in range(5)]))
+    node.of(sp.Publish)
+    node.confirm(publisher_id, 3)
+    node.confirm(publisher_id, 2, 5)
+    assert outcomes == []
+    node.confirm(publisher_id, 3, 4)  # 3 again: ignored
+    assert outcomes == []
+    node.confirm(publisher_id, 6)
+    assert outcomes == [[Outcome.accepted()] * 5]
+    assert world.upstream._unconfirmed == 0
+
+
+def test_publish_errors_give_those_messages_their_own_outcome() -> None:
+    """A PublishError for some ids answers those messages with its codes; the rest accepted."""
+    world = World(BIG)
+    node, publisher_id = ready(world)
+    outcomes = tracked(world.publish_batch([f"m{i}" for i in range(5)]))
+    node.of(sp.Publish)
+    node.say(
+        sp.PublishError(publisher_id=publisher_id, publishing_ids=[3, 5], codes=[6, 16]),
+        sp.PublishConfirm(publisher_id=publisher_id, publishing_ids=[2, 4, 6]),
+    )
+    [results] = outcomes
+    assert not isinstance(results, Failure)
+    assert [(outcome.status, outcome.code) for outcome in results] == [
+        (Status.ACCEPTED, None),
+        (Status.RETRY, "6"),
+        (Status.ACCEPTED, None),
+        (Status.REJECTED, "16"),
+        (Status.ACCEPTED, None),
+    ]
+
+
+def test_a_batch_over_max_queue_refuses_only_what_does_not_fit() -> None:
+    """With room for 3 queued messages, a batch of 5 queues 3 and refuses the last 2 at once."""
+    world = World(attrs.evolve(BIG, max_queue=3, max_unconfirmed=1))
+    node, publisher_id = ready(world)
+    tracked(world.publish_batch(["first"]))  # in flight: the queue stays empty
+    outcomes = tracked(world.publish_batch([f"m{i}" for i in range(5)]))
+    assert world.upstream._queued == 3
+    node.confirm(publisher_id, 2)
+    node.confirm(publisher_id, 3)
+    node.confirm(publisher_id, 4)
+    node.confirm(publisher_id, 5)
+    [results] = outcomes
+    assert not isinstance(results, Failure)
+    assert [outcome.status for outcome in results] == [Status.ACCEPTED] * 3 + [Status.RETRY] * 2
+    assert "queued already" in results[3].reason
+
+
+def test_a_batch_to_several_streams_is_answered_in_its_order() -> None:
+    """Without a fixed stream, each address gets its publisher; outcomes keep the batch's order."""
+    world = World(attrs.evolve(BIG, stream=None))
+    node = world.open()
+    messages = [Message(body=b"x", address=address, id=str(i)) for i, address in enumerate("abab")]
+    outcomes = tracked(world.upstream.deliver(messages))
+    first, second = node.of(sp.DeclarePublisher)
+    assert (first.stream, second.stream) == ("a", "b")
+    node.say(
+        *(
+            sp.Response(key=sp.Key.DECLARE_PUBLISHER, correlation_id=d.correlation_id, code=1)
+            for d in (first, second)
+        )
+    )
+    queries = node.of(sp.QueryPublisherSequence)
+    node.say(
+        *(
+            sp.QueryPublisherSequenceResponse(correlation_id=q.correlation_id, code=1, sequence=0)
+            for q in queries
+        )
+    )
+    frames = node.of(sp.Publish)
+    assert [(frame.publisher_id, list(frame.publishing_ids)) for frame in frames] == [
+        (first.publisher_id, [1, 2]),
+        (second.publisher_id, [1, 2]),
+    ]
+    node.confirm(second.publisher_id, 1, 2)
+    node.say(sp.PublishError(publisher_id=first.publisher_id, publishing_ids=[2], codes=[2]))
+    assert outcomes == []
+    node.confirm(first.publisher_id, 1)
+    [results] = outcomes
+    assert not isinstance(results, Failure)
+    assert [outcome.status for outcome in results] == [
+        Status.ACCEPTED,
+        Status.ACCEPTED,
+        Status.REJECTED,
+        Status.ACCEPTED,
+    ]
+
+
+def test_the_router_deadline_answers_what_is_known_and_forgets_the_rest() -> None:
+    """Cut by the route's deadline: the confirmed are accepted, only the others retry.
+
+    ``max_unconfirmed`` 4 holds 2 of the 6 messages in the queue until
+    confirms make room. At the deadline the 3 confirmed are accepted and the
+    3 unconfirmed are answered "retry later" by the route's time-out; the
+    counts are back to 0 and a late confirm changes nothing.
+    """
+    world = World(attrs.evolve(BIG, max_unconfirmed=4))
+    world.upstream.router.replace_table(
+        bind_routes([CONSUMED, PUBLISHED], {SINK: world.sink, UPSTREAM: world.upstream})
+    )
+    node, publisher_id = ready(world)
+    messages = [Message(body=b"x", address="out", id=f"m{i}") for i in range(6)]
+    results = tracked(world.upstream.router.dispatch("src", messages))
+    [frame] = node.of(sp.Publish)
+    assert list(frame.publishing_ids) == [2, 3, 4, 5]
+    assert world.upstream._queued == 2
+    node.confirm(publisher_id, 2, 4)
+    assert ids_of(node) == ["m4", "m5"]  # room for the queued two, which go out now
+    world.reactor.advance(4.9)
+    assert results == []
+    node.confirm(publisher_id, 6)
+    world.reactor.advance(0.1)
+    [answered] = results
+    assert not isinstance(answered, Failure)
+    assert [result.status for result in answered if isinstance(result, Outcome)] == [
+        Status.ACCEPTED,
+        Status.RETRY,
+        Status.ACCEPTED,
+        Status.RETRY,
+        Status.ACCEPTED,
+        Status.RETRY,
+    ]
+    late = answered[1]
+    assert isinstance(late, Outcome) and "within 5 seconds" in late.reason
+    assert world.upstream._queued == 0
+    node.confirm(publisher_id, 3, 5, 7)  # late: nothing changes, nothing more is sent
+    assert node.of(sp.Publish) == []
+    assert world.upstream._unconfirmed == 0
+
+
+def test_the_deadline_drops_what_is_still_queued() -> None:
+    """A batch cut while its messages wait for max_unconfirmed: they are never published."""
+    world = World(attrs.evolve(BIG, max_unconfirmed=2))
+    world.upstream.router.replace_table(
+        bind_routes([CONSUMED, PUBLISHED], {SINK: world.sink, UPSTREAM: world.upstream})
+    )
+    node, publisher_id = ready(world)
+    messages = [Message(body=b"x", address="out", id=f"m{i}") for i in range(5)]
+    results = tracked(world.upstream.router.dispatch("src", messages))
+    assert ids_of(node) == ["m0", "m1"]
+    world.reactor.advance(5)
+    [answered] = results
+    assert not isinstance(answered, Failure)
+    assert all(isinstance(r, Outcome) and r.status is Status.RETRY for r in answered)
+    assert world.upstream._queued == 0
+    node.confirm(publisher_id, 2, 3)
+    assert node.of(sp.Publish) == []
+    after = tracked(world.publish("next"))
+    assert ids_of(node) == ["next"]
+    node.confirm(publisher_id, 4)
+    assert status(after) is Status.ACCEPTED
+
+
+def test_a_dropped_connection_resends_only_the_unconfirmed_of_a_batch_with_their_ids() -> None:
+    """Mid-batch the connection ends: after the reconnect only the unconfirmed go again, same ids.
+
+    Of 6 messages (ids 2 to 7), 2 and 3 were confirmed before the drop and the
+    broker's sequence says it stored up to 5: 4 and 5 are accepted from it,
+    6 and 7 are published again in one frame with their ids and entries.
+    """
+    world = World(BIG)
+    node, publisher_id = ready(world)
+    names = [f"m{i}" for i in range(6)]
+    outcomes = tracked(world.publish_batch(names))
+    node.of(sp.Publish)
+    node.confirm(publisher_id, 2, 3)
+    node.lose()
+    world.reactor.advance(0.5)
+    node = world.open(sequence=5)
+    frames = node.of(sp.Publish)
+    assert [list(frame.publishing_ids) for frame in frames] == [[6, 7]]
+    assert [bytes(entry) for entry in frames[0].messages] == entries_of(names[4:])
+    assert outcomes == []
+    node.confirm(publisher_id, 6, 7)
+    assert outcomes == [[Outcome.accepted()] * 6]
+
+
+def test_a_deliver_chunk_reaches_the_router_as_one_batch() -> None:
+    """The N entries of a Deliver chunk are one batch for the routes (and credit comes once)."""
+    world = consuming()
+    node = world.open()
+    node.deliver_chunk(0, 0, b"a", b"b", b"c", b"d")
+    assert [[m.body for m in batch] for batch in world.sink.batches] == [[b"a", b"b", b"c", b"d"]]
+    assert [m.id for m in world.sink.messages] == ["a", "b", "c", "d"]
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+    node.deliver_chunk(0, 4, b"e")
+    assert [len(batch) for batch in world.sink.batches] == [4, 1]
+
+
+def test_a_chunk_with_partial_refusals_is_settled_once_all_have_outcomes() -> None:
+    """Some entries refused, some accepted later: credit and the stored offset wait for all."""
+    world = consuming()
+    node = world.open()
+    world.sink.auto = False
+    node.deliver_chunk(0, 0, b"a", b"b", b"c")
+    world.sink.answer(1, Outcome.rejected("no"))
+    world.sink.answer(0, Outcome.accepted())
+    world.reactor.advance(5)
+    assert node.of(sp.Credit) == []
+    assert node.of(sp.StoreOffset) == []
+    world.sink.answer(2, Outcome.retry("later"))
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+    world.reactor.advance(5)
+    assert [event.offset for event in node.of(sp.StoreOffset)] == [2]
+
+
+def test_an_unrouted_chunk_is_settled_at_once() -> None:
+    """Entries no route takes are counted and the chunk settled: credit comes back at once."""
+    world = consuming()
+    world.upstream.router.replace_table(bind_routes([], {}))
+    node = world.open()
+    node.deliver_chunk(0, 0, b"a", b"b")
+    assert world.sink.messages == []
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+    assert world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind="unrouted") == 2
+
+
+BATCH = 6
+"""Messages in the property's batch (publishing ids 2 to 7 after the warm-up's 1)."""
+PUBLISH_EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("confirm"), st.lists(st.integers(1, 2 * BATCH + 2), max_size=BATCH)),
+        st.tuples(
+            st.just("error"),
+            st.lists(
+                st.tuples(st.integers(1, 2 * BATCH + 2), st.sampled_from([2, 6, 16, 18])),
+                max_size=3,
+                unique_by=lambda pair: pair[0],
+            ),
+        ),
+        st.tuples(st.just("drop"), st.integers(0, BATCH + 1)),
+    ),
+    max_size=8,
+)
+
+
+def play(events: list[tuple[Any, ...]], max_unconfirmed: int, *, batched: bool) -> list[Any]:
+    """Publish BATCH messages (one batch, or one batch each), play ``events``, confirm the rest.
+
+    Returns each message's (status, code, reason), in order.
+    """
+    world = World(attrs.evolve(BIG, max_unconfirmed=max_unconfirmed))
+    node, publisher_id = ready(world)
+    names = [f"m{i}" for i in range(BATCH)]
+    if batched:
+        whole = tracked(world.publish_batch(names))
+    else:
+        each = [tracked(world.publish(name)) for name in names]
+    for kind, argument in events:
+        if kind == "confirm":
+            node.confirm(publisher_id, *argument)
+        elif kind == "error":
+            node.say(
+                sp.PublishError(
+                    publisher_id=publisher_id,
+                    publishing_ids=[i for i, _ in argument],
+                    codes=[code for _, code in argument],
+                )
+            )
+        else:
+            node.lose()
+            world.reactor.advance(0.5)
+            node = world.open(sequence=argument)
+    for _ in range(BATCH + 1):  # the broker confirms whatever is still in flight
+        node.confirm(publisher_id, *range(1, 3 * BATCH))
+    outcomes = [] if batched else [results[0] for results in each]
+    if batched:
+        [outcomes] = whole
+    assert len(outcomes) == BATCH
+    return [(outcome.status, outcome.code, outcome.reason) for outcome in outcomes]
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=PUBLISH_EVENTS, max_unconfirmed=st.integers(1, BATCH + 1))
+def test_a_batch_gets_the_outcomes_one_message_at_a_time_would(
+    events: list[tuple[Any, ...]], max_unconfirmed: int
+) -> None:
+    """Any confirms, errors and drops: a batch's outcomes are those of batches of one."""
+    assert play(events, max_unconfirmed, batched=True) == play(
+        events, max_unconfirmed, batched=False
+    )
+
+
+# --- the route into a listener's own streams (bridge.StreamDestination) ---------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_deadline_before_the_commit_is_the_routes_time_out_not_an_error(
+    tmp_path: Path,
+) -> None:
+    """A batch into a local stream cut by its route's deadline: a time-out, no failure logged.
+
+    The append goes on in the log's writer thread; the sender is told to
+    retry by the route's own time-out, and nothing is logged as a failure.
+    """
+    store = LogStore(tmp_path / "log", _reactor(), fsync=FsyncPolicy.NEVER)
+    store.open()
+    try:
+        destination = StreamDestination("streams", store)
+        clock = Clock()
+        route = Route(
+            name="into-log",
+            source="src",
+            pattern=AddressPattern("#"),
+            destination="streams",
+            timeout_seconds=5.0,
+        )
+        router = Router(bind_routes([route], {"streams": destination}), clock)
+        messages = [Message(body=b"x", address="local", id=f"m{i}") for i in range(3)]
+        with capturedLogs() as events:
+            results = tracked(router.dispatch("src", messages))
+            clock.advance(5)  # before the writer thread's commit can be answered
+        [answered] = results
+        assert not isinstance(answered, Failure)
+        assert [result.status for result in answered if isinstance(result, Outcome)] == [
+            Status.RETRY
+        ] * 3
+        assert all(
+            isinstance(result, Outcome) and "within 5 seconds" in result.reason
+            for result in answered
+        )
+        assert [event for event in events if event.get("log_failure")] == []
+    finally:
+        await store.close()

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from gateway.core.batch import Answers, all_same
+from gateway.core.batch import UNANSWERED, Answers, all_same
 from gateway.core.forwarder import LogForwarder
 from gateway.core.interfaces import IDestination
 from gateway.core.log import LogError, LogStore, StreamLog
@@ -125,6 +125,10 @@ class StreamDestination:
         )
 
     def _failed(self, failure: Failure, count: int) -> list[Outcome]:
+        if failure.check(CancelledError):
+            # The route's deadline came first: the router words the answer
+            # (the append itself goes on; it cannot be taken back).
+            return [UNANSWERED] * count
         if not failure.check(LogError):
             self._log.failure("{listener}: append failed", failure, listener=self.name)
         return [Outcome.retry(f"stream listener {self.name}: {failure.getErrorMessage()}")] * count
