@@ -15,7 +15,10 @@ report
     confirm, retry = Z / 4xx, rejected = D / 5xx / PublishError; durable
     routes' forwarded and dead-lettered), latency percentiles from arrival to
     outcome; per stream counts; per hour; top senders and recipient domains.
-    Written as ``report.json``, one CSV per table and PNG charts.
+    Written as ``report.json``, one CSV per table and PNG charts. A durable
+    route's records name ranges of its stream: each is joined to the
+    stream's messages (`message_outcomes`), so that every message of a range
+    counts as one, with its address, sender, recipients and size.
 send
     A dataset of messages (Parquet, CSV, JSON lines with id, sender,
     recipients and body; or a directory of RFC 822 files) pushed into a
@@ -57,6 +60,7 @@ from gateway.spark.source import NAME, register
 __all__ = [
     "ARCHIVE_STATE",
     "archive",
+    "message_outcomes",
     "report",
     "send",
     "spark_session",
@@ -259,7 +263,7 @@ def report(
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    outcomes = read_log(spark, log, kind="outcomes")
+    outcomes = message_outcomes(spark, log)
     if since:
         outcomes = outcomes.where(F.col("arrived") >= F.lit(since).cast("timestamp"))
     if until:
@@ -349,6 +353,115 @@ def report(
         _write_csv(out / f"{table}.csv", document[table])
     _charts(out, document)
     return document
+
+
+_MESSAGE_OUTCOME_COLUMNS: Final = (
+    "kind",
+    "route",
+    "source",
+    "message_id",
+    "address",
+    "sender",
+    "recipients",
+    "bytes",
+    "arrived",
+    "status",
+    "code",
+    "reason",
+    "finished",
+    "latency_ms",
+)
+
+
+def message_outcomes(spark: SparkSession, log: str | Path) -> DataFrame:
+    """The outcome records, one row per message and record: what the report counts.
+
+    A per-message record is one row as it is. A range record becomes a row
+    per offset of its range, joined to the message at that offset in its
+    stream for the id, address, sender, recipients and bytes; an offset
+    listed in its exceptions takes the exception's kind, status, code,
+    reason and time. A forwarder's row (``forward``, ``dead-letter``)
+    counts from the message's own arrival (its timestamp), as the
+    per-message records did; a committed batch's (``route``) from the
+    batch's. A message no longer in the log (retention) still counts, with
+    its details null.
+
+    Returns:
+        ``kind, route, source, message_id, address, sender, recipients,
+        bytes, arrived, status, code, reason, finished, latency_ms``.
+    """
+    records = read_log(spark, log, kind="outcomes")
+    single = records.where(F.col("first_offset").isNull()).select(*_MESSAGE_OUTCOME_COLUMNS)
+    ranges = records.where(F.col("first_offset").isNotNull())
+    spans = (
+        ranges.groupBy("log_stream")
+        .agg(F.min("first_offset").alias("low"), F.max("last_offset").alias("high"))
+        .collect()
+    )
+    if not spans:
+        return single
+    frames = [
+        read_log(
+            spark,
+            log,
+            streams=span["log_stream"],
+            start_offset=span["low"],
+            end_offset=span["high"] + 1,
+        ).select(
+            F.col("stream").alias("log_stream"),
+            F.col("offset").alias("message_offset"),
+            "message_id",
+            "address",
+            "sender",
+            "recipients",
+            F.col("size").cast("long").alias("bytes"),
+            F.col("timestamp").alias("sent"),
+        )
+        for span in spans
+    ]
+    messages = frames[0]
+    for other in frames[1:]:
+        messages = messages.unionByName(other)
+    offset = F.col("message_offset")
+    expanded = ranges.select(
+        "kind",
+        "route",
+        "source",
+        "arrived",
+        "status",
+        "code",
+        "reason",
+        "finished",
+        "log_stream",
+        "exceptions",
+        F.explode(F.sequence("first_offset", "last_offset")).alias("message_offset"),
+    ).withColumn(
+        "exception",
+        F.try_element_at(F.filter("exceptions", lambda e: e["offset"] == offset), F.lit(1)),
+    )
+    exception = F.col("exception")
+    listed = exception.isNotNull()
+    arrived = F.when(F.col("kind") == "route", F.col("arrived")).otherwise(
+        F.coalesce(F.col("sent"), F.col("arrived"))
+    )
+    finished = F.coalesce(exception["finished"], F.col("finished"))
+    per_message = expanded.join(messages, ["log_stream", "message_offset"], "left").select(
+        F.coalesce(exception["kind"], F.col("kind")).alias("kind"),
+        "route",
+        "source",
+        "message_id",
+        "address",
+        "sender",
+        "recipients",
+        "bytes",
+        arrived.alias("arrived"),
+        F.coalesce(exception["status"], F.col("status")).alias("status"),
+        F.when(listed, exception["code"]).otherwise(F.col("code")).alias("code"),
+        F.when(listed, exception["reason"]).otherwise(F.col("reason")).alias("reason"),
+        finished.alias("finished"),
+        ((F.unix_micros(finished) - F.unix_micros(arrived)) / 1000.0).alias("latency_ms"),
+    )
+    return single.unionByName(per_message)
 
 
 def _route_row(row: Any) -> dict[str, Any]:

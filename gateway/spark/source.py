@@ -17,9 +17,16 @@ Two kinds of rows (`MESSAGE_SCHEMA`, `OUTCOME_SCHEMA`):
   its size. Entries are read with the stream listener's own mapping
   (`gateway.protocols.stream.mapping`), so a message reads the same here as
   through a stream consumer.
-* ``outcomes``: the records of ``msggateway.outcomes`` (`gateway.core.outcomes`):
-  per message and route, its source, arrival, outcome and outcome time
-  (``offset`` is the entry's: one entry holds up to a thousand records).
+* ``outcomes``: the records of ``msggateway.outcomes`` (`gateway.core.outcomes`),
+  one row per record (``offset`` is the entry's: one entry holds up to a
+  thousand records): its kind, route, source, arrival, outcome and outcome
+  time. A per-message record (a direct route's) has the message's id,
+  address, sender, recipients and bytes; a range record (a durable route's
+  committed batch, or a chunk its forwarder delivered) has instead the
+  stream and offsets it covers (``log_stream``, ``first_offset``,
+  ``last_offset``) and its ``exceptions``, the offsets whose outcome was
+  another. `gateway.spark.jobs.message_outcomes` joins ranges to the
+  stream's messages: one row per message, as the report counts them.
 
 Partitions are slices of segments (`gateway.spark.logfiles`, at most
 ``max_slice_bytes`` of chunks each), read in parallel by Spark's workers. The
@@ -86,7 +93,10 @@ OUTCOME_SCHEMA: Final = (
     "stream STRING, offset LONG, chunk_timestamp TIMESTAMP, kind STRING, route STRING,"
     " source STRING, message_id STRING, address STRING, sender STRING,"
     " recipients ARRAY<STRING>, bytes LONG, arrived TIMESTAMP, status STRING,"
-    " code STRING, reason STRING, finished TIMESTAMP, latency_ms DOUBLE"
+    " code STRING, reason STRING, finished TIMESTAMP, latency_ms DOUBLE,"
+    " log_stream STRING, first_offset LONG, last_offset LONG,"
+    " exceptions ARRAY<STRUCT<offset: LONG, kind: STRING, status: STRING, code: STRING,"
+    " reason: STRING, finished: TIMESTAMP, attempts: INT>>"
 )
 """The rows of ``kind = outcomes``."""
 
@@ -339,6 +349,25 @@ _OUTCOME_COLUMNS: Final = (
     ("reason", pa.string()),
     ("finished", _TIMESTAMP),
     ("latency_ms", pa.float64()),
+    ("log_stream", pa.string()),
+    ("first_offset", pa.int64()),
+    ("last_offset", pa.int64()),
+    (
+        "exceptions",
+        pa.list_(
+            pa.struct(
+                [
+                    ("offset", pa.int64()),
+                    ("kind", pa.string()),
+                    ("status", pa.string()),
+                    ("code", pa.string()),
+                    ("reason", pa.string()),
+                    ("finished", _TIMESTAMP),
+                    ("attempts", pa.int32()),
+                ]
+            )
+        ),
+    ),
 )
 
 
@@ -387,6 +416,13 @@ class _OutcomeRows:
             r["reason"],
             _micros(r["finished"]),
             (r["finished"] - r["arrived"]) * 1000.0,
+            r["stream"],
+            r["first"],
+            r["last"],
+            [
+                {**exception, "finished": _micros(exception["finished"])}
+                for exception in r["exceptions"]
+            ],
         )
         for column, value in zip(columns, row, strict=True):
             column.append(value)

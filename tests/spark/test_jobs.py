@@ -168,3 +168,68 @@ def test_report_window(spark: Any, tmp_path: Path) -> None:
         spark, log, tmp_path / "r", since="1970-01-01T11:00:00", until="1970-01-01T12:00:00"
     )
     assert [(r["route"], r["messages"]) for r in document["routes"]] == [("mail-in", 10)]
+
+
+DURABLE = {
+    "route": "to-far",
+    "source": "mail",
+    "count": 30,
+    "batch": 8,
+    "start": 3600.0 * 13,
+    "committed": [3600.0 * 13 + 40, 3600.0 * 13 + 40.002],
+    "forwarded": 3600.0 * 13 + 41,
+    "retried": [2, 9],
+    "dead": [5, 17, 29],
+}
+
+
+def _same(new: Any, old: Any) -> None:
+    """Report values equal, numbers to within float rounding."""
+    if isinstance(new, dict):
+        assert new.keys() == old.keys()
+        for key in new:
+            _same(new[key], old[key])
+    elif isinstance(new, list):
+        assert len(new) == len(old)
+        for a, b in zip(new, old, strict=True):
+            _same(a, b)
+    elif isinstance(new, float):
+        assert new == pytest.approx(old, rel=1e-9, abs=1e-9)
+    else:
+        assert new == old
+
+
+def test_durable_ranges_report_as_the_messages_did(spark: Any, tmp_path: Path) -> None:
+    """Range records of a durable route report exactly as per-message version 2 records did."""
+    direct = OUTCOMES[85:100]  # per-message records of a direct route, beside them
+    ranges = make_log(
+        tmp_path / "ranges", {"outcomes": direct, "durable": {**DURABLE, "ranges": True}}
+    )
+    old = make_log(
+        tmp_path / "old",
+        {"outcomes": direct, "outcome_version": 2, "durable": {**DURABLE, "ranges": False}},
+    )
+    new_document = jobs.report(spark, ranges, tmp_path / "new-report")
+    old_document = jobs.report(spark, old, tmp_path / "old-report")
+    for table in ("routes", "hourly", "top_senders", "top_domains"):
+        _same(new_document[table], old_document[table])
+    streams = [(s["stream"], s["messages"], s["bytes"]) for s in new_document["streams"]]
+    assert streams == [("msggateway.route.to-far", 30, sum(range(1, 31)))]
+    routes = {(r["route"], r["address"]): r for r in new_document["routes"]}
+    far0, far1 = routes["to-far", "far0"], routes["to-far", "far1"]
+    assert (far0["messages"], far0["accepted"], far0["forwarded"], far0["dead_lettered"]) == (
+        15,
+        15,
+        15,
+        0,
+    )
+    assert (far1["messages"], far1["forwarded"], far1["dead_lettered"]) == (15, 12, 3)
+    assert far0["bytes"] == sum(range(1, 31, 2))
+    assert far0["latency_p99_ms"] == pytest.approx(2.0)
+    rows = jobs.message_outcomes(spark, ranges).where("message_id = 'd-5'").collect()
+    assert sorted((r.kind, r.status, r.reason, r.address) for r in rows) == [
+        ("dead-letter", "rejected", "gone", "far1"),
+        ("route", "accepted", "", "far1"),
+    ]
+    [dead] = [r for r in rows if r.kind == "dead-letter"]
+    assert dead.latency_ms == pytest.approx((41 + 2 - 5) * 1000.0)

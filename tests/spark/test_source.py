@@ -98,6 +98,45 @@ def test_outcomes(spark: Any, log: Path) -> None:
     assert rows[1].route == "to-stream" and rows[1].recipients == ["c@y.example"]
 
 
+def test_range_outcomes(spark: Any, tmp_path: Path) -> None:
+    """A range record's row names its stream, offsets and exceptions; no message fields."""
+    root = make_log(
+        tmp_path / "log",
+        {
+            "durable": {
+                "route": "r",
+                "source": "mail",
+                "count": 3,
+                "batch": 3,
+                "start": 10.0,
+                "committed": [20.0, 20.001],
+                "forwarded": 21.0,
+                "dead": [1],
+            }
+        },
+    )
+    frame = spark.read.format("msggateway").option("kind", "outcomes").load(str(root))
+    routed, forwarded = frame.orderBy("kind", ascending=False).collect()
+    assert (routed.kind, routed.log_stream, routed.first_offset, routed.last_offset) == (
+        "route",
+        "msggateway.route.r",
+        0,
+        2,
+    )
+    assert routed.message_id is None and routed.exceptions == []
+    assert routed.latency_ms == pytest.approx(1.0)
+    assert (forwarded.kind, forwarded.first_offset, forwarded.last_offset) == ("forward", 0, 2)
+    [dead] = forwarded.exceptions
+    assert (dead.offset, dead.kind, dead.status, dead.reason, dead.attempts) == (
+        1,
+        "dead-letter",
+        "rejected",
+        "gone",
+        3,
+    )
+    assert (dead.finished - routed.finished).total_seconds() == pytest.approx(23 - 20.001)
+
+
 def test_arrow_batches(log: Path) -> None:
     """Arrow batches."""
     reader = LogReader({"path": str(log), "streams": "orders", "batch_rows": "500"})
