@@ -3,6 +3,9 @@
 * QMQP into a durable route is answered K once the message is on disk; the
   gateway is then killed with SIGKILL while the destination (another
   gateway) is down; after both restart, every message arrives.
+* The same with the destination up, the forwarder delivering each committed
+  batch from memory as it comes: SIGKILL in the middle of the stream, and
+  after a restart every message answered K has arrived.
 * A durable QMQP route into a local stream, read back with rstream.
 * What rstream publishes to a stream is routed on to SSMP from the log.
 * SIGKILL while rstream publishes with confirms: after a restart every
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +126,28 @@ async def read_stream(process: GatewayProcess, stream: str, count: int) -> list[
     return got
 
 
+async def read_until(process: GatewayProcess, stream: str, wanted: set[bytes]) -> set[bytes]:
+    """Read a stream from the first offset until every body in ``wanted`` came; return all."""
+    got: set[bytes] = set()
+    done = asyncio.Event()
+
+    async def on_message(message: Any, context: Any) -> None:
+        got.add(bytes(message.body))
+        if wanted <= got:
+            done.set()
+
+    consumer = rstream.Consumer(**stream_connection(process))
+    await consumer.start()
+    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
+    runner = asyncio.create_task(consumer.run())
+    try:
+        await done.wait()
+    finally:
+        await consumer.close()
+        runner.cancel()
+    return got
+
+
 def run(coroutine: Any, seconds: float = 60) -> Any:
     """Run a coroutine with a time limit."""
     return asyncio.run(asyncio.wait_for(coroutine, seconds))
@@ -163,6 +189,40 @@ def test_store_and_forward_survives_sigkill(tmp_path: Path) -> None:
     try:
         received = run(read_stream(far, "received", 3))
         assert sorted(bytes(m.body) for m in received) == [b"hello 0", b"hello 1", b"hello 2"]
+    finally:
+        near.stop()
+        far.stop()
+
+
+def test_sigkill_while_forwarding_from_memory(tmp_path: Path) -> None:
+    """Destination up, batches forwarded as they commit; SIGKILL mid-stream loses no K."""
+    far_port = free_port()
+    far = GatewayProcess(tmp_path / "far", FAR.format(port=far_port), routes=FAR_ROUTES).start()
+    config = NEAR.format(far_port=far_port)
+    near = GatewayProcess(tmp_path / "near", config, routes=NEAR_ROUTES).start()
+    try:
+        client = QMQPSession(near.address("mail"))
+        total = 5000
+        payload = b"".join(mail(f"m{i}", "a@far.example", subject=f"n{i}") for i in range(total))
+
+        def send_all() -> None:
+            with contextlib.suppress(OSError):  # the gateway may be killed first
+                client.send(payload)
+
+        threading.Thread(target=send_all, daemon=True).start()
+        acknowledged: list[bytes] = []
+        with contextlib.suppress(OSError, EOFError):
+            while len(acknowledged) < total // 3:
+                for reply in client.read_blocks(1):
+                    assert isinstance(reply, qmqp.ReplyBlock) and reply.status == qmqp.K
+                    acknowledged.append(reply.id)
+        near.kill()  # in the middle of the stream, with batches still being forwarded
+        client.close()
+        assert len(acknowledged) >= total // 3
+        near = GatewayProcess(tmp_path / "near", config, routes=NEAR_ROUTES).start()
+        wanted = {b"n" + ident[1:] for ident in acknowledged}
+        received = run(read_until(far, "received", wanted))
+        assert wanted <= received
     finally:
         near.stop()
         far.stop()
