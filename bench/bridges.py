@@ -458,7 +458,6 @@ def qmqp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict
     sock = socket.create_connection(address)
     sock.settimeout(seconds + DRAIN_SECONDS)
     sent = [0]
-    finished = threading.Event()
     failure: list[str] = []
 
     def send() -> None:
@@ -472,8 +471,6 @@ def qmqp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict
             sock.sendall(qmqp.DONE_BYTES)
         except OSError as exc:
             failure.append(f"sending: {exc}")
-        finally:
-            finished.set()
 
     codec = qmqp.QMQPCodec(qmqp.Role.CLIENT)
     statuses: dict[str, int] = {}
@@ -1276,9 +1273,8 @@ async def _rstream_paced(connection: dict[str, Any], stream: str, count: int) ->
                 await producer.send_batch(
                     stream, [message], publisher_name="pacer", on_publish_confirm=on_confirm
                 )
-            wait = pacer.wait()
-            if wait:
-                await asyncio.sleep(wait)
+            # Always yield, even when behind: rstream reads confirms in a task of this loop.
+            await asyncio.sleep(pacer.wait())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(finished.wait(), DRAIN_SECONDS)
     finally:
@@ -1502,7 +1498,7 @@ def spread(values: list[float], fmt: Callable[[float], str]) -> str:
 
 
 def summarize(
-    row: Row, rounds: list[dict[str, dict[str, Any]]], latency: dict[str, dict[str, Any]]
+    row: Row, rounds: list[dict[str, dict[str, Any]]], passes: list[dict[str, dict[str, Any]]]
 ) -> dict[str, Any]:
     """The row's figures: per-round rates and ratios, medians, latencies."""
     bridge = [rate_of(r.get(row.bridge), row.bridge_key) for r in rounds]
@@ -1524,18 +1520,62 @@ def summarize(
         "baseline_disturbed": any(disturbed(r.get(row.baseline)) for r in rounds),
     }
     if row.latency:
-        own = latency.get(row.latency, {}).get("latency", {})
-        ends = {name: latency.get(name, {}).get("latency", {}) for name in row.endpoints}
-        known = {name: figures["p99_us"] for name, figures in ends.items() if figures}
-        summary["latency"] = {"bridge": own, "endpoints": ends}
+        summary["latency"] = latency_summary(row, passes)
         summary["latency_disturbed"] = any(
-            disturbed(latency.get(name)) for name in (row.latency, *row.endpoints)
+            disturbed(measured.get(name))
+            for measured in passes
+            for name in (row.latency, *row.endpoints)
         )
-        if own and known:
-            slowest = max(known, key=lambda name: known[name])
-            summary["latency"]["slowest_endpoint"] = slowest
-            summary["latency"]["delta_p99_ms"] = (own["p99_us"] - known[slowest]) / 1000
     return summary
+
+
+def latency_summary(row: Row, passes: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The bridge's and its endpoints' latencies, medians over the passes.
+
+    The difference is taken in each pass (the bridge's p99 less the slowest
+    endpoint's p99 of the same pass), then its median.
+    """
+
+    def figures(name: str) -> list[dict[str, float]]:
+        found = [measured.get(name, {}).get("latency") for measured in passes]
+        return [f for f in found if f]
+
+    def medians(samples: list[dict[str, float]]) -> dict[str, float]:
+        if not samples:
+            return {}
+        keys = ("p50_us", "p99_us", "max_us")
+        result = {key: statistics.median(f[key] for f in samples) for key in keys}
+        p99s = [f["p99_us"] for f in samples]
+        result.update(p99_min_us=min(p99s), p99_max_us=max(p99s), passes=len(samples))
+        return result
+
+    assert row.latency is not None
+    summary: dict[str, Any] = {
+        "bridge": medians(figures(row.latency)),
+        "endpoints": {name: medians(figures(name)) for name in row.endpoints},
+    }
+    known = {name: f["p99_us"] for name, f in summary["endpoints"].items() if f}
+    deltas = []
+    for measured in passes:
+        own = measured.get(row.latency, {}).get("latency")
+        ends = [measured.get(name, {}).get("latency") for name in row.endpoints]
+        p99s = [end["p99_us"] for end in ends if end]
+        if own and p99s and len(p99s) == len(ends):
+            deltas.append((own["p99_us"] - max(p99s)) / 1000)
+    if summary["bridge"] and known:
+        summary["slowest_endpoint"] = max(known, key=lambda name: known[name])
+    if deltas:
+        summary["delta_p99_ms"] = statistics.median(deltas)
+        summary["delta_p99_ms_per_pass"] = deltas
+    return summary
+
+
+def p99_cell(figures: dict[str, float]) -> str:
+    """A p99 in ms, with its spread over the passes when there were several."""
+    text = f"{figures['p99_us'] / 1000:.2f}"
+    if figures.get("passes", 1) > 1:
+        text += f" ({figures['p99_min_us'] / 1000:.2f}-{figures['p99_max_us'] / 1000:.2f})"
+    return text
 
 
 def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] | None) -> list[str]:
@@ -1557,10 +1597,11 @@ def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] |
         own = end = delta = "-"
         lat = s.get("latency")
         if lat and lat["bridge"]:
-            own = f"{lat['bridge']['p50_us'] / 1000:.2f}/{lat['bridge']['p99_us'] / 1000:.2f}"
+            own = f"{lat['bridge']['p50_us'] / 1000:.2f}/{p99_cell(lat['bridge'])}"
         if lat and lat.get("slowest_endpoint"):
             slowest = lat["slowest_endpoint"]
-            end = f"{lat['endpoints'][slowest]['p99_us'] / 1000:.2f} ({slowest})"
+            end = f"{p99_cell(lat['endpoints'][slowest])} ({slowest})"
+        if lat and "delta_p99_ms" in lat:
             delta = f"{lat['delta_p99_ms']:+.2f}"
             if s["path"] in DIRECT_PATHS:
                 delta += " ok" if lat["delta_p99_ms"] <= DELTA_P99_TARGET_MS else " NO"
@@ -1643,10 +1684,13 @@ def brief(error: str) -> str:
     return f"{lines[0].rstrip(':')}: ... {last}"[:400]
 
 
-def notes(rounds: list[dict[str, dict[str, Any]]], latency: dict[str, dict[str, Any]]) -> list[str]:
+def notes(
+    rounds: list[dict[str, dict[str, Any]]], passes: list[dict[str, dict[str, Any]]]
+) -> list[str]:
     """Everything that went wrong, by measurement and round."""
     found = []
-    labelled = [(f"round {n}", r) for n, r in enumerate(rounds, 1)] + [("latency", latency)]
+    labelled = [(f"round {n}", r) for n, r in enumerate(rounds, 1)]
+    labelled += [(f"latency pass {n}", r) for n, r in enumerate(passes, 1)]
     for label, measured in labelled:
         for name, record in measured.items():
             errors = [brief(record["error"])] if record.get("error") else []
@@ -1699,7 +1743,10 @@ def arguments() -> argparse.Namespace:
         "--quiet-seconds", type=float, default=0.0,
         help="before each measurement, wait at most this long for other load to stop",
     )  # fmt: skip
-    parser.add_argument("--no-latency", action="store_true", help="skip the latency pass")
+    parser.add_argument(
+        "--latency-rounds", type=int, help="latency passes, medians reported (default: --rounds)"
+    )
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency passes")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument(
         "--compare", type=Path, help="an earlier --json: regression rows against it"
@@ -1716,6 +1763,8 @@ def arguments() -> argparse.Namespace:
         args.seconds = min(args.seconds, 1.0)
     if args.latency_seconds is None:
         args.latency_seconds = args.seconds
+    if args.latency_rounds is None:
+        args.latency_rounds = 0 if args.no_latency else args.rounds
     return args
 
 
@@ -1749,13 +1798,17 @@ def main() -> None:
             order = throughput if number % 2 == 0 else throughput[::-1]
             print(f"round {number + 1} of {args.rounds}", file=sys.stderr)
             rounds.append({name: run_one(bench, name, THROUGHPUT[name]) for name in order})
-        latency: dict[str, dict[str, Any]] = {}
-        if not args.no_latency and latencies:
-            print(f"latency pass at {LATENCY_RATE:,} msg/s", file=sys.stderr)
-            latency = {name: run_one(bench, name, LATENCY[name]) for name in latencies}
+        passes: list[dict[str, dict[str, Any]]] = []
+        for number in range(args.latency_rounds if latencies and not args.no_latency else 0):
+            order = latencies if number % 2 == 0 else latencies[::-1]
+            print(
+                f"latency pass {number + 1} of {args.latency_rounds} at {LATENCY_RATE:,} msg/s",
+                file=sys.stderr,
+            )
+            passes.append({name: run_one(bench, name, LATENCY[name]) for name in order})
         run_notes = list(bench.notes)
     elapsed = time.monotonic() - began
-    summaries = [summarize(row, rounds, latency) for row in rows]
+    summaries = [summarize(row, rounds, passes) for row in rows]
     print()
     for line in table(summaries, previous):
         print(line)
@@ -1766,8 +1819,9 @@ def main() -> None:
         " per measurement"
     )
     print(
-        f"latency: one pass at {LATENCY_RATE:,} msg/s for {args.latency_seconds:g} s each;"
-        " d p99 = bridge p99 - the slower endpoint's p99"
+        f"latency: median of {len(passes)} pass(es) at {LATENCY_RATE:,} msg/s,"
+        f" {args.latency_seconds:g} s each, (min-max) of p99 over passes;"
+        " d p99 = bridge p99 - the slower endpoint's p99 in the same pass, median"
         f" (direct bridges: target <= {DELTA_P99_TARGET_MS} ms)"
     )
     print(
@@ -1779,15 +1833,18 @@ def main() -> None:
         ends = f"; latency vs {', '.join(row.endpoints)}" if row.endpoints else ""
         print(f"  {row.path:15} {row.title}: {row.bridge} / {row.baseline}{ends}")
     also = {"confirm": "the writer's Confirm round trip", "delivery": "send to hub delivery"}
-    for name, record in latency.items():
+    for name in latencies:
         for key, what in also.items():
-            figures = record.get("figures", {}).get(key)
-            if figures:
+            seen = [m.get(name, {}).get("figures", {}).get(key) for m in passes]
+            known = [figures for figures in seen if figures]
+            if known:
+                p50 = statistics.median(f["p50_us"] for f in known) / 1000
+                p99 = statistics.median(f["p99_us"] for f in known) / 1000
                 print(
-                    f"  {name}: {what} at {LATENCY_RATE:,} msg/s: p50"
-                    f" {figures['p50_us'] / 1000:.2f} ms, p99 {figures['p99_us'] / 1000:.2f} ms"
+                    f"  {name}: {what} at {LATENCY_RATE:,} msg/s: p50 {p50:.2f} ms,"
+                    f" p99 {p99:.2f} ms (median of {len(known)})"
                 )
-    found = notes(rounds, latency)
+    found = notes(rounds, passes)
     print("problems seen:" if found else "problems seen: none")
     for line in found:
         print(f"  {line}")
@@ -1801,7 +1858,7 @@ def main() -> None:
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "rows": summaries,
                     "rounds": rounds,
-                    "latency": latency,
+                    "latency_passes": passes,
                     "notes": run_notes,
                     "machine": machine(),
                     "seconds": elapsed,
