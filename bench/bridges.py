@@ -31,18 +31,23 @@ table gives the median of the rounds and their spread (min-max). Rates are
 messages per second over the time to the last acknowledgement (or delivery),
 of a load that sends for ``--seconds``.
 
-Then one latency pass at a fixed 10,000 messages a second (one connection,
-100-byte bodies, 1 KB for QMQP; the paced clients first send half a second
-at that rate that is not counted): the bridge's p50/p99 and the p99 of its
-endpoints measured the same way, and the difference between the bridge's p99
-and the slower endpoint's. What is timed, per path: ssmp-rabbitmq, MCAST to
-its ``200`` (a paced SSMP client) against rstream's publish to confirm
-(paced, one message a frame) and the hub's MCAST to delivery (ssmpload
-``-rate``); qmqp-hub, a block to its K against the unrouted listener's
-block to D and the hub; dmp-feed, sink write to feed read against the hub;
-mtl-routed, writer Content to reader Content against the test profile (the
-writer's Confirm round trip is in the notes); ssmp-hub and stream-publish,
-the gateway against the baseline.
+Then latency passes (as many as ``--rounds``, alternating order) at a fixed
+10,000 messages a second (one connection, 100-byte bodies, 1 KB for QMQP;
+the paced clients first send half a second at that rate that is not
+counted): the bridge's p50/p99 and the p99 of its slower endpoint measured
+the same way (medians over the passes, with the spread of p99), and the
+difference between the bridge's p99 and the slower endpoint's within each
+pass (median). What is timed, per path: ssmp-rabbitmq, MCAST to its
+``200`` (a paced SSMP client) against rstream's publish to confirm (paced,
+one message a frame) and the hub's MCAST to delivery (ssmpload ``-rate``);
+qmqp-hub and qmqp-durable, a block to its K against the unrouted listener's
+block to D (and the hub, for the direct route; a subscriber on the hub
+checks that each K'd message arrives once); dmp-feed, sink write to feed
+read against the hub; mtl-routed, writer Content to reader Content against
+the test profile (the writer's Confirm round trip is in the notes);
+ssmp-hub and stream-publish, the gateway against the baseline. The
+SSMP -> RabbitMQ runs read the stream back and check that every
+acknowledged payload is there once.
 
 The machine is shared: each measurement records how many cores other
 processes kept busy meanwhile, and a table cell that rests on a disturbed
@@ -69,7 +74,8 @@ Run (RabbitMQ is installed if missing, as root; Go is needed for ssmpload,
     .venv/bin/python bench/bridges.py --compare out.json # ratios against an earlier run
 
 Other options: ``--rounds N``, ``--latency-seconds S``, ``--no-latency``,
-``--quiet-seconds N``, ``--budget-seconds S``, ``--ssmpload PATH``.
+``--latency-rounds N``, ``--quiet-seconds N``, ``--budget-seconds S``,
+``--ssmpload PATH``.
 """
 
 from __future__ import annotations
@@ -115,7 +121,7 @@ from tests.integration.harness import GatewayProcess  # noqa: E402
 from tests.rabbitmq import RabbitMQError, RabbitMQNode  # noqa: E402
 
 LATENCY_RATE: Final = 10_000
-"""Messages a second in the latency pass."""
+"""Messages a second in the latency passes."""
 MESSAGE_BYTES: Final = 100
 QMQP_BODY_BYTES: Final = 1000
 QMQP_CHUNK: Final = 1000
