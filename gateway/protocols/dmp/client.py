@@ -28,17 +28,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import (
     IDelayedCall,
     IProtocol,
-    IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -49,34 +45,29 @@ from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
 from gateway.protocols.dmp.lease_request import LeaseRequest
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.settings import DMPUpstreamSettings
-from gateway.protocols.tcp import UpstreamFactory, disable_nagle
+from gateway.protocols.tcp import UpstreamFactory
+from gateway.protocols.upstream import Upstream, UpstreamConnection
 
 __all__ = ["DMPClientProtocol", "DMPUpstream"]
 
-RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
-RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 MAX_IN_FLIGHT: Final = 1000
 
 
-@implementer(IPushProducer)
-class DMPClientProtocol(Protocol):
+class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
     """One connection to a DMP server."""
 
-    _log = Logger()
-
     def __init__(self, upstream: DMPUpstream) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self._codec = dmp.DMPCodec(
             dmp.Role.CLIENT, max_envelope_bytes=upstream.settings.max_envelope_bytes
         )
         self._answers = 0
         self.ready = False
-        self._closing = False
         self._timer: IDelayedCall | None = None
         self._last_heard = upstream.clock.seconds()
         self._lease: str | None = None  # from a principal connection, once granted
@@ -85,25 +76,20 @@ class DMPClientProtocol(Protocol):
         self.writes = HeldWrites(self._write)
         self._inbox: Inbox[None] = Inbox(upstream.router, upstream.name, self._answer)
 
-    def connectionMade(self) -> None:
-        """Send the protocol header."""
-        disable_nagle(self.transport)
-        assert self.transport is not None
-        self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
+    def connection_started(self) -> None:
+        """Send the protocol header (and ask for a lease, through a principal)."""
         self.write(self._codec.send(dmp.ProtocolHeader()))
         if self.upstream.settings.principal is not None:
             request = self.upstream.request_lease()
             self._lease_request = request
             request.addCallbacks(self._leased, self._not_leased)
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Stop the timers and tell the upstream."""
-        self._closing = True
+    def connection_stopped(self) -> None:
+        """Stop the heartbeat timer and a lease request still on its way."""
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         if self._lease_request is not None:
             self._lease_request.cancel()
-        self.upstream.connection_lost(self, reason)
 
     def _leased(self, lease: str) -> None:
         self._lease_request = None
@@ -117,15 +103,6 @@ class DMPClientProtocol(Protocol):
             return
         self.upstream.count_error("no-lease")
         self.close(f"no lease: {failure.getErrorMessage()}")
-
-    def close(self, why: str) -> None:
-        """Close, saying why."""
-        if self._closing:
-            return
-        self._closing = True
-        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
-        assert self.transport is not None
-        self.transport.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
         """Responses during the dialog, then envelopes (get) or nothing (put)."""
@@ -178,7 +155,7 @@ class DMPClientProtocol(Protocol):
             else:
                 self.ready = True
                 self._schedule_beat()
-                self.upstream.opened(self)
+                self.upstream.connection_ready(self, f"connected ({self.upstream.settings.mode})")
         elif isinstance(event, dmp.Envelope):
             if self.upstream.settings.mode != "get":
                 self.upstream.count_error("unexpected-message")
@@ -235,9 +212,7 @@ class DMPClientProtocol(Protocol):
         self.writes.write(data)
 
     def _write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-        self.upstream.traffic.bytes_out += len(data)
+        super().write(data)
 
     def pauseProducing(self) -> None:
         """The server is not reading: hold what we write."""
@@ -253,7 +228,7 @@ class DMPClientProtocol(Protocol):
 
 
 @implementer(IDestination)
-class DMPUpstream:
+class DMPUpstream(Upstream[DMPClientProtocol]):
     """A DMP server's sink (put) or feed (get).
 
     Args:
@@ -266,7 +241,7 @@ class DMPUpstream:
         metrics: Counters, or None.
     """
 
-    _log = Logger()
+    kind = "dmp"
 
     def __init__(
         self,
@@ -279,51 +254,12 @@ class DMPUpstream:
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(
+            name=name, endpoint=endpoint, connection=DMPClientProtocol, clock=clock, metrics=metrics
+        )
         self.settings = settings
         self.router = router
         self.secrets = secrets
-        self.clock = clock
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
-        self._connection: DMPClientProtocol | None = None
-        self._endpoint = endpoint
-        self.service = ClientService(
-            endpoint,
-            UpstreamFactory(DMPClientProtocol, self),
-            retryPolicy=backoffPolicy(
-                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
-            ),
-            clock=clock,
-        )
-        if metrics is not None:
-            metrics.upstream_up.labels(name).set(0)
-
-    @property
-    def connected(self) -> bool:
-        """Whether the sink or feed is open."""
-        return self._connection is not None
-
-    def opened(self, connection: DMPClientProtocol) -> None:
-        """The dialog succeeded."""
-        self._connection = connection
-        self._log.info(
-            "upstream {upstream}: connected ({mode})", upstream=self.name, mode=self.settings.mode
-        )
-        if self._metrics is not None:
-            self._metrics.upstream_up.labels(self.name).set(1)
-
-    def connection_lost(self, connection: DMPClientProtocol, reason: Failure) -> None:
-        """The connection ended; the service reconnects."""
-        if self._connection is connection:
-            self._connection = None
-            self._log.info(
-                "upstream {upstream}: connection lost: {reason}",
-                upstream=self.name,
-                reason=reason.getErrorMessage(),
-            )
-            if self._metrics is not None:
-                self._metrics.upstream_up.labels(self.name).set(0)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Write a batch into the remote sink, in one write.
@@ -367,8 +303,3 @@ class DMPUpstream:
             return request.result
 
         return connecting.addCallback(granted)
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -21,20 +21,10 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Final, cast
+from typing import Any, cast
 
-from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import (
-    IConsumer,
-    IDelayedCall,
-    IPushProducer,
-    IReactorTime,
-    IStreamClientEndpoint,
-)
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.logger import Logger
-from twisted.python.failure import Failure
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from zope.interface import implementer
 
 from gateway.codecs import qmqp
@@ -42,15 +32,12 @@ from gateway.core.auth import Secrets
 from gateway.core.batch import Answers
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
 from gateway.protocols.qmqp.mapping import block_for, outcome_from_reply, raw
 from gateway.protocols.qmqp.settings import QMQPUpstreamSettings
-from gateway.protocols.tcp import UpstreamFactory, disable_nagle
+from gateway.protocols.upstream import Upstream, UpstreamConnection
 
 __all__ = ["QMQPClientProtocol", "QMQPUpstream"]
-
-RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
-RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 
 
 class _Job:
@@ -73,29 +60,23 @@ class _Job:
         self.cancelled = False
 
 
-@implementer(IPushProducer)
-class QMQPClientProtocol(Protocol):
+class QMQPClientProtocol(UpstreamConnection["QMQPUpstream"]):
     """One connection from the gateway to a QMQP streaming server.
 
     It is a push producer on its own transport: while the server does not
     read, the upstream sends nothing more (the window bounds the rest).
     """
 
-    _log = Logger()
-
     def __init__(self, upstream: QMQPUpstream) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self._codec = qmqp.QMQPCodec(
             qmqp.Role.CLIENT, max_message_bytes=upstream.settings.max_message_bytes
         )
         self.ready = False
         self.paused = False
-        self._closing = False
 
-    def connectionMade(self) -> None:
+    def connection_started(self) -> None:
         """Authenticate if configured, else start streaming."""
-        disable_nagle(self.transport)
-        cast(IConsumer, self.transport).registerProducer(self, True)
         settings = self.upstream.settings
         if settings.username is None:
             self._ready()
@@ -104,11 +85,6 @@ class QMQPClientProtocol(Protocol):
         self.write(
             self._codec.send(qmqp.AuthBlock(username=raw(settings.username), password=password))
         )
-
-    @property
-    def closing(self) -> bool:
-        """Whether the connection is on its way out (send nothing more on it)."""
-        return self._closing
 
     def pauseProducing(self) -> None:
         """The server is not reading: stop sending."""
@@ -119,33 +95,9 @@ class QMQPClientProtocol(Protocol):
         self.paused = False
         self.upstream.pump()
 
-    def stopProducing(self) -> None:
-        """The transport is going away; connectionLost does the rest."""
-
     def _ready(self) -> None:
         self.ready = True
         self.upstream.connection_ready(self)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Hand unanswered messages back to the upstream."""
-        self._closing = True
-        self.upstream.connection_lost(self, reason)
-
-    def write(self, data: bytes) -> None:
-        """Write bytes to the server."""
-        assert self.transport is not None
-        self.transport.write(data)
-        self.upstream.traffic.bytes_out += len(data)
-
-    def close(self, why: str) -> None:
-        """Close the connection, saying why in the log."""
-        if self._closing:
-            return
-        self._closing = True
-        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
-        assert self.transport is not None
-        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
-        self.transport.loseConnection()
 
     def dataReceived(self, data: bytes) -> None:
         """Turn replies into outcomes."""
@@ -187,7 +139,7 @@ class QMQPClientProtocol(Protocol):
 
 
 @implementer(IDestination)
-class QMQPUpstream:
+class QMQPUpstream(Upstream[QMQPClientProtocol]):
     """A QMQP streaming server the gateway delivers to.
 
     Args:
@@ -199,7 +151,7 @@ class QMQPUpstream:
         metrics: Counters, or None.
     """
 
-    _log = Logger()
+    kind = "qmqp"
 
     def __init__(
         self,
@@ -211,34 +163,20 @@ class QMQPUpstream:
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(
+            name=name,
+            endpoint=endpoint,
+            connection=QMQPClientProtocol,
+            clock=clock,
+            metrics=metrics,
+        )
         self.settings = settings
         self.secrets = secrets
-        self.clock = clock
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._queue: deque[_Job] = deque()
         self._sent: dict[bytes, _Job] = {}
         self._waiting_retry = 0
         self._ids = itertools.count(1)
         self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
-        self._connection: QMQPClientProtocol | None = None
-        self.service = ClientService(
-            endpoint,
-            UpstreamFactory(QMQPClientProtocol, self),
-            retryPolicy=backoffPolicy(
-                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
-                maxDelay=RECONNECT_MAX_DELAY_SECONDS,
-            ),
-            clock=clock,
-        )
-        if metrics is not None:
-            metrics.upstream_up.labels(name).set(0)
-
-    @property
-    def connected(self) -> bool:
-        """Whether the upstream is connected (and authenticated if it must be)."""
-        return self._connection is not None
 
     @property
     def unanswered(self) -> int:
@@ -365,35 +303,14 @@ class QMQPUpstream:
 
     # --- connection state ----------------------------------------------------------------------
 
-    def connection_ready(self, connection: QMQPClientProtocol) -> None:
-        """The connection may carry messages now."""
-        self._connection = connection
-        self._log.info("upstream {upstream}: connected", upstream=self.name)
-        if self._metrics is not None:
-            self._metrics.upstream_up.labels(self.name).set(1)
-            self._metrics.connections.labels(self.name, "qmqp").inc()
-            self._metrics.connections_total.labels(self.name, "qmqp").inc()
+    def connection_ready(self, connection: QMQPClientProtocol, detail: str = "connected") -> None:
+        """The connection may carry messages now: stream what waits."""
+        super().connection_ready(connection, detail)
         self.pump()
 
-    def connection_lost(self, connection: QMQPClientProtocol, reason: Failure) -> None:
+    def connection_ended(self, connection: QMQPClientProtocol) -> str:
         """Put unanswered messages back in front of the queue, in order."""
-        if self._connection is not connection:
-            return
-        self._connection = None
         unanswered = [job for job in self._sent.values() if not job.cancelled]
         self._sent.clear()
         self._queue.extendleft(reversed(unanswered))
-        self._log.info(
-            "upstream {upstream}: connection lost ({reason}); {count} message(s) to resend",
-            upstream=self.name,
-            reason=reason.getErrorMessage(),
-            count=len(unanswered),
-        )
-        if self._metrics is not None:
-            self._metrics.upstream_up.labels(self.name).set(0)
-            self._metrics.connections.labels(self.name, "qmqp").dec()
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()
+        return f"{len(unanswered)} message(s) to resend"

@@ -22,12 +22,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, cast
 
-from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Protocol, connectionDone
-from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.codecs import ssmp
@@ -37,7 +33,7 @@ from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.mapping import (
     message_from_bcast,
     message_from_mcast,
@@ -46,12 +42,9 @@ from gateway.protocols.ssmp.mapping import (
     request_line,
 )
 from gateway.protocols.ssmp.settings import SSMPUpstreamSettings
-from gateway.protocols.tcp import UpstreamFactory, disable_nagle
+from gateway.protocols.upstream import Upstream, UpstreamConnection
 
 __all__ = ["SSMPClientProtocol", "SSMPUpstream"]
-
-RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
-RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 
 _PING: Final = b"PING\n"
 _PONG: Final = b"PONG\n"
@@ -111,18 +104,15 @@ class _Batch:
 _Awaiting = _Single | _Batch
 
 
-class SSMPClientProtocol(Protocol):
+class SSMPClientProtocol(UpstreamConnection["SSMPUpstream"]):
     """One connection from the gateway to an SSMP server."""
 
-    _log = Logger()
-
     def __init__(self, upstream: SSMPUpstream) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         settings = upstream.settings
         self._codec = ssmp.SSMPCodec(ssmp.Role.CLIENT, max_line_bytes=settings.max_line_bytes)
         self._waiters: deque[_Awaiting] = deque()
         self._ready = False
-        self._closing = False
         self._paused = False
         self._last_heard = 0.0
         self._awaiting_pong = False
@@ -131,9 +121,8 @@ class SSMPClientProtocol(Protocol):
 
     # --- connection life ------------------------------------------------------
 
-    def connectionMade(self) -> None:
+    def connection_started(self) -> None:
         """Log in."""
-        disable_nagle(self.transport)
         upstream = self.upstream
         settings = upstream.settings
         credential: bytes | None = None
@@ -149,9 +138,8 @@ class SSMPClientProtocol(Protocol):
         self._last_heard = upstream.clock.seconds()
         self._arm_timer(settings.ping_interval_seconds)
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
+    def connection_stopped(self) -> None:
         """Tell everyone waiting for a response that none will come."""
-        self._closing = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -159,20 +147,10 @@ class SSMPClientProtocol(Protocol):
         name = self.upstream.name
         for waiter in waiters:
             waiter.lost(name)
-        self.upstream.connection_lost(self, reason)
 
     def _write(self, data: bytes, lines: int = 1) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-        self.upstream.count_out(data, lines)
-
-    def _close(self, why: str) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
-        assert self.transport is not None
-        self.transport.loseConnection()
+        self.write(data)
+        self.upstream.traffic.messages_out += lines
 
     # --- login and subscriptions ----------------------------------------------
 
@@ -182,7 +160,7 @@ class SSMPClientProtocol(Protocol):
         if response.code != 200:
             payload = (response.payload or b"").decode("utf-8", "replace")
             self.upstream.count_error("login-refused")
-            self._close(
+            self.close(
                 f"login as {self.upstream.settings.identity!r} refused: {response.code} {payload}"
             )
             return
@@ -194,7 +172,7 @@ class SSMPClientProtocol(Protocol):
             self._write(line)
             self._waiters.append(_Single(self._subscribed(topic)))
         self._ready = True
-        self.upstream.connection_ready(self)
+        self.upstream.connection_ready(self, f"logged in as {settings.identity}")
 
     def _subscribed(self, topic: str) -> _Callback:
         def check(response: ssmp.Response | None) -> None:
@@ -243,7 +221,7 @@ class SSMPClientProtocol(Protocol):
         for line in lines:
             if isinstance(line, ssmp.Response):
                 if not waiters:
-                    self._close(f"response {line.code} to no request")
+                    self.close(f"response {line.code} to no request")
                     break
                 if waiters[0].take(line):
                     waiters.popleft()
@@ -254,7 +232,7 @@ class SSMPClientProtocol(Protocol):
         self._dispatch()
         if error is not None and not self._closing:
             self.upstream.count_error(error.kind)
-            self._close(f"bad input from the server: {error.reason}")
+            self.close(f"bad input from the server: {error.reason}")
 
     def _on_event(self, event: ssmp.Event) -> None:
         message = event.message
@@ -274,7 +252,7 @@ class SSMPClientProtocol(Protocol):
         elif isinstance(message, ssmp.Compat):
             # Spec, "Forward compatibility": unknown event verb, close at once.
             self.upstream.count_error("unknown-event")
-            self._close(f"event with unknown verb {message.verb.decode('ascii')}")
+            self.close(f"event with unknown verb {message.verb.decode('ascii')}")
         # PONG (liveness already noted) and presence events carry nothing
         # routes take; they are counted as received and dropped.
 
@@ -318,7 +296,7 @@ class SSMPClientProtocol(Protocol):
             if quiet >= settings.pong_timeout_seconds:
                 self._timer = None
                 self.upstream.count_error("pong-timeout")
-                self._close(f"no PONG within {settings.pong_timeout_seconds:g} s")
+                self.close(f"no PONG within {settings.pong_timeout_seconds:g} s")
                 return
             self._awaiting_pong = False
         if quiet >= settings.ping_interval_seconds:
@@ -331,7 +309,7 @@ class SSMPClientProtocol(Protocol):
 
 
 @implementer(IDestination)
-class SSMPUpstream:
+class SSMPUpstream(Upstream[SSMPClientProtocol]):
     """An SSMP server the gateway connects to, as destination and source.
 
     Args:
@@ -347,7 +325,7 @@ class SSMPUpstream:
         metrics: Counters, or None.
     """
 
-    _log = Logger()
+    kind = "ssmp"
 
     def __init__(
         self,
@@ -361,34 +339,19 @@ class SSMPUpstream:
         topics: Callable[[], Iterable[str]] | None = None,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(
+            name=name,
+            endpoint=endpoint,
+            connection=SSMPClientProtocol,
+            clock=clock,
+            metrics=metrics,
+        )
         self.settings = settings
         self.router = router
         self.secrets = secrets
-        self.clock = clock
         self._topics = topics
-        self._metrics = metrics
-        self._traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
-        self._connection: SSMPClientProtocol | None = None
         self.in_flight = 0
         """Inbound messages (of every connection) whose routes have not answered yet."""
-        self.service = ClientService(
-            endpoint,
-            UpstreamFactory(SSMPClientProtocol, self),
-            retryPolicy=backoffPolicy(
-                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
-                maxDelay=RECONNECT_MAX_DELAY_SECONDS,
-            ),
-            clock=clock,
-        )
-        if metrics is not None:
-            self._m_up = metrics.upstream_up.labels(name)
-            self._m_up.set(0)
-
-    @property
-    def connected(self) -> bool:
-        """Whether the upstream is connected and logged in."""
-        return self._connection is not None
 
     def topics(self) -> list[str]:
         """The topics to subscribe to now, each once, in a stable order.
@@ -402,32 +365,6 @@ class SSMPUpstream:
         return [topic for topic in wanted if topic.isascii() and ssmp.is_valid_id(topic.encode())]
 
     # --- connection state (called by the protocol) ----------------------------------------
-
-    def connection_ready(self, connection: SSMPClientProtocol) -> None:
-        """The connection is logged in and subscribed."""
-        self._connection = connection
-        self._log.info(
-            "upstream {upstream}: logged in as {identity}",
-            upstream=self.name,
-            identity=self.settings.identity,
-        )
-        if self._metrics is not None:
-            self._m_up.set(1)
-            self._metrics.connections.labels(self.name, "ssmp").inc()
-            self._metrics.connections_total.labels(self.name, "ssmp").inc()
-
-    def connection_lost(self, connection: SSMPClientProtocol, reason: Failure) -> None:
-        """The connection ended; ClientService reconnects."""
-        if self._connection is connection:
-            self._connection = None
-            self._log.info(
-                "upstream {upstream}: connection lost: {reason}",
-                upstream=self.name,
-                reason=reason.getErrorMessage(),
-            )
-            if self._metrics is not None:
-                self._m_up.set(0)
-                self._metrics.connections.labels(self.name, "ssmp").dec()
 
     # --- IDestination -----------------------------------------------------------------------
 
@@ -490,15 +427,5 @@ class SSMPUpstream:
 
     def count_in(self, lines: int, size: int) -> None:
         """Count received lines and bytes."""
-        self._traffic.messages_in += lines
-        self._traffic.bytes_in += size
-
-    def count_out(self, data: bytes, lines: int = 1) -> None:
-        """Count sent lines and their bytes."""
-        self._traffic.messages_out += lines
-        self._traffic.bytes_out += len(data)
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error or dropped event."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()
+        self.traffic.messages_in += lines
+        self.traffic.bytes_in += size

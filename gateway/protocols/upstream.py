@@ -1,0 +1,209 @@
+"""What every TCP upstream shares: connecting, reconnecting, its state and its counters.
+
+DESIGN.md, "One lifecycle per role": an upstream (the gateway as the client
+of a server) subclasses `Upstream`, which owns the Twisted `ClientService`
+that connects and reconnects with back-off, the live connection once it is
+ready, the ``upstream_up`` and connection gauges, the log lines of its
+coming and going, and its traffic and error counters. Its connections
+subclass `UpstreamConnection`: Nagle off, a push producer on the transport,
+one close that says why, and the upstream told when the connection ends.
+A protocol's own upstream then holds only its handshake, its requests and
+their outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Final, Generic, TypeVar, cast
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.interfaces import (
+    IConsumer,
+    IPushProducer,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.tcp import UpstreamFactory, disable_nagle
+
+__all__ = [
+    "RECONNECT_INITIAL_DELAY_SECONDS",
+    "RECONNECT_MAX_DELAY_SECONDS",
+    "Upstream",
+    "UpstreamConnection",
+]
+
+RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
+"""First wait before connecting again after a connection failed or ended."""
+RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
+"""Longest wait between attempts (the wait doubles, with jitter, up to it)."""
+
+C = TypeVar("C", bound="UpstreamConnection[Any]")
+U = TypeVar("U", bound="Upstream[Any]")
+
+
+class Upstream(Generic[C]):
+    """A server the gateway connects to: its connection's life and its counters.
+
+    Args:
+        name: The upstream's config name (the metrics' label, the routes' source).
+        endpoint: Where to connect.
+        connection: Builds a connection, given the upstream.
+        clock: Reconnect delays (and the subclass's own timers).
+        metrics: Counters, or None in tests that do not look.
+    """
+
+    kind: ClassVar[str]
+    """The protocol, as the connection metrics label it."""
+    _log = Logger()
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        endpoint: IStreamClientEndpoint,
+        connection: type[C],
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None,
+    ) -> None:
+        self.name = name
+        self.clock = clock
+        self._metrics = metrics
+        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+        self._connection: C | None = None
+        self._endpoint = endpoint
+        self.service = ClientService(
+            endpoint,
+            UpstreamFactory(connection, self),
+            retryPolicy=backoffPolicy(
+                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
+                maxDelay=RECONNECT_MAX_DELAY_SECONDS,
+            ),
+            clock=clock,
+        )
+        if metrics is not None:
+            self._m_up = metrics.upstream_up.labels(name)
+            self._m_up.set(0)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is ready (handshake, login or dialog done)."""
+        return self._connection is not None
+
+    def connection_ready(self, connection: C, detail: str = "connected") -> None:
+        """A connection finished its handshake: it carries messages from now on.
+
+        Args:
+            connection: The connection.
+            detail: What the log line says (``connected``, ``logged in as x``).
+        """
+        self._connection = connection
+        self._log.info("upstream {upstream}: {detail}", upstream=self.name, detail=detail)
+        if self._metrics is not None:
+            self._m_up.set(1)
+            self._metrics.connections.labels(self.name, self.kind).inc()
+            self._metrics.connections_total.labels(self.name, self.kind).inc()
+
+    def connection_lost(self, connection: C, reason: Failure) -> None:
+        """A connection ended; the service connects again after its back-off.
+
+        A connection that never became ready is only forgotten; for the
+        ready one, `connection_ended` says what the protocol does with what
+        was in flight, and the log line says why it ended.
+        """
+        if self._connection is not connection:
+            return
+        self._connection = None
+        more = self.connection_ended(connection)
+        self._log.info(
+            "upstream {upstream}: connection lost: {reason}{more}",
+            upstream=self.name,
+            reason=reason.getErrorMessage(),
+            more=f"; {more}" if more else "",
+        )
+        if self._metrics is not None:
+            self._m_up.set(0)
+            self._metrics.connections.labels(self.name, self.kind).dec()
+
+    def connection_ended(self, connection: C) -> str:
+        """The ready connection ended: take back what it had in flight.
+
+        Returns:
+            A few words for the log line (what will be sent again), or "".
+        """
+        return ""
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error (or a refused or dropped event) of some kind."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
+
+
+@implementer(IPushProducer)
+class UpstreamConnection(Protocol, Generic[U]):
+    """One connection of an upstream.
+
+    It is a push producer on its transport: `pauseProducing` and
+    `resumeProducing` say whether the server reads what we write (the
+    subclass decides what to hold back). Subclasses call `write` for
+    everything they send and `close` to end the connection, and the
+    upstream learns of the end through `Upstream.connection_lost`.
+    """
+
+    _log = Logger()
+
+    def __init__(self, upstream: U) -> None:
+        self.upstream = upstream
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        """Whether the connection is on its way out (send nothing more on it)."""
+        return self._closing
+
+    def connectionMade(self) -> None:
+        """Turn Nagle off, produce for the transport, then start the protocol's handshake."""
+        disable_nagle(self.transport)
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self.connection_started()
+
+    def connection_started(self) -> None:
+        """The TCP (or TLS) connection is up: send what the protocol sends first."""
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Stop the protocol's own work, then tell the upstream."""
+        self._closing = True
+        self.connection_stopped()
+        self.upstream.connection_lost(self, reason)
+
+    def connection_stopped(self) -> None:
+        """The connection ended: cancel the protocol's timers and waiters."""
+
+    def write(self, data: bytes) -> None:
+        """Write bytes to the server, counted."""
+        assert self.transport is not None
+        self.transport.write(data)
+        self.upstream.traffic.bytes_out += len(data)
+
+    def close(self, why: str) -> None:
+        """Close the connection, saying why in the log (once)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._log.warn("upstream {upstream}: closing: {why}", upstream=self.upstream.name, why=why)
+        assert self.transport is not None
+        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
+        self.transport.loseConnection()
+
+    def pauseProducing(self) -> None:
+        """The server does not read what we write."""
+
+    def resumeProducing(self) -> None:
+        """The server reads again."""
+
+    def stopProducing(self) -> None:
+        """The transport is going away; connectionLost does the rest."""

@@ -1,0 +1,167 @@
+"""The upstream role's shared lifecycle: `gateway.protocols.upstream`.
+
+A small line-based upstream built on `Upstream` and `UpstreamConnection`
+(its handshake is one ``HELLO`` line answered ``OK``) connects through an
+endpoint that hands each connection a `StringTransport`; time is a `Clock`.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.upstream import (
+    RECONNECT_INITIAL_DELAY_SECONDS,
+    Upstream,
+    UpstreamConnection,
+)
+
+NAME = "far"
+
+
+class HelloConnection(UpstreamConnection["HelloUpstream"]):
+    """Says HELLO; ready on OK; anything else closes the connection."""
+
+    def __init__(self, upstream: HelloUpstream) -> None:
+        super().__init__(upstream)
+        self.stopped = 0
+        upstream.built.append(self)
+
+    def connection_started(self) -> None:
+        """Greet the server."""
+        self.write(b"HELLO\n")
+
+    def dataReceived(self, data: bytes) -> None:
+        """OK makes the connection ready; anything else is refused."""
+        if data == b"OK\n":
+            self.upstream.connection_ready(self, "greeted")
+        else:
+            self.upstream.count_error("bad-greeting")
+            self.close(f"unexpected {data!r}")
+
+    def connection_stopped(self) -> None:
+        """Count the protocol's own clean-up."""
+        self.stopped += 1
+
+
+class HelloUpstream(Upstream[HelloConnection]):
+    """The upstream of `HelloConnection`; two messages are always in flight."""
+
+    kind = "hello"
+
+    def __init__(self, endpoint: IStreamClientEndpoint, clock: Clock, metrics: GatewayMetrics):
+        self.built: list[HelloConnection] = []
+        super().__init__(
+            name=NAME, endpoint=endpoint, connection=HelloConnection, clock=clock, metrics=metrics
+        )
+
+    def connection_ended(self, connection: HelloConnection) -> str:
+        """Say what a real upstream would send again."""
+        return "2 message(s) to resend"
+
+
+@implementer(IStreamClientEndpoint)
+class StringEndpoint:
+    """Connects at once, each connection over a new `StringTransport`."""
+
+    def __init__(self) -> None:
+        self.transports: list[StringTransport] = []
+        self.protocols: list[IProtocol] = []
+        """What the factory built: the service's wrapper of each connection."""
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        """Build the protocol and connect it."""
+        protocol = factory.buildProtocol(None)
+        assert protocol is not None
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        self.transports.append(transport)
+        self.protocols.append(protocol)
+        return succeed(protocol)
+
+
+def _world() -> tuple[HelloUpstream, StringEndpoint, Clock, GatewayMetrics]:
+    clock = Clock()
+    metrics = GatewayMetrics()
+    endpoint = StringEndpoint()
+    upstream = HelloUpstream(endpoint, clock, metrics)
+    return upstream, endpoint, clock, metrics
+
+
+def _text(event: dict[str, object]) -> str:
+    return str(event["log_format"]).format(**event)
+
+
+def _sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_connects_hands_over_and_counts() -> None:
+    """The service connects; the connection produces for its transport and greets."""
+    upstream, endpoint, _clock, metrics = _world()
+    upstream.service.startService()
+    [connection], [transport] = upstream.built, endpoint.transports
+    assert transport.value() == b"HELLO\n"
+    assert transport.producer is not None and transport.streaming
+    assert upstream.traffic.bytes_out == len(b"HELLO\n")
+    assert not upstream.connected
+    assert _sample(metrics, "msggateway_upstream_connected", upstream=NAME) == 0
+    with capturedLogs() as events:
+        connection.dataReceived(b"OK\n")
+    assert upstream.connected
+    assert [_text(e) for e in events] == ["upstream far: greeted"]
+    assert _sample(metrics, "msggateway_upstream_connected", upstream=NAME) == 1
+    labels = {"endpoint": NAME, "protocol": "hello"}
+    assert _sample(metrics, "msggateway_connections", **labels) == 1
+    assert _sample(metrics, "msggateway_connections_opened_total", **labels) == 1
+    upstream.service.stopService()
+
+
+def test_a_lost_connection_says_why_and_what_is_resent_then_reconnects() -> None:
+    """Losing the ready connection: the gauge drops, the log says why, the service retries."""
+    upstream, endpoint, clock, metrics = _world()
+    upstream.service.startService()
+    [connection] = upstream.built
+    connection.dataReceived(b"OK\n")
+    with capturedLogs() as events:
+        endpoint.protocols[0].connectionLost(Failure(ConnectionLost("reset by peer")))
+    assert connection.closing and connection.stopped == 1
+    assert not upstream.connected
+    [line] = [text for text in map(_text, events) if text.startswith("upstream far")]
+    assert line.startswith("upstream far: connection lost: ")
+    assert line.endswith("; 2 message(s) to resend")
+    assert _sample(metrics, "msggateway_upstream_connected", upstream=NAME) == 0
+    labels = {"endpoint": NAME, "protocol": "hello"}
+    assert _sample(metrics, "msggateway_connections", **labels) == 0
+    clock.advance(RECONNECT_INITIAL_DELAY_SECONDS)
+    # The back-off's first wait, plus up to a second of jitter (backoffPolicy).
+    clock.advance(RECONNECT_INITIAL_DELAY_SECONDS + 1.0)
+    assert len(endpoint.transports) == 2
+    stopped: Deferred[None] = upstream.service.stopService()
+    assert stopped is not None
+
+
+def test_a_connection_that_never_became_ready_is_only_forgotten() -> None:
+    """A refused handshake: counted, closed once with its reason, no "lost" line."""
+    upstream, endpoint, _clock, metrics = _world()
+    upstream.service.startService()
+    [connection], [transport] = upstream.built, endpoint.transports
+    with capturedLogs() as events:
+        connection.dataReceived(b"NO\n")
+        connection.close("twice")  # a second close does nothing
+        endpoint.protocols[0].connectionLost(Failure(ConnectionDone()))
+    texts = [text for text in map(_text, events) if text.startswith("upstream far")]
+    assert texts == ["upstream far: closing: unexpected b'NO\\n'"]
+    assert transport.disconnecting
+    assert transport.producer is None  # unregistered, so that TLS can shut down
+    assert _sample(metrics, "msggateway_protocol_errors_total", endpoint=NAME, kind="bad-greeting")
+    assert not upstream.connected
+    upstream.service.stopService()
