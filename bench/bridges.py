@@ -395,7 +395,14 @@ def ssmpload_rate(bench: Bench, port: int, pid: int, extra: list[str], key: str)
     problems = [problem] if problem else []
     if figures.get("errs"):
         problems.append(f"{figures['errs']:.0f} requests answered other than 200")
-    return {"rates": {"rate": figures[key]}, "figures": figures, "problems": problems}
+    handled = figures["acked"] if key == "ack_rate" else figures["delivered"]
+    return {
+        "rates": {"rate": figures[key]},
+        "messages": {"rate": handled},
+        "server_cpu": figures["srv_cpu_pct"] / 100 * figures["wall_s"],  # during the load
+        "figures": figures,
+        "problems": problems,
+    }
 
 
 def rstream_rates(bench: Bench, connection: dict[str, Any], pid: int | None) -> dict[str, Any]:
@@ -430,7 +437,12 @@ def rstream_rates(bench: Bench, connection: dict[str, Any], pid: int | None) -> 
         "server_cpu_publish": publish.get("server_cpu"),
         "server_cpu_consume": consume.get("server_cpu"),
     }
-    return {"rates": rates, "figures": figures, "problems": problems}
+    cpu_us = {
+        phase: float(figures[f"server_cpu_{phase}"]) * 1e6 / float(count)
+        for phase, count in (("publish", figures["confirmed"]), ("consume", figures["received"]))
+        if figures[f"server_cpu_{phase}"] is not None and count
+    }
+    return {"rates": rates, "cpu_us": cpu_us, "figures": figures, "problems": problems}
 
 
 def qmqp_chunk_template() -> bytes:
@@ -511,6 +523,7 @@ def qmqp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict
     elapsed = last - started
     return {
         "rates": {"rate": replies / elapsed if elapsed > 0 else None},
+        "messages": {"rate": replies},
         "figures": {"sent": sent[0], "statuses": statuses, "seconds": elapsed},
         "problems": problems,
     }
@@ -593,6 +606,7 @@ def dmp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict[
     elapsed = last - started
     return {
         "rates": {"rate": seen / elapsed if elapsed > 0 else None},
+        "messages": {"rate": seen},
         "figures": {"written": total, "read": seen, "seconds": elapsed},
         "problems": problems,
     }
@@ -646,6 +660,7 @@ def mtl_test_flood(port: int, seconds: float, max_count: int) -> dict[str, Any]:
     elapsed = last - started
     return {
         "rates": {"rate": got / elapsed if elapsed > 0 else None},
+        "messages": {"rate": got},
         "figures": {"sent": sent[0], "delivered": got, "seconds": elapsed},
         "problems": problems,
     }
@@ -706,6 +721,7 @@ def mtl_routed_flood(port: int, port2: int, seconds: float, max_count: int) -> d
     elapsed = last - started
     return {
         "rates": {"rate": confirmed / elapsed if elapsed > 0 else None},
+        "messages": {"rate": confirmed},
         "figures": {"sent": sent, "confirmed": confirmed, "delivered": delivered},
         "problems": problems,
     }
@@ -788,6 +804,18 @@ def check_stream(
 # --- throughput scenarios ----------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def cpu_window(pid: int, record: dict[str, Any]) -> Iterator[None]:
+    """Put the CPU seconds process ``pid`` used during the block into ``record["server_cpu"]``."""
+    started = stream_vs_rabbitmq._cpu_seconds(pid)
+    try:
+        yield
+    finally:
+        ended = stream_vs_rabbitmq._cpu_seconds(pid)
+        if started is not None and ended is not None:
+            record["server_cpu"] = ended - started
+
+
 def t_ssmp_rabbitmq(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     """SSMP MCAST through a direct route into RabbitMQ, acknowledged after the confirm."""
     node = bench.rabbit()
@@ -831,7 +859,7 @@ def t_qmqp(route: str | None, expected: str) -> Callable[[Bench, dict[str, Any]]
 
     def run(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
         routes = {"to-hub": route} if route else None
-        with bench.gateway(QMQP, routes, record) as gateway:
+        with bench.gateway(QMQP, routes, record) as gateway, cpu_window(gateway.pid, record):
             result = qmqp_flood(gateway.address("mail"), bench.seconds, bench.max_count)
         qmqp_status_problems(result, expected)
         return result
@@ -842,7 +870,10 @@ def t_qmqp(route: str | None, expected: str) -> Callable[[Bench, dict[str, Any]]
 
 def t_dmp(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     """DMP sink routed (direct) to a feed of the same listener."""
-    with bench.gateway(DMP, {"loop": DMP_ROUTE}, record) as gateway:
+    with (
+        bench.gateway(DMP, {"loop": DMP_ROUTE}, record) as gateway,
+        cpu_window(gateway.pid, record),
+    ):
         return dmp_flood(gateway.address("dmp"), bench.seconds, bench.max_count)
 
 
@@ -862,14 +893,14 @@ def t_naive_hub(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
 def t_mtl_routed(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     """MTL confirm=full through a route to a confirm=full reader."""
     with bench.gateway(MTL, {"across": MTL_ROUTE}, record) as gateway:
-        return mtl_routed_flood(
-            gateway.address("mtl")[1], gateway.address("mtl2")[1], bench.seconds, bench.max_count
-        )
+        ports = gateway.address("mtl")[1], gateway.address("mtl2")[1]
+        with cpu_window(gateway.pid, record):
+            return mtl_routed_flood(*ports, bench.seconds, bench.max_count)
 
 
 def t_mtl_test(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
     """MTL test profile, one writer to one reader."""
-    with bench.gateway(MTL, None, record) as gateway:
+    with bench.gateway(MTL, None, record) as gateway, cpu_window(gateway.pid, record):
         return mtl_test_flood(gateway.address("mtl")[1], bench.seconds, bench.max_count)
 
 
@@ -1481,6 +1512,20 @@ def rate_of(entry: dict[str, Any] | None, key: str) -> float | None:
     return float(value) if value else None
 
 
+def cpu_of(entry: dict[str, Any] | None, key: str) -> float | None:
+    """The server's CPU microseconds per message in a measurement, or None."""
+    if not entry or entry.get("error"):
+        return None
+    value = entry.get("cpu_us", {}).get(key)
+    return float(value) if value else None
+
+
+def median_known(values: list[float | None]) -> float | None:
+    """The median of the values that are known, or None."""
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
+
+
 def disturbed(entry: dict[str, Any] | None) -> bool:
     """Whether other processes were busy during a measurement."""
     return entry is not None and float(entry.get("other_cores", 0)) > BUSY_CORES
@@ -1522,6 +1567,10 @@ def summarize(
         "baseline_rate": statistics.median([a for a in base if a]) if any(base) else None,
         "ratio": statistics.median(ratios) if ratios else None,
         "target": row.target,
+        "bridge_cpu_us": median_known([cpu_of(r.get(row.bridge), row.bridge_key) for r in rounds]),
+        "baseline_cpu_us": median_known(
+            [cpu_of(r.get(row.baseline), row.baseline_key) for r in rounds]
+        ),
         "bridge_disturbed": any(disturbed(r.get(row.bridge)) for r in rounds),
         "baseline_disturbed": any(disturbed(r.get(row.baseline)) for r in rounds),
     }
@@ -1586,7 +1635,7 @@ def p99_cell(figures: dict[str, float]) -> str:
 
 def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] | None) -> list[str]:
     """The aligned text table."""
-    header = ["path", "bridge msg/s", "baseline msg/s", "ratio", "target",
+    header = ["path", "bridge msg/s", "baseline msg/s", "ratio", "target", "server us/msg",
               "p50/p99 ms", "endpoint p99 ms", "d p99 ms"]  # fmt: skip
     lines = [header]
     for s in summaries:
@@ -1614,15 +1663,19 @@ def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] |
         bridge_rates = [x for x in s["bridge_rates"] if x]
         base_rates = [x for x in s["baseline_rates"] if x]
         mark = {True: "*", False: " "}
+        cpu = "/".join(
+            "-" if value is None else f"{value:.1f}"
+            for value in (s["bridge_cpu_us"], s["baseline_cpu_us"])
+        )
         lines.append([
             s["path"], spread(bridge_rates, k) + mark[s["bridge_disturbed"]],
-            spread(base_rates, k) + mark[s["baseline_disturbed"]], ratio, target,
+            spread(base_rates, k) + mark[s["baseline_disturbed"]], ratio, target, cpu,
             own + mark[bool(s.get("latency_disturbed"))], end, delta,
         ])  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return [
         "  ".join(
-            cell.ljust(width) if i in (0, 6) else cell.rjust(width)
+            cell.ljust(width) if i in (0, 7) else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(line, widths, strict=True))
         ).rstrip()
         for line in lines
@@ -1662,6 +1715,9 @@ def run_one(
     record["other_cores"] = round(max(0.0, busy - own) / wall, 2) if wall > 0 else 0.0
     record.setdefault("problems", [])
     record["problems"] += metric_problems(record.get("metrics", {}))
+    cpu = record.get("server_cpu")
+    if "cpu_us" not in record and cpu and record.get("messages"):
+        record["cpu_us"] = {k: cpu * 1e6 / n for k, n in record["messages"].items() if n}
     shown = record.get("rates") or record.get("latency") or brief(record.get("error", ""))
     if isinstance(shown, dict):
         shown = ", ".join(f"{key} {value:,.0f}" for key, value in shown.items() if value)
@@ -1829,6 +1885,10 @@ def main() -> None:
         f" {args.latency_seconds:g} s each, (min-max) of p99 over passes;"
         " d p99 = bridge p99 - the slower endpoint's p99 in the same pass, median"
         f" (direct bridges: target <= {DELTA_P99_TARGET_MS} ms)"
+    )
+    print(
+        "server us/msg: CPU microseconds per message of the bridge's gateway / the baseline's"
+        " server (RabbitMQ's VM for RabbitMQ), medians; steadier than rates on a busy machine"
     )
     print(
         f"*: other processes kept more than {BUSY_CORES} cores busy during at least one of"
