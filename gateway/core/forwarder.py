@@ -27,6 +27,12 @@ else is read from the log: a backlog, a chunk shared with another writer,
 what was committed before a (re)start. What it holds is bounded
 (`ForwarderSettings.max_held_messages` and ``max_held_bytes``): a batch that
 does not fit is not held, and read from the log when its turn comes.
+
+From memory the destination gets the messages as they were committed; read
+back, they are what the entry decodes to, which is the same message unless
+it carried something the entry format adapts (see
+`gateway.protocols.stream.mapping`: an unset timestamp, an integer header
+outside 64 bits, text that is not valid Unicode).
 """
 
 from __future__ import annotations
