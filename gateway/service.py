@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import attrs
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.interfaces import (
     IListeningPort,
@@ -44,7 +44,7 @@ from gateway.config import (
     reload_routes,
     reload_secrets,
 )
-from gateway.core.batch import deliver_each
+from gateway.core.batch import all_same
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, Retention
@@ -559,14 +559,9 @@ class _NoDelivery:
         self._what = what
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Deliver a batch, one message at a time (pipelined)."""
-        return deliver_each(self.deliver_one, messages)
-
-    def deliver_one(self, message: Message) -> Deferred[Outcome]:
         """Refuse: nothing on this listener takes routed messages."""
-        return succeed(
-            Outcome.rejected(f"{self.name} is {self._what}, which routes cannot deliver to")
-        )
+        refusal = Outcome.rejected(f"{self.name} is {self._what}, which routes cannot deliver to")
+        return all_same(len(messages), refusal)
 
 
 _LISTENERS: dict[
