@@ -389,6 +389,14 @@ class DMPCodec:
         """Whether the dialog is over and envelopes flow."""
         return self._stage == 2
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete header, lease or envelope; zero exactly between them.
+
+        Lets the adapter time out a frame that never completes.
+        """
+        return len(self._buffer)
+
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes; return the events they complete.
 
