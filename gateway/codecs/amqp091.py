@@ -251,6 +251,14 @@ class FrameCodec:
         self._buffer = bytearray()
         self._dead = False
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete frame; zero exactly between frames.
+
+        Lets the adapter time out a frame that never completes.
+        """
+        return len(self._buffer)
+
     def receive_data(self, data: bytes) -> list[Event]:
         """Feed bytes; return the events they complete.
 

@@ -439,6 +439,16 @@ class QMQPCodec:
         """Whether the peer's done block has been decoded."""
         return self._peer_done
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete block; zero exactly between blocks.
+
+        An oversized block being skipped counts as incomplete (its header and
+        head are held) until its last byte is read. Lets the adapter time out
+        a block that never completes.
+        """
+        return self._reader.pending
+
     def receive_data(self, data: bytes) -> list[Block]:
         """Decode the blocks that ``data`` completes.
 
@@ -559,7 +569,7 @@ class QMQPCodec:
         """
         if self._error is not None:
             raise self._error
-        if self._reader.pending:
+        if self.pending_bytes:
             self._fail(_MalformedError("connection ended inside a block", "truncated"), [])
 
     def send(self, block: Block) -> bytes:

@@ -517,6 +517,14 @@ class SSMPCodec:
         """Which side this codec is on."""
         return self._role
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete line; zero exactly between lines.
+
+        Lets the adapter time out a line that never ends.
+        """
+        return self._splitter.pending
+
     def receive_data(self, data: bytes) -> list[Line]:
         """Decode the lines that ``data`` completes.
 
@@ -578,7 +586,7 @@ class SSMPCodec:
         """
         if self._error is not None:
             raise self._error
-        if self._splitter.pending:
+        if self.pending_bytes:
             self._fail(_MalformedError("connection ended inside a line", "truncated"), [])
 
     def send(self, line: Line) -> bytes:

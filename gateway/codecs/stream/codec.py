@@ -286,6 +286,14 @@ class StreamCodec:
         """The current limit on frames read, 0 for none."""
         return self._reader.max_length or 0
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete frame; zero exactly between frames.
+
+        Lets the adapter time out a frame that never completes.
+        """
+        return self._reader.pending
+
     def set_frame_max(self, frame_max: int) -> None:
         """Change the limit on frames read (0 = none) from the next frame header on.
 
