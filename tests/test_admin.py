@@ -30,11 +30,11 @@ from zope.interface.verify import verifyObject
 
 from gateway.admin import HealthReport, make_admin_resource, make_admin_site
 from gateway.core.addressing import AddressPattern, AddressTemplate
-from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import BoundRoute, Route, Router, RouteTable
 from gateway.metrics import GatewayMetrics
+from tests.doubles import deliver_each, dispatch_one
 
 T = TypeVar("T")
 
@@ -141,7 +141,7 @@ def _result(d: Deferred[T]) -> T:
 
 def _dispatch(router: Router, address: str, body: bytes) -> Deferred[Outcome]:
     """Dispatch a message from ``ssmp-in``, which some route must take."""
-    d = router.dispatch_one("ssmp-in", Message(body=body, address=address))
+    d = dispatch_one(router, "ssmp-in", Message(body=body, address=address))
     assert d is not None, f"no route takes {address}"
     return d
 

@@ -351,24 +351,6 @@ class Router:
             return
         _Combined(plan, refused, table.rank, answer).start(self, source)
 
-    def dispatch_one(self, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
-        """`route` a batch of one, for adapters that receive one message at a time.
-
-        Returns `Unrouted` at once when no route takes the message, else a
-        Deferred firing with its outcome.
-        """
-        d: Deferred[Outcome] = Deferred()
-        unrouted: list[Unrouted] = []
-
-        def answer(_index: int, result: Result) -> None:
-            if isinstance(result, Unrouted):
-                unrouted.append(result)
-            else:
-                d.callback(result)
-
-        self.route(source, (message,), answer)
-        return unrouted[0] if unrouted else d
-
     def _plan(
         self,
         plan: dict[BoundRoute, tuple[list[int], list[Message]]],

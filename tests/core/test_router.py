@@ -19,7 +19,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.core.addressing import AddressPattern, AddressTemplate
-from gateway.core.batch import UNANSWERED, deliver_each
+from gateway.core.batch import UNANSWERED
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import (
@@ -32,6 +32,7 @@ from gateway.core.router import (
     bind_routes,
 )
 from gateway.metrics import GatewayMetrics
+from tests.doubles import deliver_each, dispatch_one
 
 T = TypeVar("T")
 
@@ -147,7 +148,7 @@ def _dispatch(
     router: Router, address: str, body: bytes = b"23C", source: str = "hub"
 ) -> Deferred[Outcome]:
     """Dispatch a message that some route must take."""
-    d = router.dispatch_one(source, Message(body=body, address=address))
+    d = dispatch_one(router, source, Message(body=body, address=address))
     assert not isinstance(d, Unrouted), f"no route takes {address} from {source}"
     return d
 
@@ -194,7 +195,7 @@ def test_no_matching_route_gives_none() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     assert not router.has_routes("hub", "news.today")
-    assert router.dispatch_one("hub", Message(body=b"", address="news.today")) == Unrouted(
+    assert dispatch_one(router, "hub", Message(body=b"", address="news.today")) == Unrouted(
         ("news.today",)
     )
     assert central.received == []
@@ -213,7 +214,7 @@ def test_routes_belong_to_their_source() -> None:
     assert router.has_routes("hub", "weather.paris")
     assert not router.has_routes("central", "weather.paris")
     assert isinstance(
-        router.dispatch_one("central", Message(body=b"", address="weather.paris")), Unrouted
+        dispatch_one(router, "central", Message(body=b"", address="weather.paris")), Unrouted
     )
     assert not router.has_routes("hub", "alerts")
 
@@ -227,7 +228,7 @@ def test_address_is_translated_through_the_template() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("archive", "weather.*.#", address="archive.{1}[{2}]")], central)
     message = Message(body=b"23C", address="weather.fr.paris.east", sender="alice")
-    d = router.dispatch_one("hub", message)
+    d = dispatch_one(router, "hub", message)
     assert d is not None
     assert _result(d) == Outcome.accepted()
     [delivered] = central.received
@@ -240,7 +241,7 @@ def test_address_is_kept_without_a_template() -> None:
     central = _AnsweringDestination("central")
     router, _, _ = _router([_route("weather", "weather.#")], central)
     message = Message(body=b"23C", address="weather.paris")
-    assert not isinstance(router.dispatch_one("hub", message), Unrouted)
+    assert not isinstance(dispatch_one(router, "hub", message), Unrouted)
     assert central.received == [message]
 
 
@@ -474,7 +475,7 @@ def test_replace_table_applies_to_new_messages() -> None:
     new_central = _AnsweringDestination("central")
     router.replace_table(bind_routes([_route("news", "news.*")], {"central": new_central}))
     assert isinstance(
-        router.dispatch_one("hub", Message(body=b"", address="weather.lyon")), Unrouted
+        dispatch_one(router, "hub", Message(body=b"", address="weather.lyon")), Unrouted
     )
     assert _result(_dispatch(router, "news.today")).is_accepted
     assert [m.address for m in new_central.received] == ["news.today"]
@@ -597,7 +598,7 @@ def test_recipients_are_routed_each_and_delivered_once_per_route() -> None:
         alerts,
         archive,
     )
-    d = router.dispatch_one("hub", _mail("disk@alerts.example.com", "cpu@alerts.example.com"))
+    d = dispatch_one(router, "hub", _mail("disk@alerts.example.com", "cpu@alerts.example.com"))
     assert not isinstance(d, Unrouted)
     assert _result(d) == Outcome.accepted()
     [to_alerts] = alerts.received
@@ -613,7 +614,7 @@ def test_one_unroutable_recipient_stops_the_whole_message() -> None:
     router, _, _ = _router(
         [_route("to-alerts", "*@alerts.example.com", destination="alerts")], alerts
     )
-    result = router.dispatch_one("hub", _mail("disk@alerts.example.com", "bob@elsewhere.org"))
+    result = dispatch_one(router, "hub", _mail("disk@alerts.example.com", "bob@elsewhere.org"))
     assert result == Unrouted(("bob@elsewhere.org",))
     assert alerts.received == []
 
@@ -625,10 +626,11 @@ def test_match_sender_filters_routes() -> None:
         _route("trusted", "#"), match_sender=AddressPattern("#@trusted.example.com")
     )
     router, _, _ = _router([route], central)
-    assert isinstance(router.dispatch_one("hub", _mail("x@y.org", sender="eve@evil.org")), Unrouted)
+    from_eve = _mail("x@y.org", sender="eve@evil.org")
+    assert isinstance(dispatch_one(router, "hub", from_eve), Unrouted)
     no_sender = attrs.evolve(_mail("x@y.org"), sender=None)
-    assert isinstance(router.dispatch_one("hub", no_sender), Unrouted)
-    d = router.dispatch_one("hub", _mail("x@y.org", sender="app@trusted.example.com"))
+    assert isinstance(dispatch_one(router, "hub", no_sender), Unrouted)
+    d = dispatch_one(router, "hub", _mail("x@y.org", sender="app@trusted.example.com"))
     assert not isinstance(d, Unrouted)
     assert len(central.received) == 1
 

@@ -1,0 +1,69 @@
+"""Small real implementations the tests share, for views one message at a time.
+
+The core moves batches; many protocol and router tests are clearest when a
+destination answers each message by itself (a Deferred per message that the
+test fires) or when one message is routed alone. These helpers give those
+views on top of the batch interfaces, without a second path in the gateway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from gateway.core.batch import UNANSWERED
+from gateway.core.message import Message, Outcome
+from gateway.core.router import Result, Router, Unrouted
+
+__all__ = ["deliver_each", "dispatch_one"]
+
+_log = Logger(namespace="tests.doubles")
+
+
+def deliver_each(
+    deliver_one: Callable[[Message], Deferred[Outcome]], messages: Sequence[Message]
+) -> Deferred[list[Outcome]]:
+    """A batch answered by a function that takes one message at a time.
+
+    Every message is started at once; the batch fires when the last has
+    answered. Cancelling the batch (the router's deadline) cancels the
+    messages still open, which then answer `UNANSWERED`; a message whose
+    Deferred fails is logged and answers retry, as an adapter's bug would be.
+    """
+    started = [deliver_one(message).addErrback(_broken) for message in messages]
+
+    def cancel(_: Deferred[list[Outcome]]) -> None:
+        for d in started:
+            if not d.called:
+                d.cancel()
+
+    result: Deferred[list[Outcome]] = Deferred(cancel)
+    DeferredList(started).addCallback(
+        lambda pairs: [outcome for _ok, outcome in pairs]
+    ).chainDeferred(result)
+    return result
+
+
+def _broken(failure: Failure) -> Outcome:
+    if failure.check(CancelledError):
+        return UNANSWERED
+    _log.failure("a delivery failed unexpectedly", failure)
+    return Outcome.retry("internal error")
+
+
+def dispatch_one(router: Router, source: str, message: Message) -> Deferred[Outcome] | Unrouted:
+    """Route one message alone: `Unrouted` at once when no route takes it, else its outcome."""
+    d: Deferred[Outcome] = Deferred()
+    unrouted: list[Unrouted] = []
+
+    def answer(_index: int, result: Result) -> None:
+        if isinstance(result, Unrouted):
+            unrouted.append(result)
+        else:
+            d.callback(result)
+
+    router.route(source, (message,), answer)
+    return unrouted[0] if unrouted else d
