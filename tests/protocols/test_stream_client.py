@@ -1638,3 +1638,19 @@ async def test_a_deadline_before_the_commit_is_the_routes_time_out_not_an_error(
         assert [event for event in events if event.get("log_failure")] == []
     finally:
         await store.close()
+
+
+def test_a_connection_ending_before_tune_leaves_no_unhandled_error(world: World) -> None:
+    """A login refused before Tune: the wait for Tune ends without a failure left in it.
+
+    Nothing awaits Tune once the login failed; a failure left in that
+    Deferred is logged as "Unhandled error in Deferred" whenever it is
+    collected, which may be much later (the log buffer keeps the connection).
+    """
+    world.upstream.start()
+    node = world.accept()
+    node.login(code=8)
+    node.lose()
+    tune = node.protocol.tuned()
+    assert tune.called
+    assert not isinstance(tune.result, Failure)

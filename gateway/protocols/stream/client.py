@@ -211,6 +211,10 @@ class StreamClientProtocol(Protocol):
             d.errback(ConnectionError("connection lost"))
         if not self._tune.called:
             self._tune.errback(ConnectionError("connection lost"))
+            # A handshake waiting for Tune has its failure by now; one that
+            # ended before (a refused login) does not wait: nothing is left
+            # to report as an unhandled error when the Deferred is collected.
+            self._tune.addErrback(lambda _: None)
         self.upstream.connection_lost(self, reason)
 
     def close(self, why: str) -> None:

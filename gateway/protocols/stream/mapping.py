@@ -268,91 +268,117 @@ def entry_from_message(message: Message) -> bytes:
     return fast if fast is not None else _general_entry(message)
 
 
-_STR8: Final = b"\xa1"
 _NULL: Final = b"\x40"
-_TIMESTAMP_CODE: Final = b"\x83"
-_DOUBLE_CODE: Final = b"\x82"
-_PROPERTIES: Final = b"\x00\x53\x73"
-_APPLICATION_PROPERTIES: Final = b"\x00\x53\x74"
-_DATA: Final = b"\x00\x53\x75"
 _I64: Final = struct.Struct(">q")
 _F64: Final = struct.Struct(">d")
 _U32: Final = struct.Struct(">I")
-_U32_PAIR: Final = struct.Struct(">II")
-_TIMESTAMP_KEY: Final = b"\xa1" + bytes([len(TIMESTAMP_HEADER)]) + TIMESTAMP_HEADER.encode()
-
-
-_STR8_HEADS: Final = tuple(_STR8 + bytes((length,)) for length in range(256))
+_PROPERTIES: Final = b"\x00\x53\x73"
+_APPLICATION_PROPERTIES: Final = b"\x00\x53\x74"
+_SMALL_COMPOUND: Final = struct.Struct(">3sBBB")
+"""Descriptor, list8/map8 code, size, count."""
+_LARGE_COMPOUND: Final = struct.Struct(">3sBII")
+"""Descriptor, list32/map32 code, size, count."""
+_STR8_HEADS: Final = tuple(b"\xa1" + bytes((length,)) for length in range(256))
 """``str8`` constructor and length byte, by length."""
+_DATA8_HEADS: Final = tuple(b"\x00\x53\x75\xa0" + bytes((length,)) for length in range(256))
+"""A data section with a ``vbin8`` body, by length."""
+_DATA32_HEAD: Final = b"\x00\x53\x75\xb0"
+_CREATION_TIME: Final = _NULL * 6 + b"\x83"
+"""The properties between ``to`` and creation-time (all null), then a timestamp's code."""
+_CREATION_TIME_BYTES: Final = len(_CREATION_TIME) + 8
 
 
-def _short_ascii(text: str) -> bytes | None:
-    """``str8`` encoding of a short ASCII string, or None (the general encoder does it)."""
-    if len(text) > 255 or not text.isascii():
-        return None
-    return _STR8_HEADS[len(text)] + text.encode("ascii")
+def _key(name: str) -> bytes:
+    return _STR8_HEADS[len(name)] + name.encode("ascii")
 
 
-_SENDER_KEY: Final = _STR8 + bytes((len(SENDER_HEADER),)) + SENDER_HEADER.encode("ascii")
-_RECIPIENTS_KEY: Final = (
-    _STR8 + bytes((len(RECIPIENTS_HEADER),)) + RECIPIENTS_HEADER.encode("ascii")
-)
+_SENDER_KEY: Final = _key(SENDER_HEADER)
+_RECIPIENTS_KEY: Final = _key(RECIPIENTS_HEADER)
+_TIMESTAMP_PAIR: Final = _key(TIMESTAMP_HEADER) + b"\x82"
+"""The timestamp header's key and a double's code."""
+_TIMESTAMP_PAIR_BYTES: Final = len(_TIMESTAMP_PAIR) + 8
 
 
-def _compound(section: bytes, short: int, long: int, fields: bytes, count: int) -> bytes:
-    """A described list or map in its 8-bit form when it fits, else its 32-bit one."""
-    if len(fields) + 1 < 256 and count < 256:
-        return section + bytes((short, len(fields) + 1, count)) + fields
-    return section + bytes((long,)) + _U32_PAIR.pack(len(fields) + 4, count) + fields
+def _compound_head(section: bytes, short: int, long: int, size: int, count: int) -> bytes:
+    """A described list or map's head, its 8-bit form when it fits, for ``size`` bytes of items."""
+    if size + 1 < 256 and count < 256:
+        return _SMALL_COMPOUND.pack(section, short, size + 1, count)
+    return _LARGE_COMPOUND.pack(section, long, size + 4, count)
+
+
+def _short_ascii(text: str) -> bool:
+    """Whether ``text`` fits a ``str8`` as ASCII (else the general encoder writes it)."""
+    return len(text) < 256 and text.isascii()
 
 
 def _ascii_entry(message: Message) -> bytes | None:
-    """The entry of a message whose texts are all short ASCII strings, else None."""
-    message_id = _short_ascii(message.id)
-    to = _short_ascii(message.address)
-    if message_id is None or to is None:
+    """The entry of a message whose texts are all short ASCII strings, else None.
+
+    One list of pieces and one join: an ASCII text's size is its length, so
+    the compounds' sizes are added up as the pieces are listed.
+    """
+    message_id = message.id
+    address = message.address
+    # (_short_ascii, inline: this runs once per published message)
+    if not (
+        len(message_id) < 256 and len(address) < 256 and message_id.isascii() and address.isascii()
+    ):
         return None
-    milliseconds = _milliseconds(message.timestamp)
+    heads = _STR8_HEADS
+    timestamp = message.timestamp
+    milliseconds = _milliseconds(timestamp) if timestamp else None
+    # Properties: message-id, user-id (null), to[, six nulls, creation-time].
+    parts = [
+        b"",
+        heads[len(message_id)],
+        message_id.encode("ascii"),
+        _NULL,
+        heads[len(address)],
+        address.encode("ascii"),
+    ]
+    size = len(message_id) + len(address) + 5
     if milliseconds is None:
-        fields = message_id + _NULL + to
-        count = 3
+        parts[0] = _compound_head(_PROPERTIES, 0xC0, 0xD0, size, 3)
     else:
-        fields = message_id + _NULL + to + _NULL * 6 + _TIMESTAMP_CODE + _I64.pack(milliseconds)
-        count = 10
-    parts = [_compound(_PROPERTIES, 0xC0, 0xD0, fields, count)]
-    pairs: list[bytes] = []
+        parts += (_CREATION_TIME, _I64.pack(milliseconds))
+        parts[0] = _compound_head(_PROPERTIES, 0xC0, 0xD0, size + _CREATION_TIME_BYTES, 10)
+    # Application properties: the headers, then sender, recipients and timestamp.
+    head_at = len(parts)
+    parts.append(b"")
+    size = pairs = 0
     for key, value in message.headers.items():
         if key in _RESERVED:
             continue
-        if type(value) is not str:
+        if type(value) is not str or not (_short_ascii(key) and _short_ascii(value)):
             return None
-        encoded_key = _short_ascii(key)
-        encoded_value = _short_ascii(value)
-        if encoded_key is None or encoded_value is None:
+        parts += (heads[len(key)], key.encode("ascii"), heads[len(value)], value.encode("ascii"))
+        size += len(key) + len(value) + 4
+        pairs += 1
+    sender = message.sender
+    if sender is not None:
+        if len(sender) > 255 or not sender.isascii():
             return None
-        pairs.append(encoded_key + encoded_value)
-    if message.sender is not None:
-        sender = _short_ascii(message.sender)
-        if sender is None:
-            return None
-        pairs.append(_SENDER_KEY + sender)
+        parts += (_SENDER_KEY, heads[len(sender)], sender.encode("ascii"))
+        size += len(_SENDER_KEY) + 2 + len(sender)
+        pairs += 1
     if message.recipients:
-        recipients = _short_ascii(_join(message.recipients))
-        if recipients is None:
+        joined = _join(message.recipients)
+        if not _short_ascii(joined):
             return None
-        pairs.append(_RECIPIENTS_KEY + recipients)
-    if message.timestamp:
-        pairs.append(_TIMESTAMP_KEY + _DOUBLE_CODE + _F64.pack(float(message.timestamp)))
+        parts += (_RECIPIENTS_KEY, heads[len(joined)], joined.encode("ascii"))
+        size += len(_RECIPIENTS_KEY) + 2 + len(joined)
+        pairs += 1
+    if timestamp:
+        parts += (_TIMESTAMP_PAIR, _F64.pack(float(timestamp)))
+        size += _TIMESTAMP_PAIR_BYTES
+        pairs += 1
     if pairs:
-        parts.append(
-            _compound(_APPLICATION_PROPERTIES, 0xC1, 0xD1, b"".join(pairs), 2 * len(pairs))
-        )
+        parts[head_at] = _compound_head(_APPLICATION_PROPERTIES, 0xC1, 0xD1, size, 2 * pairs)
     body = message.body
-    if len(body) < 256:
-        parts.append(_DATA + b"\xa0" + bytes((len(body),)))
-    else:
-        parts.append(_DATA + b"\xb0" + _U32.pack(len(body)))
-    parts.append(body)
+    parts += (
+        _DATA8_HEADS[len(body)] if len(body) < 256 else _DATA32_HEAD + _U32.pack(len(body)),
+        body,
+    )
     return b"".join(parts)
 
 
