@@ -8,11 +8,17 @@ connected to, it reconnects there (through ``relocate``: the service keeps
 the locator's TLS settings). It reconnects with backoff when a connection
 ends.
 
-Publishing: it is the route destination. While it is not connected it
-answers "retry later" at once. Messages are encoded as AMQP 1.0
-(`gateway.protocols.stream.mapping`), queued per stream, and published in
-batches (up to ``batch_size`` per Publish frame, within frame_max) with at
-most ``max_unconfirmed`` awaiting confirmation. Each stream has a publisher
+Publishing: it is the route destination, and takes a batch (DESIGN.md,
+"The batch is the unit of work"). While it is not connected it answers
+"retry later" at once. Messages are encoded as AMQP 1.0
+(`gateway.protocols.stream.mapping`), queued per stream and published at
+once: a batch goes out in as few Publish frames as ``batch_size`` and
+frame_max allow, all in one write, with at most ``max_unconfirmed``
+awaiting confirmation (the rest wait in the queue, up to ``max_queue``).
+A batch's outcomes are one `Answers`: each queued message knows its place
+in it, and confirms and errors settle messages one by one; when the
+route's deadline cancels the batch, its messages still queued are never
+sent. Each stream has a publisher
 with a stable reference; publishing ids come from QueryPublisherSequence at
 every (re)connection: messages that were sent but not confirmed when a
 connection ended are confirmed if the broker stored them (their id is not
@@ -24,8 +30,8 @@ precondition failed) or retry later (the rest).
 Consuming: each stream of ``subscribe`` is read under credit from the
 offset stored under ``consumer_name`` (or the configured offset the first
 time; after a reconnect, from past what was already settled if that is
-further); each chunk's messages are dispatched along the routes from this
-upstream, credit is granted once they all have outcomes, and the last
+further); each chunk's messages go along the routes from this upstream as
+one batch, credit is granted once they all have outcomes, and the last
 offset whose messages all have outcomes is stored every
 ``store_offset_interval_seconds`` and at stop.
 
