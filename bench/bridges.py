@@ -1749,17 +1749,25 @@ def brief(error: str) -> str:
 def notes(
     rounds: list[dict[str, dict[str, Any]]], passes: list[dict[str, dict[str, Any]]]
 ) -> list[str]:
-    """Everything that went wrong, by measurement and round."""
-    found = []
+    """Everything that went wrong; the same text from several measurements once, with where."""
+    where: dict[str, list[str]] = {}
     labelled = [(f"round {n}", r) for n, r in enumerate(rounds, 1)]
     labelled += [(f"latency pass {n}", r) for n, r in enumerate(passes, 1)]
     for label, measured in labelled:
         for name, record in measured.items():
             errors = [brief(record["error"])] if record.get("error") else []
-            for problem in errors + record.get("problems", []):
-                found.append(f"{label}, {name}: {problem}")
-            for line in record.get("log_problems", [])[:3]:
-                found.append(f"{label}, {name}: gateway log: {line[:200]}")
+            logged = [f"gateway log: {line[:200]}" for line in record.get("log_problems", [])[:3]]
+            for problem in errors + record.get("problems", []) + logged:
+                where.setdefault(problem, []).append(f"{label}, {name}")
+    found = []
+    for problem, places in where.items():
+        if len(places) == 1:
+            found.append(f"{places[0]}: {problem}")
+        else:
+            shown = "; ".join(places[:4]) + (
+                f"; and {len(places) - 4} more" if len(places) > 4 else ""
+            )
+            found.append(f"{problem} [{len(places)} measurements: {shown}]")
     busy = [
         float(record.get("other_cores", 0))
         for _, measured in labelled
