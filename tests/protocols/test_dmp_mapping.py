@@ -8,7 +8,9 @@ codec that keeps what a message is.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +20,7 @@ from gateway.protocols.dmp.mapping import (
     APP_ID,
     RECIPIENTS_HEADER,
     SENDER_HEADER,
+    encode_message,
     envelope_from_message,
     message_from_envelope,
 )
@@ -189,3 +192,58 @@ def _reader() -> dmp.DMPCodec:
         + dmp.encode_response(dmp.Response(200, "Ready"))
     )
     return codec
+
+
+_any_text = st.text(max_size=12) | st.text(min_size=250, max_size=270)
+_header_keys = st.sampled_from(
+    [
+        "dmp.content-type",
+        "dmp.app-id",
+        "dmp.user-id",
+        "dmp.exchange",
+        "dmp.routing-key",
+        RECIPIENTS_HEADER,
+        SENDER_HEADER,
+        "k",
+    ]
+) | st.text(max_size=8)
+_messages = st.builds(
+    Message,
+    body=st.binary(max_size=50),
+    address=_any_text,
+    id=_any_text,
+    sender=st.none() | _any_text,
+    recipients=st.lists(_any_text, max_size=2).map(tuple),
+    headers=st.dictionaries(_header_keys, _any_text | st.integers() | st.booleans(), max_size=4),
+    timestamp=st.sampled_from([0.0, ARRIVAL]) | st.floats(0, 2**40),
+)
+
+
+def _outcome(make: Callable[[], bytes]) -> tuple[str, object]:
+    """Bytes, or the error's type and message."""
+    try:
+        return "bytes", make()
+    except dmp.DMPLocalError as exc:
+        return "DMPLocalError", exc.reason
+
+
+@given(_messages, st.sampled_from(["", "feed", "é" * 200]))
+def test_encode_message_writes_the_envelope_of_envelope_from_message(
+    message: Message, exchange: str
+) -> None:
+    """Property: any message, the bytes (or the refusal) of its envelope, built or not."""
+    assert _outcome(lambda: encode_message(message, exchange)) == _outcome(
+        lambda: dmp.encode_envelope(envelope_from_message(message, exchange))
+    )
+
+
+@given(st.sampled_from(["", "k", "eu.fr"]), st.binary(max_size=20))
+def test_a_bare_envelope_maps_as_one_with_empty_properties(routing_key: str, body: bytes) -> None:
+    """The shortcut for NO_PROPERTIES gives what the full mapping gives for empty properties."""
+    bare = dmp.Envelope(routing_key=routing_key, body=body)
+    assert bare.properties is dmp.NO_PROPERTIES
+    empty = dmp.Envelope(routing_key=routing_key, properties=dmp.BasicProperties(), body=body)
+    assert empty.properties is not dmp.NO_PROPERTIES
+    fast = message_from_envelope(bare, "sink", ARRIVAL)
+    full = message_from_envelope(empty, "sink", ARRIVAL)
+    assert attrs.evolve(fast, id=full.id) == full

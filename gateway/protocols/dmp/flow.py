@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.codecs import dmp
 from gateway.core.message import Message, Outcome
-from gateway.protocols.dmp.mapping import envelope_from_message
+from gateway.protocols.dmp.mapping import encode_message
 
 __all__ = ["HeldWrites", "InFlight", "write_envelopes"]
 
@@ -76,7 +76,7 @@ def write_envelopes(
     Args:
         writes: The connection's writes.
         messages: The batch.
-        exchange: The envelopes' exchange (`envelope_from_message`).
+        exchange: The envelopes' exchange (`encode_message`).
         max_held_bytes: Bytes held for a slow peer past which more are refused.
         behind: The outcome of a message refused for the backlog.
         cannot_carry: The outcome of a message DMP cannot carry, given why.
@@ -88,13 +88,12 @@ def write_envelopes(
     parts: list[bytes] = []
     paused = writes.paused
     held = writes.held_bytes
-    encode = dmp.encode_envelope
     for index, message in enumerate(messages):
         if held > max_held_bytes:
             outcomes[index] = behind(held)
             continue
         try:
-            data = encode(envelope_from_message(message, exchange))
+            data = encode_message(message, exchange)
         except dmp.DMPLocalError as exc:
             outcomes[index] = cannot_carry(exc.reason)
             continue

@@ -15,7 +15,10 @@ Out: the routing key is the message's address; ``message-id``, ``timestamp``
 ``x-gateway-sender``, ``x-gateway-recipients`` (an array: the message's
 recipients, or its ``x-gateway-recipients`` header) and its other text
 headers; ``dmp.*`` headers of a message that came from DMP go back
-to their properties.
+to their properties. `encode_message` writes that envelope without building
+it (`dmp.encode_envelope_fields`) unless a header sets a property other
+than ``app-id``; `message_from_envelope` tells a bare envelope by its
+properties being `dmp.NO_PROPERTIES` and skips the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "APP_ID",
     "RECIPIENTS_HEADER",
     "SENDER_HEADER",
+    "encode_message",
     "envelope_from_message",
     "message_from_envelope",
 ]
@@ -51,6 +55,16 @@ APP_ID: Final = "msggateway"
 def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -> Message:
     """The message a sink received (``timestamp``: arrival, if the envelope has none)."""
     properties = envelope.properties
+    routing_key = envelope.routing_key
+    if properties is dmp.NO_PROPERTIES and not envelope.exchange:  # bare: the common case
+        if routing_key:
+            return Message(
+                body=envelope.body,
+                address=f"{sink}.{routing_key}",
+                headers={"dmp.routing-key": routing_key},
+                timestamp=timestamp,
+            )
+        return Message(body=envelope.body, address=sink, timestamp=timestamp)
     headers: dict[str, HeaderValue] = {}
     sender: str | None = None
     table = properties.headers
@@ -73,7 +87,6 @@ def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -
                 headers[header] = value
     if envelope.exchange:
         headers["dmp.exchange"] = envelope.exchange
-    routing_key = envelope.routing_key
     if routing_key:
         headers["dmp.routing-key"] = routing_key
         address = f"{sink}.{routing_key}"
@@ -95,38 +108,64 @@ def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -
     )
 
 
-def envelope_from_message(message: Message, exchange: str = "") -> dmp.Envelope:
-    """The envelope a feed reader or a remote sink gets for a message."""
+def _table_and_properties(message: Message) -> tuple[dict[str, FieldValue], dict[str, str]]:
+    """The headers table of a message's envelope, and the properties its headers set."""
     table: dict[str, FieldValue] = {}
     if message.sender:
         table[SENDER_HEADER] = message.sender
     if message.recipients:
         table[RECIPIENTS_HEADER] = list(message.recipients)
-    timestamp = int(message.timestamp) if message.timestamp else None
-    if not message.headers:  # the common case: nothing to sort into properties
-        properties = dmp.BasicProperties(
-            message_id=message.id[:255], timestamp=timestamp, headers=table or None, app_id=APP_ID
-        )
-    else:
-        values: dict[str, str] = {}
-        for key, value in message.headers.items():
-            if key == RECIPIENTS_HEADER:
-                if not message.recipients and isinstance(value, str):
-                    table[key] = [part for part in value.split(",") if part]
-            elif key in _PROPERTY_OF:
-                values[_PROPERTY_OF[key]] = str(value)
-            elif not key.startswith("dmp.") and isinstance(value, str):
-                table[key] = value
-        values.setdefault("app_id", APP_ID)
-        properties = dmp.BasicProperties(
-            message_id=message.id[:255],
-            timestamp=timestamp,
-            headers=table or None,
-            **values,  # type: ignore[arg-type]
-        )
+    values: dict[str, str] = {}
+    for key, value in message.headers.items():
+        if key == RECIPIENTS_HEADER:
+            if not message.recipients and isinstance(value, str):
+                table[key] = [part for part in value.split(",") if part]
+        elif key in _PROPERTY_OF:
+            values[_PROPERTY_OF[key]] = str(value)
+        elif not key.startswith("dmp.") and isinstance(value, str):
+            table[key] = value
+    return table, values
+
+
+def envelope_from_message(message: Message, exchange: str = "") -> dmp.Envelope:
+    """The envelope a feed reader or a remote sink gets for a message."""
+    table, values = _table_and_properties(message)
+    values.setdefault("app_id", APP_ID)
+    properties = dmp.BasicProperties(
+        message_id=message.id[:255],
+        timestamp=int(message.timestamp) if message.timestamp else None,
+        headers=table or None,
+        **values,  # type: ignore[arg-type]
+    )
     return dmp.Envelope(
         exchange=exchange,
         routing_key=message.address[:255],
         properties=properties,
         body=message.body,
+    )
+
+
+def encode_message(message: Message, exchange: str = "") -> bytes:
+    """``dmp.encode_envelope(envelope_from_message(message, exchange))``, the envelope unbuilt.
+
+    Raises:
+        dmp.DMPLocalError: DMP cannot carry the message.
+    """
+    if message.headers or message.sender or message.recipients:
+        table, values = _table_and_properties(message)
+        app_id = values.pop("app_id", APP_ID)
+        if values:  # a property the fields encoder does not take: the envelope, then
+            return dmp.encode_envelope(envelope_from_message(message, exchange))
+        headers = table or None
+    else:  # the common case: nothing to sort
+        app_id = APP_ID
+        headers = None
+    return dmp.encode_envelope_fields(
+        exchange,
+        message.address[:255],
+        body=message.body,
+        message_id=message.id[:255],
+        timestamp=int(message.timestamp) if message.timestamp else None,
+        headers=headers,
+        app_id=app_id,
     )
