@@ -1,40 +1,87 @@
-"""What every listener's factory shares: its connections, their limit and their counters.
+"""What every listener shares: its factory's connections and counters, and each connection's life.
 
-A protocol's server factory subclasses `ListenerFactory`, names its protocol
-(the ``protocol`` label of the connection metrics) and its connection class
-(``protocol``, built with the factory), and its connections call
-`connection_opened` / `connection_closed`; errors are counted by kind with
-`count_error`, traffic in `traffic`. Past ``max_connections`` open
+`ListenerFactory` is the factory side: connection counting,
+``max_connections``, per-identity limits, authorization, error and traffic
+counters. A protocol's server factory subclasses it, names its protocol (the
+``protocol`` label of the connection metrics) and its connection class
+(``protocol``, built with the factory). Past ``max_connections`` open
 connections a new one is closed at once, before a byte is read or written
 (counted as ``too-many-connections``): none of the protocols has an answer
 for "busy" before its handshake.
+
+`ListenerConnection` is the connection side (DESIGN.md, "One lifecycle per
+role"): registration as the transport's streaming producer, the connection
+counted open and closed, timers cancelled when it ends, output written in
+one write with its traffic counted, a graceful close and an abort,
+back-pressure, and the frame time-out. A protocol's connection class
+subclasses it and keeps only what is its own.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Final, Generic, NotRequired, TypedDict, TypeVar, cast
 
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import (
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    ITCPTransport,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from gateway.core.auth import Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.tcp import disable_nagle
 
-__all__ = ["DEFAULT_LISTEN_BACKLOG", "DEFAULT_MAX_CONNECTIONS", "ListenerFactory"]
+__all__ = [
+    "DEFAULT_FRAME_TIMEOUT_SECONDS",
+    "DEFAULT_LISTEN_BACKLOG",
+    "DEFAULT_MAX_CONNECTIONS",
+    "ListenerArgs",
+    "ListenerConnection",
+    "ListenerFactory",
+]
 
 DEFAULT_MAX_CONNECTIONS = 1024
 """Open connections per listener unless its config says otherwise."""
 DEFAULT_LISTEN_BACKLOG = 1024
 """Connections the kernel queues for a listener before it accepts them (Twisted's
 default, 50, drops SYNs when a thousand clients connect at once: a one-second wait)."""
+DEFAULT_FRAME_TIMEOUT_SECONDS: Final = 30.0
+"""How long a frame (a line, a block, an envelope) may take from its first byte to its
+last, unless the listener's config says otherwise (issue 18: a half-sent frame after
+the handshake was held open for ever)."""
+_PRUNE_TIMERS_PAST: Final = 8
+"""Timers a connection remembers before it forgets those that fired or were cancelled."""
 
 P = TypeVar("P", bound=Protocol)
+S = TypeVar("S")
 
 
-class ListenerFactory(Factory, Generic[P]):
-    """A listener's connections, traffic and error counters.
+class ListenerArgs(TypedDict, Generic[S]):
+    """What every listener factory is built with; a protocol's factory adds its own."""
+
+    name: str
+    settings: S
+    secrets: Secrets
+    clock: IReactorTime
+    metrics: NotRequired[GatewayMetrics | None]
+
+
+class ListenerFactory(Factory[P], Generic[P, S]):
+    """A listener's connections, settings, traffic and error counters.
 
     Args:
         name: The listener's config name (the metrics' ``listener`` label).
+        settings: The protocol's validated settings for this listener.
+        secrets: The gateway's secrets.
+        clock: Timers and timestamps.
         metrics: Counters, or None in tests that do not look.
 
     Attributes:
@@ -51,9 +98,22 @@ class ListenerFactory(Factory, Generic[P]):
     """Who may publish and consume what; the assembly sets it from ``authorize``."""
     max_connections_per_identity = 0
     """Open connections one authenticated identity may hold (0: no limit)."""
+    frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
+    """How long a frame may stay incomplete (0: for ever); the assembly sets it."""
 
-    def __init__(self, name: str, metrics: GatewayMetrics | None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        settings: S,
+        secrets: Secrets,
+        clock: IReactorTime,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.name = name
+        self.settings = settings
+        self.secrets = secrets
+        self.clock = clock
         self.connections: set[P] = set()
         self._by_identity: dict[str, int] = {}
         self._identity_of: dict[P, str] = {}
@@ -147,3 +207,259 @@ class ListenerFactory(Factory, Generic[P]):
         """Count a protocol error of some kind."""
         if self._metrics is not None:
             self._metrics.protocol_errors.labels(self.name, kind).inc()
+
+    def count_slow_consumer(self) -> None:
+        """Count a connection aborted because its undelivered backlog passed its limit."""
+        if self._metrics is not None:
+            self._metrics.slow_consumers.labels(self.name).inc()
+
+
+F = TypeVar("F", bound="ListenerFactory[Any, Any]")
+
+
+@implementer(IPushProducer)
+class ListenerConnection(Protocol, Generic[F]):
+    """One connection to a listener: the life, output, back-pressure and time-outs all share.
+
+    Life: `connectionMade` turns Nagle's algorithm off, registers the
+    connection as its transport's streaming producer, counts it open and
+    calls `_connection_started`; `connectionLost` marks it closing, cancels
+    every timer started with `_call_later`, drops unwritten output, calls
+    `_connection_ended` and counts it closed. `_close` writes what is queued
+    and closes once the transport has written it; `_abort` closes at once,
+    dropping what is unwritten, for a peer given up on (one that does not
+    read must not keep its buffered output).
+
+    Output: bytes queued in ``_out`` (``_out_count`` messages) go out in
+    one write at `flush`, counted in the listener's traffic; `_write`
+    writes at once.
+
+    Back-pressure: when the transport's buffer fills (the peer reads slower
+    than we write) it calls `pauseProducing`: the connection is congested,
+    reading stops, and what is still written is counted as backlog until
+    the transport calls `resumeProducing` (Twisted calls `pauseProducing`
+    on every write while its buffer is full: the backlog counts from the
+    first). Past ``_max_backlog_bytes`` (0: no limit) the peer is aborted
+    as a slow consumer. Reading resumes when the peer caught up, the
+    connection is not finishing or closing, and `_may_read` says the
+    protocol's own limits allow it.
+
+    Frame time-out: after each read the protocol calls `_frame_read`; a
+    frame its codec holds part of (`_partial_frame_bytes`) must be complete
+    within the factory's ``frame_timeout_seconds`` of the read that began
+    it, else the peer is aborted (it sent nothing complete: nothing is owed
+    to it), counted as ``frame-timeout`` and logged. Time during which we do
+    not read the peer does not count.
+
+    Args:
+        factory: The listener's factory.
+    """
+
+    _log = Logger()
+    _max_backlog_bytes = 0
+    """Bytes written to a congested peer past which it is aborted (0: no limit)."""
+    factory: F
+
+    def __init__(self, factory: F) -> None:
+        self.factory = factory
+        self._closing = False
+        """Closing or closed: nothing more is read, written or answered."""
+        self._finishing = False
+        """Reading nothing more; the protocol closes once it has answered what it read."""
+        self._aborted = False
+        self._reading_paused = False
+        self._congested = False
+        self._backlog = 0
+        self._out: list[bytes] = []
+        self._out_count = 0
+        self._timers: list[IDelayedCall] = []
+        self._partial_since: float | None = None
+        self._frame_call: IDelayedCall | None = None
+
+    # --- hooks ----------------------------------------------------------------------------
+
+    def _connection_started(self) -> None:
+        """The protocol's own start (its first timers); nothing by default."""
+
+    def _connection_ended(self, reason: Failure) -> None:
+        """The protocol's own cleanup once the connection is gone; nothing by default."""
+
+    def _may_read(self) -> bool:
+        """Whether the protocol's own limits let reading resume; yes by default."""
+        return True
+
+    def _partial_frame_bytes(self) -> int:
+        """Bytes the protocol's codec holds of an incomplete frame; none by default."""
+        return 0
+
+    def _who(self) -> str:
+        """The peer, for the log: its address unless the protocol knows a name."""
+        peer = self._peer()
+        return f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+
+    # --- life -----------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Register as the transport's producer (a slow reader stops our reading); count it."""
+        disable_nagle(self.transport)
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self.factory.connection_opened(self)
+        self._connection_started()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Stop every timer, drop what was not written, clean up, count it closed."""
+        self._closing = True
+        for call in self._timers:
+            if call.active():
+                call.cancel()
+        self._timers.clear()
+        self._frame_call = None
+        self._out.clear()
+        self._connection_ended(reason)
+        self.factory.connection_closed(self)
+
+    def _call_later(self, seconds: float, call: Callable[..., object], *args: Any) -> IDelayedCall:
+        """Call ``call(*args)`` in ``seconds`` on the factory's clock unless the connection ends."""
+        timers = self._timers
+        if len(timers) >= _PRUNE_TIMERS_PAST:
+            timers[:] = [timer for timer in timers if timer.active()]
+        delayed: IDelayedCall = self.factory.clock.callLater(seconds, call, *args)
+        timers.append(delayed)
+        return delayed
+
+    def _close(self) -> None:
+        """Write what is queued, then close once the transport has written it."""
+        if self._closing:
+            return
+        self._closing = True
+        self.flush()
+        transport = self.transport
+        assert transport is not None
+        # A TLS transport waits for its producer to go away before it shuts down.
+        cast(IConsumer, transport).unregisterProducer()
+        transport.loseConnection()
+
+    def _abort(self) -> None:
+        """Close at once, dropping what is queued and what the transport holds."""
+        if self._aborted or self.transport is None:
+            return
+        self._closing = self._aborted = True
+        self._out.clear()
+        cast(ITCPTransport, self.transport).abortConnection()
+
+    def _peer(self) -> object:
+        """The peer's address, or None before the connection is made."""
+        return self.transport.getPeer() if self.transport is not None else None
+
+    # --- output ---------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write everything queued in ``_out`` in one write."""
+        out = self._out
+        if not out or self.transport is None:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        messages, self._out_count = self._out_count, 0
+        self._write(data, messages)
+
+    def _write(self, data: bytes, messages: int = 0) -> None:
+        """Write ``data`` (``messages`` messages) now, counted; a slow consumer is aborted."""
+        traffic = self.factory.traffic
+        traffic.messages_out += messages
+        traffic.bytes_out += len(data)
+        if self._congested:
+            self._backlog += len(data)
+            limit = self._max_backlog_bytes
+            if limit and self._backlog > limit:
+                self._slow_consumer()
+                return
+        cast(IConsumer, self.transport).write(data)
+
+    def _slow_consumer(self) -> None:
+        self._log.warn(
+            "{listener}: disconnecting {identity}, a slow consumer with {backlog} bytes"
+            " undelivered (limit {limit})",
+            listener=self.factory.name,
+            identity=self._who(),
+            backlog=self._backlog,
+            limit=self._max_backlog_bytes,
+        )
+        self.factory.count_slow_consumer()
+        self._abort()
+
+    # --- IPushProducer: the transport tells us when the peer is slow ----------------------
+
+    def pauseProducing(self) -> None:
+        """The peer does not keep up: stop reading it, count the backlog from now."""
+        if not self._congested:
+            self._congested = True
+            self._backlog = 0
+        self._pause_reading()
+
+    def resumeProducing(self) -> None:
+        """The peer caught up: no backlog; read it again if nothing else holds reading."""
+        self._congested = False
+        self._backlog = 0
+        self._resume_reading()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; `connectionLost` (called next) cleans up."""
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _resume_reading(self) -> None:
+        if (
+            self._reading_paused
+            and not self._congested
+            and not self._closing
+            and not self._finishing
+            and self.transport is not None
+            and self._may_read()
+        ):
+            self._reading_paused = False
+            if self._partial_since is not None:
+                self._partial_since = self.factory.clock.seconds()  # our pause is not its delay
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # --- frame time-out -------------------------------------------------------------------
+
+    def _frame_read(self, completed: bool) -> None:
+        """Note the end of a read: time the frame it leaves incomplete, if any.
+
+        Args:
+            completed: Whether the read completed a frame (a frame left
+                incomplete then began in this read).
+        """
+        if not self._partial_frame_bytes():
+            self._partial_since = None
+            return
+        if completed or self._partial_since is None:
+            self._partial_since = self.factory.clock.seconds()
+            timeout = self.factory.frame_timeout_seconds
+            if self._frame_call is None and timeout > 0 and not self._closing:
+                self._frame_call = self._call_later(timeout, self._frame_check)
+
+    def _frame_check(self) -> None:
+        self._frame_call = None
+        since = self._partial_since
+        if since is None or self._closing:
+            return
+        timeout = self.factory.frame_timeout_seconds
+        left = since + timeout - self.factory.clock.seconds()
+        if left > 0 or self._reading_paused:
+            self._frame_call = self._call_later(left if left > 0 else timeout, self._frame_check)
+            return
+        self.factory.count_error("frame-timeout")
+        self._log.info(
+            "{listener}: aborting {peer}: a frame is incomplete after {seconds:g} s"
+            " ({held} bytes of it held)",
+            listener=self.factory.name,
+            peer=self._who(),
+            seconds=timeout,
+            held=self._partial_frame_bytes(),
+        )
+        self._abort()

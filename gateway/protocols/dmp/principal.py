@@ -110,6 +110,11 @@ class PrincipalConnection:
             locales=b"en_US",
         )
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an incomplete frame (for the listener's frame time-out)."""
+        return self._codec.pending_bytes
+
     def receive_data(self, data: bytes) -> None:
         """Handle what the peer sent."""
         if self._done:

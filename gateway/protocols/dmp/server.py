@@ -40,29 +40,25 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Unpack
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.codecs import amqp091, dmp
-from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
-from gateway.protocols.listener import ListenerFactory
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.tls import external_identity, peer_identities
 
 __all__ = ["DMPServerFactory", "DMPServerProtocol"]
@@ -72,23 +68,24 @@ _SORT_OCTETS: Final = 5
 """``AMQP`` and the octet that tells 0-9-1 (0) from DMP (protocol id 10)."""
 
 
-@implementer(IPushProducer)
-class DMPServerProtocol(Protocol):
-    """One DMP connection: a sink writer or a feed reader."""
+class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
+    """One DMP connection: a sink writer, a feed reader or a principal connection."""
 
     _log = Logger()
 
     def __init__(self, factory: DMPServerFactory) -> None:
-        self.factory = factory
+        super().__init__(factory)
         self._codec = dmp.DMPCodec(
             dmp.Role.SERVER, max_envelope_bytes=factory.settings.max_envelope_bytes
         )
         self.kind: str | None = None  # "sink" or "feed" once opened
         self.identity: str | None = None  # from the certificate or the lease, once opened
         self.target = ""
-        self._closing = False
         self._timer: IDelayedCall | None = None
-        self._in_flight = InFlight(factory.settings.max_in_flight, self._stop_reading, self._read)
+        self._in_flight = InFlight(
+            factory.settings.max_in_flight, self._too_many_in_flight, self._few_in_flight
+        )
+        self._in_flight_full = False
         self._writes = HeldWrites(self._write)
         self._heard = True
         self._stalled_seconds = 0.0  # a feed reader not draining, counted at heartbeats
@@ -98,44 +95,52 @@ class DMPServerProtocol(Protocol):
 
     # --- connection life -------------------------------------------------------------------
 
-    def connectionMade(self) -> None:
+    def _connection_started(self) -> None:
         """Wait for the header and the lease, within the handshake time-out."""
-        disable_nagle(self.transport)
-        self.factory.connection_opened(self)
-        self._timer = self.factory.clock.callLater(
+        self._timer = self._call_later(
             self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out
         )
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Forget the connection; a feed is free for its next reader."""
-        self._closing = True
+    def _connection_ended(self, reason: Failure) -> None:
+        """A feed is free for its next reader."""
         if self._principal is not None:
             self._principal.stop()
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
+        self._leave_feed()
+
+    def _leave_feed(self) -> None:
         if self.kind == "feed" and self.factory.readers.get(self.target) is self:
             del self.factory.readers[self.target]
-        self.factory.connection_closed(self)
 
-    def _close(self, why: str, response: dmp.Response | None = None) -> None:
+    def _close_with(
+        self, why: str, response: dmp.Response | None = None, *, abort: bool = False
+    ) -> None:
+        """Say why in the log (and to the peer, if there is a response), then close or abort."""
         if self._closing:
             return
-        self._closing = True
-        if self.kind == "feed" and self.factory.readers.get(self.target) is self:
-            del self.factory.readers[self.target]  # free for the next reader at once
+        self._leave_feed()  # free for the next reader at once
         if response is not None:
             self._write(dmp.encode_response(response))
         self._log.info(
-            "{listener}: closing a DMP connection: {why}", listener=self.factory.name, why=why
+            "{listener}: {action} a DMP connection: {why}",
+            listener=self.factory.name,
+            action="aborting" if abort else "closing",
+            why=why,
         )
-        assert self.transport is not None
-        self.transport.loseConnection()
+        if abort:
+            self._abort()
+        else:
+            self._close()
+
+    def _partial_frame_bytes(self) -> int:
+        if self._principal is not None:
+            return self._principal.pending_bytes
+        return self._codec.pending_bytes + (len(self._prefix) if self._prefix else 0)
 
     def _handshake_timed_out(self) -> None:
         self._timer = None
         if self.kind is None:
             self.factory.count_error("handshake-timeout")
-            self._close("no lease within the handshake time-out")
+            self._close_with("no lease within the handshake time-out")
 
     # --- input ---------------------------------------------------------------------------
 
@@ -145,21 +150,26 @@ class DMPServerProtocol(Protocol):
             return
         self._heard = True
         self.factory.traffic.bytes_in += len(data)
-        if self._principal is not None:
-            self._principal.receive_data(data)
+        principal = self._principal
+        if principal is not None:
+            held = principal.pending_bytes + len(data)
+            principal.receive_data(data)
+            self._frame_read(principal.pending_bytes < held)
             return
         if self._prefix is not None:
             data = self._sort_header(data)
             if not data:
+                self._frame_read(False)
                 return
         try:
             events = self._codec.receive_data(data)
         except dmp.DMPError as exc:
             self._handle_all(exc.events)  # type: ignore[arg-type]
             self.factory.count_error(exc.kind)
-            self._close(f"bad input: {exc.reason}", exc.response)
+            self._close_with(f"bad input: {exc.reason}", exc.response)
             return
         self._handle_all(events)
+        self._frame_read(bool(events))
 
     def _handle_all(self, events: list[dmp.Event]) -> None:
         """Handle a read's events; a sink's envelopes go to the router as one batch."""
@@ -202,10 +212,10 @@ class DMPServerProtocol(Protocol):
             # AMQP 0-9-1 section 4.2.2: answer a header we do not take with ours, then close.
             self.factory.count_error("bad-header")
             self._write(header)
-            self._close("an AMQP protocol header that is neither 0-9-1 nor DMP")
+            self._close_with("an AMQP protocol header that is neither 0-9-1 nor DMP")
             return b""
         self._principal = PrincipalConnection(
-            self.factory, self._write, self._close, self._principal_open
+            self.factory, self._write, self._close_with, self._principal_open
         )
         self._principal.start()
         rest = data[len(header) :]
@@ -232,7 +242,7 @@ class DMPServerProtocol(Protocol):
                 self._inbox.add(message, message)
             else:
                 self.factory.count_error("write-to-feed")
-                self._close(f"the reader of feed {self.target!r} wrote a message")
+                self._close_with(f"the reader of feed {self.target!r} wrote a message")
         # Heartbeats: nothing to do (being heard is enough).
 
     def _open(self, lease: str) -> None:
@@ -240,12 +250,14 @@ class DMPServerProtocol(Protocol):
         grant = factory.grant_for(lease)
         if grant is None:
             factory.count_error("bad-lease")
-            self._close("unknown or expired lease", dmp.Response(402, "unknown or expired lease"))
+            self._close_with(
+                "unknown or expired lease", dmp.Response(402, "unknown or expired lease")
+            )
             return
         known = factory.settings.sinks if grant.kind == "sink" else factory.settings.feeds
         if grant.target not in known:
             factory.count_error("not-found")
-            self._close(
+            self._close_with(
                 f"no {grant.kind} {grant.target!r}",
                 dmp.Response(404, f"no {grant.kind} named {grant.target!r}"),
             )
@@ -253,11 +265,11 @@ class DMPServerProtocol(Protocol):
         identity, why = self._identity_for(grant)
         if why is not None:
             factory.count_error("bad-lease")
-            self._close(why, dmp.Response(402, "lease not valid for this client"))
+            self._close_with(why, dmp.Response(402, "lease not valid for this client"))
             return
         action = Action.PUBLISH if grant.kind == "sink" else Action.CONSUME
         if not factory.authorized(action, identity, grant.target, self._peer()):
-            self._close(
+            self._close_with(
                 f"{identity or 'a client without an identity'} may not {action.value}"
                 f" {grant.kind} {grant.target!r}",
                 dmp.Response(403, f"not allowed to {action.value} {grant.target!r}"),
@@ -266,12 +278,12 @@ class DMPServerProtocol(Protocol):
         if not factory.admit(self, identity):
             assert identity is not None
             why = factory.per_identity_refusal(identity)
-            self._close(why, dmp.Response(403, "too many connections for this identity"))
+            self._close_with(why, dmp.Response(403, "too many connections for this identity"))
             return
         self.identity = identity
         if grant.kind == "feed" and grant.target in factory.readers:
             factory.count_error("feed-busy")
-            self._close(
+            self._close_with(
                 f"feed {grant.target!r} already has a reader",
                 dmp.Response(403, f"feed {grant.target!r} already has a reader"),
             )
@@ -282,8 +294,6 @@ class DMPServerProtocol(Protocol):
         self._timer = None
         if grant.kind == "feed":
             factory.readers[grant.target] = self
-            assert self.transport is not None
-            self.transport.registerProducer(self, True)  # type: ignore[attr-defined]
             self._write(
                 dmp.encode_response(dmp.Response(200, f'Ready to read from "{self.target}"'))
             )
@@ -293,9 +303,6 @@ class DMPServerProtocol(Protocol):
                 dmp.encode_response(dmp.Response(200, f'Ready to write to "{self.target}"'))
             )
             self._schedule(factory.settings.idle_timeout_seconds, self._check_idle)
-
-    def _peer(self) -> object:
-        return self.transport.getPeer() if self.transport is not None else None
 
     def _identity_for(self, grant: LeaseGrant) -> tuple[str | None, str | None]:
         """The identity this connection acts as with ``grant``, or why the lease is not its own.
@@ -351,13 +358,16 @@ class DMPServerProtocol(Protocol):
             reason=result.reason,
         )
 
-    def _stop_reading(self) -> None:
-        assert self.transport is not None
-        self.transport.pauseProducing()  # type: ignore[attr-defined]
+    def _too_many_in_flight(self) -> None:
+        self._in_flight_full = True
+        self._pause_reading()
 
-    def _read(self) -> None:
-        if not self._closing and self.transport is not None:
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
+    def _few_in_flight(self) -> None:
+        self._in_flight_full = False
+        self._resume_reading()
+
+    def _may_read(self) -> bool:
+        return not self._in_flight_full
 
     def _check_idle(self) -> None:
         self._timer = None
@@ -365,7 +375,9 @@ class DMPServerProtocol(Protocol):
             return
         if not self._heard and self._in_flight.count == 0:
             self.factory.count_error("idle-timeout")
-            self._close(f"sink writer silent for {self.factory.settings.idle_timeout_seconds:g} s")
+            self._close_with(
+                f"sink writer silent for {self.factory.settings.idle_timeout_seconds:g} s"
+            )
             return
         self._heard = False
         self._schedule(self.factory.settings.idle_timeout_seconds, self._check_idle)
@@ -395,15 +407,13 @@ class DMPServerProtocol(Protocol):
 
     def pauseProducing(self) -> None:
         """The reader's socket buffer is full: hold further messages here."""
+        super().pauseProducing()
         self._writes.pause()
 
     def resumeProducing(self) -> None:
         """The reader caught up: write what waited."""
+        super().resumeProducing()
         self._writes.resume()
-
-    def stopProducing(self) -> None:
-        """The connection is going away."""
-        self._closing = True
 
     def _beat(self) -> None:
         self._timer = None
@@ -420,7 +430,8 @@ class DMPServerProtocol(Protocol):
             limit = settings.idle_timeout_seconds
             if limit > 0 and self._stalled_seconds >= limit:
                 self.factory.count_error("reader-stalled")
-                self._close(f"the reader of feed {self.target!r} read nothing for {limit:g} s")
+                why = f"the reader of feed {self.target!r} read nothing for {limit:g} s"
+                self._close_with(why, abort=True)  # given up on: it keeps nothing held
                 return
         self._schedule(settings.heartbeat_seconds, self._beat)
 
@@ -428,16 +439,11 @@ class DMPServerProtocol(Protocol):
 
     def _schedule(self, seconds: float, call: Callable[[], None]) -> None:
         if seconds > 0:
-            self._timer = self.factory.clock.callLater(seconds, call)
-
-    def _write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-        self.factory.traffic.bytes_out += len(data)
+            self._timer = self._call_later(seconds, call)
 
 
 @implementer(IDestination)
-class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
+class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
     """Builds DMP connections for one listener; the destination of routes to its feeds.
 
     Args:
@@ -453,20 +459,10 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol]):
     kind = "dmp"
 
     def __init__(
-        self,
-        *,
-        name: str,
-        settings: DMPListenerSettings,
-        router: Router,
-        secrets: Secrets,
-        clock: IReactorTime,
-        metrics: GatewayMetrics | None = None,
+        self, *, router: Router, **common: Unpack[ListenerArgs[DMPListenerSettings]]
     ) -> None:
-        super().__init__(name, metrics)
-        self.settings = settings
+        super().__init__(**common)
         self.router = router
-        self.secrets = secrets
-        self.clock = clock
         self.readers: dict[str, DMPServerProtocol] = {}
         self.granted: dict[str, LeaseGrant] = {}
         """Leases made at run time (admin API): lease text to grant."""

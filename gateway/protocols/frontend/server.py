@@ -33,25 +33,19 @@ done block, the stream protocol a closed connection.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final, Unpack, cast
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import (
-    IDelayedCall,
-    IHandshakeListener,
-    IReactorTime,
-    IStreamClientEndpoint,
-)
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.codecs import qmqp, ssmp
-from gateway.core.auth import ANY_IDENTITY, Secrets
-from gateway.metrics import GatewayMetrics
+from gateway.core.auth import ANY_IDENTITY
 from gateway.protocols.frontend.settings import FrontendSettings
-from gateway.protocols.listener import ListenerFactory
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.ssmp.server import cert_identity_matches, cert_name_for
 from gateway.protocols.tcp import disable_nagle
 from gateway.tls import external_identity, peer_identities
@@ -119,13 +113,19 @@ class _BackendFactory(Factory):
 
 
 @implementer(IHandshakeListener)
-class FrontendServerProtocol(Protocol):
-    """One TLS client of a front-end listener, and its backend connection."""
+class FrontendServerProtocol(ListenerConnection["FrontendServerFactory"]):
+    """One TLS client of a front-end listener, and its backend connection.
+
+    Until the backend connection is up the client's transport has this
+    connection as its producer (a client that does not read the front-end's
+    own answers is not read either); then each transport becomes the other's
+    producer.
+    """
 
     _log = Logger()
 
     def __init__(self, factory: FrontendServerFactory) -> None:
-        self.factory = factory
+        super().__init__(factory)
         self.identity: str | None = None
         self._speaks = factory.settings.speaks
         self._names: frozenset[str] | None = None
@@ -138,18 +138,15 @@ class FrontendServerProtocol(Protocol):
         self._refusing: qmqp.QMQPCodec | None = None
         self._login_reply: bytearray | None = None  # SSMP: the backend's first line, held
         self._timer: IDelayedCall | None = None
-        self._closed = False
+        self._awaiting_backend = False
         self._deliver_on_connect = False
 
     # --- the client side -----------------------------------------------------------------
 
-    def connectionMade(self) -> None:
-        """Count the connection and start the handshake (and SSMP LOGIN) time-out."""
-        self.factory.connection_opened(self)
-        disable_nagle(self.transport)
-        settings = self.factory.settings
-        self._timer = self.factory.clock.callLater(
-            settings.handshake_timeout_seconds, self._timed_out
+    def _connection_started(self) -> None:
+        """Start the handshake (and SSMP LOGIN) time-out."""
+        self._timer = self._call_later(
+            self.factory.settings.handshake_timeout_seconds, self._timed_out
         )
 
     def handshakeCompleted(self) -> None:
@@ -163,14 +160,20 @@ class FrontendServerProtocol(Protocol):
         if self._backend is not None:
             self._backend.transport.write(data)  # type: ignore[union-attr]
             return
-        if self._closed or (self._names is None and not self._authenticate()):
+        if self._closing or (self._names is None and not self._authenticate()):
             return
+        completed = False
         if self._refusing is not None:
-            self._refuse_qmqp(data)
+            completed = self._refuse_qmqp(data)
         elif not self._login_done:
             self._read_login(data)
         else:
             self._hold(data)
+        self._frame_read(completed)
+
+    def _partial_frame_bytes(self) -> int:
+        refusing = self._refusing
+        return len(self._login_line) + (refusing.pending_bytes if refusing is not None else 0)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Close the backend side and stop counting this connection.
@@ -179,10 +182,10 @@ class FrontendServerProtocol(Protocol):
         made, after saying something, has it delivered first, as a direct
         connection to the backend would have.
         """
-        self._deliver_on_connect = not self._closed and bool(self._early)
-        self._closed = True
-        self._cancel_timer()
-        self.factory.connection_closed(self)
+        self._deliver_on_connect = not self._closing and bool(self._early)
+        super().connectionLost(reason)
+
+    def _connection_ended(self, reason: Failure) -> None:
         if self._connecting is not None and not self._deliver_on_connect:
             connecting, self._connecting = self._connecting, None
             connecting.cancel()
@@ -198,7 +201,7 @@ class FrontendServerProtocol(Protocol):
             self._log.warn(
                 "{listener}: closing {peer}: no verified client certificate",
                 listener=self.factory.name,
-                peer=self._peer(),
+                peer=self._who(),
             )
             self._close()
             return False
@@ -209,7 +212,7 @@ class FrontendServerProtocol(Protocol):
                 self._log.warn(
                     "{listener}: closing {peer}: {reason}",
                     listener=self.factory.name,
-                    peer=self._peer(),
+                    peer=self._who(),
                     reason=self.factory.per_identity_refusal(self.identity),
                 )
                 self._close()
@@ -280,7 +283,7 @@ class FrontendServerProtocol(Protocol):
         self._log.warn(
             "{listener}: SSMP LOGIN from {peer} refused: {reason}",
             listener=self.factory.name,
-            peer=self._peer(),
+            peer=self._who(),
             reason=reason,
         )
         self._write(reply)
@@ -289,7 +292,8 @@ class FrontendServerProtocol(Protocol):
     # --- the backend side ----------------------------------------------------------------
 
     def _connect(self) -> None:
-        self._client.pauseProducing()
+        self._awaiting_backend = True
+        self._pause_reading()
         settings = self.factory.settings
         connecting = self.factory.backend.connect(_BackendFactory(self))
         connecting.addTimeout(settings.connect_timeout_seconds, self.factory.clock)
@@ -300,7 +304,8 @@ class FrontendServerProtocol(Protocol):
     def backend_connected(self, backend: BackendProtocol) -> None:
         """Send what the client said so far, then relay both ways with flow control."""
         self._connecting = None
-        if self._closed:
+        self._awaiting_backend = False
+        if self._closing:
             transport: Any = backend.transport
             if self._deliver_on_connect:
                 transport.writeSequence(self._early)
@@ -314,9 +319,10 @@ class FrontendServerProtocol(Protocol):
         if early:
             server.writeSequence(early)
         # A slow client pauses reading from the backend, and a slow backend from the client.
+        client.unregisterProducer()  # type: ignore[attr-defined]
         client.registerProducer(server, True)  # type: ignore[attr-defined]
         server.registerProducer(client, True)  # type: ignore[attr-defined]
-        client.resumeProducing()  # type: ignore[attr-defined]
+        self._resume_reading()
 
     def from_backend(self, data: bytes) -> None:
         """Relay backend bytes to the client, unchanged but for a refused SSMP LOGIN."""
@@ -324,8 +330,7 @@ class FrontendServerProtocol(Protocol):
             data = self._read_login_reply(data)
             if not data:
                 return
-        self.factory.traffic.bytes_out += len(data)
-        self._client.write(data)
+        self._write(data)
 
     def _read_login_reply(self, data: bytes) -> bytes:
         """Hold the backend's answer to the rewritten LOGIN until its line is complete.
@@ -353,7 +358,7 @@ class FrontendServerProtocol(Protocol):
 
     def backend_lost(self, reason: Failure) -> None:
         """The backend closed: close the client once what the backend sent is written."""
-        if self._closed:
+        if self._closing:
             return
         self._log.debug(
             "{listener}: backend closed the connection of {identity}: {reason}",
@@ -365,7 +370,8 @@ class FrontendServerProtocol(Protocol):
 
     def _backend_failed(self, failure: Failure) -> None:
         self._connecting = None
-        if self._closed:
+        self._awaiting_backend = False
+        if self._closing:
             return  # cancelled because the client left
         self.factory.count_error("backend-unreachable")
         self._log.warn(
@@ -382,15 +388,20 @@ class FrontendServerProtocol(Protocol):
             # Answer every block with Z until the client is done (or the time-out).
             self._refusing = qmqp.QMQPCodec(qmqp.Role.SERVER)
             early, self._early = self._early, []
-            self._timer = self.factory.clock.callLater(
+            self._timer = self._call_later(
                 self.factory.settings.handshake_timeout_seconds, self._timed_out
             )
-            self._client.resumeProducing()
+            self._resume_reading()
             self._refuse_qmqp(b"".join(early))
         else:
             self._close()
 
-    def _refuse_qmqp(self, data: bytes) -> None:
+    def _refuse_qmqp(self, data: bytes) -> bool:
+        """Answer every block with Z (and the done block with done, then close).
+
+        Returns:
+            Whether a block was complete.
+        """
         assert self._refusing is not None
         try:
             blocks = self._refusing.receive_data(data)
@@ -410,31 +421,25 @@ class FrontendServerProtocol(Protocol):
                     out.append(qmqp.DONE_BYTES)
                     self._write(b"".join(out))
                     self._close()
-                    return
+                    return True
         if out:
             self._write(b"".join(out))
+        return bool(blocks)
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _write(self, data: bytes) -> None:
-        self.factory.traffic.bytes_out += len(data)
-        self._client.write(data)
-
-    def _close(self) -> None:
-        self._closed = True
-        self._cancel_timer()
-        if self.transport is not None:
-            if self._backend is not None:  # registered in backend_connected
-                self._client.unregisterProducer()
-            self.transport.loseConnection()
+    def _may_read(self) -> bool:
+        return not self._awaiting_backend
 
     def _timed_out(self) -> None:
         self._timer = None
+        if self._closing:
+            return
         self.factory.count_error("handshake-timeout")
         self._log.info(
             "{listener}: closing {peer}: no TLS handshake or LOGIN within {seconds}s",
             listener=self.factory.name,
-            peer=self._peer(),
+            peer=self._who(),
             seconds=self.factory.settings.handshake_timeout_seconds,
         )
         self._close()
@@ -444,17 +449,8 @@ class FrontendServerProtocol(Protocol):
             self._timer.cancel()
         self._timer = None
 
-    @property
-    def _client(self) -> Any:
-        """The client's transport, with the producer and consumer methods TCP and TLS have."""
-        return self.transport
 
-    def _peer(self) -> str:
-        peer = self.transport.getPeer() if self.transport is not None else None
-        return f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
-
-
-class FrontendServerFactory(ListenerFactory[FrontendServerProtocol]):
+class FrontendServerFactory(ListenerFactory[FrontendServerProtocol, FrontendSettings]):
     """A front-end listener: its TLS clients, each relayed to the backend.
 
     Args:
@@ -474,15 +470,8 @@ class FrontendServerFactory(ListenerFactory[FrontendServerProtocol]):
     def __init__(
         self,
         *,
-        name: str,
-        settings: FrontendSettings,
         backend: IStreamClientEndpoint,
-        secrets: Secrets,
-        clock: IReactorTime,
-        metrics: GatewayMetrics | None,
+        **common: Unpack[ListenerArgs[FrontendSettings]],
     ) -> None:
-        super().__init__(name, metrics)
-        self.settings = settings
+        super().__init__(**common)
         self.backend = backend
-        self.secrets = secrets
-        self.clock = clock

@@ -26,31 +26,20 @@ its replies, the server stops reading until replies complete.
 
 from __future__ import annotations
 
-from typing import Any, Final, cast
+from typing import Any, Final, Unpack, cast
 
-from twisted.internet.interfaces import (
-    IConsumer,
-    IDelayedCall,
-    IPushProducer,
-    IReactorTime,
-    ISSLTransport,
-)
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall, ISSLTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from gateway.codecs import qmqp
-from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
 from gateway.core.inbox import Inbox, Result
 from gateway.core.message import Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics
-from gateway.protocols.listener import ListenerFactory
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.qmqp.mapping import message_from_block, result_for, text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
-from gateway.protocols.tcp import disable_nagle
 from gateway.tls import external_identity
 
 __all__ = ["QMQPServerFactory", "QMQPServerProtocol"]
@@ -60,14 +49,13 @@ RESUME_FRACTION: Final = 0.75
 """Reading resumes once in-flight work falls to this share of its limits."""
 
 
-@implementer(IPushProducer)
-class QMQPServerProtocol(Protocol):
+class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
     """One QMQP streaming client connected to a listener."""
 
     _log = Logger()
 
     def __init__(self, factory: QMQPServerFactory) -> None:
-        self.factory = factory
+        super().__init__(factory)
         self._codec = qmqp.QMQPCodec(
             qmqp.Role.SERVER, max_message_bytes=factory.settings.max_message_bytes
         )
@@ -76,33 +64,21 @@ class QMQPServerProtocol(Protocol):
         self._outstanding = 0
         self._in_flight = 0
         self._in_flight_bytes = 0
-        self._out: list[bytes] = []
         self._in_batch = False
         self._flush_call: IDelayedCall | None = None
         self._done = False
-        self._finishing = False
-        self._closing = False
-        self._reading_paused = False
-        self._congested = False
         self._last_block = factory.clock.seconds()
-        self._idle_call: IDelayedCall | None = None
         self._inbox: Inbox[tuple[bytes, int]] = Inbox(factory.router, factory.name, self._answer)
 
     # --- connection life -------------------------------------------------------
 
-    def connectionMade(self) -> None:
-        """Register as the transport's producer (slow readers stop our reading)."""
-        disable_nagle(self.transport)
-        cast(IConsumer, self.transport).registerProducer(self, True)
-        self.factory.connection_opened(self)
+    def _connection_started(self) -> None:
         self._watch_idle()
 
     def _watch_idle(self) -> None:
-        timeout = self.factory.settings.idle_timeout_seconds
-        self._idle_call = self.factory.clock.callLater(timeout / 2, self._check_idle)
+        self._call_later(self.factory.settings.idle_timeout_seconds / 2, self._check_idle)
 
     def _check_idle(self) -> None:
-        self._idle_call = None
         if self._closing:
             return
         quiet = self.factory.clock.seconds() - self._last_block
@@ -117,30 +93,17 @@ class QMQPServerProtocol(Protocol):
             return
         self._watch_idle()
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Forget the connection; outcomes still on their way are dropped."""
-        self._closing = True
-        for call in (self._flush_call, self._idle_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._flush_call = self._idle_call = None
-        self._out.clear()
+    def _connection_ended(self, reason: Failure) -> None:
+        """Outcomes still on their way are dropped."""
         if self._outstanding and not self._done:
             self._log.info(
                 "{listener}: client went away with {count} message(s) unanswered",
                 listener=self.factory.name,
                 count=self._outstanding,
             )
-        self.factory.connection_closed(self)
 
-    def _close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._flush()
-        assert self.transport is not None
-        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
-        self.transport.loseConnection()
+    def _partial_frame_bytes(self) -> int:
+        return self._codec.pending_bytes
 
     def _finish(self) -> None:
         """Read nothing more; close once every outstanding message is answered."""
@@ -157,19 +120,15 @@ class QMQPServerProtocol(Protocol):
     # --- output ---------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
+        """Queue a block; outside a read, replies that come in one reactor turn share a write."""
         self._out.append(data)
+        self._out_count += 1
         if not self._in_batch and self._flush_call is None:
-            self._flush_call = self.factory.clock.callLater(0, self._flush)
+            self._flush_call = self._call_later(0, self._flush_due)
 
-    def _flush(self) -> None:
+    def _flush_due(self) -> None:
         self._flush_call = None
-        if not self._out or self.transport is None:
-            return
-        data = b"".join(self._out)
-        self.factory.traffic.messages_out += len(self._out)
-        self.factory.traffic.bytes_out += len(data)
-        self._out.clear()
-        self.transport.write(data)
+        self.flush()
 
     def _reply(self, block_id: bytes, status: bytes, description: bytes) -> None:
         self._outstanding -= 1
@@ -180,39 +139,14 @@ class QMQPServerProtocol(Protocol):
         self.factory.count_reply(status)
         self._maybe_finished()
 
-    # --- IPushProducer: the client does not read its replies -------------------------
+    # --- flow control: in-flight messages hold reading too ----------------------------
 
-    def pauseProducing(self) -> None:
-        """Replies pile up: stop reading new blocks."""
-        self._congested = True
-        self._pause_reading()
-
-    def resumeProducing(self) -> None:
-        """The client reads again."""
-        self._congested = False
-        self._maybe_resume()
-
-    def stopProducing(self) -> None:
-        """The transport is going away; connectionLost cleans up."""
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
-
-    def _maybe_resume(self) -> None:
+    def _may_read(self) -> bool:
         settings = self.factory.settings
-        if (
-            self._reading_paused
-            and not self._congested
-            and not self._finishing
-            and not self._closing
-            and self._in_flight <= settings.max_in_flight * RESUME_FRACTION
+        return (
+            self._in_flight <= settings.max_in_flight * RESUME_FRACTION
             and self._in_flight_bytes <= settings.max_in_flight_bytes * RESUME_FRACTION
-            and self.transport is not None
-        ):
-            self._reading_paused = False
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
+        )
 
     def _over_limits(self) -> bool:
         settings: QMQPListenerSettings = self.factory.settings
@@ -254,7 +188,8 @@ class QMQPServerProtocol(Protocol):
             self._protocol_error(error)
         if self._over_limits():
             self._pause_reading()
-        self._flush()
+        self._frame_read(bool(blocks))
+        self.flush()
 
     def _handle(self, block: qmqp.Block) -> None:
         if isinstance(block, qmqp.MessageBlock):
@@ -331,9 +266,6 @@ class QMQPServerProtocol(Protocol):
                 return domain
         return None
 
-    def _peer(self) -> object:
-        return self.transport.getPeer() if self.transport is not None else None
-
     def _on_message(self, block: qmqp.MessageBlock) -> None:
         factory = self.factory
         if not self._certificate_read:
@@ -372,10 +304,10 @@ class QMQPServerProtocol(Protocol):
             result = Outcome.rejected("no route for recipient " + ", ".join(result.addresses))
         status, description = result_for(result)
         self._reply(block_id, status, description)
-        self._maybe_resume()
+        self._resume_reading()
 
 
-class QMQPServerFactory(ListenerFactory[QMQPServerProtocol]):
+class QMQPServerFactory(ListenerFactory[QMQPServerProtocol, QMQPListenerSettings]):
     """Builds connections for one QMQP streaming listener.
 
     Args:
@@ -391,20 +323,10 @@ class QMQPServerFactory(ListenerFactory[QMQPServerProtocol]):
     kind = "qmqp"
 
     def __init__(
-        self,
-        *,
-        name: str,
-        settings: QMQPListenerSettings,
-        router: Router,
-        secrets: Secrets,
-        clock: IReactorTime,
-        metrics: GatewayMetrics | None = None,
+        self, *, router: Router, **common: Unpack[ListenerArgs[QMQPListenerSettings]]
     ) -> None:
-        super().__init__(name, metrics)
-        self.settings = settings
+        super().__init__(**common)
         self.router = router
-        self.secrets = secrets
-        self.clock = clock
         self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
 
     def count_reply(self, status: bytes) -> None:

@@ -19,29 +19,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Final, Unpack, cast
 
-from twisted.internet.interfaces import (
-    IConsumer,
-    IDelayedCall,
-    IPushProducer,
-    IReactorTime,
-    ISSLTransport,
-    ITCPTransport,
-)
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall, ISSLTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from gateway.codecs import ssmp
-from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
 from gateway.core.inbox import Inbox
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Result, Router, Unrouted
-from gateway.metrics import GatewayMetrics
-from gateway.protocols.listener import ListenerFactory
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import (
     BCAST_ADDRESS,
@@ -51,7 +40,6 @@ from gateway.protocols.ssmp.mapping import (
     ucast_address,
 )
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
-from gateway.protocols.tcp import disable_nagle
 from gateway.tls import peer_identities
 
 __all__ = [
@@ -127,29 +115,22 @@ class _Pending:
         self.ucast = ucast
 
 
-@implementer(IPushProducer)
-class SSMPServerProtocol(Protocol):
+class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
     """One peer connected to the hub."""
 
     _log = Logger()
 
     def __init__(self, factory: SSMPServerFactory) -> None:
-        self.factory = factory
+        super().__init__(factory)
         self.hub = factory.hub
         self.identity = b""
         self.principal: str | None = None
         """The authenticated identity allow-lists are checked against (None: anonymous, open)."""
         self.topics: dict[bytes, bool] = {}
         self._codec = ssmp.SSMPCodec(ssmp.Role.SERVER)
-        self._out: list[bytes] = []
-        self._out_lines = 0
+        self._max_backlog_bytes = factory.settings.max_backlog_bytes
         self._pending: deque[bytes | _Pending] = deque()
         self._logged_in = False
-        self._finishing = False
-        self._closing = False
-        self._reading_paused = False
-        self._congested = False
-        self._backlog = 0
         self._last_heard = 0.0
         self._mcast_prefix = b""
         self._ucast_prefix = b""
@@ -159,29 +140,24 @@ class SSMPServerProtocol(Protocol):
 
     # --- connection life ----------------------------------------------------
 
-    def connectionMade(self) -> None:
-        """Start the login time-out and register as the transport's producer."""
-        assert self.transport is not None
-        disable_nagle(self.transport)
-        cast(IConsumer, self.transport).registerProducer(self, True)
-        self.factory.connection_opened(self)
-        clock = self.factory.clock
-        self._last_heard = clock.seconds()
-        self._timer = clock.callLater(
+    def _connection_started(self) -> None:
+        """Start the login time-out."""
+        self._last_heard = self.factory.clock.seconds()
+        self._timer = self._call_later(
             self.factory.settings.login_timeout_seconds, self._login_timed_out
         )
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Unsubscribe from everything (presence events) and cancel timers."""
-        self._closing = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+    def _connection_ended(self, reason: Failure) -> None:
+        """Unsubscribe from everything (presence events)."""
         if self._logged_in:
             self.hub.detach(self)
             self.hub.schedule_flush()
-        self._out.clear()
-        self.factory.connection_closed(self)
+
+    def _partial_frame_bytes(self) -> int:
+        return self._codec.pending_bytes
+
+    def _may_read(self) -> bool:
+        return len(self._pending) < self.factory.settings.max_pending_replies
 
     def _finish(self) -> None:
         """Read no more requests; close once every pending response is written.
@@ -194,17 +170,6 @@ class SSMPServerProtocol(Protocol):
         self._pause_reading()
         if not self._pending:
             self._close()
-
-    def _close(self) -> None:
-        """Write what is queued, then close."""
-        if self._closing:
-            return
-        self._closing = True
-        self.flush()
-        assert self.transport is not None
-        # A TLS transport waits for its producer to go away before it shuts down.
-        cast(IConsumer, self.transport).unregisterProducer()
-        self.transport.loseConnection()
 
     def evict(self, reason: str) -> None:
         """Close because the identity logged in again elsewhere."""
@@ -227,66 +192,7 @@ class SSMPServerProtocol(Protocol):
         if not out:
             self.hub.mark_dirty(self)
         out.append(data)
-        self._out_lines += lines
-
-    def flush(self) -> None:
-        """Write everything queued in one write."""
-        out = self._out
-        if not out or self.transport is None:
-            return
-        data = b"".join(out) if len(out) > 1 else out[0]
-        out.clear()
-        self.factory.count_out(self._out_lines, len(data))
-        self._out_lines = 0
-        if self._congested:
-            self._backlog += len(data)
-            if self._backlog > self.factory.settings.max_backlog_bytes:
-                self._slow_consumer()
-                return
-        self.transport.write(data)
-
-    def _slow_consumer(self) -> None:
-        self._log.warn(
-            "{listener}: disconnecting {identity}, a slow consumer with {backlog} bytes"
-            " undelivered (limit {limit})",
-            listener=self.factory.name,
-            identity=self.identity.decode("ascii"),
-            backlog=self._backlog,
-            limit=self.factory.settings.max_backlog_bytes,
-        )
-        self.factory.count_slow_consumer()
-        self._closing = True
-        self._out.clear()
-        assert self.transport is not None
-        cast(ITCPTransport, self.transport).abortConnection()
-
-    # --- IPushProducer: the transport tells us when the peer is slow ----------
-
-    def pauseProducing(self) -> None:
-        """The peer is not keeping up: stop reading it and count the backlog."""
-        self._congested = True
-        self._backlog = 0
-        self._pause_reading()
-
-    def resumeProducing(self) -> None:
-        """The peer caught up."""
-        self._congested = False
-        self._backlog = 0
-        if len(self._pending) < self.factory.settings.max_pending_replies:
-            self._resume_reading()
-
-    def stopProducing(self) -> None:
-        """The transport is going away; connectionLost does the cleanup."""
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
-
-    def _resume_reading(self) -> None:
-        if self._reading_paused and not self._closing and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
+        self._out_count += lines
 
     # --- input ----------------------------------------------------------------
 
@@ -310,6 +216,7 @@ class SSMPServerProtocol(Protocol):
         self._inbox.dispatch()  # the read's routed MCASTs, one batch
         if error is not None and not self._finishing:
             self._protocol_error(error)
+        self._frame_read(bool(lines))
         self.hub.flush()
 
     def _protocol_error(self, error: ssmp.SSMPError) -> None:
@@ -317,17 +224,16 @@ class SSMPServerProtocol(Protocol):
         self._log.warn(
             "{listener}: bad input from {peer}: {reason}; answering 400 and closing",
             listener=self.factory.name,
-            peer=self._peer_name(),
+            peer=self._who(),
             reason=error.reason,
         )
         self._respond(error.reply or ssmp.response_line(400))
         self._finish()
 
-    def _peer_name(self) -> str:
+    def _who(self) -> str:
         if self.identity:
             return self.identity.decode("ascii")
-        assert self.transport is not None
-        peer = self.transport.getPeer()
+        peer = self._peer()
         return str(getattr(peer, "host", peer))
 
     # --- responses in request order -----------------------------------------------
@@ -370,8 +276,7 @@ class SSMPServerProtocol(Protocol):
                 self._close()
             return
         self.hub.schedule_flush()
-        if not self._congested and len(pending) < self.factory.settings.max_pending_replies:
-            self._resume_reading()
+        self._resume_reading()
 
     # --- timers -----------------------------------------------------------------------
 
@@ -381,14 +286,14 @@ class SSMPServerProtocol(Protocol):
         self._log.info(
             "{listener}: no LOGIN from {peer} within {seconds} s; closing",
             listener=self.factory.name,
-            peer=self._peer_name(),
+            peer=self._who(),
             seconds=self.factory.settings.login_timeout_seconds,
         )
         self.factory.count_error("login-timeout")
         self._close()
 
     def _arm_idle_timer(self, delay: float) -> None:
-        self._timer = self.factory.clock.callLater(delay, self._idle_check)
+        self._timer = self._call_later(delay, self._idle_check)
 
     def _idle_check(self) -> None:
         settings = self.factory.settings
@@ -398,13 +303,13 @@ class SSMPServerProtocol(Protocol):
             if quiet >= settings.pong_timeout_seconds:
                 self._timer = None
                 self._log.info(
-                    "{listener}: no PONG from {peer} within {seconds} s; closing",
+                    "{listener}: no PONG from {peer} within {seconds} s; aborting",
                     listener=self.factory.name,
-                    peer=self._peer_name(),
+                    peer=self._who(),
                     seconds=settings.pong_timeout_seconds,
                 )
                 self.factory.count_error("pong-timeout")
-                self._close()
+                self._abort()  # given up on: it keeps nothing we wrote (issue 18)
                 return
             self._awaiting_pong = False
         if quiet >= settings.ping_interval_seconds:
@@ -438,7 +343,7 @@ class SSMPServerProtocol(Protocol):
         previous = self.hub.peers.get(login.identity)
         if why is None and previous is not None and previous is not self:
             # The spec: this login replaces the connection with the same identifier.
-            self.factory.release(previous)
+            self.factory.release(cast(SSMPServerProtocol, previous))  # the hub's peers are ours
         if why is None and not self.factory.admit(self, principal):
             assert principal is not None
             why = self.factory.per_identity_refusal(principal)
@@ -448,7 +353,7 @@ class SSMPServerProtocol(Protocol):
                 listener=self.factory.name,
                 identity=identity,
                 scheme=scheme,
-                peer=self._peer_name(),
+                peer=self._who(),
                 why=why,
             )
             self.factory.count_error("unauthorized")
@@ -480,8 +385,7 @@ class SSMPServerProtocol(Protocol):
 
     def _allowed(self, action: Action, topic: bytes) -> bool:
         """Check the allow-lists; answer 405 (Not Allowed) if refused."""
-        peer = self.transport.getPeer() if self.transport is not None else None
-        if self.factory.authorized(action, self.principal, topic.decode("ascii"), peer):
+        if self.factory.authorized(action, self.principal, topic.decode("ascii"), self._peer()):
             return True
         self._respond(ssmp.response_line(405, f"not allowed to {action.value} {topic.decode()}"))
         return False
@@ -639,7 +543,7 @@ _TOO_LONG_TO_FORWARD: Final = ssmp.response_line(
 )
 
 
-class SSMPServerFactory(ListenerFactory[SSMPServerProtocol]):
+class SSMPServerFactory(ListenerFactory[SSMPServerProtocol, SSMPListenerSettings]):
     """Builds hub connections for one SSMP listener.
 
     Args:
@@ -657,26 +561,14 @@ class SSMPServerFactory(ListenerFactory[SSMPServerProtocol]):
     _log = Logger()
 
     def __init__(
-        self,
-        *,
-        name: str,
-        settings: SSMPListenerSettings,
-        hub: Hub,
-        router: Router,
-        secrets: Secrets,
-        clock: IReactorTime,
-        metrics: GatewayMetrics | None = None,
+        self, *, hub: Hub, router: Router, **common: Unpack[ListenerArgs[SSMPListenerSettings]]
     ) -> None:
-        super().__init__(name, metrics)
-        self.settings = settings
+        super().__init__(**common)
         self.hub = hub
         self.router = router
-        self.secrets = secrets
-        self.clock = clock
-        self._offered_plain = frozenset(settings.schemes - {"cert"})
-        self._offered_tls = frozenset(settings.schemes | {"cert"})
-        if metrics is not None:
-            self._m_slow = metrics.slow_consumers.labels(name)
+        schemes = self.settings.schemes
+        self._offered_plain = frozenset(schemes - {"cert"})
+        self._offered_tls = frozenset(schemes | {"cert"})
 
     @property
     def routed(self) -> bool:
@@ -692,14 +584,3 @@ class SSMPServerFactory(ListenerFactory[SSMPServerProtocol]):
         traffic = self.traffic
         traffic.messages_in += lines
         traffic.bytes_in += size
-
-    def count_out(self, lines: int, size: int) -> None:
-        """Count sent lines and bytes (once per flush)."""
-        traffic = self.traffic
-        traffic.messages_out += lines
-        traffic.bytes_out += size
-
-    def count_slow_consumer(self) -> None:
-        """Count a slow-consumer disconnect."""
-        if self._metrics is not None:
-            self._m_slow.inc()

@@ -24,30 +24,19 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, Unpack, cast
 
-from twisted.internet.interfaces import (
-    IAddress,
-    IConsumer,
-    IDelayedCall,
-    IPushProducer,
-    IReactorTime,
-)
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IAddress
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
-from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
 from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
-from gateway.metrics import GatewayMetrics
-from gateway.protocols.listener import ListenerFactory
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
-from gateway.protocols.tcp import disable_nagle
 from gateway.tls import external_identity, peer_identities
 
 __all__ = ["StreamServerFactory", "StreamServerProtocol"]
@@ -152,14 +141,13 @@ class _Subscription:
         self.waiting: Any = None
 
 
-@implementer(IPushProducer)
-class StreamServerProtocol(Protocol):
+class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     """One client of a stream listener."""
 
     _log = Logger()
 
     def __init__(self, factory: StreamServerFactory) -> None:
-        self.factory = factory
+        super().__init__(factory)
         self._codec = sp.StreamCodec(sp.Role.SERVER, frame_max=PRE_OPEN_FRAME_MAX)
         self._state = "connected"
         self.identity: str | None = None
@@ -168,31 +156,18 @@ class StreamServerProtocol(Protocol):
         self._publishers: dict[int, _Publisher] = {}
         self._subscriptions: dict[int, _Subscription] = {}
         self._unconfirmed = 0
-        self._out: list[bytes] = []
         self._in_batch = False
-        self._closing = False
-        self._reading_paused = False
-        self._congested = False
         self._heartbeat = 0
         self._frame_max = factory.settings.frame_max
         self._sent_since = False
         self._heard_since = False
         self._silent_checks = 0
-        self._timers: list[IDelayedCall] = []
-        self._close_timer: IDelayedCall | None = None
 
     # --- connection life ------------------------------------------------------------
 
-    def connectionMade(self) -> None:
-        """Register as the transport's producer."""
-        disable_nagle(self.transport)
-        cast(IConsumer, self.transport).registerProducer(self, True)
-        self.factory.connection_opened(self)
-        self._timers.append(
-            self.factory.clock.callLater(
-                self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out
-            )
-        )
+    def _connection_started(self) -> None:
+        """Start the handshake time-out."""
+        self._call_later(self.factory.settings.handshake_timeout_seconds, self._handshake_timed_out)
 
     def _handshake_timed_out(self) -> None:
         if self._state != "open" and not self._closing:
@@ -204,28 +179,18 @@ class StreamServerProtocol(Protocol):
             )
             self._close()
 
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Forget publishers and subscriptions; stop timers."""
-        self._closing = True
-        for timer in [*self._timers, self._close_timer]:
-            if timer is not None and timer.active():
-                timer.cancel()
-        self._timers.clear()
+    def _connection_ended(self, reason: Failure) -> None:
+        """Forget publishers and subscriptions."""
         for subscription in self._subscriptions.values():
             self._stop_waiting(subscription)
         self._subscriptions.clear()
         self._publishers.clear()
-        self._out.clear()
-        self.factory.connection_closed(self)
 
-    def _close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._flush()
-        assert self.transport is not None
-        cast(IConsumer, self.transport).unregisterProducer()  # TLS shuts down only without one
-        self.transport.loseConnection()
+    def _partial_frame_bytes(self) -> int:
+        return self._codec.pending_bytes
+
+    def _may_read(self) -> bool:
+        return self._unconfirmed <= self.factory.settings.max_unconfirmed * RESUME_FRACTION
 
     def _server_close(self, code: int, reason: str) -> None:
         """Ask the client to close (after Open), and close anyway after a while."""
@@ -234,58 +199,24 @@ class StreamServerProtocol(Protocol):
             return
         self._state = "closing"
         self._send(sp.Close(correlation_id=1, code=code, reason=reason))
-        self._flush()
-        self._close_timer = self.factory.clock.callLater(CLOSE_WAIT_SECONDS, self._close)
+        self.flush()
+        self._call_later(CLOSE_WAIT_SECONDS, self._close)
 
     # --- output ------------------------------------------------------------------------
 
     def _send(self, event: sp.Event) -> None:
         self._out.append(self._codec.send(event))
-        if not self._in_batch:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._out or self.transport is None:
-            return
-        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
-        self._out.clear()
-        self.factory.traffic.bytes_out += len(data)
         self._sent_since = True
-        self.transport.write(data)
+        if not self._in_batch:
+            self.flush()
 
-    # --- IPushProducer -------------------------------------------------------------------
-
-    def pauseProducing(self) -> None:
-        """The client does not keep up: stop delivering and reading."""
-        self._congested = True
-        self._pause_reading()
+    # --- IPushProducer: deliveries stop while the client is slow ----------------------------
 
     def resumeProducing(self) -> None:
-        """The client caught up."""
-        self._congested = False
-        self._maybe_resume_reading()
+        """The client caught up: read it again, and deliver."""
+        super().resumeProducing()
         for subscription in list(self._subscriptions.values()):
             self._deliver(subscription)
-
-    def stopProducing(self) -> None:
-        """The transport is going away."""
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
-
-    def _maybe_resume_reading(self) -> None:
-        limit = self.factory.settings.max_unconfirmed
-        if (
-            self._reading_paused
-            and not self._congested
-            and not self._closing
-            and self._unconfirmed <= limit * RESUME_FRACTION
-            and self.transport is not None
-        ):
-            self._reading_paused = False
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     # --- input -----------------------------------------------------------------------------
 
@@ -324,7 +255,9 @@ class StreamServerProtocol(Protocol):
                 "{listener}: bad frame: {reason}", listener=self.factory.name, reason=error.reason
             )
             self._server_close(error.code or UNKNOWN_FRAME, error.reason)
-        self._flush()
+        else:
+            self._frame_read(bool(events))
+        self.flush()
 
     def _require_open(self, event: sp.Event) -> bool:
         if self._state == "open":
@@ -380,7 +313,7 @@ class StreamServerProtocol(Protocol):
         self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=code))
         if code != OK:
             self.factory.count_error("unauthorized")
-            self._flush()
+            self.flush()
             self._close()
             return
         self._state = "tuning"
@@ -433,9 +366,8 @@ class StreamServerProtocol(Protocol):
         self._frame_max = min(server, client) if server and client else (server or client)
         self._heartbeat = event.heartbeat
         if self._heartbeat:
-            clock = self.factory.clock
-            self._timers.append(clock.callLater(self._heartbeat / 2, self._heartbeat_send))
-            self._timers.append(clock.callLater(self._heartbeat, self._heartbeat_check))
+            self._call_later(self._heartbeat / 2, self._heartbeat_send)
+            self._call_later(self._heartbeat, self._heartbeat_check)
 
     def _on_open(self, event: sp.Open) -> None:
         if self.identity is None:
@@ -448,7 +380,7 @@ class StreamServerProtocol(Protocol):
                     code=VIRTUAL_HOST_ACCESS_FAILURE,
                 )
             )
-            self._flush()
+            self.flush()
             self._close()
             return
         self._state = "open"
@@ -480,7 +412,7 @@ class StreamServerProtocol(Protocol):
         if not self._sent_since:
             self._send(sp.Heartbeat())
         self._sent_since = False
-        self._timers.append(self.factory.clock.callLater(self._heartbeat / 2, self._heartbeat_send))
+        self._call_later(self._heartbeat / 2, self._heartbeat_send)
 
     def _heartbeat_check(self) -> None:
         if self._closing:
@@ -492,15 +424,15 @@ class StreamServerProtocol(Protocol):
         self._heard_since = False
         if self._silent_checks >= 2:
             self._log.info(
-                "{listener}: no heartbeat from {user} for {seconds} s; closing",
+                "{listener}: no heartbeat from {user} for {seconds} s; aborting",
                 listener=self.factory.name,
                 user=self.identity,
                 seconds=2 * self._heartbeat,
             )
             self.factory.count_error("heartbeat-timeout")
-            self._close()
+            self._abort()  # given up on: it keeps nothing we wrote
             return
-        self._timers.append(self.factory.clock.callLater(self._heartbeat, self._heartbeat_check))
+        self._call_later(self._heartbeat, self._heartbeat_check)
 
     # --- allow-lists ---------------------------------------------------------------------------
 
@@ -509,8 +441,7 @@ class StreamServerProtocol(Protocol):
         factory = self.factory
         if not factory.authorization.restricted:
             return False
-        peer = self.transport.getPeer() if self.transport is not None else None
-        return not factory.authorized(action, self._principal, stream, peer)
+        return not factory.authorized(action, self._principal, stream, self._peer())
 
     # --- streams ---------------------------------------------------------------------------------
 
@@ -766,7 +697,7 @@ class StreamServerProtocol(Protocol):
         if self._closing:
             return
         self._send(sp.PublishConfirm(publisher_id=publisher_id, publishing_ids=ids))
-        self._maybe_resume_reading()
+        self._resume_reading()
 
     def _not_stored(self, failure: Failure, publisher_id: int, ids: list[int]) -> None:
         self._unconfirmed -= len(ids)
@@ -776,7 +707,7 @@ class StreamServerProtocol(Protocol):
         if self._closing:
             return
         self._send(_publish_error(publisher_id, ids, code))
-        self._maybe_resume_reading()
+        self._resume_reading()
 
     # --- consumers -------------------------------------------------------------------------------
 
@@ -805,7 +736,7 @@ class StreamServerProtocol(Protocol):
         position = stream.seek(_spec(event.offset_spec))
         subscription = _Subscription(event.subscription_id, stream, position, event.credit)
         self._subscriptions[event.subscription_id] = subscription
-        self._flush()  # the OK goes before the first Deliver
+        self.flush()  # the OK goes before the first Deliver
         self._deliver(subscription)
 
     def _on_credit(self, event: sp.Credit) -> None:
@@ -849,7 +780,7 @@ class StreamServerProtocol(Protocol):
                 subscription.waiting = waiting
                 waiting.addCallbacks(self._more_data, lambda _f: None, callbackArgs=(subscription,))
                 return
-            self._flush()
+            self.flush()
             for chunk in chunks:
                 payload = chunk.payload
                 prefix = sp.deliver_prefix(subscription.id, len(payload))
@@ -998,7 +929,7 @@ _HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
 }
 
 
-class StreamServerFactory(ListenerFactory[StreamServerProtocol]):
+class StreamServerFactory(ListenerFactory[StreamServerProtocol, StreamListenerSettings]):
     """Builds connections for one stream listener.
 
     Args:
@@ -1014,20 +945,10 @@ class StreamServerFactory(ListenerFactory[StreamServerProtocol]):
     kind = "stream"
 
     def __init__(
-        self,
-        *,
-        name: str,
-        settings: StreamListenerSettings,
-        store: LogStore,
-        secrets: Secrets,
-        clock: IReactorTime,
-        metrics: GatewayMetrics | None = None,
+        self, *, store: LogStore, **common: Unpack[ListenerArgs[StreamListenerSettings]]
     ) -> None:
-        super().__init__(name, metrics)
-        self.settings = settings
+        super().__init__(**common)
         self.store = store
-        self.secrets = secrets
-        self.clock = clock
         self._bound: tuple[str, int] = ("127.0.0.1", 0)
         self.on_stream_created: list[Callable[[str], None]] = []
 
