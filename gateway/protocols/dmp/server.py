@@ -44,7 +44,6 @@ from typing import Final, Unpack
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -70,8 +69,6 @@ _SORT_OCTETS: Final = 5
 
 class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
     """One DMP connection: a sink writer, a feed reader or a principal connection."""
-
-    _log = Logger()
 
     def __init__(self, factory: DMPServerFactory) -> None:
         super().__init__(factory)

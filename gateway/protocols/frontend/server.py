@@ -38,7 +38,6 @@ from typing import Any, Final, Unpack, cast
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -121,8 +120,6 @@ class FrontendServerProtocol(ListenerConnection["FrontendServerFactory"]):
     own answers is not read either); then each transport becomes the other's
     producer.
     """
-
-    _log = Logger()
 
     def __init__(self, factory: FrontendServerFactory) -> None:
         super().__init__(factory)

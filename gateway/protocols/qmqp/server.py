@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Any, Final, Unpack, cast
 
 from twisted.internet.interfaces import IDelayedCall, ISSLTransport
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.codecs import qmqp
@@ -51,8 +50,6 @@ RESUME_FRACTION: Final = 0.75
 
 class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
     """One QMQP streaming client connected to a listener."""
-
-    _log = Logger()
 
     def __init__(self, factory: QMQPServerFactory) -> None:
         super().__init__(factory)

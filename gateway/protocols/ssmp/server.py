@@ -118,8 +118,6 @@ class _Pending:
 class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
     """One peer connected to the hub."""
 
-    _log = Logger()
-
     def __init__(self, factory: SSMPServerFactory) -> None:
         super().__init__(factory)
         self.hub = factory.hub

@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Unpack, cast
 
 from twisted.internet.interfaces import IAddress
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway import __version__
@@ -143,8 +142,6 @@ class _Subscription:
 
 class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     """One client of a stream listener."""
-
-    _log = Logger()
 
     def __init__(self, factory: StreamServerFactory) -> None:
         super().__init__(factory)
