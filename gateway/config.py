@@ -34,7 +34,11 @@ from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings, LeaseGrant
 from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
-from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS
+from gateway.protocols.listener import (
+    DEFAULT_FRAME_TIMEOUT_SECONDS,
+    DEFAULT_LISTEN_BACKLOG,
+    DEFAULT_MAX_CONNECTIONS,
+)
 from gateway.protocols.mtl.settings import LISTENER_MECHANISMS as MTL_LISTENER_MECHANISMS
 from gateway.protocols.mtl.settings import MECHANISMS as MTL_MECHANISMS
 from gateway.protocols.mtl.settings import PROFILES as MTL_PROFILES
@@ -135,6 +139,10 @@ class ListenerConfig:
         authorization: Its ``authorize`` allow-lists (unrestricted without).
         backlog: The listen queue: connections the kernel holds before they
             are accepted (the endpoint's own ``backlog=`` if it has one).
+        frame_timeout_seconds: How long a frame (line, block, envelope) may
+            stay incomplete from the read that began it; past it the peer is
+            aborted. 0: for ever. MTL has no partial frames of its own to
+            time out (ZeroMQ hands over whole messages).
     """
 
     name: str
@@ -145,6 +153,7 @@ class ListenerConfig:
     max_connections_per_identity: int = 0
     authorization: Authorization = UNRESTRICTED
     backlog: int = DEFAULT_LISTEN_BACKLOG
+    frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
 
     @property
     def listen_endpoint(self) -> str:
@@ -1123,6 +1132,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
     max_connections = section.integer("max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1)
     per_identity = section.integer("max_connections_per_identity", 0, minimum=0)
     backlog = section.integer("backlog", DEFAULT_LISTEN_BACKLOG, minimum=1)
+    frame_timeout = section.number("frame_timeout_seconds", DEFAULT_FRAME_TIMEOUT_SECONDS)
     if "backlog" in section.table and _BACKLOG_PARAMETER.search(endpoint):
         section.problem(
             "backlog", "the endpoint sets backlog= too: give the listen queue in one place"
@@ -1138,6 +1148,7 @@ def _listener(name: str, section: _Section, names: set[str]) -> ListenerConfig |
         max_connections_per_identity=per_identity,
         authorization=authorization,
         backlog=backlog,
+        frame_timeout_seconds=frame_timeout,
     )
 
 

@@ -616,6 +616,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
             factory.max_connections = listener.max_connections
             factory.max_connections_per_identity = listener.max_connections_per_identity
             factory.authorization = listener.authorization
+            factory.frame_timeout_seconds = listener.frame_timeout_seconds
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

@@ -13,7 +13,7 @@ import attrs
 import pytest
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock
 
 from gateway.config import (
     DEFAULT_CONFIG_NAME,
@@ -936,6 +936,51 @@ def test_listener_backlog_in_the_endpoint_string_or_the_key(tmp_path: Path) -> N
     assert listener.listen_endpoint.endswith(":backlog=77")
     _only_problem(_write(tmp_path / "both.toml", own + "backlog = 5\n"), "listeners.hub.backlog")
     _only_problem(_write(tmp_path / "zero.toml", HUB + "backlog = 0\n"), "listeners.hub.backlog")
+
+
+def test_listener_frame_timeout(tmp_path: Path) -> None:
+    """Every listener takes ``frame_timeout_seconds`` (30 unless set, 0 for off, not negative)."""
+    assert {listener.frame_timeout_seconds for listener in load_default_config().listeners} == {
+        30.0
+    }
+    main = _write(tmp_path / "gateway.toml", HUB + "frame_timeout_seconds = 2.5\n")
+    assert load_config(main).listeners[0].frame_timeout_seconds == 2.5
+    main = _write(tmp_path / "off.toml", HUB + "frame_timeout_seconds = 0\n")
+    assert load_config(main).listeners[0].frame_timeout_seconds == 0
+    main = _write(tmp_path / "bad.toml", HUB + "frame_timeout_seconds = -1\n")
+    _only_problem(main, "listeners.hub.frame_timeout_seconds", "at least 0")
+
+
+def test_every_listener_factory_gets_its_frame_timeout(tmp_path: Path) -> None:
+    """The assembly hands each TCP listener's ``frame_timeout_seconds`` to its factory."""
+    from gateway.protocols.listener import ListenerFactory
+    from gateway.service import build_gateway
+
+    listeners = "".join(
+        f"""
+        [listeners.{protocol}]
+        protocol = "{protocol}"
+        endpoint = "tcp:0:interface=127.0.0.1"
+        frame_timeout_seconds = {seconds}
+        {extra}
+        """
+        for protocol, seconds, extra in (
+            ("ssmp", 7, 'schemes = ["open"]'),
+            ("qmqp", 8, ""),
+            ("stream", 9, ""),
+            ("dmp", 10, 'sinks = ["s"]'),
+        )
+    )
+    main = _write(tmp_path / "gateway.toml", f'[gateway]\ndata_dir = "data"\n{listeners}')
+    gateway = build_gateway(load_config(main), MemoryReactorClock())
+    factories = {endpoint.name: endpoint.service.factory for endpoint in gateway.endpoints.values()}
+    assert all(isinstance(factory, ListenerFactory) for factory in factories.values())
+    assert {name: factory.frame_timeout_seconds for name, factory in factories.items()} == {
+        "ssmp": 7,
+        "qmqp": 8,
+        "stream": 9,
+        "dmp": 10,
+    }
 
 
 def test_max_connections_per_identity(tmp_path: Path) -> None:
