@@ -26,6 +26,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.mapping import envelope_from_message
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from tests.protocols.test_dmp_principal import Listener as PrincipalListener
 
 SETTINGS = DMPListenerSettings(
     sinks=frozenset({"orders"}),
@@ -332,7 +333,64 @@ def test_a_stalled_reader_is_closed_after_the_idle_timeout() -> None:
     assert not transport.disconnecting
     listener.clock.advance(5)  # 30 s without reading
     assert transport.disconnecting and listener.errors("reader-stalled") == 1
+    assert transport.disconnected  # aborted: given up on, it keeps nothing unwritten
     assert "alerts" not in listener.factory.readers
+
+
+# --- half-sent frames (issue 18) ----------------------------------------------------------
+
+
+def test_a_half_sent_envelope_is_aborted_at_the_frame_time_out() -> None:
+    """A sink writer that sends 9 bytes of a 500-byte envelope is aborted 30 s later.
+
+    Issue 18: with no idle time-out (the default), such a writer was still
+    connected after 155 s.
+    """
+    listener = Listener(attrs.evolve(SETTINGS, idle_timeout_seconds=0.0))
+    writer, transport, _ = listener.opened(b"W-1")
+    envelope = dmp.encode_envelope(dmp.Envelope(routing_key="eu", body=b"x" * 480))
+    assert 490 < len(envelope) < 510
+    writer.dataReceived(envelope[:9])
+    listener.clock.advance(29.9)
+    assert not transport.disconnecting
+    listener.clock.advance(0.1)
+    assert transport.disconnected
+    assert listener.errors("frame-timeout") == 1
+    assert listener.recorder.messages == []
+
+
+def test_an_envelope_finished_in_time_is_routed_and_the_writer_stays() -> None:
+    """Slow but complete within the frame time-out: routed; a quiet writer then stays."""
+    listener = Listener(attrs.evolve(SETTINGS, idle_timeout_seconds=0.0))
+    writer, transport, _ = listener.opened(b"W-1")
+    envelope = dmp.encode_envelope(dmp.Envelope(routing_key="eu", body=b"x" * 480))
+    writer.dataReceived(envelope[:9])
+    listener.clock.advance(29)
+    writer.dataReceived(envelope[9:])
+    assert len(listener.recorder.messages) == 1
+    listener.clock.advance(3600)
+    assert not transport.disconnecting
+
+
+def test_a_half_sent_header_or_principal_frame_is_aborted() -> None:
+    """Before the lease, and on a principal AMQP 0-9-1 connection, a half frame is timed out too."""
+    listener = Listener(attrs.evolve(SETTINGS, handshake_timeout_seconds=60.0))
+    protocol, transport = listener.connect()
+    protocol.dataReceived(b"AMQ")
+    listener.clock.advance(30)
+    assert transport.disconnected and listener.errors("frame-timeout") == 1
+
+    principal = PrincipalListener()
+    opened, transport, _ = principal.logged_in()
+    opened.dataReceived(b"\x01\x00\x01")  # a method frame's first octets
+    principal.clock.advance(29.9)
+    assert not transport.disconnecting  # open principal connections have no other time-out
+    principal.clock.advance(0.1)
+    assert transport.disconnected
+    counted = principal.metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": "dmp", "kind": "frame-timeout"}
+    )
+    assert counted == 1
 
 
 # --- batches ----------------------------------------------------------------------------------

@@ -390,3 +390,31 @@ def test_what_a_client_said_before_leaving_is_delivered() -> None:
     backend = link.accept()
     assert backend.value() == b"LOGIN alice secret alice-secret\nMCAST t bye\nCLOSE\n"
     assert backend.disconnecting
+
+
+def test_a_half_sent_login_line_is_aborted_at_the_frame_time_out() -> None:
+    """Part of the SSMP LOGIN line and nothing more: aborted at ``frame_timeout_seconds``."""
+    metrics = GatewayMetrics()
+    link = Link("ssmp", metrics=metrics)
+    link.factory.frame_timeout_seconds = 2.0  # shorter than the handshake time-out (5 s)
+    link.handshake()
+    link.front.dataReceived(b"LOGIN ali")
+    link.reactor.advance(1.9)
+    assert not link.client.disconnecting
+    link.reactor.advance(0.1)
+    assert link.client.disconnected
+    assert link.connects() == 0
+    errors = {"endpoint": "front", "kind": "frame-timeout"}
+    assert metrics.registry.get_sample_value("msggateway_protocol_errors_total", errors) == 1.0
+
+
+def test_a_client_that_does_not_read_its_refusals_is_not_read() -> None:
+    """Backend unreachable, QMQP: while the client's transport is full, its blocks wait."""
+    link = Link("qmqp")
+    link.handshake()
+    link.refuse()
+    assert link.client.producer is link.front
+    link.front.pauseProducing()  # as the transport does when Z replies pile up
+    assert link.client.producerState == "paused"
+    link.front.resumeProducing()
+    assert link.client.producerState == "producing"

@@ -823,6 +823,34 @@ def test_factory_without_metrics_still_serves() -> None:
     assert transport.value() == SERVER_SESSION
 
 
+def test_a_half_sent_block_is_aborted_at_the_frame_time_out(world: ListenerWorld) -> None:
+    """Half a block and nothing more: aborted 30 s later (before the idle time-out), counted."""
+    client = world.connect()
+    data = mail("half", "ops@ok.example")
+    client.send(data[: len(data) // 2])
+    world.clock.advance(29.9)
+    assert not client.transport.disconnecting
+    world.clock.advance(0.1)
+    assert client.transport.disconnected
+    assert world.sample("msggateway_protocol_errors_total", kind="frame-timeout") == 1
+    assert world.sample("msggateway_protocol_errors_total", kind="idle-timeout") == 0
+
+
+def test_a_half_sent_block_waits_while_the_listener_does_not_read() -> None:
+    """Time spent not reading (the in-flight window is full) does not count against a block."""
+    world = ListenerWorld(settings=QMQPListenerSettings(max_in_flight=1))
+    client = world.connect()
+    second = mail("m1", "ops@ok.example")
+    client.send(mail("m0", "ops@held.example") + second[:10])
+    assert client.transport.producerState == "paused"
+    world.clock.advance(ROUTE_TIMEOUT_SECONDS)  # m0's route times out: Z, reading resumes
+    assert client.transport.producerState == "producing"
+    world.clock.advance(29.9)
+    assert not client.transport.disconnecting
+    world.clock.advance(0.1)
+    assert client.transport.disconnected
+
+
 def test_idle_and_byte_a_second_clients_are_closed() -> None:
     """No complete block in idle_timeout_seconds closes, even with a byte every second.
 

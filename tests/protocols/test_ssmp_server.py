@@ -44,6 +44,7 @@ from gateway.protocols.ssmp.server import (
 )
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
 from tests.certs import CertifiedKey, issue_client_certificate, make_ca
+from tests.protocols.test_listener import BufferingTransport
 
 T = TypeVar("T")
 
@@ -481,6 +482,16 @@ def test_server_pings_when_idle_and_closes_without_pong(world: HubWorld) -> None
     assert alice.transport.disconnecting
     assert alice.received() == b""
     assert world.sample("msggateway_protocol_errors_total", kind="pong-timeout") == 1
+
+
+def test_a_peer_without_pong_is_aborted(world: HubWorld) -> None:
+    """Issue 18: the pong time-out gives up on the peer: aborted, not left to drain its buffer."""
+    alice = world.login("alice")
+    world.clock.advance(30)
+    assert alice.received() == b"000 . PING\n"
+    world.clock.advance(30)
+    assert alice.transport.disconnected  # abortConnection, not loseConnection
+    assert alice.transport.producer is alice.protocol  # no graceful close was begun
 
 
 def test_pong_keeps_the_connection(world: HubWorld) -> None:
@@ -982,6 +993,35 @@ def test_outcome_after_connection_lost_is_dropped(routed: HubWorld) -> None:
     assert alice.received() == b""
 
 
+# --- half-sent lines (issue 18) -----------------------------------------------------------
+
+
+def test_a_half_sent_line_after_login_is_aborted() -> None:
+    """Part of a request and nothing more: aborted at the frame time-out (30 s), counted."""
+    world = HubWorld(settings=attrs.evolve(SETTINGS, ping_interval_seconds=300.0))
+    alice = world.login("alice")
+    alice.send(b"MCAST news half a li")
+    world.clock.advance(29.9)
+    assert not alice.transport.disconnecting
+    world.clock.advance(0.1)
+    assert alice.transport.disconnected
+    assert world.sample("msggateway_protocol_errors_total", kind="frame-timeout") == 1
+
+
+def test_a_slow_but_whole_line_is_served() -> None:
+    """A line finished within the frame time-out is answered, and the next one has its own."""
+    world = HubWorld(settings=attrs.evolve(SETTINGS, ping_interval_seconds=300.0))
+    alice = world.login("alice")
+    for _ in range(5):
+        alice.send(b"MCAST news ")
+        world.clock.advance(20)
+        alice.send(b"hello\nMCAST")
+        world.clock.advance(20)
+        alice.send(b" news again\n")
+    assert alice.received() == b"200\n" * 10
+    assert not alice.transport.disconnecting
+
+
 # --- flow control ----------------------------------------------------------------------------
 
 
@@ -1049,6 +1089,33 @@ def test_resume_producing_resets_the_backlog() -> None:
     assert not slow.transport.disconnected
     assert len(slow.received()) == 6 * 400
     assert world.sample("msggateway_slow_consumer_disconnects_total") == 0
+
+
+def test_a_subscriber_that_never_reads_is_aborted_past_its_backlog() -> None:
+    """Issue 18: Twisted pauses us on every write while its buffer is full; the backlog adds up.
+
+    One subscriber that never reads, one publisher sending MCASTs of 200
+    bytes: the subscriber is aborted once more than ``max_backlog_bytes``
+    were written after its transport first asked us to pause, and counted.
+    """
+    world = HubWorld(settings=attrs.evolve(SETTINGS, max_backlog_bytes=65536))
+    transport = BufferingTransport(high_water=16384)
+    slow = world.login("slow", transport=transport)
+    slow.send(b"SUBSCRIBE news\n")
+    publisher = world.login("pub")
+    line = b"MCAST news " + b"x" * 200 + b"\n"
+    event_size = len(b"000 pub MCAST news \n") + 200
+    sent = 0
+    while not transport.disconnected and sent < 2000:
+        publisher.send(line * 10)
+        assert publisher.received() == b"200\n" * 10  # the publisher is never slowed down
+        sent += 10
+    assert transport.disconnected  # aborted
+    assert transport.producerState == "paused"  # and not read from since the first pause
+    assert sent * event_size <= 16384 + 65536 + 10 * event_size + 4096
+    assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
+    publisher.send(line)
+    assert publisher.received() == b"200\n"
 
 
 def test_unpaused_peer_has_no_backlog_limit() -> None:

@@ -695,6 +695,7 @@ def test_heartbeats_sent_when_idle_and_silence_closes(listener: Listener) -> Non
     assert not peer.closed
     listener.clock.advance(0.1)  # 30 s: the checks at 20 and 30 heard nothing
     assert peer.closed
+    assert peer.transport.disconnected  # aborted: a peer given up on keeps nothing unwritten
 
 
 def test_client_heartbeats_keep_the_connection(listener: Listener) -> None:
@@ -722,6 +723,69 @@ def test_connection_lost_cancels_timers(listener: Listener) -> None:
     assert listener.clock.getDelayedCalls()
     peer.lose()
     assert listener.clock.getDelayedCalls() == []
+
+
+# --- half-sent frames (issue 18) ---------------------------------------------------------------
+
+
+def _counting_factory(listener: Listener) -> tuple[StreamServerFactory, GatewayMetrics]:
+    """A listener factory with metrics, a frame time-out of 30 s (the default)."""
+    metrics = GatewayMetrics()
+    factory = StreamServerFactory(
+        name=LISTENER,
+        settings=GUEST,
+        store=listener.store,
+        secrets=SECRETS,
+        clock=listener.clock,
+        metrics=metrics,
+    )
+    factory.listening_on(IPv4Address("TCP", "0.0.0.0", PORT))
+    return factory, metrics
+
+
+def test_a_half_sent_frame_after_open_is_aborted(listener: Listener) -> None:
+    """Heartbeat 0 and 8 bytes of a 1,000-byte frame: aborted 30 s later, counted and logged.
+
+    Issue 18: such a client was still connected after 155 s.
+    """
+    factory, metrics = _counting_factory(listener)
+    peer = listener.opened(factory)
+    whole = frame(sp.Key.PUBLISH, b"x" * 996)
+    assert len(whole) == 4 + 1000
+    with capturedLogs() as events:
+        peer.send_raw(whole[:8])
+        listener.clock.advance(29.9)
+        assert not peer.closed
+        listener.clock.advance(0.1)
+    assert peer.transport.disconnected  # aborted: it sent nothing complete
+    counted = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": LISTENER, "kind": "frame-timeout"}
+    )
+    assert counted == 1
+    assert [event["held"] for event in events if "held" in event] == [8]
+
+
+def test_a_client_without_heartbeats_may_stay_quiet_between_frames(listener: Listener) -> None:
+    """As RabbitMQ allows: heartbeat 0, a frame completed in time, then silence: still open."""
+    factory, _ = _counting_factory(listener)
+    peer = listener.opened(factory)
+    request = peer.codec.send(sp.Metadata(correlation_id=peer.next_id(), streams=("s",)))
+    peer.send_raw(request[:5])
+    listener.clock.advance(29)
+    peer.send_raw(request[5:])
+    assert isinstance(peer.frames()[0], sp.MetadataResponse)
+    listener.clock.advance(3600)
+    assert not peer.closed
+
+
+def test_the_frame_time_out_is_the_listeners(listener: Listener) -> None:
+    """``frame_timeout_seconds`` from the listener's config: here 2 s."""
+    factory, _ = _counting_factory(listener)
+    factory.frame_timeout_seconds = 2
+    peer = listener.opened(factory)
+    peer.send_raw(b"\0\0")
+    listener.clock.advance(2)
+    assert peer.transport.disconnected
 
 
 # --- streams -------------------------------------------------------------------------------
