@@ -22,6 +22,11 @@ Python values. Decoding: integers of every width are `int`, ``f``/``d``
 the int64 range), `float` ``d``, `decimal.Decimal` ``D``, `str` ``S``,
 `bytes` ``x``, `datetime.datetime` ``T``, `list`/`tuple` ``A``, `Mapping`
 ``F``, None ``V``.
+
+Text is what tables mostly hold (DMP's ``x-gateway-sender``, MTL's
+``message-id``): a table of text names and text values is written in one
+pass (`_text_table`), and a long-string value is read where its name is;
+anything else goes the general way, which also says what is wrong.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ MAX_DEPTH: Final = 16
 """Tables and arrays nested in one another, at most (bounds recursion and work)."""
 
 _U32: Final = struct.Struct(">I")
+_OCTETS: Final = tuple(bytes((value,)) for value in range(256))
+_LONG_STRING: Final = ord("S")
 _SCALARS: Final[dict[int, struct.Struct]] = {
     ord("b"): struct.Struct(">b"),
     ord("B"): struct.Struct(">B"),
@@ -114,6 +121,10 @@ def encode_table(table: Mapping[str, FieldValue]) -> bytes:
             field carries, an integer out of 64-bit range, or nesting deeper
             than `MAX_DEPTH`.
     """
+    if type(table) is dict:
+        text = _text_table(table)
+        if text is not None:
+            return text
     out = bytearray(4)
     _put_pairs(out, table, 1)
     _U32.pack_into(out, 0, len(out) - 4)
@@ -132,6 +143,22 @@ def decode_table(data: bytes | memoryview, offset: int = 0) -> tuple[dict[str, F
 
 
 # --- encoding ----------------------------------------------------------------------------
+
+
+def _text_table(table: dict[str, FieldValue]) -> bytes | None:
+    """The table when it holds only text (names and values); None otherwise, or when it fails."""
+    parts: list[bytes] = []
+    try:
+        for name, value in table.items():
+            if type(name) is not str or type(value) is not str:
+                return None
+            raw_name = name.encode()
+            raw = value.encode()
+            parts.append(_OCTETS[len(raw_name)] + raw_name + b"S" + _U32.pack(len(raw)) + raw)
+    except (IndexError, UnicodeEncodeError):  # a name over 255 bytes; text that does not encode
+        return None
+    pairs = b"".join(parts)
+    return _U32.pack(len(pairs)) + pairs
 
 
 def _put_pairs(out: bytearray, table: Mapping[str, FieldValue], depth: int) -> None:
@@ -224,13 +251,25 @@ def _table(
     table: dict[str, FieldValue] = {}
     pos = start
     while pos < end:
-        if data[pos] + pos + 1 > end:
+        stop = pos + 1 + data[pos]
+        if stop > end:
             raise FieldTableError("field name runs past its table", where=f"byte {pos}")
-        raw_name, pos = decode_short_string(data, pos)
         try:
-            name = raw_name.decode("utf-8")
+            name = str(data[pos + 1 : stop], "utf-8")
         except UnicodeDecodeError:
-            raise FieldTableError("a field name is not UTF-8", where=f"byte {pos}") from None
+            raise FieldTableError("a field name is not UTF-8", where=f"byte {stop}") from None
+        pos = stop
+        if pos + 5 <= end and data[pos] == _LONG_STRING:  # text, the common value: read here
+            (size,) = _U32.unpack_from(data, pos + 1)
+            stop = pos + 5 + size
+            if stop <= end:
+                raw = bytes(data[pos + 5 : stop])
+                try:
+                    table[name] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    table[name] = raw
+                pos = stop
+                continue
         table[name], pos = _value(data, pos, end, depth)
     return table, end
 

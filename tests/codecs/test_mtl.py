@@ -8,13 +8,15 @@ hypothesis round trips of every data command, and ill-formed input.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.codecs import mtl
+from gateway.codecs import fieldtable, mtl
 
 
 def test_control_requests_from_the_spec() -> None:
@@ -101,7 +103,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
 
 
 json_texts = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(alphabet="[]{}\\\"ab", max_size=8),
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}\\"ab', max_size=8),
     lambda inner: (
         st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
     ),
@@ -263,3 +265,209 @@ def test_content_properties_are_an_amqp_field_table() -> None:
     table = header[1 + 8 + 2 :]
     assert table == b"\x00\x00\x00\x08" + b"\x01k" + b"S\x00\x00\x00\x01v"
     assert mtl.decode_data([header, body]) == mtl.Content(1, "r", {"k": "v"}, b"x")
+
+
+# --- the fast paths against the general code ---------------------------------------------
+#
+# decode_data and encode_data dispatch to a decoder or encoder per command
+# type that gives way, on anything it does not expect, to the general code
+# (`_decode_data_general`, `_encode_data_general`): the same frames, the same
+# command, or the same error.
+
+
+def _outcome(run: Callable[[], object]) -> tuple[str, object]:
+    """The result, or the error's type, reason, place and kind (any error, to compare)."""
+    try:
+        return "result", run()
+    except Exception as exc:  # the very point: whatever it raises, compared
+        return type(exc).__name__, (
+            str(exc),
+            getattr(exc, "reason", None),
+            getattr(exc, "where", None),
+            getattr(exc, "kind", None),
+        )
+
+
+@given(commands)
+def test_the_fast_encoders_write_what_the_general_one_writes(command: mtl.DataCommand) -> None:
+    """Property: any valid command, encode_data's frames are the field-by-field encoder's."""
+    assert mtl.encode_data(command) == mtl._encode_data_general(command)
+
+
+_odd_names = st.text(max_size=3) | st.text(min_size=250, max_size=300) | st.binary(max_size=3)
+_odd_numbers = (
+    st.integers(-3, 3)
+    | st.integers(250, 300)
+    | st.integers(2**64 - 2, 2**64 + 1)
+    | st.floats(0, 2)
+    | st.booleans()
+    | st.none()
+)
+_odd_properties = (
+    st.none()
+    | st.just("")
+    | st.just([])
+    | st.dictionaries(
+        st.text(max_size=3) | st.integers(),
+        st.text(max_size=3) | st.integers(-(2**65), 2**65) | st.builds(object),
+        max_size=2,
+    )
+)
+_odd_commands = st.one_of(
+    st.builds(mtl.Lease, _odd_numbers, _odd_names),
+    st.builds(mtl.Response, _odd_numbers, _odd_numbers),
+    st.builds(mtl.Summon, _odd_numbers, _odd_names),
+    st.builds(mtl.Dismiss, _odd_numbers, _odd_names),
+    st.builds(mtl.Content, _odd_numbers, _odd_names, _odd_properties, st.binary(max_size=3)),
+    st.builds(mtl.Confirm, _odd_numbers, _odd_numbers),
+    st.builds(mtl.Reject, _odd_numbers, _odd_numbers, _odd_numbers),
+)
+
+
+@given(_odd_commands)
+def test_the_fast_encoders_refuse_what_the_general_one_refuses(command: mtl.DataCommand) -> None:
+    """Property: with any values, in range or not, encode_data ends as the general encoder.
+
+    The same frames, or the same error (MTLLocalError with the same reason
+    for what MTL cannot carry).
+    """
+    assert _outcome(lambda: mtl.encode_data(command)) == _outcome(
+        lambda: mtl._encode_data_general(command)
+    )
+
+
+def _mutated(frames: list[bytes], data: st.DataObject) -> list[bytes]:
+    """The frames with a few octets changed, cut short or grown."""
+    out = []
+    for frame in frames:
+        changed = bytearray(frame)
+        for _ in range(data.draw(st.integers(0, 2))):
+            if changed:
+                changed[data.draw(st.integers(0, len(changed) - 1))] = data.draw(
+                    st.integers(0, 255)
+                )
+        if data.draw(st.booleans()):
+            del changed[data.draw(st.integers(0, len(changed))) :]
+        changed += data.draw(st.binary(max_size=2))
+        out.append(bytes(changed))
+    return out
+
+
+@given(commands, st.data())
+def test_decoding_gives_the_general_decoders_command_or_error(
+    command: mtl.DataCommand, data: st.DataObject
+) -> None:
+    """Property: valid, mutated or garbage frames: the general decoder's command or MTLError.
+
+    Garbage includes headers that start with a known command type, so that
+    each fast decoder meets what it must leave to the general one.
+    """
+    frames = mtl.encode_data(command)
+    shape = data.draw(st.sampled_from(["valid", "mutated", "garbage", "typed"]))
+    if shape == "mutated":
+        frames = _mutated(frames, data)
+    elif shape == "garbage":
+        frames = data.draw(st.lists(st.binary(max_size=24), max_size=3))
+    elif shape == "typed":
+        header = bytes((data.draw(st.integers(0, 10)),)) + data.draw(st.binary(max_size=24))
+        frames = [header, data.draw(st.sampled_from([b"", b"200", b"2x0", b"x"]))]
+    assert _outcome(lambda: mtl.decode_data(frames)) == _outcome(
+        lambda: mtl._decode_data_general(frames)
+    )
+    if shape == "valid":
+        assert mtl.decode_data(frames) == command
+
+
+def test_an_empty_properties_table_decodes_to_a_dict_of_its_own() -> None:
+    """Content without properties: {} each time, never one dict shared between commands."""
+    frames = mtl.encode_data(mtl.Content(3, "in", {}, b"body"))
+    assert frames[0].endswith(b"\x00\x00\x00\x00")
+    first, second = mtl.decode_data(frames), mtl.decode_data(frames)
+    assert first == second == mtl.Content(3, "in", {}, b"body")
+    assert isinstance(first, mtl.Content) and isinstance(second, mtl.Content)
+    assert first.properties is not second.properties
+
+
+def test_contents_made_through_the_slots_are_the_dataclass() -> None:
+    """The decoder's Content constructor sets every field there is: equal to the dataclass's."""
+    assert tuple(field.name for field in dataclasses.fields(mtl.Content)) == mtl._CONTENT_FIELDS
+    made = mtl._new_content(7, "r", {"k": "v"}, b"x")
+    assert made == mtl.Content(7, "r", {"k": "v"}, b"x")
+    assert repr(made) == repr(mtl.Content(7, "r", {"k": "v"}, b"x"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.body = b"y"  # type: ignore[misc]
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=6),
+        st.text(max_size=6) | st.binary(max_size=4) | st.integers(-(2**63), 2**63 - 1) | st.none(),
+        max_size=4,
+    ),
+    st.data(),
+)
+def test_properties_tables_decode_as_the_general_reader_reads_them(
+    properties: dict[str, object], data: st.DataObject
+) -> None:
+    """Property: text read where its name is, other values the general way: the same table.
+
+    Compared with a table read pair by pair with the field-table value reader
+    only, on valid tables and on mutated ones (the same error, reason and place).
+    """
+    table = fieldtable.encode_table(properties)
+    if data.draw(st.booleans()):
+        table = _mutated([table], data)[0]
+    offset = data.draw(st.integers(0, 2))
+    table = b"\x00" * offset + table
+    assert _outcome(lambda: fieldtable.decode_table(table, offset)) == _outcome(
+        lambda: _table_pair_by_pair(table, offset)
+    )
+
+
+def _table_pair_by_pair(data: bytes, pos: int) -> tuple[dict[str, object], int]:
+    """A top-level field table read with `decode_short_string` and `_value` for every pair."""
+    if pos + 4 > len(data):
+        raise fieldtable.FieldTableError(
+            "field table length cut short", where=f"byte {pos}", kind="truncated"
+        )
+    size = int.from_bytes(data[pos : pos + 4], "big")
+    start, end = pos + 4, pos + 4 + size
+    if end > len(data):
+        raise fieldtable.FieldTableError(
+            f"field table of {size} bytes cut short", where=f"byte {start}", kind="truncated"
+        )
+    table: dict[str, object] = {}
+    pos = start
+    while pos < end:
+        if data[pos] + pos + 1 > end:
+            raise fieldtable.FieldTableError("field name runs past its table", where=f"byte {pos}")
+        raw_name, pos = fieldtable.decode_short_string(data, pos)
+        try:
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise fieldtable.FieldTableError(
+                "a field name is not UTF-8", where=f"byte {pos}"
+            ) from None
+        table[name], pos = fieldtable._value(data, pos, end, 1)
+    return table, end
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=6) | st.text(min_size=255, max_size=257),
+        st.text(max_size=6) | st.integers() | st.none(),
+        max_size=4,
+    )
+)
+def test_text_tables_are_written_as_the_general_writer_writes_them(
+    properties: dict[str, object],
+) -> None:
+    """Property: a table written in one pass (text only) or pair by pair: same bytes or error."""
+
+    def pair_by_pair() -> bytes:
+        out = bytearray(4)
+        fieldtable._put_pairs(out, properties, 1)
+        out[:4] = (len(out) - 4).to_bytes(4, "big")
+        return bytes(out)
+
+    assert _outcome(lambda: fieldtable.encode_table(properties)) == _outcome(pair_by_pair)

@@ -40,6 +40,8 @@ def message_from_content(
     resource: str, properties: dict[str, FieldValue], body: bytes, timestamp: float
 ) -> Message:
     """The message a Content carries."""
+    if not properties:  # the common case: nothing to sort (an empty table decodes to {})
+        return Message(body=body, address=resource, timestamp=timestamp)
     headers = {key: value for key, value in properties.items() if isinstance(value, str)}
     message_id = headers.pop("message-id", None)
     sender = headers.pop("x-gateway-sender", None)
@@ -57,10 +59,14 @@ def message_from_content(
 
 def content_properties(message: Message) -> dict[str, FieldValue]:
     """The properties of the Content that carries a message."""
-    properties: dict[str, FieldValue] = {
-        key: value for key, value in message.headers.items() if isinstance(value, str)
-    }
-    properties["message-id"] = message.id
+    properties: dict[str, FieldValue]
+    if message.headers:
+        properties = {
+            key: value for key, value in message.headers.items() if isinstance(value, str)
+        }
+        properties["message-id"] = message.id
+    else:  # the common case: the id alone (a text table, written in one pass)
+        properties = {"message-id": message.id}
     if message.sender:
         properties["x-gateway-sender"] = message.sender
     return properties
