@@ -531,8 +531,7 @@ def _stream_upstream(
         metrics=gateway.metrics,
         relocate=relocate if movable else None,
     )
-    service = _StartStopService(config.name, upstream.start, upstream.stop)
-    return service, upstream, lambda: upstream.connected
+    return upstream.service, upstream, lambda: upstream.connected
 
 
 def _log_store(config: GatewayConfig, reactor: Any) -> LogStore:

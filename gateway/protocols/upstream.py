@@ -9,15 +9,30 @@ subclass `UpstreamConnection`: Nagle off, a push producer on the transport,
 one close that says why, and the upstream told when the connection ends.
 A protocol's own upstream then holds only its handshake, its requests and
 their outcomes.
+
+The back-off counts the attempts since the last connection that became
+ready, so that a server which accepts the TCP connection but refuses the
+login is tried less and less often too (`ClientService` alone counts from
+the last TCP connection). The service connects through a `MovableEndpoint`:
+an upstream that must reconnect elsewhere (the stream upstream, to the
+leader its Metadata names) calls `Upstream.move_to`, and an attempt that
+fails there goes back to the configured endpoint. Stopping is `stop`, which
+a subclass extends to finish its work on the open connection first; it
+closes the connection through `UpstreamConnection.close` (which unregisters
+the producer: a TLS connection shuts down only without one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IConsumer,
+    IProtocol,
+    IProtocolFactory,
     IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
@@ -33,8 +48,10 @@ from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 __all__ = [
     "RECONNECT_INITIAL_DELAY_SECONDS",
     "RECONNECT_MAX_DELAY_SECONDS",
+    "MovableEndpoint",
     "Upstream",
     "UpstreamConnection",
+    "UpstreamService",
 ]
 
 RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
@@ -46,6 +63,73 @@ C = TypeVar("C", bound="UpstreamConnection[Any]")
 U = TypeVar("U", bound="Upstream[Any]")
 
 
+@implementer(IStreamClientEndpoint)
+class MovableEndpoint:
+    """Where an upstream's service connects: its configured endpoint, or one it moved to.
+
+    Args:
+        home: The configured endpoint.
+        failed: Told of each attempt that failed (after the move back home).
+    """
+
+    def __init__(self, home: IStreamClientEndpoint, failed: Callable[[Failure], None]) -> None:
+        self.home = home
+        self.target = home
+        """Where the next attempt goes."""
+        self._failed = failed
+
+    @property
+    def moved(self) -> bool:
+        """Whether the next attempt goes elsewhere than the configured endpoint."""
+        return self.target is not self.home
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:  # noqa: N803
+        """Connect to the target; an attempt that fails sends the next one home."""
+        return self.target.connect(protocolFactory).addErrback(self._not_connected)
+
+    def _not_connected(self, failure: Failure) -> Failure:
+        # Where it moved may be gone (a leader that failed over): the
+        # configured endpoint knows where to go now.
+        self.target = self.home
+        self._failed(failure)
+        return failure
+
+
+class UpstreamService(ClientService):
+    """An upstream's `ClientService`: starting and stopping it start and stop the upstream.
+
+    `Upstream.start` and `Upstream.stop` (which a subclass may extend) call
+    `start_connecting` and `stop_connecting`, ClientService's own start and stop.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream[Any],
+        endpoint: IStreamClientEndpoint,
+        factory: IProtocolFactory,
+        retry_policy: Callable[[int], float],
+        clock: IReactorTime,
+    ) -> None:
+        super().__init__(endpoint, factory, retryPolicy=retry_policy, clock=clock)
+        self._upstream = upstream
+
+    def startService(self) -> None:
+        """Start the upstream."""
+        self._upstream.start()
+
+    def stopService(self) -> Deferred[None]:
+        """Stop the upstream; fires once its connection is closed."""
+        return self._upstream.stop()
+
+    def start_connecting(self) -> None:
+        """Connect, and connect again after a back-off whenever the connection ends."""
+        super().startService()
+
+    def stop_connecting(self) -> Deferred[None]:
+        """Stop connecting and close the connection; fires once it is closed."""
+        return super().stopService()
+
+
 class Upstream(Generic[C]):
     """A server the gateway connects to: its connection's life and its counters.
 
@@ -55,6 +139,10 @@ class Upstream(Generic[C]):
         connection: Builds a connection, given the upstream.
         clock: Reconnect delays (and the subclass's own timers).
         metrics: Counters, or None in tests that do not look.
+        retry_policy: The wait before the next attempt, given how many
+            attempts failed since a connection was last ready (1 for the
+            first); by default `backoffPolicy` from
+            `RECONNECT_INITIAL_DELAY_SECONDS` to `RECONNECT_MAX_DELAY_SECONDS`.
     """
 
     kind: ClassVar[str]
@@ -69,21 +157,23 @@ class Upstream(Generic[C]):
         connection: type[C],
         clock: IReactorTime,
         metrics: GatewayMetrics | None,
+        retry_policy: Callable[[int], float] | None = None,
     ) -> None:
         self.name = name
         self.clock = clock
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
         self._connection: C | None = None
+        self._current: C | None = None
+        """The connection the service holds, ready or still in its handshake."""
         self._endpoint = endpoint
-        self.service = ClientService(
-            endpoint,
-            UpstreamFactory(connection, self),
-            retryPolicy=backoffPolicy(
-                initialDelay=RECONNECT_INITIAL_DELAY_SECONDS,
-                maxDelay=RECONNECT_MAX_DELAY_SECONDS,
-            ),
-            clock=clock,
+        self.endpoint = MovableEndpoint(endpoint, self._not_connected)
+        self._retry_policy = retry_policy or backoffPolicy(
+            initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
+        )
+        self._failures = 0
+        self.service = UpstreamService(
+            self, self.endpoint, UpstreamFactory(connection, self), self._next_wait, clock
         )
         if metrics is not None:
             self._m_up = metrics.upstream_up.labels(name)
@@ -94,6 +184,62 @@ class Upstream(Generic[C]):
         """Whether a connection is ready (handshake, login or dialog done)."""
         return self._connection is not None
 
+    @property
+    def connection(self) -> C | None:
+        """The ready connection, or None."""
+        return self._connection
+
+    @property
+    def running(self) -> bool:
+        """Whether the upstream is started (connecting, connected or waiting to)."""
+        return bool(self.service.running)
+
+    # --- the service's life ---------------------------------------------------
+
+    def start(self) -> None:
+        """Connect, and connect again after a back-off whenever the connection ends."""
+        self.service.start_connecting()
+
+    def stop(self) -> Deferred[None]:
+        """Stop connecting and close the connection; fire once it is closed.
+
+        A subclass that has something to finish on the open connection
+        first (store what was consumed) does it, then calls this.
+        """
+        current = self._current
+        if current is not None:
+            current.close("the gateway is stopping")
+        return self.service.stop_connecting()
+
+    def move_to(self, endpoint: IStreamClientEndpoint, connection: C, why: str) -> None:
+        """Connect elsewhere: close ``connection``; the next attempt goes to ``endpoint``.
+
+        The back-off starts over: the service connects there after its first wait.
+        """
+        self.endpoint.target = endpoint
+        self._failures = 0
+        connection.close(why)
+
+    def _next_wait(self, _attempts: int) -> float:
+        # ClientService counts from the last TCP connection; we count from the
+        # last ready one, so that a refused login backs off as well.
+        self._failures += 1
+        return self._retry_policy(self._failures)
+
+    def _not_connected(self, failure: Failure) -> None:
+        if self.running:
+            self._log.info(
+                "upstream {upstream}: cannot connect: {reason}",
+                upstream=self.name,
+                reason=failure.getErrorMessage(),
+            )
+
+    # --- connections ----------------------------------------------------------
+
+    def connection_made(self, connection: C) -> None:
+        """A connection is up and starts its handshake (`stop` closes it)."""
+        self._current = connection
+
     def connection_ready(self, connection: C, detail: str = "connected") -> None:
         """A connection finished its handshake: it carries messages from now on.
 
@@ -102,6 +248,7 @@ class Upstream(Generic[C]):
             detail: What the log line says (``connected``, ``logged in as x``).
         """
         self._connection = connection
+        self._failures = 0
         self._log.info("upstream {upstream}: {detail}", upstream=self.name, detail=detail)
         if self._metrics is not None:
             self._m_up.set(1)
@@ -115,6 +262,8 @@ class Upstream(Generic[C]):
         ready one, `connection_ended` says what the protocol does with what
         was in flight, and the log line says why it ended.
         """
+        if self._current is connection:
+            self._current = None
         if self._connection is not connection:
             return
         self._connection = None
@@ -169,6 +318,7 @@ class UpstreamConnection(Protocol, Generic[U]):
         """Turn Nagle off, produce for the transport, then start the protocol's handshake."""
         disable_nagle(self.transport)
         cast(IConsumer, self.transport).registerProducer(self, True)
+        self.upstream.connection_made(self)
         self.connection_started()
 
     def connection_started(self) -> None:

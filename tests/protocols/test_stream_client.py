@@ -121,12 +121,19 @@ class CountingTransport(StringTransport):
             super().write(piece)
 
 
+def unwrap(wrapper: Any) -> StreamClientProtocol:
+    """The upstream's connection inside the endpoint's and the ClientService's wrappers."""
+    protocol = wrapper._wrappedProtocol._protocol
+    assert isinstance(protocol, StreamClientProtocol)
+    return protocol
+
+
 class Node:
     """One connection of the upstream, with the test playing the stream node."""
 
     def __init__(self, wrapper: Any, transport: CountingTransport) -> None:
         self.wrapper = wrapper
-        self.protocol: StreamClientProtocol = wrapper._wrappedProtocol
+        self.protocol: StreamClientProtocol = unwrap(wrapper)
         self.transport = transport
         self.codec = sp.StreamCodec(sp.Role.SERVER, frame_max=0)
         self.seen: list[sp.Event] = []
@@ -310,7 +317,7 @@ class World:
 
     def open(self, *, frame_max: int = 1024 * 1024, sequence: int = 0) -> Node:
         """Start the upstream (first call) and take a connection through to ready."""
-        if not self.upstream._running:
+        if not self.upstream.running:
             self.upstream.start()
         node = self.accept()
         node.login()
@@ -323,7 +330,7 @@ class World:
                 )
         if self.upstream._streams_used():
             node.metadata()
-        for _ in list(self.upstream._publishers):
+        for _ in self.upstream.publishers.streams():
             node.declare(sequence=sequence)
         for _ in self.upstream.settings.subscribe:
             node.subscribe()
@@ -929,9 +936,10 @@ def test_stop_during_the_handshake_closes_that_connection(world: World) -> None:
     node = world.accept()
     node.login()
     stopped = tracked(world.upstream.stop())
-    assert stopped == [None]
     assert node.transport.disconnecting
+    assert stopped == []  # the stop is done once the connection is closed
     node.lose()
+    assert stopped == [None]
     world.reactor.advance(60)
     assert len(world.attempts()) == 1
     assert not world.upstream.connected
@@ -965,7 +973,7 @@ def test_replica_consumer_reads_from_a_replica_while_publishing_stays_on_the_lea
     leader.tune()
     assert leader.metadata(CLUSTER, leader=0, replicas=(1,)).streams == (STREAM,)
     assert not leader.transport.disconnecting
-    assert world.upstream._connection is not None  # publishing is ready; no Subscribe here
+    assert world.upstream.connection is not None  # publishing is ready; no Subscribe here
 
     locator = world.accept()
     assert locator.login(name=f"{UPSTREAM}.consumer") == b"\0guest\0s3cret"
@@ -1321,7 +1329,7 @@ def test_confirms_in_pieces_settle_each_message() -> None:
     assert outcomes == []
     node.confirm(publisher_id, 6)
     assert outcomes == [[Outcome.accepted()] * 5]
-    assert world.upstream._unconfirmed == 0
+    assert world.upstream.publishers.unconfirmed == 0
 
 
 def test_publish_errors_give_those_messages_their_own_outcome() -> None:
@@ -1351,7 +1359,7 @@ def test_a_batch_over_max_queue_refuses_only_what_does_not_fit() -> None:
     node, publisher_id = ready(world)
     tracked(world.publish_batch(["first"]))  # in flight: the queue stays empty
     outcomes = tracked(world.publish_batch([f"m{i}" for i in range(5)]))
-    assert world.upstream._queued == 3
+    assert world.upstream.publishers.queued == 3
     node.confirm(publisher_id, 2)
     node.confirm(publisher_id, 3)
     node.confirm(publisher_id, 4)
@@ -1419,7 +1427,7 @@ def test_the_router_deadline_answers_what_is_known_and_forgets_the_rest() -> Non
     results = tracked(world.upstream.router.dispatch("src", messages))
     [frame] = node.of(sp.Publish)
     assert list(frame.publishing_ids) == [2, 3, 4, 5]
-    assert world.upstream._queued == 2
+    assert world.upstream.publishers.queued == 2
     node.confirm(publisher_id, 2, 4)
     assert ids_of(node) == ["m4", "m5"]  # room for the queued two, which go out now
     world.reactor.advance(4.9)
@@ -1438,10 +1446,10 @@ def test_the_router_deadline_answers_what_is_known_and_forgets_the_rest() -> Non
     ]
     late = answered[1]
     assert isinstance(late, Outcome) and "within 5 seconds" in late.reason
-    assert world.upstream._queued == 0
+    assert world.upstream.publishers.queued == 0
     node.confirm(publisher_id, 3, 5, 7)  # late: nothing changes, nothing more is sent
     assert node.of(sp.Publish) == []
-    assert world.upstream._unconfirmed == 0
+    assert world.upstream.publishers.unconfirmed == 0
 
 
 def test_the_deadline_drops_what_is_still_queued() -> None:
@@ -1458,7 +1466,7 @@ def test_the_deadline_drops_what_is_still_queued() -> None:
     [answered] = results
     assert not isinstance(answered, Failure)
     assert all(isinstance(r, Outcome) and r.status is Status.RETRY for r in answered)
-    assert world.upstream._queued == 0
+    assert world.upstream.publishers.queued == 0
     node.confirm(publisher_id, 2, 3)
     assert node.of(sp.Publish) == []
     after = tracked(world.publish("next"))

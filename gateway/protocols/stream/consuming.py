@@ -1,0 +1,268 @@
+"""Consuming from RabbitMQ streams: the stream upstream's subscriptions.
+
+`Subscriptions` is the consuming half of `StreamUpstream`. Each stream of
+``subscribe`` is read under credit from the offset stored under
+``consumer_name`` (or the configured offset the first time; after a
+reconnect, from past what was already settled if that is further). Each
+Deliver chunk's messages go along the routes from the upstream as one
+batch (DESIGN.md, "The batch is the unit of work"); credit is granted once
+they all have outcomes, and the last offset whose messages all have
+outcomes is stored every ``store_offset_interval_seconds`` and at stop.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from typing import TYPE_CHECKING
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from gateway.codecs import osiris
+from gateway.codecs import stream as sp
+from gateway.core.inbox import Inbox
+from gateway.core.message import Message
+from gateway.core.router import Result, Unrouted
+from gateway.protocols.stream.mapping import message_from_entry
+
+if TYPE_CHECKING:
+    from gateway.protocols.stream.client import StreamUpstream
+    from gateway.protocols.stream.connection import StreamClientProtocol
+
+__all__ = ["Subscriptions", "parse_offset"]
+
+
+def parse_offset(text: str) -> sp.OffsetSpec:
+    """Parse ``first``, ``last``, ``next``, ``offset:N`` or ``timestamp:MS``.
+
+    Raises:
+        ValueError: Anything else.
+    """
+    kind, _, value = text.partition(":")
+    simple = {"first": sp.OffsetKind.FIRST, "last": sp.OffsetKind.LAST, "next": sp.OffsetKind.NEXT}
+    if kind in simple and not value:
+        return sp.OffsetSpec(kind=simple[kind])
+    if kind in ("offset", "timestamp") and value.lstrip("-").isdigit():
+        number = int(value)
+        if kind == "offset" and number >= 0:
+            return sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=number)
+        if kind == "timestamp":
+            return sp.OffsetSpec(kind=sp.OffsetKind.TIMESTAMP, value=number)
+    raise ValueError(f"{text!r} is not first, last, next, offset:N or timestamp:MILLISECONDS")
+
+
+class _Subscription:
+    """One consumed stream."""
+
+    __slots__ = ("after", "chunks", "id", "last_stored", "settled", "stream")
+
+    def __init__(self, subscription_id: int, stream: str) -> None:
+        self.id = subscription_id
+        self.stream = stream
+        self.after = -1
+        """Offsets up to this one were dispatched already (whole chunks come again)."""
+        self.settled = -1
+        """Offsets up to this one have outcomes: the offset that may be stored."""
+        self.last_stored = -1
+        self.chunks: deque[list[int]] = deque()
+        """Dispatched chunks in order, as [last offset, 1 once settled else 0]."""
+
+    def settle(self, chunk: list[int]) -> None:
+        """Mark a chunk settled; move `settled` past the settled chunks at the front."""
+        chunk[1] = 1
+        while self.chunks and self.chunks[0][1]:
+            self.settled = max(self.settled, self.chunks.popleft()[0])
+
+
+class Subscriptions:
+    """The consumed streams of a stream upstream: subscribing, chunks, credit and offsets.
+
+    Args:
+        upstream: The upstream it reads for (its name, route source,
+            settings, router, counters, clock and ready connection).
+        streams: The streams to subscribe to.
+    """
+
+    _log = Logger()
+
+    def __init__(self, upstream: StreamUpstream, streams: tuple[str, ...]) -> None:
+        self._upstream = upstream
+        self._name = upstream.name
+        self._source = upstream.source
+        self._settings = upstream.settings
+        self._router = upstream.router
+        self._traffic = upstream.traffic
+        self._consumer_name = upstream.consumer_name
+        self._streams = streams
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._store_call: IDelayedCall | None = None
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The streams subscribed to, in their configured order."""
+        return self._streams
+
+    def stop(self) -> None:
+        """The upstream stops: store what was settled, and nothing more later."""
+        if self._store_call is not None and self._store_call.active():
+            self._store_call.cancel()
+        self.store_offsets()
+
+    async def subscribe_all(self, protocol: StreamClientProtocol) -> None:
+        """Subscribe to each stream on a new connection, from where reading should go on."""
+        # What the last connection settled but had not stored yet: resuming
+        # from the stored offset alone would route those messages twice.
+        settled = {sub.stream: sub.settled for sub in self._subscriptions.values()}
+        self._subscriptions.clear()
+        for index, stream in enumerate(self._streams):
+            stored = await protocol.request(
+                sp.QueryOffset, reference=self._consumer_name, stream=stream
+            )
+            subscription = _Subscription(index, stream)
+            stored_offset = stored.offset if stored.code == 1 else -1
+            resume = max(stored_offset, settled.get(stream, -1))
+            if resume >= 0:
+                spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=resume + 1)
+                subscription.after = resume
+                subscription.settled = resume
+                subscription.last_stored = stored_offset
+            else:
+                spec = parse_offset(self._settings.offset)
+                if spec.kind is sp.OffsetKind.OFFSET and spec.value is not None:
+                    subscription.after = spec.value - 1
+            answer = await protocol.request(
+                sp.Subscribe,
+                subscription_id=index,
+                stream=stream,
+                offset_spec=spec,
+                credit=self._settings.credit,
+                properties={"name": self._consumer_name},
+            )
+            if answer.code == 1:
+                self._subscriptions[index] = subscription
+            else:
+                self._log.warn(
+                    "upstream {upstream}: cannot subscribe to {stream} (code {code})",
+                    upstream=self._name,
+                    stream=stream,
+                    code=answer.code,
+                )
+
+    def delivered(self, protocol: StreamClientProtocol, event: sp.Deliver) -> None:
+        """Route a chunk's messages; grant credit once they all have outcomes."""
+        subscription = self._subscriptions.get(event.subscription_id)
+        if subscription is None:
+            return
+        chunk = bytes(event.chunk)
+        try:
+            header = osiris.ChunkHeader.unpack(chunk)
+            data = chunk[osiris.HEADER_BYTES :]
+            if len(data) != header.data_length or zlib.crc32(data) != header.crc:
+                raise osiris.OsirisError("chunk length or CRC does not match", kind="bad-crc")
+        except osiris.OsirisError as exc:
+            self._upstream.count_error(exc.kind)
+            protocol.close(f"bad chunk from the server: {exc.reason}")
+            return
+        entries: list[bytes | memoryview] = []
+        try:
+            entries.extend(osiris.iter_entries(data))
+        except osiris.OsirisError as exc:
+            # Intact as sent (the CRC matched) but not readable here, such as
+            # a sub-batch compressed with snappy, lz4 or zstd by its
+            # publisher: reading it again would not help, so skip the rest.
+            self._upstream.count_error(exc.kind)
+            self._log.error(
+                "upstream {upstream}: skipping the rest of chunk {chunk_id} of {stream}"
+                " after {read} readable records: {reason}",
+                upstream=self._name,
+                chunk_id=header.first_offset,
+                stream=subscription.stream,
+                read=len(entries),
+                reason=exc.reason,
+            )
+        timestamp = header.timestamp / 1000
+        last = header.first_offset + header.num_records - 1
+        first_new = subscription.after + 1 - header.first_offset
+        subscription.after = max(subscription.after, last)
+        chunk_state = [last, 0]
+        subscription.chunks.append(chunk_state)
+        self._traffic.messages_in += len(entries)
+        stream = subscription.stream
+        left = 0
+        dispatched = False
+
+        def answer(message: Message, result: Result) -> None:
+            nonlocal left
+            if isinstance(result, Unrouted):
+                self._upstream.count_error("unrouted")
+            elif not result.is_accepted:
+                self._log.warn(
+                    "upstream {upstream}: message {id} from {stream} not delivered: {reason}",
+                    upstream=self._name,
+                    id=message.id,
+                    stream=stream,
+                    reason=result.reason,
+                )
+            left -= 1
+            if not left and dispatched:
+                self._chunk_settled(protocol, subscription, chunk_state)
+
+        # The chunk is one batch: the router has it all at once, and the
+        # chunk is settled (credit, then its offset may be stored) once every
+        # message has its result, whatever the result.
+        inbox: Inbox[Message] = Inbox(self._router, self._source, answer)
+        for index in range(max(first_new, 0), len(entries)):
+            message = message_from_entry(
+                entries[index],
+                stream=stream,
+                timestamp=timestamp,
+                offset=header.first_offset + index,
+            )
+            inbox.add(message, message)
+        left = len(inbox)
+        inbox.dispatch()
+        dispatched = True
+        if not left:
+            self._chunk_settled(protocol, subscription, chunk_state)
+
+    def _chunk_settled(
+        self, protocol: StreamClientProtocol, subscription: _Subscription, chunk: list[int]
+    ) -> None:
+        subscription.settle(chunk)
+        self._credit(protocol, subscription)
+
+    def _credit(self, protocol: StreamClientProtocol, subscription: _Subscription) -> None:
+        if protocol is self._upstream.connection and not protocol.closing:
+            protocol.send(sp.Credit(subscription_id=subscription.id, credit=1))
+
+    def schedule_store(self) -> None:
+        """Store the settled offsets after ``store_offset_interval_seconds`` (once armed)."""
+        if self._store_call is None or not self._store_call.active():
+            self._store_call = self._upstream.clock.callLater(
+                self._settings.store_offset_interval_seconds, self._store_tick
+            )
+
+    def _store_tick(self) -> None:
+        self._store_call = None
+        self.store_offsets()
+        if self._upstream.running and self._subscriptions:
+            self.schedule_store()
+
+    def store_offsets(self) -> None:
+        """Store each subscription's settled offset, if it moved, on the ready connection."""
+        connection = self._upstream.connection
+        if connection is None or connection.closing:
+            return
+        for subscription in self._subscriptions.values():
+            # Only offsets whose messages all have outcomes: a restart must not
+            # skip messages that were dispatched but never delivered.
+            if subscription.settled > subscription.last_stored:
+                connection.send(
+                    sp.StoreOffset(
+                        reference=self._consumer_name,
+                        stream=subscription.stream,
+                        offset=subscription.settled,
+                    )
+                )
+                subscription.last_stored = subscription.settled

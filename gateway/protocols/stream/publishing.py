@@ -1,0 +1,377 @@
+"""Publishing to RabbitMQ streams: the stream upstream's publishers, jobs and confirms.
+
+`Publishers` is the publishing half of `StreamUpstream` (DESIGN.md, "The
+batch is the unit of work"). A batch delivered along a route is one
+`Answers`; each of its messages becomes a `_Job` that knows its place in
+it, queued on its stream's publisher and published at once (`pump`): as
+few Publish frames as ``batch_size`` and frame_max allow, all in one write,
+with at most ``max_unconfirmed`` awaiting confirmation and at most
+``max_queue`` waiting. PublishConfirm accepts; PublishError codes map to
+rejected (stream missing, access refused, precondition failed) or retry
+later (the rest).
+
+Each stream has a publisher with a stable reference; its publishing ids
+come from QueryPublisherSequence at every (re)connection (`declare`):
+messages sent but not confirmed when a connection ended are accepted if
+the broker stored them (their id is not above the sequence) and published
+again with the same ids otherwise, so that a reconnect never duplicates a
+message.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from gateway.codecs import stream as sp
+from gateway.core.batch import Answers, all_same
+from gateway.core.message import Message, Outcome
+from gateway.protocols.stream.mapping import entry_from_message
+
+if TYPE_CHECKING:
+    from gateway.protocols.stream.client import StreamUpstream
+    from gateway.protocols.stream.connection import StreamClientProtocol
+
+__all__ = [
+    "ENTRY_OVERHEAD_BYTES",
+    "MAX_PUBLISHER_ID",
+    "PUBLISH_OVERHEAD_BYTES",
+    "Publishers",
+]
+
+PUBLISH_OVERHEAD_BYTES: Final = 13
+"""Size, key, version, publisher id and count of a Publish frame."""
+ENTRY_OVERHEAD_BYTES: Final = 12
+"""Publishing id and length of each message in a Publish frame."""
+MAX_PUBLISHER_ID: Final = 255
+"""Publisher ids are a uint8 on the wire."""
+
+_ACCEPTED: Final = Outcome.accepted()
+
+_REJECTING_CODES: Final = frozenset({2, 16, 17})
+"""PublishError codes that no retry will fix: stream missing, access refused,
+precondition failed. Everything else (not available, internal error,
+publisher unknown after a broker restart...) is worth retrying."""
+
+
+class _Job:
+    """One message on its way to a stream: its entry, and where its outcome goes.
+
+    No Deferred of its own: its outcome is ``answers.settle(index, ...)``,
+    the batch it came in (`gateway.core.batch.Answers`).
+    """
+
+    __slots__ = ("answers", "entry", "index", "publishing_id", "queued")
+
+    def __init__(self, answers: Answers, index: int, entry: bytes) -> None:
+        self.answers = answers
+        self.index = index
+        self.entry = entry
+        self.publishing_id = 0
+        """0 until first published; the same id ever after (deduplication)."""
+        self.queued = True
+        """Waiting in its publisher's queue; False once sent, or when its batch was
+        cancelled there (`pump` then drops it)."""
+
+
+class _Publisher:
+    """A declared publisher: one per stream per connection."""
+
+    __slots__ = ("id", "in_flight", "next_id", "queue", "ready", "stream")
+
+    def __init__(self, publisher_id: int, stream: str) -> None:
+        self.id = publisher_id
+        self.stream = stream
+        self.ready = False
+        self.next_id = 1
+        self.queue: deque[_Job] = deque()
+        self.in_flight: dict[int, _Job] = {}
+
+
+class Publishers:
+    """The publishers of a stream upstream: one per stream, with their queues and confirms.
+
+    Args:
+        upstream: The upstream it publishes for (its name, settings,
+            counters and ready connection).
+    """
+
+    def __init__(self, upstream: StreamUpstream) -> None:
+        self._upstream = upstream
+        self._name = upstream.name
+        self._settings = upstream.settings
+        self._traffic = upstream.traffic
+        self._reference = upstream.reference
+        self._publishers: dict[str, _Publisher] = {}
+        self._publisher_ids: dict[int, _Publisher] = {}
+        self.queued = 0
+        """Messages waiting in the publishers' queues."""
+        self.unconfirmed = 0
+        """Messages published and awaiting their confirm or error."""
+
+    def streams(self) -> list[str]:
+        """The streams that have a publisher, in the order they got it."""
+        return list(self._publishers)
+
+    async def declare_all(self, protocol: StreamClientProtocol) -> None:
+        """Declare every publisher on a new connection, one after the other."""
+        for stream in list(self._publishers):
+            await self.declare(protocol, stream)
+
+    def connection_ended(self) -> None:
+        """The connection ended: nothing is published until each is declared again."""
+        for publisher in self._publishers.values():
+            publisher.ready = False
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Queue a batch for its stream(s); fire with one outcome per message, in order.
+
+        The batch is one `Answers`; each message becomes a job that knows its
+        place in it. The jobs are published at once (`pump`): a batch for one
+        stream goes out in as few Publish frames as ``batch_size``,
+        ``max_unconfirmed`` and frame_max allow, in one write. Not
+        connected: every message is answered "retry later" at once; past
+        ``max_queue`` the messages that do not fit are (as one at a time
+        would have been). Cancelling the batch (the route's deadline)
+        answers what is known and `UNANSWERED` for the rest (`_forget`).
+        """
+        count = len(messages)
+        if self._upstream.connection is None:
+            # Not connected: say so at once (a durable route's forwarder
+            # retries with backoff; a direct route's sender learns "later").
+            return all_same(count, Outcome.retry(f"upstream {self._name} is not connected"))
+        jobs: list[_Job] = []
+        answers = Answers(count, lambda _answers: self._forget(jobs))
+        room = self._settings.max_queue - self.queued
+        if room < count:
+            full = Outcome.retry(
+                f"upstream {self._name}: {max(self.queued, self._settings.max_queue)}"
+                " messages queued already"
+            )
+            for index in range(max(room, 0), count):
+                answers.settle(index, full)
+        fixed = self._settings.stream
+        publishers = self._publishers
+        stream: str | None = None
+        publisher: _Publisher | None = None
+        for index in range(min(max(room, 0), count)):
+            message = messages[index]
+            address = fixed or message.address
+            if address != stream:
+                stream = address
+                publisher = publishers.get(address) or self._add(address)
+            if publisher is None:
+                answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
+                continue
+            job = _Job(answers, index, entry_from_message(message))
+            jobs.append(job)
+            publisher.queue.append(job)
+        self.queued += len(jobs)
+        if jobs:
+            self.pump()
+        return answers.deferred
+
+    def _add(self, stream: str) -> _Publisher | None:
+        """A publisher for a new stream, declared on the open connection; None past 256."""
+        # The smallest id not in use: a publisher dropped after a refusal
+        # frees its id, and an id must never name two streams at once.
+        used = self._publisher_ids
+        free = next(i for i in range(len(used) + 1) if i not in used)
+        if free > MAX_PUBLISHER_ID:
+            return None
+        publisher = self._publishers[stream] = used[free] = _Publisher(free, stream)
+        connection = self._upstream.connection
+        if connection is not None:
+            Deferred.fromCoroutine(self.declare(connection, stream)).addErrback(
+                self._declare_failed, connection
+            )
+        return publisher
+
+    def _declare_failed(self, failure: Failure, connection: StreamClientProtocol) -> None:
+        connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")
+
+    async def declare(self, protocol: StreamClientProtocol, stream: str) -> None:
+        """Declare the stream's publisher and learn where its publishing ids go on."""
+        publisher = self._publishers[stream]
+        publisher.ready = False
+        if self._settings.create_streams:
+            await protocol.request(sp.Create, stream=stream, arguments={})  # 5: it exists
+        declared = await protocol.request(
+            sp.DeclarePublisher, publisher_id=publisher.id, reference=self._reference, stream=stream
+        )
+        if declared.code != 1:
+            self._fail_queue(publisher, declared.code)
+            return
+        answer = await protocol.request(
+            sp.QueryPublisherSequence, reference=self._reference, stream=stream
+        )
+        sequence = answer.sequence if answer.code == 1 else 0
+        # Sent before the connection ended: stored if not above the sequence;
+        # else sent again, first and with the same ids (the broker
+        # deduplicates). A message whose batch was cancelled meanwhile has
+        # its answer already: it is not sent again, but its id stays used.
+        in_flight = publisher.in_flight
+        again: list[_Job] = []
+        for publishing_id in sorted(in_flight):
+            job = in_flight[publishing_id]
+            if publishing_id <= sequence:
+                job.answers.settle(job.index, _ACCEPTED)
+            elif job.answers.outcomes[job.index] is None:
+                job.queued = True
+                again.append(job)
+        publisher.next_id = max(sequence, *in_flight, 0) + 1
+        in_flight.clear()
+        self.unconfirmed = sum(len(p.in_flight) for p in self._publishers.values())
+        publisher.queue.extendleft(reversed(again))
+        self.queued += len(again)
+        publisher.ready = True
+        self.pump()
+
+    def _fail_queue(self, publisher: _Publisher, code: int) -> None:
+        outcome = (
+            Outcome.rejected(
+                f"{self._name} refused a publisher on {publisher.stream} (code {code})"
+            )
+            if code in _REJECTING_CODES
+            else Outcome.retry(
+                f"{self._name} refused a publisher on {publisher.stream} (code {code})"
+            )
+        )
+        # Gone before anyone is answered: an answer may lead to a delivery to
+        # the same stream at once, which then declares a publisher afresh.
+        del self._publishers[publisher.stream]
+        del self._publisher_ids[publisher.id]
+        queued = [job for job in publisher.queue if job.queued]  # else cancelled, forgotten
+        publisher.queue.clear()
+        in_flight = list(publisher.in_flight.values())
+        publisher.in_flight.clear()
+        self.queued -= len(queued)
+        self.unconfirmed -= len(in_flight)
+        for job in queued:
+            job.queued = False
+        for job in (*in_flight, *queued):
+            job.answers.settle(job.index, outcome)
+
+    def pump(self) -> None:
+        """Publish queued messages in batches while confirmations allow; one write for all."""
+        connection = self._upstream.connection
+        if connection is None or connection.closing:
+            return
+        settings = self._settings
+        frame_max = connection.frame_max
+        budget = frame_max - PUBLISH_OVERHEAD_BYTES if frame_max else sys.maxsize
+        frames: list[sp.Event] = []
+        too_large: list[_Job] = []
+        unconfirmed = self.unconfirmed
+        taken = 0
+        for publisher in self._publishers.values():
+            queue = publisher.queue
+            in_flight = publisher.in_flight
+            while publisher.ready and queue and unconfirmed < settings.max_unconfirmed:
+                # Within batch_size and within what max_unconfirmed still allows.
+                room = min(settings.batch_size, settings.max_unconfirmed - unconfirmed)
+                ids: list[int] = []
+                entries: list[bytes] = []
+                size = 0
+                while queue and len(ids) < room:
+                    job = queue[0]
+                    if not job.queued:  # its batch was cancelled while it waited
+                        queue.popleft()
+                        continue
+                    entry = job.entry
+                    cost = ENTRY_OVERHEAD_BYTES + len(entry)
+                    if size + cost > budget:
+                        if ids:
+                            break  # the next frame
+                        # It would never fit: sent alone, its frame would make
+                        # the server close the connection, again and again.
+                        queue.popleft()
+                        job.queued = False
+                        taken += 1
+                        too_large.append(job)
+                        continue
+                    queue.popleft()
+                    job.queued = False
+                    publishing_id = job.publishing_id
+                    if not publishing_id:
+                        publishing_id = job.publishing_id = publisher.next_id
+                        publisher.next_id = publishing_id + 1
+                    in_flight[publishing_id] = job
+                    ids.append(publishing_id)
+                    entries.append(entry)
+                    size += cost
+                if not ids:
+                    break
+                taken += len(ids)
+                unconfirmed += len(ids)
+                frames.append(
+                    sp.Publish(publisher_id=publisher.id, publishing_ids=ids, messages=entries)
+                )
+        self.queued -= taken
+        if frames:
+            sent = unconfirmed - self.unconfirmed
+            self.unconfirmed = unconfirmed
+            self._traffic.messages_out += sent
+            connection.send_all(frames)
+        # Answered last: an answer may reach a sender that delivers again at
+        # once, and that pump must find this one's counts and frames done.
+        for job in too_large:
+            job.answers.settle(
+                job.index,
+                Outcome.rejected(
+                    f"upstream {self._name}: a message of {len(job.entry)} bytes"
+                    f" does not fit in a frame of {frame_max} bytes"
+                ),
+            )
+
+    def confirmed(self, event: sp.PublishConfirm) -> None:
+        """Accept the confirmed messages."""
+        publisher = self._publisher_ids.get(event.publisher_id)
+        if publisher is None:
+            return
+        take = publisher.in_flight.pop
+        for publishing_id in event.publishing_ids:
+            job = take(publishing_id, None)
+            if job is not None:
+                self.unconfirmed -= 1
+                job.answers.settle(job.index, _ACCEPTED)
+        self.pump()
+
+    def failed(self, event: sp.PublishError) -> None:
+        """Map PublishError codes to outcomes."""
+        publisher = self._publisher_ids.get(event.publisher_id)
+        if publisher is None:
+            return
+        take = publisher.in_flight.pop
+        for publishing_id, code in zip(event.publishing_ids, event.codes, strict=True):
+            job = take(publishing_id, None)
+            if job is None:
+                continue
+            self.unconfirmed -= 1
+            reason = f"{self._name} refused the message on {publisher.stream} (code {code})"
+            job.answers.settle(
+                job.index,
+                Outcome.rejected(reason, code=str(code))
+                if code in _REJECTING_CODES
+                else Outcome.retry(reason, code=str(code)),
+            )
+        self.pump()
+
+    def _forget(self, jobs: list[_Job]) -> None:
+        """The router gave up on a batch (its deadline): forget its open messages.
+
+        Still queued: never sent (`pump` drops them). Sent: each keeps its id
+        and its place under ``max_unconfirmed`` until the broker answers
+        (which is then ignored) or, after a reconnect, is not sent again.
+        """
+        dropped = 0
+        for job in jobs:
+            if job.queued:
+                job.queued = False
+                dropped += 1
+        self.queued -= dropped
