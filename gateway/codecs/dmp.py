@@ -388,6 +388,30 @@ def encode_envelope_fields(
         try:
             exchange_bytes = exchange.encode()
             key = routing_key.encode()
+            if (
+                headers is None
+                and message_id is not None
+                and timestamp is not None
+                and app_id is not None
+            ):
+                # What a gateway's feed writes for a message without sender or headers.
+                raw_id = message_id.encode()
+                raw_app = app_id.encode()
+                head = b"".join(
+                    (
+                        _OCTETS[len(exchange_bytes)],
+                        exchange_bytes,
+                        _OCTETS[len(key)],
+                        key,
+                        _ID_TIME_APP,
+                        _OCTETS[len(raw_id)],
+                        raw_id,
+                        _U64.pack(timestamp),
+                        _OCTETS[len(raw_app)],
+                        raw_app,
+                    )
+                )
+                return b"".join((_U32.pack(len(head) + 4 + length), head, _U32.pack(length), body))
             head = _OCTETS[len(exchange_bytes)] + exchange_bytes + _OCTETS[len(key)] + key
             # Basic's property list order: headers, message-id, timestamp, app-id.
             flags = 0
@@ -435,6 +459,7 @@ _HEADERS_FLAG: Final = _FLAG_OF["headers"]
 _MESSAGE_ID_FLAG: Final = _FLAG_OF["message_id"]
 _TIMESTAMP_FLAG: Final = _FLAG_OF["timestamp"]
 _APP_ID_FLAG: Final = _FLAG_OF["app_id"]
+_ID_TIME_APP: Final = _U16.pack(_MESSAGE_ID_FLAG | _TIMESTAMP_FLAG | _APP_ID_FLAG)
 
 
 def _put_short_string(text: str) -> bytes:
@@ -729,12 +754,21 @@ class DMPCodec:
         have = len(buffer)
         limit = self.max_envelope_bytes
         pos = 0
+        add = events.append
+        head = _BARE.unpack_from
         view = memoryview(buffer)
         try:
-            while have - pos >= 4:
-                (size,) = _U32.unpack_from(buffer, pos)
+            while True:
+                left = have - pos
+                if left >= 12:
+                    size, names, flags, tail = head(buffer, pos)
+                elif left >= 4:  # a heartbeat, or too short to be whole and bare
+                    (size,) = _U32.unpack_from(buffer, pos)
+                    names = flags = tail = 1
+                else:
+                    break
                 if not size:
-                    events.append(_HEARTBEAT)
+                    add(_HEARTBEAT)
                     pos += 4
                     continue
                 if size > limit:
@@ -744,20 +778,19 @@ class DMPCodec:
                 end = pos + 4 + size
                 if end > have:
                     break
-                envelope = None
-                if size >= 8:
-                    _size, names, flags, tail = _BARE.unpack_from(buffer, pos)
-                    # Bare: no names, no properties, known options, the body to the end.
-                    if not names and not flags and tail < 0x4000000 and tail & 0xFFFFFF == size - 8:
-                        mandatory, immediate = _OPTIONS[tail >> 24]
-                        envelope = _new_envelope(
+                # Bare: no names, no properties, known options, the body to the end.
+                if not names and not flags and tail < 0x4000000 and tail & 0xFFFFFF == size - 8:
+                    mandatory, immediate = _OPTIONS[tail >> 24]
+                    add(
+                        _new_envelope(
                             "", "", NO_PROPERTIES, mandatory, immediate, bytes(view[pos + 12 : end])
                         )
-                if envelope is None:
+                    )
+                else:
                     envelope = _decode_plain(view, pos + 4, end)
                     if envelope is None:  # the general decoder says what is wrong
                         envelope = decode_envelope(bytes(view[pos + 4 : end]))
-                events.append(envelope)
+                    add(envelope)
                 pos = end
         finally:
             view.release()
