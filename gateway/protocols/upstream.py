@@ -78,6 +78,10 @@ class MovableEndpoint:
         """Where the next attempt goes."""
         self._failed = failed
 
+    def __repr__(self) -> str:
+        """Where the next attempt goes (ClientService names it in its log lines)."""
+        return f"<{type(self).__name__} to {self.target!r}>"
+
     @property
     def moved(self) -> bool:
         """Whether the next attempt goes elsewhere than the configured endpoint."""

@@ -1,16 +1,19 @@
 """In-memory tests of the stream upstream: `gateway.protocols.stream.client`.
 
-The upstream connects through a `TCP4ClientEndpoint` (and `HostnameEndpoint`
-for a leader elsewhere) on a `MemoryReactorClock`, which is also its clock:
-each connection attempt shows up in ``tcpClients`` and the test builds the
-protocol itself over a `StringTransport`. The test plays the stream node with
-the sans-IO codec in the server role: it decodes what the client wrote and
-answers with encoded frames, so every await of the client's handshake
-resumes synchronously. Chunks delivered to subscriptions are built with
-`gateway.codecs.osiris`. The behaviour checked is the module's docstring,
-the settings' and the README's "RabbitMQ Stream upstream" section. The
-last test pairs the upstream with the gateway's own stream listener over a
-real log in a temporary directory through `twisted.test.iosim`.
+The upstream's `ClientService` (the upstream role's,
+`gateway.protocols.upstream`) connects through a `TCP4ClientEndpoint` (and
+`HostnameEndpoint` for a leader elsewhere, or `TCP4ClientEndpoint` again
+where a test relocates through its own function) on a `MemoryReactorClock`,
+which is also its clock: each connection attempt shows up in ``tcpClients``
+and the test builds the protocol itself over a `StringTransport`. The
+test plays the stream node with the sans-IO codec in the server role: it
+decodes what the client wrote and answers with encoded frames, so every
+await of the client's handshake resumes synchronously. Chunks delivered to
+subscriptions are built with `gateway.codecs.osiris`. The behaviour checked
+is the module's docstring, the settings' and the README's "RabbitMQ Stream
+upstream" section. One test pairs the upstream with the gateway's own
+stream listener over a real log in a temporary directory through
+`twisted.test.iosim`.
 """
 
 from __future__ import annotations
@@ -280,7 +283,10 @@ class World:
     """One stream upstream with a router, a sink for consumed messages and a clock."""
 
     def __init__(
-        self, settings: StreamUpstreamSettings = SETTINGS, secret: bytes | None = None
+        self,
+        settings: StreamUpstreamSettings = SETTINGS,
+        secret: bytes | None = None,
+        relocate: Callable[[str, int], TCP4ClientEndpoint] | None = None,
     ) -> None:
         self.reactor = MemoryReactorClock()
         self.metrics = GatewayMetrics()
@@ -294,6 +300,7 @@ class World:
             clock=self.reactor,
             reactor=self.reactor,
             metrics=self.metrics,
+            relocate=relocate,
         )
         self.upstream.router.replace_table(
             bind_routes([CONSUMED], {SINK: self.sink, UPSTREAM: self.upstream})
@@ -943,6 +950,175 @@ def test_stop_during_the_handshake_closes_that_connection(world: World) -> None:
     world.reactor.advance(60)
     assert len(world.attempts()) == 1
     assert not world.upstream.connected
+
+
+# --- relocating and the service's life, through the upstream's ClientService ----------------
+
+LEADER_PORT = 5553
+ELSEWHERE = {0: (HOST, PORT), 7: (HOST, LEADER_PORT)}
+"""The locator's node, and the leader on another port."""
+
+
+def tcp_world(settings: StreamUpstreamSettings = SETTINGS) -> World:
+    """A world whose relocated endpoints are plain TCP (a refused attempt fails at once)."""
+    world: World
+
+    def relocate(host: str, port: int) -> TCP4ClientEndpoint:
+        return TCP4ClientEndpoint(world.reactor, host, port)
+
+    world = World(settings, relocate=relocate)
+    return world
+
+
+def refuse_newest(world: World) -> None:
+    """The newest connection attempt fails (nobody listens there)."""
+    _host, _port, factory, *_ = world.reactor.tcpClients[-1]
+    world._taken += 1
+    factory.clientConnectionFailed(world.reactor.connectors[-1], Failure(ConnectionLost("refused")))
+
+
+def at_the_leader(world: World) -> Node:
+    """Start; the locator's Metadata names the leader elsewhere; connect there after 0.5 s."""
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata(ELSEWHERE, leader=7)
+    node.lose()
+    world.reactor.advance(0.5)
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    leader.metadata(ELSEWHERE, leader=7)
+    assert world.upstream.connected
+    return leader
+
+
+def test_relocating_sets_the_target_and_the_service_connects_there_after_its_first_wait() -> None:
+    """The leader Metadata names becomes the service's target; the connection closes to get there.
+
+    The service, not a timer of the upstream's own, connects after its first
+    wait (0.5 s), to the leader, and stays there.
+    """
+    world = tcp_world()
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata(ELSEWHERE, leader=7)
+    endpoint = world.upstream.endpoint
+    assert endpoint.moved and endpoint.target is not endpoint.home
+    assert node.transport.disconnecting and node.transport.producer is None
+    node.lose()
+    world.reactor.advance(0.49)
+    assert world.attempts() == [(HOST, PORT)]
+    world.reactor.advance(0.01)
+    assert world.attempts() == [(HOST, PORT), (HOST, LEADER_PORT)]
+    leader = world.accept()
+    leader.login()
+    leader.tune()
+    leader.metadata(ELSEWHERE, leader=7)
+    assert world.upstream.connected and endpoint.moved
+
+
+def test_a_relocation_starts_the_back_off_over() -> None:
+    """After refused logins (0.5 s, then 1 s), a move waits the first back-off again, not 2 s."""
+    world = tcp_world()
+    world.upstream.start()
+    for wait in (0.5, 1.0):
+        node = world.accept()
+        node.login(code=8)
+        node.lose()
+        world.reactor.advance(wait)
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata(ELSEWHERE, leader=7)
+    node.lose()
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1] == (HOST, LEADER_PORT)
+
+
+def test_a_lost_connection_at_the_leader_connects_to_the_leader_again() -> None:
+    """The leader's connection ends: the next attempt goes to the leader, where it moved."""
+    world = tcp_world()
+    leader = at_the_leader(world)
+    leader.lose()
+    assert not world.upstream.connected
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1] == (HOST, LEADER_PORT)
+
+
+def test_an_attempt_at_the_leader_that_fails_goes_back_to_the_locator() -> None:
+    """A refused attempt at the leader is logged; the service's next attempt asks the locator.
+
+    The wait before it is the back-off's second (1 s): nothing was ready in between.
+    """
+    world = tcp_world()
+    leader = at_the_leader(world)
+    leader.lose()
+    world.reactor.advance(0.5)
+    with capturedLogs() as events:
+        refuse_newest(world)
+    assert (
+        f"upstream {UPSTREAM}: cannot connect: Connection to the other side was lost"
+        in " ".join(str(e["log_format"]).format(**e) for e in events)
+    )
+    assert not world.upstream.endpoint.moved
+    world.reactor.advance(0.99)
+    assert world.attempts()[-1] == (HOST, LEADER_PORT)
+    world.reactor.advance(0.01)
+    assert world.attempts()[-1] == (HOST, PORT)
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata({7: (HOST, PORT)}, leader=7)  # the leader moved to the locator's node
+    assert world.upstream.connected
+
+
+def test_the_service_is_the_upstreams_life() -> None:
+    """Starting the service connects; stopping it stores the offsets, closes, and then fires."""
+    world = consuming()
+    world.upstream.service.startService()
+    node = world.open()
+    node.deliver_chunk(0, 0, b"a", b"b")
+    stopped: list[object] = []
+    with capturedLogs() as events:
+        world.upstream.service.stopService().addCallback(stopped.append)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)
+    ]
+    assert f"upstream {UPSTREAM}: closing: the gateway is stopping" in [
+        str(e["log_format"]).format(**e) for e in events
+    ]
+    assert node.transport.disconnecting and stopped == []
+    node.lose()
+    assert stopped == [None]
+    world.reactor.advance(60)
+    assert len(world.attempts()) == 1
+    assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
+
+
+def test_stopping_while_waiting_to_reconnect_is_at_once() -> None:
+    """Between attempts there is nothing to close: the stop fires at once, nothing connects."""
+    world = World()
+    node = world.open()
+    node.lose()
+    stopped = tracked(world.upstream.stop())
+    assert stopped == [None]
+    world.reactor.advance(60)
+    assert len(world.attempts()) == 1
+
+
+def test_connections_are_counted_like_every_upstreams() -> None:
+    """An open connection counts in the connection gauges, labelled with the stream protocol."""
+    world = World()
+    node = world.open()
+    labels = {"endpoint": UPSTREAM, "protocol": "stream"}
+    assert world.sample("msggateway_connections", **labels) == 1
+    assert world.sample("msggateway_connections_opened_total", **labels) == 1
+    node.lose()
+    assert world.sample("msggateway_connections", **labels) == 0
 
 
 # --- consuming from a replica ---------------------------------------------------------------

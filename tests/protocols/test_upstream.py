@@ -2,13 +2,16 @@
 
 A small line-based upstream built on `Upstream` and `UpstreamConnection`
 (its handshake is one ``HELLO`` line answered ``OK``) connects through an
-endpoint that hands each connection a `StringTransport`; time is a `Clock`.
+endpoint that hands each connection a `StringTransport` (or refuses, while
+told to); time is a `Clock`.
 """
 
 from __future__ import annotations
 
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.error import ConnectionDone, ConnectionLost
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -19,6 +22,7 @@ from zope.interface import implementer
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.upstream import (
     RECONNECT_INITIAL_DELAY_SECONDS,
+    MovableEndpoint,
     Upstream,
     UpstreamConnection,
 )
@@ -56,10 +60,21 @@ class HelloUpstream(Upstream[HelloConnection]):
 
     kind = "hello"
 
-    def __init__(self, endpoint: IStreamClientEndpoint, clock: Clock, metrics: GatewayMetrics):
+    def __init__(
+        self,
+        endpoint: IStreamClientEndpoint,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        retry_policy: Callable[[int], float] | None = None,
+    ):
         self.built: list[HelloConnection] = []
         super().__init__(
-            name=NAME, endpoint=endpoint, connection=HelloConnection, clock=clock, metrics=metrics
+            name=NAME,
+            endpoint=endpoint,
+            connection=HelloConnection,
+            clock=clock,
+            metrics=metrics,
+            retry_policy=retry_policy,
         )
 
     def connection_ended(self, connection: HelloConnection) -> str:
@@ -75,9 +90,15 @@ class StringEndpoint:
         self.transports: list[StringTransport] = []
         self.protocols: list[IProtocol] = []
         """What the factory built: the service's wrapper of each connection."""
+        self.attempts = 0
+        self.refusing = False
+        """While True, attempts fail (the server is down)."""
 
     def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
-        """Build the protocol and connect it."""
+        """Build the protocol and connect it, or fail while refusing."""
+        self.attempts += 1
+        if self.refusing:
+            return fail(ConnectionRefusedError("nobody listens"))
         protocol = factory.buildProtocol(None)
         assert protocol is not None
         transport = StringTransport()
@@ -87,12 +108,19 @@ class StringEndpoint:
         return succeed(protocol)
 
 
-def _world() -> tuple[HelloUpstream, StringEndpoint, Clock, GatewayMetrics]:
+def _world(
+    retry_policy: Callable[[int], float] | None = None,
+) -> tuple[HelloUpstream, StringEndpoint, Clock, GatewayMetrics]:
     clock = Clock()
     metrics = GatewayMetrics()
     endpoint = StringEndpoint()
-    upstream = HelloUpstream(endpoint, clock, metrics)
+    upstream = HelloUpstream(endpoint, clock, metrics, retry_policy)
     return upstream, endpoint, clock, metrics
+
+
+def _seconds(failures: int) -> float:
+    """A back-off without jitter: as many seconds as failures in a row."""
+    return float(failures)
 
 
 def _text(event: dict[str, object]) -> str:
@@ -165,3 +193,109 @@ def test_a_connection_that_never_became_ready_is_only_forgotten() -> None:
     assert _sample(metrics, "msggateway_protocol_errors_total", endpoint=NAME, kind="bad-greeting")
     assert not upstream.connected
     upstream.service.stopService()
+
+
+def test_the_back_off_counts_failures_since_the_last_ready_connection() -> None:
+    """Refused handshakes wait longer each time, as failed attempts do; being ready resets it."""
+    upstream, endpoint, clock, _metrics = _world(_seconds)
+    upstream.service.startService()
+    for wait in (1.0, 2.0):
+        upstream.built[-1].dataReceived(b"NO\n")
+        endpoint.protocols[-1].connectionLost(Failure(ConnectionDone()))
+        before = endpoint.attempts
+        clock.advance(wait - 0.01)
+        assert endpoint.attempts == before
+        clock.advance(0.01)
+        assert endpoint.attempts == before + 1
+    endpoint.refusing = True
+    upstream.built[-1].dataReceived(b"NO\n")
+    endpoint.protocols[-1].connectionLost(Failure(ConnectionDone()))
+    clock.advance(3.0)
+    assert endpoint.attempts == 4  # refused: the next wait is 4 s
+    endpoint.refusing = False
+    clock.advance(4.0)
+    upstream.built[-1].dataReceived(b"OK\n")
+    assert upstream.connected
+    endpoint.protocols[-1].connectionLost(Failure(ConnectionLost("reset")))
+    clock.advance(1.0)
+    assert endpoint.attempts == 6  # ready in between: 1 s again
+    upstream.service.stopService()
+
+
+def test_move_to_connects_there_next_and_a_failure_there_goes_home() -> None:
+    """Moving closes the connection; the service connects to the new target after its first wait.
+
+    An attempt there that fails is logged, and the one after goes to the
+    configured endpoint again.
+    """
+    upstream, home, clock, _metrics = _world(_seconds)
+    upstream.service.startService()
+    [first] = upstream.built
+    first.dataReceived(b"OK\n")
+    elsewhere = StringEndpoint()
+    elsewhere.refusing = True
+    with capturedLogs() as events:
+        upstream.move_to(elsewhere, first, "the leader is elsewhere")
+    assert home.transports[0].disconnecting
+    assert [_text(e) for e in events] == ["upstream far: closing: the leader is elsewhere"]
+    assert upstream.endpoint.moved and upstream.endpoint.target is elsewhere
+    home.protocols[0].connectionLost(Failure(ConnectionDone()))
+    with capturedLogs() as events:
+        clock.advance(1.0)
+    assert (home.attempts, elsewhere.attempts) == (1, 1)
+    assert (
+        "upstream far: cannot connect: Connection was refused by other side: nobody listens."
+        in [_text(e) for e in events]
+    )
+    assert not upstream.endpoint.moved
+    clock.advance(2.0)
+    assert (home.attempts, elsewhere.attempts) == (2, 1)
+    upstream.service.stopService()
+
+
+def test_a_movable_endpoint_names_its_target() -> None:
+    """ClientService's own log lines name the endpoint: they say where the next attempt goes."""
+    home = StringEndpoint()
+    endpoint = MovableEndpoint(home, lambda _failure: None)
+    assert repr(endpoint) == f"<MovableEndpoint to {home!r}>"
+
+
+def test_stopping_closes_the_connection_and_waits_for_its_end() -> None:
+    """The service's stop is the upstream's: one close that says why, then the stop fires.
+
+    The producer is unregistered first (a TLS connection shuts down only
+    without one) and nothing connects again.
+    """
+    upstream, endpoint, clock, _metrics = _world(_seconds)
+    upstream.service.startService()
+    [connection], [transport] = upstream.built, endpoint.transports
+    connection.dataReceived(b"OK\n")
+    with capturedLogs() as events:
+        stopped: list[object] = []
+        upstream.service.stopService().addCallback(stopped.append)
+    assert [_text(e) for e in events] == ["upstream far: closing: the gateway is stopping"]
+    assert transport.disconnecting and transport.producer is None
+    assert stopped == [] and not upstream.running
+    endpoint.protocols[0].connectionLost(Failure(ConnectionDone()))
+    assert stopped == [None]
+    clock.advance(60)
+    assert endpoint.attempts == 1
+
+
+def test_stopping_while_waiting_to_connect_again_is_at_once() -> None:
+    """With no connection (between attempts), stop fires at once and cancels the next attempt."""
+    upstream, endpoint, clock, _metrics = _world(_seconds)
+    endpoint.refusing = True
+    with capturedLogs() as events:
+        upstream.start()
+    assert (
+        "upstream far: cannot connect: Connection was refused by other side: nobody listens."
+        in [_text(e) for e in events]
+    )
+    stopped: list[object] = []
+    with capturedLogs() as events:
+        upstream.stop().addCallback(stopped.append)
+    assert stopped == [None]
+    assert not [e for e in events if "upstream far" in _text(e)]
+    clock.advance(60)
+    assert endpoint.attempts == 1
