@@ -209,7 +209,7 @@ class ListenerFactory(Factory[P], Generic[P, S]):
             self._metrics.protocol_errors.labels(self.name, kind).inc()
 
     def count_slow_consumer(self) -> None:
-        """Count a connection aborted because its undelivered backlog passed its limit."""
+        """Count a connection aborted as a slow consumer (its backlog passed its limit)."""
         if self._metrics is not None:
             self._metrics.slow_consumers.labels(self.name).inc()
 
@@ -244,7 +244,7 @@ class ListenerConnection(Protocol, Generic[F]):
     connection is not finishing or closing, and `_may_read` says the
     protocol's own limits allow it.
 
-    Frame time-out: after each read the protocol calls `_frame_read`; a
+    Frame time-out: after a read the protocol calls `_frame_read`; a
     frame its codec holds part of (`_partial_frame_bytes`) must be complete
     within the factory's ``frame_timeout_seconds`` of the read that began
     it, else the peer is aborted (it sent nothing complete: nothing is owed
@@ -354,32 +354,34 @@ class ListenerConnection(Protocol, Generic[F]):
     # --- output ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write everything queued in ``_out`` in one write."""
+        """Write everything queued in ``_out`` in one write, counted; a slow consumer is aborted."""
         out = self._out
         if not out or self.transport is None:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
-        messages, self._out_count = self._out_count, 0
-        self._write(data, messages)
-
-    def _write(self, data: bytes, messages: int = 0) -> None:
-        """Write ``data`` (``messages`` messages) now, counted; a slow consumer is aborted."""
         traffic = self.factory.traffic
-        traffic.messages_out += messages
+        traffic.messages_out += self._out_count
         traffic.bytes_out += len(data)
+        self._out_count = 0
         if self._congested:
             self._backlog += len(data)
             limit = self._max_backlog_bytes
             if limit and self._backlog > limit:
                 self._slow_consumer()
                 return
-        cast(IConsumer, self.transport).write(data)
+        self.transport.write(data)
+
+    def _write(self, data: bytes, messages: int = 0) -> None:
+        """Write ``data`` (``messages`` messages) now, after anything queued, in one write."""
+        self._out.append(data)
+        self._out_count += messages
+        self.flush()
 
     def _slow_consumer(self) -> None:
         self._log.warn(
-            "{listener}: disconnecting {identity}, a slow consumer with {backlog} bytes"
-            " undelivered (limit {limit})",
+            "{listener}: disconnecting {identity}, a slow consumer: {backlog} bytes written to it"
+            " since its transport's buffer filled, and not emptied since (limit {limit})",
             listener=self.factory.name,
             identity=self._who(),
             backlog=self._backlog,
@@ -427,14 +429,19 @@ class ListenerConnection(Protocol, Generic[F]):
 
     # --- frame time-out -------------------------------------------------------------------
 
-    def _frame_read(self, completed: bool) -> None:
+    def _frame_read(self, completed: bool, held: int) -> None:
         """Note the end of a read: time the frame it leaves incomplete, if any.
+
+        A protocol calls it after a read that leaves part of a frame held, or
+        when an earlier one did (``_partial_since`` is set): a read that ends
+        between frames, after one that did too, needs no call.
 
         Args:
             completed: Whether the read completed a frame (a frame left
                 incomplete then began in this read).
+            held: The bytes of an incomplete frame its codec holds now.
         """
-        if not self._partial_frame_bytes():
+        if not held:
             self._partial_since = None
             return
         if completed or self._partial_since is None:

@@ -105,7 +105,9 @@ class _Lines(ListenerConnection[_LinesFactory]):
             self.queue(b"ok " + line + b"\n")
         if self.held >= self.factory.settings.max_held:
             self._pause_reading()
-        self._frame_read(bool(lines))
+        held = self._lines.pending
+        if held or self._partial_since is not None:
+            self._frame_read(bool(lines), held)
         self.flush()
 
     def queue(self, data: bytes) -> None:

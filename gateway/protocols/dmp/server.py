@@ -149,14 +149,15 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self.factory.traffic.bytes_in += len(data)
         principal = self._principal
         if principal is not None:
-            held = principal.pending_bytes + len(data)
+            before = principal.pending_bytes + len(data)
             principal.receive_data(data)
-            self._frame_read(principal.pending_bytes < held)
+            held = principal.pending_bytes
+            self._frame_read(held < before, held)
             return
         if self._prefix is not None:
             data = self._sort_header(data)
             if not data:
-                self._frame_read(False)
+                self._frame_read(False, self._partial_frame_bytes())
                 return
         try:
             events = self._codec.receive_data(data)
@@ -166,7 +167,9 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._close_with(f"bad input: {exc.reason}", exc.response)
             return
         self._handle_all(events)
-        self._frame_read(bool(events))
+        held = self._codec.pending_bytes
+        if held or self._partial_since is not None:
+            self._frame_read(bool(events), held)
 
     def _handle_all(self, events: list[dmp.Event]) -> None:
         """Handle a read's events; a sink's envelopes go to the router as one batch."""

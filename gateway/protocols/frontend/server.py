@@ -166,7 +166,7 @@ class FrontendServerProtocol(ListenerConnection["FrontendServerFactory"]):
             self._read_login(data)
         else:
             self._hold(data)
-        self._frame_read(completed)
+        self._frame_read(completed, self._partial_frame_bytes())
 
     def _partial_frame_bytes(self) -> int:
         refusing = self._refusing

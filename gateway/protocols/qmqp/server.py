@@ -185,7 +185,9 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             self._protocol_error(error)
         if self._over_limits():
             self._pause_reading()
-        self._frame_read(bool(blocks))
+        held = self._codec.pending_bytes
+        if held or self._partial_since is not None:
+            self._frame_read(bool(blocks), held)
         self.flush()
 
     def _handle(self, block: qmqp.Block) -> None:

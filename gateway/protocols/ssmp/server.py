@@ -214,7 +214,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._inbox.dispatch()  # the read's routed MCASTs, one batch
         if error is not None and not self._finishing:
             self._protocol_error(error)
-        self._frame_read(bool(lines))
+        held = self._codec.pending_bytes
+        if held or self._partial_since is not None:
+            self._frame_read(bool(lines), held)
         self.hub.flush()
 
     def _protocol_error(self, error: ssmp.SSMPError) -> None:

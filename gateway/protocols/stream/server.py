@@ -253,7 +253,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             )
             self._server_close(error.code or UNKNOWN_FRAME, error.reason)
         else:
-            self._frame_read(bool(events))
+            held = self._codec.pending_bytes
+            if held or self._partial_since is not None:
+                self._frame_read(bool(events), held)
         self.flush()
 
     def _require_open(self, event: sp.Event) -> bool:
