@@ -232,7 +232,7 @@ class ListenerConnection(Protocol, Generic[F]):
 
     Output: bytes queued in ``_out`` (``_out_count`` messages) go out in
     one write at `flush`, counted in the listener's traffic; `_write`
-    writes at once.
+    queues and flushes at once.
 
     Back-pressure: when the transport's buffer fills (the peer reads slower
     than we write) it calls `pauseProducing`: the connection is congested,
