@@ -57,7 +57,21 @@ __all__ = [
 RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
 """First wait before connecting again after a connection failed or ended."""
 RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
-"""Longest wait between attempts (the wait doubles, with jitter, up to it)."""
+"""Longest wait between attempts (the wait grows by half each time up to it)."""
+
+_BACKOFF: Final = backoffPolicy(
+    initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
+)
+
+
+def _backoff(failures: int) -> float:
+    """The default wait: `RECONNECT_INITIAL_DELAY_SECONDS` after one failure, then growing.
+
+    `backoffPolicy` adds up to a second of jitter, so that gateways that
+    lost the same server do not all come back at once; it counts from 0.
+    """
+    return _BACKOFF(failures - 1)
+
 
 C = TypeVar("C", bound="UpstreamConnection[Any]")
 U = TypeVar("U", bound="Upstream[Any]")
@@ -145,8 +159,9 @@ class Upstream(Generic[C]):
         metrics: Counters, or None in tests that do not look.
         retry_policy: The wait before the next attempt, given how many
             attempts failed since a connection was last ready (1 for the
-            first); by default `backoffPolicy` from
-            `RECONNECT_INITIAL_DELAY_SECONDS` to `RECONNECT_MAX_DELAY_SECONDS`.
+            first); by default from `RECONNECT_INITIAL_DELAY_SECONDS`, half
+            as long again each time, to `RECONNECT_MAX_DELAY_SECONDS`, with
+            up to a second of jitter.
     """
 
     kind: ClassVar[str]
@@ -172,9 +187,7 @@ class Upstream(Generic[C]):
         """The connection the service holds, ready or still in its handshake."""
         self._endpoint = endpoint
         self.endpoint = MovableEndpoint(endpoint, self._not_connected)
-        self._retry_policy = retry_policy or backoffPolicy(
-            initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
-        )
+        self._retry_policy = retry_policy or _backoff
         self._failures = 0
         self.service = UpstreamService(
             self, self.endpoint, UpstreamFactory(connection, self), self._next_wait, clock

@@ -169,9 +169,10 @@ def test_a_lost_connection_says_why_and_what_is_resent_then_reconnects() -> None
     assert _sample(metrics, "msggateway_upstream_connected", upstream=NAME) == 0
     labels = {"endpoint": NAME, "protocol": "hello"}
     assert _sample(metrics, "msggateway_connections", **labels) == 0
-    clock.advance(RECONNECT_INITIAL_DELAY_SECONDS)
     # The back-off's first wait, plus up to a second of jitter (backoffPolicy).
-    clock.advance(RECONNECT_INITIAL_DELAY_SECONDS + 1.0)
+    clock.advance(RECONNECT_INITIAL_DELAY_SECONDS - 0.01)
+    assert len(endpoint.transports) == 1
+    clock.advance(1.01)
     assert len(endpoint.transports) == 2
     stopped: Deferred[None] = upstream.service.stopService()
     assert stopped is not None
