@@ -26,6 +26,7 @@ __all__ = ["Inbox", "Result"]
 
 T = TypeVar("T")
 
+
 class Inbox(Generic[T]):
     """The messages of one read on their way to the router.
 
