@@ -15,22 +15,17 @@ own time-out).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
-from twisted.logger import Logger
-from twisted.python.failure import Failure
+from twisted.internet.defer import Deferred, succeed
 
-from gateway.core.message import Message, Outcome, Status
+from gateway.core.message import Outcome, Status
 
-__all__ = ["UNANSWERED", "Answers", "all_same", "deliver_each"]
+__all__ = ["UNANSWERED", "Answers", "all_same"]
 
 UNANSWERED: Final = Outcome(Status.RETRY, "no outcome before the deadline")
 """The outcome of a message whose destination had not answered when its batch was cancelled."""
-
-_log = Logger(namespace="gateway.core.batch")
-
 
 def all_same(count: int, outcome: Outcome) -> Deferred[list[Outcome]]:
     """A batch of ``count`` messages that all had the same outcome, already known."""
@@ -86,45 +81,3 @@ class Answers:
         if self._on_cancel is not None:
             self._on_cancel(self)
         self.settle_rest(UNANSWERED)
-
-
-def deliver_each(
-    deliver_one: Callable[[Message], Deferred[Outcome]], messages: Sequence[Message]
-) -> Deferred[list[Outcome]]:
-    """A batch delivered by a function that takes one message at a time.
-
-    For destinations whose own protocol has no batch (one request, one
-    reply): every message is started at once, so the protocol pipelines
-    them, and the batch fires when the last has answered. Cancelling the
-    batch cancels the messages still open.
-    """
-    if len(messages) == 1:
-        return deliver_one(messages[0]).addCallbacks(_one, _broken_list)
-    started = [deliver_one(message).addErrback(_broken) for message in messages]
-
-    def cancel(_: Deferred[list[Outcome]]) -> None:
-        for d in started:
-            if not d.called:
-                d.cancel()
-
-    result: Deferred[list[Outcome]] = Deferred(cancel)
-    gathered = DeferredList(started)
-    gathered.addCallback(lambda pairs: [outcome for _ok, outcome in pairs]).chainDeferred(
-        result  # the list of outcomes, by then
-    )
-    return result
-
-
-def _one(outcome: Outcome) -> list[Outcome]:
-    return [outcome]
-
-
-def _broken(failure: Failure) -> Outcome:
-    if failure.check(CancelledError):
-        return UNANSWERED
-    _log.failure("a delivery failed unexpectedly", failure)
-    return Outcome.retry("internal error")
-
-
-def _broken_list(failure: Failure) -> list[Outcome]:
-    return [_broken(failure)]

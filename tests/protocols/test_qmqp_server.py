@@ -30,13 +30,13 @@ from gateway.codecs import qmqp
 from gateway.codecs.framing import encode_netstrings
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.qmqp.server import QMQPServerFactory, QMQPServerProtocol
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
+from tests.doubles import deliver_each
 
 LISTENER = "mail-in"
 ANSWERS = "answers"

@@ -38,7 +38,6 @@ from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
-from gateway.core.batch import deliver_each
 from gateway.core.interfaces import IDestination
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
 from gateway.core.message import Message, Outcome, Status
@@ -57,6 +56,7 @@ from gateway.protocols.stream.server import (
     StreamServerProtocol,
 )
 from gateway.protocols.stream.settings import DEFAULT_FRAME_MAX, StreamListenerSettings
+from tests.doubles import deliver_each
 
 LISTENER = "streams"
 PORT = 5552
