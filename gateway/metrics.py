@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import (
@@ -191,6 +191,19 @@ class GatewayMetrics:
         if counters is None:
             counters = self._traffic[endpoint] = TrafficCounters()
         return counters
+
+    def qmqp_reply_counter(self, endpoint: str) -> Callable[[bytes], None]:
+        """Count one endpoint's QMQP replies by status byte (each label looked up once)."""
+        children: dict[bytes, Any] = {}
+        family = self.qmqp_replies
+
+        def count(status: bytes) -> None:
+            child = children.get(status)
+            if child is None:
+                child = children[status] = family.labels(endpoint, status.decode("ascii"))
+            child.inc()
+
+        return count
 
     def route(self, name: str) -> RouteStats:
         """Return a route's numbers (made on first use)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
@@ -176,7 +176,7 @@ class QMQPUpstream(Upstream[QMQPClientProtocol]):
         self._sent: dict[bytes, _Job] = {}
         self._waiting_retry = 0
         self._ids = itertools.count(1)
-        self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
+        self._count_reply = metrics.qmqp_reply_counter(name) if metrics else None
 
     @property
     def unanswered(self) -> int:
@@ -273,7 +273,7 @@ class QMQPUpstream(Upstream[QMQPClientProtocol]):
     def replied(self, reply: qmqp.ReplyBlock) -> None:
         """Turn a reply into its message's outcome (or a resend after Z)."""
         job = self._sent.pop(reply.id, None)
-        if self._metrics is not None:
+        if self._count_reply is not None:
             self._count_reply(reply.status)
         if job is None or job.cancelled:
             return  # a message the router gave up on, or an id we never sent
@@ -286,14 +286,6 @@ class QMQPUpstream(Upstream[QMQPClientProtocol]):
             job.retry_call = self.clock.callLater(delay, self._retry, job)
             return
         job.answers.settle(job.index, outcome_from_reply(reply, self.name))
-
-    def _count_reply(self, status: bytes) -> None:
-        counter = self._replies.get(status)
-        if counter is None:
-            assert self._metrics is not None
-            label = status.decode("ascii")
-            counter = self._replies[status] = self._metrics.qmqp_replies.labels(self.name, label)
-        counter.inc()
 
     def _retry(self, job: _Job) -> None:
         job.retry_call = None

@@ -26,7 +26,7 @@ its replies, the server stops reading until replies complete.
 
 from __future__ import annotations
 
-from typing import Any, Final, Unpack, cast
+from typing import Final, Unpack, cast
 
 from twisted.internet.interfaces import IDelayedCall, ISSLTransport
 from twisted.python.failure import Failure
@@ -326,15 +326,10 @@ class QMQPServerFactory(ListenerFactory[QMQPServerProtocol, QMQPListenerSettings
     ) -> None:
         super().__init__(**common)
         self.router = router
-        self._replies: dict[bytes, Any] = {}  # reply counters by status, looked up once
-
-    def count_reply(self, status: bytes) -> None:
+        metrics = self._metrics
+        self.count_reply = metrics.qmqp_reply_counter(self.name) if metrics else _not_counted
         """Count a reply by its status (K, Z or D)."""
-        if self._metrics is not None:
-            counter = self._replies.get(status)
-            if counter is None:
-                label = status.decode("ascii")
-                counter = self._replies[status] = self._metrics.qmqp_replies.labels(
-                    self.name, label
-                )
-            counter.inc()
+
+
+def _not_counted(status: bytes) -> None:
+    """Without metrics, replies are not counted."""
