@@ -35,21 +35,19 @@ import base64
 import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
-from gateway.core.auth import Secrets
 from gateway.core.batch import all_same
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
-from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.core.router import Unrouted
 from gateway.protocols.mtl.mapping import (
     Copy,
     PendingBatch,
@@ -59,8 +57,8 @@ from gateway.protocols.mtl.mapping import (
     message_from_content,
     settle,
 )
+from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
 from gateway.protocols.mtl.settings import MTLUpstreamSettings
-from gateway.protocols.mtl.zmq import Outbox
 
 __all__ = ["MTLUpstream"]
 
@@ -69,49 +67,19 @@ RETRY_MAX_SECONDS: Final = 30.0
 
 
 @implementer(IDestination)
-class MTLUpstream:
+class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
     """A remote MTL server, as a writer (destination) or a reader (source).
 
-    Args:
-        name: The upstream's name.
-        settings: Its validated settings.
-        host: The server's host.
-        port: Its control port.
-        router: Where a reader's content goes.
-        secrets: The PLAIN password (the upstream's secret).
-        clock: Timers.
-        reactor: The sockets' reactor.
-        metrics: Counters, or None.
+    Built with `MTLPeerArgs`: ``host`` and ``port`` are the server's control
+    socket, ``secrets`` hold the upstream's PLAIN or SCRAM password, and a
+    reader's content goes to ``router``.
     """
 
     _log = Logger()
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        settings: MTLUpstreamSettings,
-        host: str,
-        port: int,
-        router: Router,
-        secrets: Secrets,
-        clock: IReactorTime,
-        reactor: Any,
-        metrics: GatewayMetrics | None = None,
-    ) -> None:
-        self.name = name
-        self.settings = settings
-        self.host = host
-        self.port = port
-        self.router = router
-        self.secrets = secrets
-        self.clock = clock
-        self._reactor = reactor
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
-        self._zmq: Any = None
-        self._control: Any = None
-        self._data: Any = None
+    def __init__(self, **args: Unpack[MTLPeerArgs[MTLUpstreamSettings]]) -> None:
+        super().__init__(**args)
+        name, router = self.name, self.router
         self._step = ""
         self._ready = False
         self._running = False
@@ -124,13 +92,12 @@ class MTLUpstream:
         self._flow = 0
         """Counts data flows, so that answers meant for one are not sent on the next."""
         self._inbox: Inbox[int] = Inbox(router, name, partial(self._answer, self._flow))
-        self._outbox = Outbox(clock, self._send_out)
         self._server_who = f"the server of upstream {name}"
         self._summons: dict[int, str] = {}
         self._scram: scram.ScramClient | None = None
         self._scram_round = 0
-        if metrics is not None:
-            metrics.upstream_up.labels(name).set(0)
+        if self._metrics is not None:
+            self._metrics.upstream_up.labels(name).set(0)
 
     @property
     def connected(self) -> bool:
@@ -431,12 +398,3 @@ class MTLUpstream:
             return
         self.traffic.messages_out += 1
         self._outbox.add(mtl.encode_data(command))
-
-    def _send_out(self, messages: list[list[bytes]]) -> None:
-        if self._data is not None:
-            self._data.send_many(messages)
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()

@@ -59,22 +59,21 @@ import itertools
 import secrets as random_texts
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
-from gateway.core.auth import ANY_IDENTITY, Secrets
+from gateway.core.auth import ANY_IDENTITY
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
-from gateway.core.router import Router, Unrouted
-from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.core.router import Unrouted
 from gateway.protocols.mtl.mapping import (
     Copy,
     PendingBatch,
@@ -84,8 +83,8 @@ from gateway.protocols.mtl.mapping import (
     message_from_content,
     settle,
 )
+from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
 from gateway.protocols.mtl.settings import MTLListenerSettings
-from gateway.protocols.mtl.zmq import Outbox
 
 __all__ = ["MTLServer"]
 
@@ -130,46 +129,19 @@ class _DataPeer:
 
 
 @implementer(IDestination)
-class MTLServer:
+class MTLServer(MTLPeer[MTLListenerSettings]):
     """One MTL listener: its two sockets, sessions, leases and data peers.
 
-    Args:
-        name: The listener's name.
-        settings: Its validated settings.
-        host: The interface both sockets bind to.
-        port: The control port (0: the OS picks).
-        router: Where writers' content goes (gateway profile).
-        secrets: For PLAIN.
-        clock: Timers.
-        reactor: The sockets' reactor.
-        metrics: Counters, or None.
+    Built with `MTLPeerArgs`: both sockets bind to ``host``, the control
+    socket to ``port`` (0: the OS picks); writers' content (gateway profile)
+    goes to ``router``; ``secrets`` check PLAIN and SCRAM logins.
     """
 
     _log = Logger()
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        settings: MTLListenerSettings,
-        host: str,
-        port: int,
-        router: Router,
-        secrets: Secrets,
-        clock: IReactorTime,
-        reactor: Any,
-        metrics: GatewayMetrics | None = None,
-    ) -> None:
-        self.name = name
-        self.settings = settings
-        self.host = host
-        self.port = port
-        self.router = router
-        self.secrets = secrets
-        self.clock = clock
-        self._reactor = reactor
-        self._metrics = metrics
-        self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
+    def __init__(self, **args: Unpack[MTLPeerArgs[MTLListenerSettings]]) -> None:
+        super().__init__(**args)
+        name, router = self.name, self.router
         self.data_port = 0
         # Both bounded (settings.max_sessions, max_leases), least recently used
         # first out: nothing a peer sends grows them without limit.
@@ -177,15 +149,11 @@ class MTLServer:
         self._leases: OrderedDict[str, _Lease] = OrderedDict()
         self._peers: dict[bytes, _DataPeer] = {}
         self._zap: Any = None
-        self._control: Any = None
-        self._data: Any = None
-        self._zmq: Any = None
         self._timer: IDelayedCall | None = None
         self.authorization: Authorization = UNRESTRICTED
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
-        self._outbox = Outbox(clock, self._send_out)
         self._reader_who = f"an MTL reader of {name}"
 
     # --- life --------------------------------------------------------------------------
@@ -670,10 +638,6 @@ class MTLServer:
         self.traffic.messages_out += 1
         self._outbox.add([peer.identity, *mtl.encode_data(command)])
 
-    def _send_out(self, messages: list[list[bytes]]) -> None:
-        if self._data is not None:
-            self._data.send_many(messages)
-
     def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
         return check(
             self.authorization,
@@ -683,11 +647,6 @@ class MTLServer:
             listener=self.name,
             count_error=self.count_error,
         )
-
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error."""
-        if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()
 
 
 def _bad(reason: str) -> tuple[int, dict[str, Any]]:

@@ -1,0 +1,80 @@
+"""What an MTL listener and an MTL upstream share (DESIGN.md, "One lifecycle per role").
+
+Both ends of MTL hold a pair of ZeroMQ sockets on a reactor, route what they
+read and send what they are given; `MTLPeer` keeps what that takes in
+common: the name, settings and address, the router and secrets, the clock
+and reactor, the traffic and error counters, and the data socket's output
+(an `Outbox` sends what a read burst produced in one go). `MTLServer` and
+`MTLUpstream` hold their own sockets' protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
+
+from twisted.internet.interfaces import IReactorTime
+
+from gateway.core.auth import Secrets
+from gateway.core.router import Router
+from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.mtl.zmq import Outbox
+
+__all__ = ["MTLPeer", "MTLPeerArgs"]
+
+S = TypeVar("S")
+
+
+class MTLPeerArgs(TypedDict, Generic[S]):
+    """What an MTL listener or upstream is built with (see `MTLPeer`)."""
+
+    name: str
+    settings: S
+    host: str
+    port: int
+    router: Router
+    secrets: Secrets
+    clock: IReactorTime
+    reactor: Any
+    metrics: NotRequired[GatewayMetrics | None]
+
+
+class MTLPeer(Generic[S]):
+    """One end of MTL: a listener's two bound sockets, or an upstream's two connected ones.
+
+    Args:
+        name: The listener's or upstream's name.
+        settings: Its validated settings.
+        host: Where its sockets bind or connect.
+        port: Its control port (0 for a listener: the OS picks).
+        router: Where content read from peers goes.
+        secrets: For PLAIN and SCRAM.
+        clock: Timers.
+        reactor: The sockets' reactor.
+        metrics: Counters, or None.
+    """
+
+    def __init__(self, **args: Unpack[MTLPeerArgs[S]]) -> None:
+        self.name = args["name"]
+        self.settings: S = args["settings"]
+        self.host = args["host"]
+        self.port = args["port"]
+        self.router = args["router"]
+        self.secrets = args["secrets"]
+        self.clock = clock = args["clock"]
+        self._reactor = args["reactor"]
+        self._metrics = metrics = args.get("metrics")
+        self.traffic = metrics.traffic(self.name) if metrics is not None else TrafficCounters()
+        self._zmq: Any = None
+        self._control: Any = None
+        self._data: Any = None
+        self._outbox = Outbox(clock, self._send_out)
+
+    def _send_out(self, messages: list[list[bytes]]) -> None:
+        """Send what the outbox gathered on the data socket, if it is open."""
+        if self._data is not None:
+            self._data.send_many(messages)
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error (or a refused or dropped command) of some kind."""
+        if self._metrics is not None:
+            self._metrics.protocol_errors.labels(self.name, kind).inc()
