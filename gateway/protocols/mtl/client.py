@@ -383,13 +383,8 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
                 batch.settle(index, Outcome.rejected(f"upstream {self.name}: {exc.reason}"))
                 continue
             copies.append((unconfirmed, sequence, index))
-        if frames:
-            self.traffic.messages_out += len(frames)
-            self._outbox.flush()  # what the server was told before goes first
-            failed = self._data.send_many(frames)
-            batch.sent(
-                copies, failed, Outcome.retry(f"upstream {self.name}: the server is not reading")
-            )
+        not_reading = Outcome.retry(f"upstream {self.name}: the server is not reading")
+        self._send_batch(batch, frames, copies, not_reading)
         return batch.deferred
 
     def _send(self, command: mtl.DataCommand) -> None:

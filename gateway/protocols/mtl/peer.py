@@ -15,8 +15,10 @@ from typing import Any, Generic, NotRequired, TypedDict, TypeVar, Unpack
 from twisted.internet.interfaces import IReactorTime
 
 from gateway.core.auth import Secrets
+from gateway.core.message import Outcome
 from gateway.core.router import Router
 from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.mtl.mapping import Copy, PendingBatch
 from gateway.protocols.mtl.zmq import Outbox
 
 __all__ = ["MTLPeer", "MTLPeerArgs"]
@@ -68,6 +70,25 @@ class MTLPeer(Generic[S]):
         self._control: Any = None
         self._data: Any = None
         self._outbox = Outbox(clock, self._send_out)
+
+    def _send_batch(
+        self,
+        batch: PendingBatch,
+        frames: list[list[bytes]],
+        copies: list[Copy],
+        not_reading: Outcome,
+    ) -> None:
+        """Send a routed batch's Contents at once, after what was queued before them.
+
+        What ZeroMQ does not take answers ``not_reading``; the rest wait for
+        their confirmations (`PendingBatch.sent`).
+        """
+        if not frames:
+            return
+        self.traffic.messages_out += len(frames)
+        self._outbox.flush()  # what the peer was told before goes first
+        failed = self._data.send_many(frames)
+        batch.sent(copies, failed, not_reading)
 
     def _send_out(self, messages: list[list[bytes]]) -> None:
         """Send what the outbox gathered on the data socket, if it is open."""

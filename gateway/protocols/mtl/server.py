@@ -598,13 +598,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 lease = reader.lease
                 confirms = lease is not None and lease.confirm == "full"
                 copies.append((reader.unconfirmed if confirms else None, sequence, index))
-        if frames:
-            self.traffic.messages_out += len(frames)
-            self._outbox.flush()  # what this peer was told before goes first
-            failed = self._data.send_many(frames)
-            batch.sent(
-                copies, failed, Outcome.retry(f"an MTL reader of {self.name} is not reading")
-            )
+        not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
+        self._send_batch(batch, frames, copies, not_reading)
         return batch.deferred
 
     # --- heartbeats --------------------------------------------------------------------
