@@ -234,7 +234,11 @@ def _decimal_bytes(value: decimal.Decimal) -> bytes:
 
 def _need(end: int, pos: int, size: int, what: str) -> None:
     if pos + size > end:
-        raise FieldTableError(f"{what} cut short", where=f"byte {pos}", kind="truncated")
+        raise _cut_short(what, pos)
+
+
+def _cut_short(what: str, pos: int) -> FieldTableError:
+    return FieldTableError(f"{what} cut short", where=f"byte {pos}", kind="truncated")
 
 
 def _table(
@@ -247,7 +251,8 @@ def _table(
     (size,) = _U32.unpack_from(data, pos)
     start = pos + 4
     end = start + size
-    _need(limit, start, size, f"field table of {size} bytes")
+    if start + size > limit:  # formatted only when it fails: every table passes here
+        raise _cut_short(f"field table of {size} bytes", start)
     table: dict[str, FieldValue] = {}
     pos = start
     while pos < end:
@@ -281,7 +286,8 @@ def _value(data: bytes | memoryview, pos: int, end: int, depth: int) -> tuple[Fi
     pos += 1
     scalar = _SCALARS.get(code)
     if scalar is not None:
-        _need(end, pos, scalar.size, f"{chr(code)} value")
+        if pos + scalar.size > end:
+            raise _cut_short(f"{chr(code)} value", pos)
         return scalar.unpack_from(data, pos)[0], pos + scalar.size
     if code == ord("t"):
         _need(end, pos, 1, "boolean")
@@ -291,7 +297,8 @@ def _value(data: bytes | memoryview, pos: int, end: int, depth: int) -> tuple[Fi
     if code in (ord("S"), ord("x")):
         _need(end, pos, 4, "string length")
         (size,) = _U32.unpack_from(data, pos)
-        _need(end, pos + 4, size, f"string of {size} bytes")
+        if pos + 4 + size > end:
+            raise _cut_short(f"string of {size} bytes", pos + 4)
         raw = bytes(data[pos + 4 : pos + 4 + size])
         if code == ord("S"):
             try:
@@ -329,7 +336,8 @@ def _array(
     (size,) = _U32.unpack_from(data, pos)
     start = pos + 4
     end = start + size
-    _need(limit, start, size, f"array of {size} bytes")
+    if start + size > limit:
+        raise _cut_short(f"array of {size} bytes", start)
     items: list[FieldValue] = []
     pos = start
     while pos < end:
