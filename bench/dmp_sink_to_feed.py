@@ -69,7 +69,10 @@ def opened(address: tuple[str, int], lease: bytes) -> socket.socket:
     sock.sendall(HEADER + bytes((len(lease),)) + lease)
     got = b""
     while True:
-        got += sock.recv(4096)
+        data = sock.recv(4096)
+        if not data:
+            raise SystemExit(f"the gateway closed the DMP dialog after {got!r}")
+        got += data
         if len(got) >= 1 and len(got) >= 1 + got[0]:
             second = got[1 + got[0] :]
             if second and len(second) >= 1 + second[0]:
