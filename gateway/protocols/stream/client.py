@@ -14,10 +14,10 @@ service connects there next; an attempt there that fails, or a
 MetadataUpdate, sends the next one back to the locator (the configured
 endpoint). Stopping stores the consumed offsets, then closes.
 
-The module ties together the upstream's parts, each in a module of its own:
-the connection (`gateway.protocols.stream.connection`: frames, requests,
-heartbeats), publishing (`gateway.protocols.stream.publishing`) and
-consuming (`gateway.protocols.stream.consuming`).
+The module holds the upstream and its connection (`StreamClientProtocol`:
+frames, requests, heartbeats); publishing (`gateway.protocols.stream.publishing`)
+and consuming (`gateway.protocols.stream.consuming`) are parts in modules of
+their own, which see the upstream only as a `gateway.protocols.stream.link`.
 
 Publishing: it is the route destination, and takes a batch (DESIGN.md,
 "The batch is the unit of work"). While it is not connected it answers
@@ -57,13 +57,15 @@ as coming from this upstream. Publishing stays on the leader connection.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final, cast
 
 import attrs
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway import __version__
@@ -73,7 +75,6 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.stream.connection import REQUEST_TIMEOUT_SECONDS, StreamClientProtocol
 from gateway.protocols.stream.consuming import Subscriptions, parse_offset
 from gateway.protocols.stream.publishing import (
     ENTRY_OVERHEAD_BYTES,
@@ -85,6 +86,7 @@ from gateway.protocols.upstream import (
     RECONNECT_INITIAL_DELAY_SECONDS,
     RECONNECT_MAX_DELAY_SECONDS,
     Upstream,
+    UpstreamConnection,
 )
 
 __all__ = [
@@ -95,6 +97,151 @@ __all__ = [
     "StreamUpstream",
     "parse_offset",
 ]
+
+
+REQUEST_TIMEOUT_SECONDS: Final = 30.0
+"""How long a request waits for its response before the connection is given up."""
+
+
+class StreamClientProtocol(UpstreamConnection["StreamUpstream"]):
+    """One connection to a stream node."""
+
+    def __init__(self, upstream: StreamUpstream) -> None:
+        super().__init__(upstream)
+        self._codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self._correlation = itertools.count(1)
+        self._waiting: dict[int, Deferred[Any]] = {}
+        self._tune: Deferred[sp.Tune] = Deferred()
+        self.frame_max = upstream.settings.frame_max
+        self.heartbeat = 0
+        self._heard = True
+        self._silent = 0
+        self._timers: list[IDelayedCall] = []
+        # Looked up once: the frames of the hot path go straight there.
+        self._delivered = upstream.subscriptions.delivered
+        self._confirmed = upstream.publishers.confirmed
+        self._publish_failed = upstream.publishers.failed
+
+    # --- connection life ------------------------------------------------------
+
+    def connection_started(self) -> None:
+        """Start the handshake."""
+        Deferred.fromCoroutine(self.upstream.handshake(self)).addErrback(self._handshake_failed)
+
+    def _handshake_failed(self, failure: Failure) -> None:
+        if not self._closing:
+            self.close(f"handshake failed: {failure.getErrorMessage()}")
+
+    def connection_stopped(self) -> None:
+        """Cancel the heartbeats; fail what waits for an answer."""
+        for timer in self._timers:
+            if timer.active():
+                timer.cancel()
+        waiting, self._waiting = self._waiting, {}
+        for d in waiting.values():
+            d.errback(ConnectionError("connection lost"))
+        if not self._tune.called:
+            self._tune.errback(ConnectionError("connection lost"))
+            # A handshake waiting for Tune has its failure by now; one that
+            # ended before (a refused login) does not wait: nothing is left
+            # to report as an unhandled error when the Deferred is collected.
+            self._tune.addErrback(lambda _: None)
+
+    # --- output ---------------------------------------------------------------
+
+    def send(self, event: sp.Event) -> None:
+        """Send one frame."""
+        self.write(self._codec.send(event))
+
+    def send_all(self, events: Sequence[sp.Event]) -> None:
+        """Send frames in one write."""
+        send = self._codec.send
+        frames = [send(event) for event in events]
+        assert self.transport is not None
+        self.transport.writeSequence(frames)
+        self.upstream.traffic.bytes_out += sum(map(len, frames))
+
+    def request(self, request: Callable[..., sp.Event], **fields: Any) -> Deferred[Any]:
+        """Send ``request(correlation_id=..., **fields)``; fire with its response."""
+        correlation = next(self._correlation)
+        answer: Deferred[Any] = Deferred()
+        self._waiting[correlation] = answer
+        self.send(request(correlation_id=correlation, **fields))
+        answer.addTimeout(REQUEST_TIMEOUT_SECONDS, self.upstream.clock)
+        return answer
+
+    def tuned(self) -> Deferred[sp.Tune]:
+        """Fire with the server's Tune."""
+        return self._tune
+
+    # --- input ----------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """Dispatch responses and server frames."""
+        if self._closing:
+            return
+        self._heard = True
+        self.upstream.traffic.bytes_in += len(data)
+        try:
+            events = self._codec.receive_data(data)
+        except sp.StreamError as exc:
+            events = cast(list[sp.Event], exc.events)
+            self._handle_all(events)
+            self.upstream.count_error(exc.kind)
+            self.close(f"bad frame from the server: {exc.reason}")
+            return
+        self._handle_all(events)
+
+    def _handle_all(self, events: list[sp.Event]) -> None:
+        for event in events:
+            if isinstance(event, sp.Deliver):
+                self._delivered(self, event)
+            elif isinstance(event, sp.PublishConfirm):
+                self._confirmed(event)
+            elif isinstance(event, sp.PublishError):
+                self._publish_failed(event)
+            elif isinstance(event, sp.Tune):
+                if not self._tune.called:
+                    self._tune.callback(event)
+            elif isinstance(event, sp.Heartbeat | sp.CreditResponse):
+                if isinstance(event, sp.CreditResponse):
+                    self.upstream.count_error("credit-refused")
+            elif isinstance(event, sp.MetadataUpdate):
+                self.upstream.forget_member()
+                self.close(f"stream {event.stream} changed (code {event.code})")
+            elif isinstance(event, sp.Close):
+                self.send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
+                self.close(f"the server closed the connection: {event.code} {event.reason}")
+            else:
+                correlation = getattr(event, "correlation_id", None)
+                waiter = self._waiting.pop(correlation, None) if correlation is not None else None
+                if waiter is not None:
+                    waiter.callback(event)
+            if self._closing:
+                return
+
+    # --- heartbeats -----------------------------------------------------------
+
+    def start_heartbeats(self, seconds: int) -> None:
+        """Send heartbeats every ``seconds`` and close after two silent periods."""
+        self.heartbeat = seconds
+        if seconds:
+            self._timers.append(self.upstream.clock.callLater(seconds, self._beat))
+
+    def _beat(self) -> None:
+        if self._closing:
+            return
+        self.send(sp.Heartbeat())
+        if self._heard:
+            self._silent = 0
+        else:
+            self._silent += 1
+            if self._silent >= 2:
+                self.close(f"no frame from the server for {2 * self.heartbeat} s")
+                return
+        self._heard = False
+        self._timers = [t for t in self._timers if t.active()]
+        self._timers.append(self.upstream.clock.callLater(self.heartbeat, self._beat))
 
 
 def _smaller(theirs: int, ours: int) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from typing import TYPE_CHECKING
 
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -24,11 +23,8 @@ from gateway.codecs import stream as sp
 from gateway.core.inbox import Inbox
 from gateway.core.message import Message
 from gateway.core.router import Result, Unrouted
+from gateway.protocols.stream.link import StreamConnection, StreamLink
 from gateway.protocols.stream.mapping import message_from_entry
-
-if TYPE_CHECKING:
-    from gateway.protocols.stream.client import StreamUpstream
-    from gateway.protocols.stream.connection import StreamClientProtocol
 
 __all__ = ["Subscriptions", "parse_offset"]
 
@@ -86,7 +82,7 @@ class Subscriptions:
 
     _log = Logger()
 
-    def __init__(self, upstream: StreamUpstream, streams: tuple[str, ...]) -> None:
+    def __init__(self, upstream: StreamLink, streams: tuple[str, ...]) -> None:
         self._upstream = upstream
         self._name = upstream.name
         self._source = upstream.source
@@ -109,7 +105,7 @@ class Subscriptions:
             self._store_call.cancel()
         self.store_offsets()
 
-    async def subscribe_all(self, protocol: StreamClientProtocol) -> None:
+    async def subscribe_all(self, protocol: StreamConnection) -> None:
         """Subscribe to each stream on a new connection, from where reading should go on."""
         # What the last connection settled but had not stored yet: resuming
         # from the stored offset alone would route those messages twice.
@@ -149,7 +145,7 @@ class Subscriptions:
                     code=answer.code,
                 )
 
-    def delivered(self, protocol: StreamClientProtocol, event: sp.Deliver) -> None:
+    def delivered(self, protocol: StreamConnection, event: sp.Deliver) -> None:
         """Route a chunk's messages; grant credit once they all have outcomes."""
         subscription = self._subscriptions.get(event.subscription_id)
         if subscription is None:
@@ -227,12 +223,12 @@ class Subscriptions:
             self._chunk_settled(protocol, subscription, chunk_state)
 
     def _chunk_settled(
-        self, protocol: StreamClientProtocol, subscription: _Subscription, chunk: list[int]
+        self, protocol: StreamConnection, subscription: _Subscription, chunk: list[int]
     ) -> None:
         subscription.settle(chunk)
         self._credit(protocol, subscription)
 
-    def _credit(self, protocol: StreamClientProtocol, subscription: _Subscription) -> None:
+    def _credit(self, protocol: StreamConnection, subscription: _Subscription) -> None:
         if protocol is self._upstream.connection and not protocol.closing:
             protocol.send(sp.Credit(subscription_id=subscription.id, credit=1))
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -31,11 +31,8 @@ from twisted.python.failure import Failure
 from gateway.codecs import stream as sp
 from gateway.core.batch import Answers, all_same
 from gateway.core.message import Message, Outcome
+from gateway.protocols.stream.link import StreamConnection, StreamLink
 from gateway.protocols.stream.mapping import entry_from_message
-
-if TYPE_CHECKING:
-    from gateway.protocols.stream.client import StreamUpstream
-    from gateway.protocols.stream.connection import StreamClientProtocol
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
@@ -101,7 +98,7 @@ class Publishers:
             counters and ready connection).
     """
 
-    def __init__(self, upstream: StreamUpstream) -> None:
+    def __init__(self, upstream: StreamLink) -> None:
         self._upstream = upstream
         self._name = upstream.name
         self._settings = upstream.settings
@@ -118,7 +115,7 @@ class Publishers:
         """The streams that have a publisher, in the order they got it."""
         return list(self._publishers)
 
-    async def declare_all(self, protocol: StreamClientProtocol) -> None:
+    async def declare_all(self, protocol: StreamConnection) -> None:
         """Declare every publisher on a new connection, one after the other."""
         for stream in list(self._publishers):
             await self.declare(protocol, stream)
@@ -192,10 +189,10 @@ class Publishers:
             )
         return publisher
 
-    def _declare_failed(self, failure: Failure, connection: StreamClientProtocol) -> None:
+    def _declare_failed(self, failure: Failure, connection: StreamConnection) -> None:
         connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")
 
-    async def declare(self, protocol: StreamClientProtocol, stream: str) -> None:
+    async def declare(self, protocol: StreamConnection, stream: str) -> None:
         """Declare the stream's publisher and learn where its publishing ids go on."""
         publisher = self._publishers[stream]
         publisher.ready = False
