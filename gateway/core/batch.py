@@ -27,6 +27,7 @@ __all__ = ["UNANSWERED", "Answers", "all_same"]
 UNANSWERED: Final = Outcome(Status.RETRY, "no outcome before the deadline")
 """The outcome of a message whose destination had not answered when its batch was cancelled."""
 
+
 def all_same(count: int, outcome: Outcome) -> Deferred[list[Outcome]]:
     """A batch of ``count`` messages that all had the same outcome, already known."""
     return succeed([outcome] * count)

@@ -9,6 +9,12 @@ then delivers from that stream to the route's destination, with retries, a
 dead-letter stream for messages that keep being rejected, and a stored
 offset, so a restart resumes where it stopped and loses nothing.
 
+Forwarding is at least once: after a crash the forwarder delivers again
+what it had delivered since its offset was last stored. A destination that
+deduplicates (`IDeduplicatingDestination`: a local stream, a RabbitMQ
+stream) is handed the route's name as producer and each message's offset
+plus one as its publishing id, and stores each message once.
+
 The committed batch is also handed to the forwarder (`LogForwarder.hold`,
 one call per chunk the append went into, at the offsets the log gave it),
 so that while the forwarder keeps up with the tail it delivers these very
@@ -21,6 +27,7 @@ did not commit is recorded per message, with what its senders were told.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
@@ -31,20 +38,50 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
-from gateway.core.interfaces import IDestination, IRouteDelivery
+from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRouteDelivery
 from gateway.core.log import AppendResult
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.router import Route
 
-__all__ = ["DurableDelivery", "DurableRoutes", "route_stream_name"]
+__all__ = ["DurableDelivery", "DurableRoutes", "producer_reference", "route_stream_name"]
 
 ROUTE_STREAM_PREFIX: Final = "msggateway.route."
+MAX_REFERENCE_BYTES: Final = 255
+"""Publisher references are short strings in the stream protocol and the log's tracking."""
 
 
 def route_stream_name(route: str) -> str:
     """The stream a durable route keeps its messages in."""
     return ROUTE_STREAM_PREFIX + route
+
+
+def _once(
+    destination: IDestination, route: str
+) -> Callable[[Sequence[Message], Sequence[int]], Deferred[list[Outcome]]] | None:
+    """Deliver with the route as producer, where the destination can store each id once."""
+    if not IDeduplicatingDestination.providedBy(destination):
+        return None
+    deliver_once = destination.deliver_once
+
+    def deliver(messages: Sequence[Message], ids: Sequence[int]) -> Deferred[list[Outcome]]:
+        result: Deferred[list[Outcome]] = deliver_once(messages, route, ids)
+        return result
+
+    return deliver
+
+
+def producer_reference(prefix: str, producer: str) -> str:
+    """A publisher reference for a durable route's producer, at most 255 UTF-8 bytes.
+
+    ``prefix`` says whose it is (the gateway's own log, or an upstream's
+    configured reference); a name too long to fit is replaced by its hash.
+    """
+    reference = f"{prefix}.route.{producer}"
+    if len(reference.encode("utf-8")) <= MAX_REFERENCE_BYTES:
+        return reference
+    digest = hashlib.sha256(producer.encode("utf-8")).hexdigest()[:32]
+    return f"{prefix[: MAX_REFERENCE_BYTES - 40]}.route.{digest}"
 
 
 class _Log(Protocol):
@@ -224,6 +261,7 @@ class DurableRoutes:
                 if recorder is None
                 else recorder.forwarded(route.name, route_stream_name(route.name))
             ),
+            deliver_once=_once(destination, route.name),
         )
         self.forwarders[route.name] = forwarder
         if self._running:

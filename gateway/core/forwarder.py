@@ -195,6 +195,11 @@ class LogForwarder:
         settings: Retry and memory settings.
         on_forwarded: Told what became of each chunk once it is done (the
             outcome record), if given.
+        deliver_once: Delivers a batch with a publishing id per message (its
+            offset plus one), for a destination that stores each id once
+            (`gateway.core.interfaces.IDeduplicatingDestination`): used
+            instead of ``deliver`` when given, so that delivering a chunk
+            again after a crash stores nothing twice.
     """
 
     _log = Logger()
@@ -210,10 +215,13 @@ class LogForwarder:
         clock: IReactorTime,
         settings: ForwarderSettings = ForwarderSettings(),
         on_forwarded: Callable[[Forwarded], None] | None = None,
+        deliver_once: Callable[[Sequence[Message], Sequence[int]], Deferred[list[Outcome]]]
+        | None = None,
     ) -> None:
         self.reference = reference
         self.stream = stream
         self._deliver = deliver
+        self._deliver_once = deliver_once
         self._to_message = to_message
         self._dead_letter = dead_letter
         self._clock = clock
@@ -435,8 +443,18 @@ class LogForwarder:
     ) -> Deferred[None]:
         """Deliver ``batch`` (the chunk's messages at ``indices``, or all of them)."""
         chunk.rounds += 1
+        deliver_once = self._deliver_once
         try:
-            d = self._deliver(batch)
+            if deliver_once is None:
+                d = self._deliver(batch)
+            else:
+                first = chunk.first + 1  # ids start at 1: 0 is "nothing stored yet"
+                ids: Sequence[int] = (
+                    range(first, first + len(batch))
+                    if indices is None
+                    else [first + index for index in indices]
+                )
+                d = deliver_once(batch, ids)
         except Exception:
             d = fail()
         return d.addCallbacks(

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from gateway.core.message import Message, Outcome
 
-__all__ = ["IDestination", "IRouteDelivery"]
+__all__ = ["IDeduplicatingDestination", "IDestination", "IRouteDelivery"]
 
 
 class IDestination(Interface):
@@ -39,6 +39,32 @@ class IDestination(Interface):
         that already knows some outcomes answers them from its canceller
         (see `gateway.core.batch.Answers`), the rest becoming retry later.
         A single message is a batch of one.
+        """
+
+
+class IDeduplicatingDestination(IDestination):
+    """A destination that can store each message once however often it is delivered.
+
+    Durable routes deliver at least once (a forwarder resumes from its last
+    stored offset after a crash, one chunk back at most). A destination that
+    keeps a last publishing id per producer, as a stream does, turns that
+    into exactly once: the route's forwarder delivers with its route's name
+    as the producer and each message's log offset plus one as its id.
+    """
+
+    def deliver_once(
+        messages: Sequence[Message], producer: str, ids: Sequence[int]
+    ) -> Deferred[list[Outcome]]:
+        """Deliver as `IDestination.deliver` does, storing each message at most once.
+
+        Args:
+            messages: The batch.
+            producer: Who delivers: a durable route's name. Each destination
+                derives its own publisher reference from it.
+            ids: One publishing id per message, each above 0 and rising
+                from one call to the next. A message whose id is not above
+                the last one the destination stored for ``producer`` is
+                accepted without being stored again.
         """
 
 

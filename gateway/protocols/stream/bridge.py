@@ -4,7 +4,9 @@ Into: `StreamDestination` is a stream listener's route destination. The
 destination address is a stream name; the message is stored as an AMQP 1.0
 message (`gateway.protocols.stream.mapping`), so stream clients read body
 and headers natively, and the outcome is accepted once the log committed it.
-A stream that does not exist yet is created.
+A stream that does not exist yet is created. A durable route's forwarder
+appends with the route's publisher reference and each message's log offset
+as publishing id, so what it delivers again after a crash is stored once.
 
 Out of: `StreamRouteFeeds` runs one `LogForwarder` per local stream that a
 route from the listener takes, so that what clients publish is routed on
@@ -24,8 +26,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.core.batch import UNANSWERED, Answers, all_same
+from gateway.core.durable import producer_reference
 from gateway.core.forwarder import LogForwarder
-from gateway.core.interfaces import IDestination
+from gateway.core.interfaces import IDeduplicatingDestination
 from gateway.core.log import LogError, LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
@@ -70,7 +73,7 @@ def dead_letter_writer(
     return write
 
 
-@implementer(IDestination)
+@implementer(IDeduplicatingDestination)
 class StreamDestination:
     """Deliver routed messages into local streams (accepted once committed).
 
@@ -87,17 +90,36 @@ class StreamDestination:
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Append the batch to the streams named by its addresses: one append per stream."""
+        return self._deliver(messages, None, None)
+
+    def deliver_once(
+        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+    ) -> Deferred[list[Outcome]]:
+        """Append as `deliver` does, deduplicated by ``ids`` under the producer's reference.
+
+        The reference is the same in every stream (each stream keeps its own
+        last id for it), so a message whose id a stream has already stored
+        is accepted and not stored again.
+        """
+        return self._deliver(messages, producer_reference("msggateway", producer), ids)
+
+    def _deliver(
+        self, messages: Sequence[Message], reference: str | None, ids: Sequence[int] | None
+    ) -> Deferred[list[Outcome]]:
         by_stream: dict[str, list[int]] = {}
         for index, message in enumerate(messages):
             by_stream.setdefault(message.address, []).append(index)
         if len(by_stream) == 1:
             [(name, _)] = by_stream.items()
-            return self._append(name, messages)
+            return self._append(name, messages, reference, ids)
         answers = Answers(len(messages))
         for name, indices in by_stream.items():
-            self._append(name, [messages[index] for index in indices]).addCallback(
-                self._settle, answers, indices
-            )
+            self._append(
+                name,
+                [messages[index] for index in indices],
+                reference,
+                None if ids is None else [ids[index] for index in indices],
+            ).addCallback(self._settle, answers, indices)
         return answers.deferred
 
     @staticmethod
@@ -105,7 +127,13 @@ class StreamDestination:
         for index, outcome in zip(indices, outcomes, strict=True):
             answers.settle(index, outcome)
 
-    def _append(self, name: str, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+    def _append(
+        self,
+        name: str,
+        messages: Sequence[Message],
+        reference: str | None,
+        ids: Sequence[int] | None,
+    ) -> Deferred[list[Outcome]]:
         count = len(messages)
         stream = self._store.get(name)
         if stream is None:
@@ -117,7 +145,11 @@ class StreamDestination:
                 "{listener}: created stream {stream} for a route", listener=self.name, stream=name
             )
         try:
-            appended = stream.append([entry_from_message(message) for message in messages])
+            appended = stream.append(
+                [entry_from_message(message) for message in messages],
+                reference=reference,
+                publishing_ids=ids,
+            )
         except (LogError, ValueError) as exc:
             return all_same(count, Outcome.rejected(f"stream {name!r}: {exc}"))
         return appended.addCallbacks(

@@ -71,7 +71,7 @@ from zope.interface import implementer
 from gateway import __version__
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
-from gateway.core.interfaces import IDestination
+from gateway.core.interfaces import IDeduplicatingDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router
 from gateway.metrics import GatewayMetrics
@@ -257,7 +257,7 @@ def _retry_wait(failures: int) -> float:
     return min(wait, RECONNECT_MAX_DELAY_SECONDS)
 
 
-@implementer(IDestination)
+@implementer(IDeduplicatingDestination)
 class StreamUpstream(Upstream[StreamClientProtocol]):
     """A RabbitMQ stream node the gateway publishes to and consumes from.
 
@@ -480,8 +480,14 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
             break
         return True
 
-    # --- IDestination ---------------------------------------------------------
+    # --- IDeduplicatingDestination ----------------------------------------------
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Publish a batch (`Publishers.deliver`); fire with one outcome per message, in order."""
         return self.publishers.deliver(messages)
+
+    def deliver_once(
+        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+    ) -> Deferred[list[Outcome]]:
+        """Publish a durable route's batch under its own reference (`Publishers.deliver_once`)."""
+        return self.publishers.deliver_once(messages, producer, ids)

@@ -16,6 +16,16 @@ messages sent but not confirmed when a connection ended are accepted if
 the broker stored them (their id is not above the sequence) and published
 again with the same ids otherwise, so that a reconnect never duplicates a
 message.
+
+A durable route's forwarder publishes through `Publishers.deliver_once`:
+its messages go through a publisher of their own per stream, whose
+reference names the route and whose publishing ids are the route log's
+offsets (plus one), so that the chunk a forwarder delivers again after a
+gateway crash is confirmed by the broker without being stored twice. A
+message such a publisher has to send again below an id it already sent
+in this process (the broker refused it while later ones were stored)
+goes through the upstream's own publisher instead, which the broker would
+otherwise drop as a duplicate: at least once, never lost.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from twisted.python.failure import Failure
 
 from gateway.codecs import stream as sp
 from gateway.core.batch import Answers, all_same
+from gateway.core.durable import producer_reference
 from gateway.core.message import Message, Outcome
 from gateway.protocols.stream.link import StreamConnection, StreamLink
 from gateway.protocols.stream.mapping import entry_from_message
@@ -77,15 +88,19 @@ class _Job:
 
 
 class _Publisher:
-    """A declared publisher: one per stream per connection."""
+    """A declared publisher: one per stream and reference, declared on each connection."""
 
-    __slots__ = ("id", "in_flight", "next_id", "queue", "ready", "stream")
+    __slots__ = ("id", "in_flight", "keyed", "next_id", "queue", "ready", "reference", "stream")
 
-    def __init__(self, publisher_id: int, stream: str) -> None:
+    def __init__(self, publisher_id: int, stream: str, reference: str, keyed: bool) -> None:
         self.id = publisher_id
         self.stream = stream
+        self.reference = reference
+        self.keyed = keyed
+        """Its jobs come with their publishing ids (`Publishers.deliver_once`)."""
         self.ready = False
         self.next_id = 1
+        """Keyed: above every id sent in this process. Else: the next id to give."""
         self.queue: deque[_Job] = deque()
         self.in_flight: dict[int, _Job] = {}
 
@@ -104,7 +119,7 @@ class Publishers:
         self._settings = upstream.settings
         self._traffic = upstream.traffic
         self._reference = upstream.reference
-        self._publishers: dict[str, _Publisher] = {}
+        self._publishers: dict[tuple[str, str], _Publisher] = {}
         self._publisher_ids: dict[int, _Publisher] = {}
         self.queued = 0
         """Messages waiting in the publishers' queues."""
@@ -112,13 +127,13 @@ class Publishers:
         """Messages published and awaiting their confirm or error."""
 
     def streams(self) -> list[str]:
-        """The streams that have a publisher, in the order they got it."""
-        return list(self._publishers)
+        """The stream of each publisher, in the order they were added."""
+        return [stream for stream, _reference in self._publishers]
 
     async def declare_all(self, protocol: StreamConnection) -> None:
         """Declare every publisher on a new connection, one after the other."""
-        for stream in list(self._publishers):
-            await self.declare(protocol, stream)
+        for key in list(self._publishers):
+            await self.declare(protocol, key)
 
     def connection_ended(self) -> None:
         """The connection ended: nothing is published until each is declared again."""
@@ -126,6 +141,21 @@ class Publishers:
             publisher.ready = False
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Queue a batch for its stream(s); fire with one outcome per message, in order.
+
+        See `_publish`.
+        """
+        return self._publish(messages, self._reference, None)
+
+    def deliver_once(
+        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+    ) -> Deferred[list[Outcome]]:
+        """Publish as `deliver` does, through the producer's publishers, with these ids."""
+        return self._publish(messages, producer_reference(self._reference, producer), ids)
+
+    def _publish(
+        self, messages: Sequence[Message], reference: str, ids: Sequence[int] | None
+    ) -> Deferred[list[Outcome]]:
         """Queue a batch for its stream(s); fire with one outcome per message, in order.
 
         The batch is one `Answers`; each message becomes a job that knows its
@@ -154,6 +184,8 @@ class Publishers:
                 answers.settle(index, full)
         fixed = self._settings.stream
         publishers = self._publishers
+        plain = self._reference
+        keyed = ids is not None
         stream: str | None = None
         publisher: _Publisher | None = None
         for index in range(min(max(room, 0), count)):
@@ -161,30 +193,52 @@ class Publishers:
             address = fixed or message.address
             if address != stream:
                 stream = address
-                publisher = publishers.get(address) or self._add(address)
+                publisher = publishers.get((address, reference)) or self._add(
+                    address, reference, keyed
+                )
             if publisher is None:
                 answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
                 continue
             job = _Job(answers, index, entry_from_message(message))
             jobs.append(job)
-            publisher.queue.append(job)
+            if ids is None:
+                publisher.queue.append(job)
+                continue
+            publishing_id = ids[index]
+            if publishing_id >= publisher.next_id:
+                job.publishing_id = publishing_id
+                publisher.next_id = publishing_id + 1
+                publisher.queue.append(job)
+                continue
+            # Sent before by this process and refused, while a later id was
+            # stored: the broker would take this id for a duplicate.
+            again = publishers.get((address, plain)) or self._add(address, plain, False)
+            if again is None:
+                answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
+                jobs.pop()
+                continue
+            again.queue.append(job)
         self.queued += len(jobs)
         if jobs:
             self.pump()
         return answers.deferred
 
-    def _add(self, stream: str) -> _Publisher | None:
-        """A publisher for a new stream, declared on the open connection; None past 256."""
+    def _add(self, stream: str, reference: str, keyed: bool) -> _Publisher | None:
+        """A publisher for a new stream or reference, declared on the open connection.
+
+        None past 256 publishers.
+        """
         # The smallest id not in use: a publisher dropped after a refusal
         # frees its id, and an id must never name two streams at once.
         used = self._publisher_ids
         free = next(i for i in range(len(used) + 1) if i not in used)
         if free > MAX_PUBLISHER_ID:
             return None
-        publisher = self._publishers[stream] = used[free] = _Publisher(free, stream)
+        key = (stream, reference)
+        publisher = self._publishers[key] = used[free] = _Publisher(free, stream, reference, keyed)
         connection = self._upstream.connection
         if connection is not None:
-            Deferred.fromCoroutine(self.declare(connection, stream)).addErrback(
+            Deferred.fromCoroutine(self.declare(connection, key)).addErrback(
                 self._declare_failed, connection
             )
         return publisher
@@ -192,20 +246,21 @@ class Publishers:
     def _declare_failed(self, failure: Failure, connection: StreamConnection) -> None:
         connection.close(f"declaring a publisher failed: {failure.getErrorMessage()}")
 
-    async def declare(self, protocol: StreamConnection, stream: str) -> None:
-        """Declare the stream's publisher and learn where its publishing ids go on."""
-        publisher = self._publishers[stream]
+    async def declare(self, protocol: StreamConnection, key: tuple[str, str]) -> None:
+        """Declare a publisher and learn where its publishing ids go on."""
+        publisher = self._publishers[key]
+        stream, reference = key
         publisher.ready = False
         if self._settings.create_streams:
             await protocol.request(sp.Create, stream=stream, arguments={})  # 5: it exists
         declared = await protocol.request(
-            sp.DeclarePublisher, publisher_id=publisher.id, reference=self._reference, stream=stream
+            sp.DeclarePublisher, publisher_id=publisher.id, reference=reference, stream=stream
         )
         if declared.code != 1:
             self._fail_queue(publisher, declared.code)
             return
         answer = await protocol.request(
-            sp.QueryPublisherSequence, reference=self._reference, stream=stream
+            sp.QueryPublisherSequence, reference=reference, stream=stream
         )
         sequence = answer.sequence if answer.code == 1 else 0
         # Sent before the connection ended: stored if not above the sequence;
@@ -221,7 +276,10 @@ class Publishers:
             elif job.answers.outcomes[job.index] is None:
                 job.queued = True
                 again.append(job)
-        publisher.next_id = max(sequence, *in_flight, 0) + 1
+        if not publisher.keyed:
+            # A keyed publisher's ids are its producer's: those up to the
+            # sequence are the broker's to deduplicate, not to skip here.
+            publisher.next_id = max(sequence, *in_flight, 0) + 1
         in_flight.clear()
         self.unconfirmed = sum(len(p.in_flight) for p in self._publishers.values())
         publisher.queue.extendleft(reversed(again))
@@ -241,7 +299,7 @@ class Publishers:
         )
         # Gone before anyone is answered: an answer may lead to a delivery to
         # the same stream at once, which then declares a publisher afresh.
-        del self._publishers[publisher.stream]
+        del self._publishers[publisher.stream, publisher.reference]
         del self._publisher_ids[publisher.id]
         queued = [job for job in publisher.queue if job.queued]  # else cancelled, forgotten
         publisher.queue.clear()
