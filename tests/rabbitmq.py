@@ -47,6 +47,7 @@ Standard library only; no pytest dependency.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -65,10 +66,12 @@ from typing import Any, Final
 
 __all__ = [
     "RABBITMQ_BIN",
+    "RabbitMQCluster",
     "RabbitMQError",
     "RabbitMQNode",
     "RabbitMQStartError",
     "RabbitMQUnavailable",
+    "StreamAdminClient",
     "find_rabbitmq",
     "install_rabbitmq",
 ]
@@ -100,6 +103,9 @@ MARKER_VARIABLE: Final = "MSGGATEWAY_RABBITMQ_NODE"
 """Set to the node name in the environment of every process a node starts."""
 
 _POLICY_RC_D: Final = Path("/usr/sbin/policy-rc.d")
+_HANDED_OUT: set[int] = set()
+"""Ports `_free_ports` chose in this process: never chosen twice, so that nodes
+started side by side (a cluster) cannot pick the same free port before either listens."""
 _EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -223,13 +229,39 @@ def _free_ports(count: int) -> list[int]:
         for candidate in [*candidates, *[0] * count]:
             if len(ports) == count:
                 break
+            if candidate in _HANDED_OUT:
+                continue
             sock = stack.enter_context(socket.socket())
             try:
                 sock.bind(("127.0.0.1", candidate))
             except OSError:
                 continue
             ports.append(sock.getsockname()[1])
+        _HANDED_OUT.update(ports)
         return ports
+
+
+def _run_epmd(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start an epmd on loopback (stopped by its PID, by whoever started it)."""
+    return subprocess.Popen(
+        [_find_epmd(), "-address", "127.0.0.1", "-port", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def _stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM a process we started, SIGKILL it if it lingers, and reap it."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(SIGNAL_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _answers(port: int) -> bool:
@@ -276,6 +308,11 @@ class RabbitMQNode:
             `stop`, if None; kept if given).
         install: Install the Debian package first if it is missing (root).
         start_timeout: Seconds to wait for the node to be ready.
+        epmd_port: An epmd that someone else runs (a `RabbitMQCluster`, whose
+            nodes must find each other in one); None: the node starts its own.
+        cookie: The Erlang cookie (the same for every node of a cluster);
+            None: a random one.
+        node_name: The Erlang node name; None: ``msggw-<pid>-<random>@localhost``.
 
     Attributes:
         host: Always ``127.0.0.1``.
@@ -299,17 +336,22 @@ class RabbitMQNode:
         *,
         install: bool = False,
         start_timeout: float = START_TIMEOUT_SECONDS,
+        epmd_port: int | None = None,
+        cookie: str | None = None,
+        node_name: str | None = None,
     ) -> None:
         self._given_directory = directory
         self._install = install
         self._start_timeout = start_timeout
+        self._shared_epmd_port = epmd_port
+        self._cookie = cookie or "".join(secrets.choice(string.ascii_uppercase) for _ in range(20))
         self._directory: Path | None = None
         self._bin: Path | None = None
         self._env: dict[str, str] = {}
         self._server: subprocess.Popen[bytes] | None = None
         self._epmd: subprocess.Popen[bytes] | None = None
         self.amqp_port = self.stream_port = self.epmd_port = self.dist_port = 0
-        self.node_name = f"msggw-{os.getpid()}-{secrets.token_hex(3)}@localhost"
+        self.node_name = node_name or f"msggw-{os.getpid()}-{secrets.token_hex(3)}@localhost"
         self.setup_notes: list[str] = []
 
     # --- what users of a running node need ----------------------------------------------------
@@ -375,6 +417,25 @@ class RabbitMQNode:
         rows = json.loads(output or "[]")
         return {row["name"]: str(row["state"]) for row in rows if row.get("type") == "stream"}
 
+    def join_cluster(self, seed: RabbitMQNode) -> None:
+        """Join ``seed``'s cluster: ``stop_app``, ``join_cluster``, ``start_app``, await startup.
+
+        Both nodes must share an epmd and a cookie (a `RabbitMQCluster` sees to it).
+
+        Raises:
+            RabbitMQStartError: A step failed or timed out (with its output).
+        """
+        self.rabbitmqctl("stop_app")
+        self.rabbitmqctl("join_cluster", seed.node_name)
+        self.rabbitmqctl("start_app")
+        self.rabbitmqctl("await_startup", "--timeout", str(int(self._start_timeout)))
+
+    def stream_client(self, timeout: float = CLI_TIMEOUT_SECONDS) -> StreamAdminClient:
+        """A logged-in `StreamAdminClient` on this node's stream port (a context manager)."""
+        return StreamAdminClient(
+            self.host, self.stream_port, self.username, self.password, timeout=timeout
+        )
+
     def delete_stream(self, name: str) -> None:
         """Delete a stream (``rabbitmqctl delete_queue`` works for streams on 3.10).
 
@@ -415,7 +476,9 @@ class RabbitMQNode:
         try:
             if first:
                 self._set_up()
-            elif self._epmd is None or self._epmd.poll() is not None:
+            elif self._shared_epmd_port is None and (
+                self._epmd is None or self._epmd.poll() is not None
+            ):
                 self._start_epmd()
             self._start_server(await_streams=not first)
         except BaseException:
@@ -467,17 +530,22 @@ class RabbitMQNode:
             self._directory = self._given_directory
             self._directory.mkdir(parents=True, exist_ok=True)
         self._prepare()
-        self._start_epmd()
+        if self._shared_epmd_port is None:
+            self._start_epmd()
 
     def _prepare(self) -> None:
         """Choose ports and write the node's configuration, plugins file and cookie."""
         directory = self.directory
-        self.amqp_port, self.stream_port, self.epmd_port, self.dist_port = _free_ports(4)
+        if self._shared_epmd_port is None:
+            self.amqp_port, self.stream_port, self.epmd_port, self.dist_port = _free_ports(4)
+        else:
+            self.amqp_port, self.stream_port, self.dist_port = _free_ports(3)
+            self.epmd_port = self._shared_epmd_port
         home = directory / "home"
         home.mkdir(exist_ok=True)
         cookie = home / ".erlang.cookie"
         cookie.unlink(missing_ok=True)
-        cookie.write_text("".join(secrets.choice(string.ascii_uppercase) for _ in range(20)))
+        cookie.write_text(self._cookie)
         cookie.chmod(0o400)
         (directory / "rabbitmq.conf").write_text(
             f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}\n"
@@ -523,13 +591,7 @@ class RabbitMQNode:
         It runs for the node's whole life (across restarts), so the VM and
         the CLI tools never start a daemonised epmd of their own.
         """
-        self._epmd = subprocess.Popen(
-            [_find_epmd(), "-address", "127.0.0.1", "-port", str(self.epmd_port)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=self._env,
-        )
+        self._epmd = _run_epmd(self.epmd_port, self._env)
         self._wait_for_port(self.epmd_port, "epmd", self._epmd, time.monotonic() + 10)
 
     def _start_server(self, *, await_streams: bool) -> None:
@@ -647,13 +709,336 @@ class RabbitMQNode:
                 os.kill(pid, signal.SIGKILL)
 
     def _stop_epmd(self) -> None:
-        """Stop the node's epmd by its PID."""
+        """Stop the node's own epmd by its PID (a shared one is its owner's to stop)."""
         epmd, self._epmd = self._epmd, None
-        if epmd is None or epmd.poll() is not None:
-            return
-        epmd.terminate()
+        _stop_process(epmd)
+
+
+class StreamAdminClient:
+    """A blocking stream-protocol client for setting up and checking: create, delete, metadata.
+
+    It speaks through the gateway's own codec (`gateway.codecs.stream`,
+    standard library only): peer properties, SASL PLAIN, tune (no
+    heartbeats), open ``/``, then one request at a time, each answered
+    within ``timeout`` seconds. It does not publish or consume (rstream
+    does that in the tests); it is what rstream's locator connection does
+    to create a stream with arguments and to ask where a stream's leader is.
+
+    Args:
+        host: The node's stream host.
+        port: Its stream port.
+        username: Logs in with SASL PLAIN as this user.
+        password: And this password.
+        timeout: Seconds the connection and each answer may take.
+
+    Raises:
+        OSError: The connection failed or an answer did not come in time.
+        RabbitMQError: The login or the virtual host was refused.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        username: str,
+        password: str,
+        *,
+        timeout: float = CLI_TIMEOUT_SECONDS,
+    ) -> None:
+        from gateway.codecs import stream as sp  # the project's codec, only when used
+
+        self._sp = sp
+        self._timeout = timeout
+        self._codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self._events: list[Any] = []
+        self._correlation = 0
+        self._sock = socket.create_connection((host, port), timeout=timeout)
         try:
-            epmd.wait(SIGNAL_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            epmd.kill()
-            epmd.wait()
+            self._handshake(username, password)
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def __enter__(self) -> StreamAdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+    def create_stream(self, stream: str, arguments: dict[str, str] | None = None) -> int:
+        """Create a stream; return the response code (1: created, 5: it exists).
+
+        Args:
+            stream: Its name.
+            arguments: The stream protocol's string arguments, e.g.
+                ``initial-cluster-size``, ``queue-leader-locator``,
+                ``max-length-bytes``.
+        """
+        answer = self._request(self._sp.Create, stream=stream, arguments=arguments or {})
+        return int(answer.code)
+
+    def delete_stream(self, stream: str) -> int:
+        """Delete a stream; return the response code (1: deleted)."""
+        return int(self._request(self._sp.Delete, stream=stream).code)
+
+    def metadata(self, stream: str) -> tuple[int, tuple[str, int] | None, list[tuple[str, int]]]:
+        """Ask where a stream lives.
+
+        Returns:
+            The stream's code (1 when it is usable), its leader's advertised
+            ``(host, port)`` (None while it has none) and its replicas'.
+        """
+        answer = self._request(self._sp.Metadata, streams=(stream,))
+        brokers = {broker.reference: (broker.host, broker.port) for broker in answer.brokers}
+        (entry,) = answer.streams
+        replicas = [brokers[r] for r in entry.replicas if r in brokers]
+        return int(entry.code), brokers.get(entry.leader), replicas
+
+    def _handshake(self, username: str, password: str) -> None:
+        sp = self._sp
+        self._request(sp.PeerProperties, properties={"product": "msggateway-tests"})
+        self._request(sp.SaslHandshake)
+        plain = b"\0" + username.encode() + b"\0" + password.encode()
+        answer = self._request(sp.SaslAuthenticate, mechanism="PLAIN", data=plain)
+        if answer.code != sp.ResponseCode.OK:
+            raise RabbitMQError(f"stream login as {username!r} refused (code {answer.code})")
+        tune = self._next(lambda event: isinstance(event, sp.Tune))
+        self._send(sp.Tune(frame_max=tune.frame_max, heartbeat=0))
+        opened = self._request(sp.Open, virtual_host="/")
+        if opened.code != sp.ResponseCode.OK:
+            raise RabbitMQError(f"virtual host / refused (code {opened.code})")
+
+    def _send(self, event: Any) -> None:
+        self._sock.sendall(self._codec.send(event))
+
+    def _request(self, request: Any, **fields: Any) -> Any:
+        self._correlation += 1
+        correlation = self._correlation
+        self._send(request(correlation_id=correlation, **fields))
+        return self._next(lambda event: getattr(event, "correlation_id", None) == correlation)
+
+    def _next(self, wanted: Any) -> Any:
+        """The first event (kept or read next) that ``wanted`` accepts; others are dropped."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            for index, event in enumerate(self._events):
+                if wanted(event):
+                    del self._events[: index + 1]
+                    return event
+            self._events.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer from the stream port in {self._timeout} s")
+            self._sock.settimeout(left)
+            data = self._sock.recv(65536)
+            if not data:
+                raise ConnectionError("the stream port closed the connection")
+            self._events.extend(self._codec.receive_data(data))
+
+
+class RabbitMQCluster:
+    """Private RabbitMQ nodes on loopback, joined in one cluster; a context manager.
+
+    Each node is a `RabbitMQNode` with a name, ports (AMQP, stream
+    advertised as ``127.0.0.1`` and its port, Erlang distribution) and data
+    directory of its own; they share one epmd on a free loopback port (so
+    that they find each other) and one Erlang cookie. The nodes boot side by
+    side, then every node after the first joins it (``rabbitmqctl
+    stop_app``, ``join_cluster``, ``start_app``)::
+
+        with RabbitMQCluster(3) as cluster:
+            leader = cluster.nodes[0]
+            cluster.create_stream("orders", on=leader)  # 3 replicas, leader there
+            cluster.await_stream("orders")
+            leader.stop_broker(graceful=False)  # a crash of the stream's leader
+            new_leader, replicas = cluster.stream_members("orders")
+
+    Stopping stops every node (as `RabbitMQNode.stop` does, so only what
+    this cluster started), then the epmd by its PID, then removes a
+    temporary directory.
+
+    Args:
+        size: How many nodes (3 tolerates one down: streams need a majority).
+        directory: Where the nodes' directories go (temporary and removed
+            if None).
+        install: Install the Debian package first if it is missing (root).
+        start_timeout: Seconds each node may take to be ready.
+
+    Attributes:
+        nodes: The nodes; the first is the one the others joined.
+        epmd_port: The shared epmd's port.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        directory: Path | None = None,
+        *,
+        install: bool = False,
+        start_timeout: float = START_TIMEOUT_SECONDS,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster has at least one node, not {size}")
+        self.size = size
+        self._given_directory = directory
+        self._install = install
+        self._start_timeout = start_timeout
+        self._directory: Path | None = None
+        self._epmd: subprocess.Popen[bytes] | None = None
+        self.epmd_port = 0
+        self.nodes: list[RabbitMQNode] = []
+        self.setup_notes: list[str] = []
+
+    def __enter__(self) -> RabbitMQCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> RabbitMQCluster:
+        """Start the epmd and the nodes, join them into one cluster; returns the cluster.
+
+        Raises:
+            RabbitMQUnavailable: Not installed (and not installable).
+            RabbitMQStartError: A node did not start, or did not join (with its log).
+        """
+        if self.nodes:
+            raise RabbitMQError("the cluster is started already")
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        if self._install:
+            self.setup_notes += install_rabbitmq()
+        find_rabbitmq()
+        if self._given_directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="msggw-rabbitmq-cluster-"))
+        else:
+            self._directory = self._given_directory
+            self._directory.mkdir(parents=True, exist_ok=True)
+        (self.epmd_port,) = _free_ports(1)
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+        self._epmd = _run_epmd(self.epmd_port, env)
+        deadline = time.monotonic() + 10
+        while not _answers(self.epmd_port):
+            if self._epmd.poll() is not None or time.monotonic() > deadline:
+                raise RabbitMQStartError(f"epmd did not answer on port {self.epmd_port}")
+            time.sleep(POLL_INTERVAL_SECONDS)
+        cookie = "".join(secrets.choice(string.ascii_uppercase) for _ in range(20))
+        prefix = f"msggw-{os.getpid()}-{secrets.token_hex(3)}"
+        self.nodes = [
+            RabbitMQNode(
+                self._directory / f"node{index}",
+                start_timeout=self._start_timeout,
+                epmd_port=self.epmd_port,
+                cookie=cookie,
+                node_name=f"{prefix}-{index}@localhost",
+            )
+            for index in range(1, self.size + 1)
+        ]
+        self._each(RabbitMQNode.start)
+        seed = self.nodes[0]
+        for node in self.nodes[1:]:
+            node.join_cluster(seed)
+
+    def _each(self, step: Any) -> None:
+        """Run ``step(node)`` for every node side by side; raise the first failure."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            results = [pool.submit(step, node) for node in self.nodes]
+        for result in results:
+            result.result()
+
+    def stop(self) -> None:
+        """Stop every node, then the epmd; remove a temporary directory. Bounded in time."""
+        nodes, self.nodes = self.nodes, []
+        try:
+            if nodes:
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+                    list(pool.map(RabbitMQNode.stop, nodes))
+        finally:
+            epmd, self._epmd = self._epmd, None
+            _stop_process(epmd)
+            if self._given_directory is None and self._directory is not None:
+                shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    def running_nodes(self) -> list[RabbitMQNode]:
+        """The nodes whose broker is running."""
+        return [node for node in self.nodes if node.running]
+
+    def node_at(self, address: tuple[str, int] | None) -> RabbitMQNode | None:
+        """The node that advertises ``(host, port)`` for streams, if any."""
+        for node in self.nodes:
+            if address == (node.host, node.stream_port):
+                return node
+        return None
+
+    def create_stream(self, stream: str, *, on: RabbitMQNode | None = None) -> None:
+        """Create a stream with a member on every node, its leader on ``on`` (the first node).
+
+        Through the stream protocol on ``on``, with ``initial-cluster-size``
+        set to the cluster's size and ``queue-leader-locator`` set to
+        ``client-local``.
+
+        Raises:
+            RabbitMQError: The node refused (the code says why).
+        """
+        node = on or self.nodes[0]
+        with node.stream_client() as client:
+            code = client.create_stream(
+                stream,
+                {"initial-cluster-size": str(self.size), "queue-leader-locator": "client-local"},
+            )
+        if code != 1:
+            raise RabbitMQError(f"creating stream {stream} on {node.node_name}: code {code}")
+
+    def stream_members(
+        self, stream: str, *, via: RabbitMQNode | None = None
+    ) -> tuple[RabbitMQNode | None, list[RabbitMQNode]]:
+        """The stream's leader (None while it has none) and replicas, from its Metadata.
+
+        Asked through the stream protocol on ``via`` (the first running node by default).
+        """
+        node = via or self.running_nodes()[0]
+        with node.stream_client() as client:
+            _code, leader, replicas = client.metadata(stream)
+        found = [self.node_at(replica) for replica in replicas]
+        return self.node_at(leader), [replica for replica in found if replica is not None]
+
+    def await_stream(
+        self, stream: str, *, replicas: int | None = None, timeout: float = CLI_TIMEOUT_SECONDS
+    ) -> RabbitMQNode:
+        """Wait until the stream has a leader and ``replicas`` replicas; return the leader.
+
+        ``replicas`` defaults to one on every other running node. Polled
+        through Metadata until the deadline.
+
+        Raises:
+            RabbitMQStartError: Not so in time.
+        """
+        want = len(self.running_nodes()) - 1 if replicas is None else replicas
+        deadline = time.monotonic() + timeout
+        while True:
+            leader, members = self.stream_members(stream)
+            if leader is not None and len(members) >= want:
+                return leader
+            if time.monotonic() > deadline:
+                raise RabbitMQStartError(
+                    f"stream {stream}: leader {leader and leader.node_name},"
+                    f" {len(members)} replicas, not {want}, after {timeout} s"
+                )
+            time.sleep(POLL_INTERVAL_SECONDS)
