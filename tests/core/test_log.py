@@ -800,7 +800,10 @@ async def test_close(tmp_path: Path) -> None:
 
 
 class FailingWrites:
-    """A ``write_segment`` seam whose second write fails as a full disk would."""
+    """A ``write_segment`` seam whose second write fails as a broken disk would.
+
+    (A full disk, ENOSPC, passes by itself: tests/core/test_log_disk_full.py.)
+    """
 
     def __init__(self) -> None:
         self.calls = 0
@@ -809,7 +812,7 @@ class FailingWrites:
         """Write, except the second time."""
         self.calls += 1
         if self.calls == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(errno.EIO, "Input/output error")
         pwrite_all(fd, data, position)
 
 

@@ -98,6 +98,7 @@ class StreamCommit:
         next_id: The next offset after the commit.
         last_user_chunk_id: The last user chunk it writes, if any.
         timestamp: Its chunks' timestamp (ms).
+        offsets: The consumer offsets it stores (queued again if it fails).
     """
 
     appends: list[PendingAppend]
@@ -106,6 +107,7 @@ class StreamCommit:
     next_id: int
     last_user_chunk_id: int | None
     timestamp: int
+    offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -215,6 +217,7 @@ class CommitPlanner:
             next_id=self._next_id,
             last_user_chunk_id=self._last_user_chunk_id,
             timestamp=self._timestamp,
+            offsets=offsets,
         )
 
     def _place_whole(self, append: PendingAppend, chunk: _OpenChunk) -> None:

@@ -6,10 +6,19 @@ their first chunk id) with a ``.index`` beside each (docs/stream-protocol-notes.
 only committed chunks, kept in arrays for bisection. `SegmentWriter` holds
 the active segment's open files and is used only from the writer thread (and
 at start-up); `write_stream` is what a commit does there.
+
+A commit whose writing fails is taken back before it is reported: the
+segment and index are cut back to their committed ends, a segment the commit
+created is removed, and the writer is left on the segment it started on, so
+that what was committed before stays valid and the next commit starts where
+this one did (`CommitWriteError` says whether that worked, and how much
+space the file system has left).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from array import array
 from bisect import bisect_right
@@ -34,6 +43,8 @@ from gateway.core.log.directory import fsync_directory
 
 __all__ = [
     "EPOCH",
+    "FULL_ERRNOS",
+    "CommitWriteError",
     "PlannedChunk",
     "Segment",
     "SegmentWrite",
@@ -41,17 +52,73 @@ __all__ = [
     "WriteSegment",
     "chunk_size",
     "pwrite_all",
+    "roll_back",
     "write_stream",
 ]
 
 EPOCH: Final = 1
 """A single node's writer epoch."""
 
+FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Errors of a file system without room (or of a quota): writing may work again later."""
+
 _datasync: Final[Callable[[int], None]] = getattr(os, "fdatasync", os.fsync)
 
 WriteSegment = Callable[[int, bytes, int], None]
 """Writes all of ``data`` to file descriptor ``fd`` at ``position``: how chunks reach
 a segment file (a seam for tests that count or hold writes)."""
+
+
+class CommitWriteError(Exception):
+    """A stream's share of a commit could not be written (raised in the writer thread).
+
+    Args:
+        cause: The error of the write (its ``filename`` names the file).
+        rolled_back: What the commit wrote was taken back: both files end
+            where they did before it, and the writer is on its segment again.
+        synced: The error came from an fsync, after which a file's contents
+            cannot be trusted (only a reopen, with recovery, can).
+        free_bytes: Bytes the file system had free for us after the rollback
+            (``statvfs``), None if unknown.
+        total_bytes: Its size, None if unknown.
+    """
+
+    def __init__(
+        self,
+        cause: OSError,
+        *,
+        rolled_back: bool,
+        synced: bool = False,
+        free_bytes: int | None = None,
+        total_bytes: int | None = None,
+    ) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.rolled_back = rolled_back
+        self.synced = synced
+        self.free_bytes = free_bytes
+        self.total_bytes = total_bytes
+
+    @property
+    def path(self) -> str:
+        """The file whose write failed ("" if unknown)."""
+        return "" if self.cause.filename is None else os.fsdecode(self.cause.filename)
+
+    @property
+    def space_ran_out(self) -> bool:
+        """The file system (or a quota) was full, and the commit was taken back cleanly.
+
+        Then the stream is as it was before the commit, and writing can
+        resume once there is room; any other failure leaves it broken.
+        """
+        return self.rolled_back and not self.synced and self.cause.errno in FULL_ERRNOS
+
+
+def _named(error: OSError, path: Path) -> OSError:
+    """``error`` with ``path`` as its file name, unless it names one already."""
+    if error.filename is None:
+        error.filename = str(path)
+    return error
 
 
 def pwrite_all(fd: int, data: bytes, position: int) -> None:
@@ -211,37 +278,90 @@ class SegmentWriter:
         self._index_fd: int | None = None
         self.first_id: int | None = None
 
+    def segment_path(self, first_id: int | None = None) -> Path:
+        """The segment file ``first_id`` (the open one by default)."""
+        first_id = self.first_id if first_id is None else first_id
+        return self.directory / segment_file_name(first_id or 0)
+
+    def index_path(self, first_id: int | None = None) -> Path:
+        """The index file ``first_id`` (the open one by default)."""
+        first_id = self.first_id if first_id is None else first_id
+        return self.directory / index_file_name(first_id or 0)
+
     def open_existing(self, first_id: int) -> None:
         """Open the (recovered) segment ``first_id`` for writing."""
         self.close()
-        self._segment_fd = os.open(self.directory / segment_file_name(first_id), os.O_RDWR)
-        self._index_fd = os.open(self.directory / index_file_name(first_id), os.O_RDWR)
+        self._segment_fd = os.open(self.segment_path(first_id), os.O_RDWR)
+        self._index_fd = os.open(self.index_path(first_id), os.O_RDWR)
         self.first_id = first_id
 
     def create(self, first_id: int, *, sync_directory: bool) -> None:
         """Create segment ``first_id`` (and its index) with their headers, and open them."""
         self.close()
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-        self._segment_fd = os.open(self.directory / segment_file_name(first_id), flags, 0o644)
-        self._index_fd = os.open(self.directory / index_file_name(first_id), flags, 0o644)
+        self._segment_fd = os.open(self.segment_path(first_id), flags, 0o644)
+        self._index_fd = os.open(self.index_path(first_id), flags, 0o644)
         self.first_id = first_id
-        pwrite_all(self._segment_fd, SEGMENT_HEADER, 0)
-        pwrite_all(self._index_fd, INDEX_HEADER, 0)
+        try:
+            pwrite_all(self._segment_fd, SEGMENT_HEADER, 0)
+        except OSError as exc:
+            raise _named(exc, self.segment_path()) from None
+        try:
+            pwrite_all(self._index_fd, INDEX_HEADER, 0)
+        except OSError as exc:
+            raise _named(exc, self.index_path()) from None
         if sync_directory:
             _datasync(self._segment_fd)
             fsync_directory(self.directory)
 
     def write(self, position: int, data: bytes, index_position: int, index_data: bytes) -> None:
-        """Write chunks at ``position``, then their index records."""
+        """Write chunks at ``position``, then their index records.
+
+        Raises:
+            OSError: A write failed; its ``filename`` names the file.
+        """
         if self._segment_fd is None or self._index_fd is None:
             raise OSError(f"no segment open for writing in {self.directory}")
-        self._write(self._segment_fd, data, position)
-        pwrite_all(self._index_fd, index_data, index_position)
+        try:
+            self._write(self._segment_fd, data, position)
+        except OSError as exc:
+            raise _named(exc, self.segment_path()) from None
+        try:
+            pwrite_all(self._index_fd, index_data, index_position)
+        except OSError as exc:
+            raise _named(exc, self.index_path()) from None
 
     def sync(self) -> None:
-        """Flush the segment file to disk (the index can be rebuilt, so it is not)."""
+        """Flush the segment file to disk (the index can be rebuilt, so it is not).
+
+        Raises:
+            OSError: The fsync failed; its ``filename`` names the file.
+        """
         if self._segment_fd is not None:
-            _datasync(self._segment_fd)
+            try:
+                _datasync(self._segment_fd)
+            except OSError as exc:
+                raise _named(exc, self.segment_path()) from None
+
+    def truncate(self, size: int, index_size: int) -> None:
+        """Cut the open segment and index back to these sizes (taking back a failed write).
+
+        Truncating frees blocks, so it works on a full file system too.
+        """
+        if self._segment_fd is None or self._index_fd is None:
+            raise OSError(f"no segment open for writing in {self.directory}")
+        os.ftruncate(self._segment_fd, size)
+        os.ftruncate(self._index_fd, index_size)
+
+    def discard(self, first_ids: Sequence[int], *, sync_directory: bool) -> None:
+        """Remove segments (and their indexes) that a failed commit created."""
+        for first_id in first_ids:
+            if first_id == self.first_id:
+                self.close()
+            self.segment_path(first_id).unlink(missing_ok=True)
+            self.index_path(first_id).unlink(missing_ok=True)
+        if first_ids and sync_directory:
+            fsync_directory(self.directory)
 
     def close(self) -> None:
         """Close the open files, if any."""
@@ -258,7 +378,8 @@ def write_stream(
     """Encode and write one stream's share of a commit: runs in the writer thread.
 
     Each `SegmentWrite` becomes one write of its chunks and one of their
-    index records.
+    index records. If anything fails, what the commit wrote is taken back
+    (`roll_back`) before the error is raised.
 
     Args:
         writer: The stream's open files.
@@ -271,36 +392,112 @@ def write_stream(
         How many segment writes were made.
 
     Raises:
-        OSError: A write failed; the stream must not be written again before recovery.
+        CommitWriteError: A write or fsync failed; it says whether the
+            stream's files are as they were before the commit.
     """
-    for write in writes:
-        if write.create:
-            if sync_rolls:
-                writer.sync()
-            writer.create(write.first_id, sync_directory=sync_rolls)
-        encoded = [
-            encode_chunk(
-                chunk.messages,
-                first_offset=chunk.chunk_id,
-                timestamp_ms=chunk.timestamp,
-                epoch=EPOCH,
-                chunk_type=chunk.chunk_type,
-                trailer=chunk.trailer,
-                records=chunk.records,
-            )
-            for chunk in write.chunks
-        ]
-        data = encoded[0] if len(encoded) == 1 else b"".join(encoded)
-        expected = sum(chunk.size for chunk in write.chunks)
-        if len(data) != expected:
-            raise RuntimeError(f"planned {expected} bytes of chunks, encoded {len(data)}")
-        index = b"".join(
-            pack_index_record(
-                chunk.chunk_id, chunk.timestamp, EPOCH, chunk.position, chunk.chunk_type
-            )
-            for chunk in write.chunks
-        )
-        writer.write(write.position, data, write.index_position, index)
-    if sync:
-        writer.sync()
+    started_on = writer.first_id
+    try:
+        for write in writes:
+            if write.create:
+                if sync_rolls:
+                    _sync(writer)
+                writer.create(write.first_id, sync_directory=sync_rolls)
+            _write_chunks(writer, write)
+        if sync:
+            _sync(writer)
+    except _SyncError as exc:
+        # After a failed fsync the kernel may have dropped dirty pages: the
+        # files cannot be trusted until recovery reads them again.
+        roll_back(writer, writes, started_on, sync_directory=sync_rolls)
+        raise CommitWriteError(exc.cause, rolled_back=False, synced=True) from exc.cause
+    except OSError as exc:
+        rolled_back = roll_back(writer, writes, started_on, sync_directory=sync_rolls)
+        free_bytes = total_bytes = None
+        with contextlib.suppress(OSError):
+            usage = os.statvfs(writer.directory)
+            free_bytes = usage.f_bavail * usage.f_frsize
+            total_bytes = usage.f_blocks * usage.f_frsize
+        raise CommitWriteError(
+            exc, rolled_back=rolled_back, free_bytes=free_bytes, total_bytes=total_bytes
+        ) from exc
     return len(writes)
+
+
+class _SyncError(Exception):
+    """An fsync failed (kept apart from write errors, which can be taken back)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _sync(writer: SegmentWriter) -> None:
+    """Fsync the writer's segment; a failure becomes `_SyncError`."""
+    try:
+        writer.sync()
+    except OSError as exc:
+        raise _SyncError(exc) from exc
+
+
+def _write_chunks(writer: SegmentWriter, write: SegmentWrite) -> None:
+    """Encode one `SegmentWrite`'s chunks and write them and their index records."""
+    encoded = [
+        encode_chunk(
+            chunk.messages,
+            first_offset=chunk.chunk_id,
+            timestamp_ms=chunk.timestamp,
+            epoch=EPOCH,
+            chunk_type=chunk.chunk_type,
+            trailer=chunk.trailer,
+            records=chunk.records,
+        )
+        for chunk in write.chunks
+    ]
+    data = encoded[0] if len(encoded) == 1 else b"".join(encoded)
+    expected = sum(chunk.size for chunk in write.chunks)
+    if len(data) != expected:
+        raise RuntimeError(f"planned {expected} bytes of chunks, encoded {len(data)}")
+    index = b"".join(
+        pack_index_record(chunk.chunk_id, chunk.timestamp, EPOCH, chunk.position, chunk.chunk_type)
+        for chunk in write.chunks
+    )
+    writer.write(write.position, data, write.index_position, index)
+
+
+def roll_back(
+    writer: SegmentWriter,
+    writes: Sequence[SegmentWrite],
+    started_on: int | None,
+    *,
+    sync_directory: bool,
+) -> bool:
+    """Take back a failed commit's writes: runs in the writer thread.
+
+    Segments the commit created are removed; the segment it started on is
+    reopened if the writer rolled away from it, and cut back (with its
+    index) to where the commit's first write began. Bytes past a committed
+    end are never read, but left there they would make the next, shorter,
+    commit end in garbage, and a half-written chunk is what recovery
+    reports as damage.
+
+    Args:
+        writer: The stream's files.
+        writes: The commit's writes.
+        started_on: The writer's segment before the commit (None: none was open).
+        sync_directory: Fsync the directory after removing files.
+
+    Returns:
+        Whether the files are as they were before the commit.
+    """
+    try:
+        created = [write.first_id for write in writes if write.create]
+        writer.discard(created, sync_directory=sync_directory)
+        if started_on is None:
+            return not writes or writes[0].create
+        if writer.first_id != started_on:
+            writer.open_existing(started_on)
+        if writes and not writes[0].create:
+            writer.truncate(writes[0].position, writes[0].index_position)
+    except OSError:
+        return False
+    return True

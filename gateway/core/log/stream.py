@@ -9,10 +9,19 @@ only then do acknowledgements fire and readers see the chunks. Reads use
 Offsets follow osiris (docs/stream-protocol-notes.md, section 7): they count
 records, a chunk's id is the offset of its first record, and tracking chunks
 take one offset each, so user-visible offsets have gaps.
+
+A commit that fails because the file system (or a quota) is full was taken
+back by the writer thread, so the stream is intact: its appends, and those
+queued behind it, fail with `LogFullError`, and the stream refuses appends
+for `FULL_RETRY_INITIAL_SECONDS`, doubling up to `FULL_RETRY_MAX_SECONDS`
+while the disk stays full; after each wait the next commit tries again, so
+writing resumes by itself once there is room. Any other write failure
+leaves the stream refusing appends until the store reopens (recovery).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
@@ -20,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -34,11 +44,12 @@ from gateway.codecs.osiris import (
     entry_bytes,
 )
 from gateway.core.log.commit import CommitPlanner, Entry, PendingAppend, StreamCommit
-from gateway.core.log.segment import Segment, SegmentWriter
+from gateway.core.log.segment import CommitWriteError, Segment, SegmentWriter
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
     AppendResult,
     LogError,
+    LogFullError,
     LogWriteError,
     Retention,
     StoredChunk,
@@ -47,10 +58,21 @@ from gateway.core.log.values import (
 if TYPE_CHECKING:
     from gateway.core.log.writer import GroupCommitter
 
-__all__ = ["MAX_OPEN_READ_FILES", "OffsetSpec", "StreamLog"]
+__all__ = [
+    "FULL_RETRY_INITIAL_SECONDS",
+    "FULL_RETRY_MAX_SECONDS",
+    "MAX_OPEN_READ_FILES",
+    "OffsetSpec",
+    "StreamLog",
+]
 
 MAX_OPEN_READ_FILES: Final = 4
 """Segment files a stream keeps open for reading (most reads hit the newest)."""
+FULL_RETRY_INITIAL_SECONDS: Final = 0.5
+"""After a commit fails on a full file system, appends are refused this long, then tried."""
+FULL_RETRY_MAX_SECONDS: Final = 5.0
+"""The wait doubles with each failed try up to this: writing resumes at most this long
+after space is freed, and a full disk costs one failed write per stream this often."""
 _U64_MAX: Final = 2**64 - 1
 
 OffsetSpec = tuple[str] | tuple[str, int]
@@ -80,6 +102,34 @@ def _check_reference(reference: str) -> None:
     """Refuse a reference that a tracking entry cannot carry."""
     if len(reference.encode("utf-8")) > MAX_TRACKING_ID_BYTES:
         raise ValueError(f"a reference holds at most {MAX_TRACKING_ID_BYTES} UTF-8 bytes")
+
+
+def _size(nbytes: int) -> str:
+    """A byte count for people: ``0 bytes``, ``12.0 KiB``, ``2.0 MiB``."""
+    if nbytes < 1024:
+        return f"{nbytes} bytes"
+    value = nbytes / 1024
+    units = iter(("MiB", "GiB", "TiB"))
+    unit = "KiB"
+    while value >= 1024 and (bigger := next(units, None)) is not None:
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
+def _no_room(error: CommitWriteError) -> str:
+    """What a full file system looks like, for the operator: what, where, how much is free."""
+    what = (
+        "the disk quota is exhausted (EDQUOT)"
+        if error.cause.errno == errno.EDQUOT
+        else "the file system is full (ENOSPC)"
+    )
+    if error.free_bytes is None:
+        free = "unknown"
+    else:
+        free = _size(error.free_bytes)
+        if error.total_bytes is not None:
+            free += f" of {_size(error.total_bytes)}"
+    return f"{what} at {error.path}: free space {free}"
 
 
 def _newest_timestamp(segment: Segment) -> int:
@@ -138,6 +188,10 @@ class StreamLog:
         self._read_files: dict[int, int] = {}
         self._error: LogError | None = None
         self._refusal: LogError | None = None
+        self._full: LogFullError | None = None
+        self._full_failures = 0
+        self._full_since = 0.0
+        self._retry_timer: IDelayedCall | None = None
 
     def __repr__(self) -> str:
         return f"<StreamLog {self.name!r} offsets {self.first_offset}..{self._next_id}>"
@@ -243,7 +297,7 @@ class StreamLog:
             _check_reference(reference)
             if len(publishing_ids) != len(stored):
                 raise ValueError("one publishing id per message")
-        refusal = self._error or self._refusal
+        refusal = self._error or self._refusal or self._full
         if refusal is not None:
             return fail(refusal)
         ids: list[int] | None = None
@@ -307,7 +361,8 @@ class StreamLog:
             return
         self._queued_offsets[reference] = offset
         self._offsets_ahead[reference] = offset
-        self._committer.request(self)
+        if self._full is None:  # else it is written when the stream tries again
+            self._committer.request(self)
 
     def query_offset(self, reference: str) -> int | None:
         """The last offset stored for a consumer reference (perhaps not yet on disk)."""
@@ -317,8 +372,14 @@ class StreamLog:
     # Group commit (called by the store's committer).
 
     def plan_commit(self, now_ms: int) -> StreamCommit | None:
-        """Turn the queued appends and offsets into a planned commit, if any."""
+        """Turn the queued appends and offsets into a planned commit, if any.
+
+        None while the stream waits out a full file system (unless the store
+        is closing: its last commit tries the queued offsets once more).
+        """
         if self._error is not None or not (self._queued or self._queued_offsets):
+            return None
+        if self._full is not None and self._refusal is None:
             return None
         self._last_timestamp = max(self._last_timestamp, now_ms)
         planner = CommitPlanner(
@@ -353,43 +414,134 @@ class StreamLog:
                 del self._offsets_ahead[reference]
         if commit.last_user_chunk_id is not None:
             self._committed_chunk_id = commit.last_user_chunk_id
+        if self._full_failures:
+            self._log.info(
+                "Writing stream {stream} resumed: the file system has room again"
+                " ({failures} tries failed over {seconds:.1f} s)",
+                stream=self.name,
+                failures=self._full_failures,
+                seconds=self._committer.clock.seconds() - self._full_since,
+            )
+            self._full_failures = 0
         for append in commit.appends:
             append.deferred.callback(append.result())
         if commit.last_user_chunk_id is not None:
             self._wake_waiters()
 
     def commit_failed(self, commit: StreamCommit, reason: BaseException) -> None:
-        """Writing failed: fail the commit and what waits; refuse writes until recovery.
+        """Writing failed: fail the commit's appends and those queued behind it.
 
-        What was committed before stays readable.
+        A full file system (the commit taken back: `CommitWriteError.space_ran_out`)
+        makes the stream refuse appends for a while and then try again. Any
+        other failure makes it refuse appends and fail its waiting readers
+        until the store reopens. Either way what was committed before stays
+        readable, and no publishing id of a failed append counts as stored.
         """
-        error = self._error
-        if error is None and not isinstance(self._refusal, LogWriteError):
-            self._log.failure(
-                "Writing stream {stream} failed; it refuses appends until the store reopens",
-                Failure(reason),
-                stream=self.name,
-            )
-            error = self._refusal = LogWriteError(f"writing stream {self.name!r} failed: {reason}")
-            queued, self._queued = self._queued, []
-            self._queued_offsets.clear()
-            self._fail_appends([*commit.appends, *queued], error)
-            waiters, self._waiters = self._waiters, []
-            for _chunk_id, waiter in waiters:
-                waiter.errback(error)
+        if self._error is not None:
+            self._fail_appends(commit.appends, self._error)
             return
-        self._fail_appends(commit.appends, error or self._refusal or LogWriteError(str(reason)))
+        if isinstance(self._refusal, LogWriteError):  # broken already
+            self._fail_appends(commit.appends, self._refusal)
+            return
+        if isinstance(reason, CommitWriteError) and reason.space_ran_out:
+            self._space_ran_out(commit, reason)
+            return
+        self._log.failure(
+            "Writing stream {stream} failed; it refuses appends until the store reopens",
+            Failure(reason),
+            stream=self.name,
+        )
+        error = self._refusal = LogWriteError(f"writing stream {self.name!r} failed: {reason}")
+        self._full = None
+        self._cancel_retry()
+        queued, self._queued = self._queued, []
+        self._queued_offsets.clear()
+        self._sequences_ahead.clear()
+        self._fail_appends([*commit.appends, *queued], error)
+        waiters, self._waiters = self._waiters, []
+        for _chunk_id, waiter in waiters:
+            waiter.errback(error)
+
+    def _space_ran_out(self, commit: StreamCommit, reason: CommitWriteError) -> None:
+        """The file system is full: refuse appends for a while, then try again.
+
+        The failed commit was taken back, so the stream's state is the
+        committed one: its appends and those queued (deduplicated against
+        the failed ones' publishing ids) fail, nothing is pending, and no
+        publishing id is reserved any more. Its consumer offsets are queued
+        again; readers keep waiting.
+        """
+        clock = self._committer.clock
+        if not self._full_failures:
+            self._full_since = clock.seconds()
+        self._full_failures += 1
+        delay = min(
+            FULL_RETRY_INITIAL_SECONDS * 2 ** (self._full_failures - 1), FULL_RETRY_MAX_SECONDS
+        )
+        why = _no_room(reason)
+        error = self._full = LogFullError(
+            f"writing stream {self.name!r} failed: {why}; appends are refused for"
+            f" {delay:g} s, then tried again: writing resumes by itself once there is room",
+            stream=self.name,
+            path=reason.path,
+            free_bytes=reason.free_bytes,
+            retry_seconds=delay,
+        )
+        self._log.warn(
+            "Writing stream {stream} failed: {why}; appends are refused for {seconds} s,"
+            " then tried again",
+            stream=self.name,
+            why=why,
+            seconds=delay,
+            path=reason.path,
+            free_bytes=reason.free_bytes,
+        )
+        queued, self._queued = self._queued, []
+        self._sequences_ahead.clear()
+        for reference, offset in commit.offsets.items():
+            self._queued_offsets.setdefault(reference, offset)
+        self._cancel_retry()
+        if self._refusal is None:
+            self._retry_timer = clock.callLater(delay, self._try_again)
+        self._fail_appends([*commit.appends, *queued], error)
+
+    def _try_again(self) -> None:
+        """The wait after a full file system is over: the next commit tries the disk."""
+        self._retry_timer = None
+        if self._full is None:
+            return
+        self._full = None
+        self._log.info(
+            "Stream {stream} accepts appends again; the next commit tries the disk",
+            stream=self.name,
+        )
+        if self._queued_offsets:
+            self._committer.request(self)
+
+    def _cancel_retry(self) -> None:
+        """Cancel the timer that ends a full file system's wait, if it is set."""
+        timer, self._retry_timer = self._retry_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def refuse(self, error: LogError) -> None:
-        """Refuse new appends and offsets with ``error``; what is queued still commits."""
+        """Refuse new appends and offsets with ``error``; what is queued still commits.
+
+        Offsets held back by a full file system are tried once more too.
+        """
         if self._refusal is None:
             self._refusal = error
+        if self._retry_timer is not None:
+            self._cancel_retry()
+            if self._queued_offsets:
+                self._committer.request(self)
 
     def shut(self, error: LogError) -> None:
         """Stop the stream (deleted, closed or broken): fail what waits, close read files."""
         if self._error is not None:
             return
         self._error = error
+        self._cancel_retry()
         queued, self._queued = self._queued, []
         self._queued_offsets.clear()
         self._fail_appends(queued, error)

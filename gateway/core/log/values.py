@@ -19,6 +19,7 @@ __all__ = [
     "ILogReactor",
     "LogClosedError",
     "LogError",
+    "LogFullError",
     "LogWriteError",
     "Retention",
     "StoredChunk",
@@ -165,5 +166,37 @@ class LogClosedError(LogError):
 class LogWriteError(LogError):
     """Writing a stream failed; it refuses appends until the store is reopened.
 
-    Reopening recovers the segment files (torn chunks are cut off).
+    Reopening recovers the segment files (torn chunks are cut off). The
+    subclass `LogFullError` is the exception: it passes by itself.
     """
+
+
+class LogFullError(LogWriteError):
+    """The log's file system (or quota) is full: appends are refused for a while.
+
+    What the failed commit wrote was taken back, so the stream is intact;
+    it refuses appends for ``retry_seconds``, then tries again, and writing
+    resumes by itself once there is room. Readers are not affected.
+
+    Args:
+        message: What happened, for operators and senders.
+        stream: The stream's name.
+        path: The file whose write failed.
+        free_bytes: What the file system had free after the failure, if known.
+        retry_seconds: How long the stream refuses appends before trying again.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stream: str,
+        path: str,
+        free_bytes: int | None,
+        retry_seconds: float,
+    ) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.path = path
+        self.free_bytes = free_bytes
+        self.retry_seconds = retry_seconds

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from gateway.core.log.segment import SegmentWrite, SegmentWriter, write_stream
+from gateway.core.log.segment import CommitWriteError, SegmentWrite, SegmentWriter, write_stream
 from gateway.core.log.values import CommitStats, FsyncPolicy, ILogReactor
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GroupCommitter"]
 
-_Outcome = int | OSError
+_Outcome = int | CommitWriteError
 """Per stream in a commit: segment writes made, or the error that stopped it."""
 _Planned = tuple["StreamLog", "StreamCommit"]
 
@@ -58,11 +58,11 @@ def _run_commit(
     for writer, writes in jobs:
         try:
             outcomes.append(write_stream(writer, writes, sync=sync, sync_rolls=sync_rolls))
-        except OSError as exc:
+        except CommitWriteError as exc:
             outcomes.append(exc)
     for writer in also_sync:
         writer.sync()
-    synced = sum(1 for outcome in outcomes if not isinstance(outcome, OSError)) if sync else 0
+    synced = sum(1 for outcome in outcomes if isinstance(outcome, int)) if sync else 0
     return outcomes, synced + len(also_sync)
 
 
@@ -104,6 +104,11 @@ class GroupCommitter:
         self._sync_due = False
         self._sync_timer: IDelayedCall | None = None
         self._idle_waiters: list[Deferred[None]] = []
+
+    @property
+    def clock(self) -> IReactorTime:
+        """The clock commits are timed by (and streams time their retries with)."""
+        return self._clock
 
     def request(self, stream: StreamLog) -> None:
         """A stream has queued work: commit it on the next turn (or after the current commit)."""
@@ -206,12 +211,12 @@ class GroupCommitter:
         errors: dict[int, BaseException] = {
             id(commit): outcome
             for (_stream, commit), outcome in zip(written, outcomes, strict=True)
-            if isinstance(outcome, OSError)
+            if isinstance(outcome, CommitWriteError)
         }
         if written:
             self._stats.commits += 1
             self._stats.synced_commits += sync
-            self._stats.writes += sum(o for o in outcomes if not isinstance(o, OSError))
+            self._stats.writes += sum(o for o in outcomes if isinstance(o, int))
         self._finish(commits, errors, synced=sync)
 
     def _crashed(self, failure: Failure, commits: list[_Planned]) -> None:
