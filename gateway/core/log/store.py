@@ -17,6 +17,7 @@ run, in order, in the store's one writer thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -42,7 +43,13 @@ from gateway.core.log.directory import (
     write_meta,
 )
 from gateway.core.log.recovery import recover_stream
-from gateway.core.log.segment import Segment, SegmentWriter, WriteSegment, pwrite_all
+from gateway.core.log.segment import (
+    FULL_ERRNOS,
+    Segment,
+    SegmentWriter,
+    WriteSegment,
+    pwrite_all,
+)
 from gateway.core.log.stream import StreamLog
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
@@ -346,11 +353,52 @@ class LogStore:
         )
 
         def failed(failure: Failure) -> None:
+            error = failure.value
+            if isinstance(error, OSError) and error.errno in FULL_ERRNOS:
+                self._not_created(stream, error)
+                return
             self._log.failure("Creating stream {stream} failed", failure, stream=name)
             stream.shut(LogWriteError(f"creating stream {name!r} failed: {failure.value}"))
 
         created.addErrback(failed)
         return stream
+
+    def _not_created(self, stream: StreamLog, error: OSError) -> None:
+        """A stream's files did not fit on the disk: forget it, so it can be created later.
+
+        What waits on it fails; its partial directory is removed (in the
+        writer thread, so before any later attempt to create it again).
+        """
+        name = stream.name
+        code = errno.errorcode.get(error.errno or 0, str(error.errno))
+        why = f"the file system is full ({code}) at {error.filename}"
+        self._log.warn(
+            "Creating stream {stream} failed: {why}; it can be created again once there is room",
+            stream=name,
+            why=why,
+        )
+        if self._streams.get(name) is stream:
+            del self._streams[name]
+        self._committer.forget(stream)
+        stream.shut(
+            LogWriteError(
+                f"creating stream {name!r} failed: {why}; it can be created again"
+                " once there is room"
+            )
+        )
+        if self._state != "open":
+            return  # the next open sets a directory without meta.json aside
+        removed = self._in_writer(
+            _delete_stream_files,
+            stream.directory,
+            stream.writer,
+            sync=self.fsync is not FsyncPolicy.NEVER,
+        )
+        removed.addErrback(
+            lambda failure: self._log.failure(
+                "Removing what was made of stream {stream} failed", failure, stream=name
+            )
+        )
 
     def delete(self, name: str) -> Deferred[None]:
         """Delete a stream: pending appends and waiting readers fail at once.
