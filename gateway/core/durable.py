@@ -39,7 +39,7 @@ from zope.interface import implementer
 
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
 from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRouteDelivery
-from gateway.core.log import AppendResult
+from gateway.core.log import AppendResult, LogFullError
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.router import Route
@@ -189,6 +189,13 @@ class DurableDelivery:
             reason = (
                 f"route {route.name}: the log did not commit the message"
                 f" within {route.timeout_seconds:g} seconds"
+            )
+        elif failure.check(LogFullError):
+            # The stream has logged it (once per failed write, with the file
+            # and the free space): no line per batch, no file path to senders.
+            reason = (
+                f"route {route.name}: the log could not store the message: its file"
+                " system is full; writing resumes by itself once there is room"
             )
         else:
             self._log.failure(
