@@ -121,9 +121,7 @@ class StreamClient:
         self.sock.sendall(b"".join(self.codec.send(event) for event in events))
 
     def receive(self) -> list[Any]:
-        """Read once (waiting up to the time-out); the frames that read completed.
-
-        Frames are returned, not kept: use either this or `read`, not both.
+        """Frames left over from `read`, then those one read (waiting up to the time-out) completes.
 
         Raises:
             EOFError: The server closed the connection.
@@ -131,12 +129,14 @@ class StreamClient:
         data = self.sock.recv(1 << 20)
         if not data:
             raise EOFError("the stream listener closed the connection")
-        return list(self.codec.receive_data(data))
+        taken = [*self.events, *self.codec.receive_data(data)]
+        self.events = []
+        return taken
 
     def read(self) -> Any:
         """The next frame from the server."""
         while not self.events:
-            self.events.extend(self.receive())
+            self.events = self.receive()
         return self.events.pop(0)
 
     def expect(self, kind: type[Any]) -> Any:
