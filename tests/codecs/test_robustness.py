@@ -51,7 +51,7 @@ from tests.fuzzing.samples import Input
 from tests.fuzzing.targets import CODECS, TARGETS, FuzzTarget, outcome, target
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
