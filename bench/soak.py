@@ -573,7 +573,7 @@ class StreamLoad(Load):
             if answer.code != 1:
                 raise RuntimeError(f"Subscribe answered {answer.code}")
             sent_at: dict[int, float] = {}
-            while self.running(len(sent_at)):
+            while self.running(len(sent_at) + max(0, self.acked - (self.delivered or 0))):
                 count = self.due()
                 if count:
                     now = time.perf_counter()
@@ -677,12 +677,22 @@ def alive(gateway: GatewayProcess) -> bool:
     return False
 
 
+class Sample:
+    """RSS and descriptors of a process at one moment."""
+
+    def __init__(self, pid: int) -> None:
+        self.rss_kib = rss_kib(pid)
+        self.fds = open_fds(pid)
+
+
 def soak(args: argparse.Namespace, scratch: Path) -> int:
     """Run the soak in ``scratch``; print its lines; the exit status."""
     gateway = GatewayProcess(scratch / "gateway", CONFIG, routes=ROUTES).start()
     stop = threading.Event()
     loads: list[Load] = []
     lines: list[dict[str, Any]] = []
+    end: dict[str, Any] | None = None
+    start: Sample | None = None
     died = False
     try:
         for stream in STREAMS:  # before the first message routed into one
@@ -716,32 +726,34 @@ def soak(args: argparse.Namespace, scratch: Path) -> int:
         for load in loads:
             load.join(DRAIN_SECONDS + 5)
         if not died and alive(gateway):
-            lines.append(line(gateway, loads, time.monotonic() - began))
-            print(lines[-1]["text"] + "  (end, after the drain)", flush=True)
+            end = line(gateway, loads, time.monotonic() - began)
+            print(end["text"] + "  (after the drain, the loads' connections closed)", flush=True)
         else:
             died = True
     finally:
         stop.set()
         status = gateway.stop()
-    return report(gateway, loads, lines, died, status)
-
-
-class Sample:
-    """RSS and descriptors of a process at one moment."""
-
-    def __init__(self, pid: int) -> None:
-        self.rss_kib = rss_kib(pid)
-        self.fds = open_fds(pid)
+    return report(gateway, loads, (start, lines, end), died, status)
 
 
 def report(
     gateway: GatewayProcess,
     loads: list[Load],
-    lines: list[dict[str, Any]],
+    samples: tuple[Sample | None, list[dict[str, Any]], dict[str, Any] | None],
     died: bool,
     status: int | None,
 ) -> int:
-    """Print the first and last lines compared and each load's totals; the exit status."""
+    """Print the first and last lines compared and each load's totals; the exit status.
+
+    Args:
+        gateway: The stopped gateway (its log is searched for tracebacks).
+        loads: The finished loads.
+        samples: The gateway before traffic, the progress lines, and the line
+            after the drain (None if the run did not get that far).
+        died: Whether the gateway exited during the run.
+        status: Its exit status.
+    """
+    start, lines, end = samples
     print()
     if len(lines) >= 2:
         first, last = lines[0], lines[-1]
@@ -749,8 +761,13 @@ def report(
         print(f"last:  {last['text']}")
         grown = (last["rss_kib"] - first["rss_kib"]) / 1024
         print(
-            f"from the first line to the last: RSS {grown:+.1f} MB"
+            f"from the first line to the last, under the same traffic: RSS {grown:+.1f} MB"
             f" ({100 * grown * 1024 / first['rss_kib']:+.1f}%), fds {last['fds'] - first['fds']:+d}"
+        )
+    if start is not None and end is not None:
+        print(
+            f"with no traffic: before it {start.rss_kib / 1024:.1f} MB and {start.fds} fds,"
+            f" after it {end['rss_kib'] / 1024:.1f} MB and {end['fds']} fds"
         )
     for load in loads:
         outstanding = load.sent - load.acked
