@@ -23,7 +23,10 @@ targets with a million inputs per codec.
 Related properties elsewhere, not repeated here: plain random bytes per codec
 (``test_garbage_*`` in tests/codecs/test_ssmp.py, test_qmqp.py,
 test_stream.py, test_dmp.py, test_amqp091.py, test_fieldtable.py,
-test_framing.py, test_mtl.py, test_osiris.py, test_amqp.py); valid input
+test_mtl.py, test_osiris.py and test_amqp.py; test_framing.py
+``test_split_garbage`` and ``test_reader_garbage``); nesting at its limit
+(test_amqp.py ``test_nesting_is_limited``, test_mtl.py
+``test_deeply_nested_json_is_ill_formed_and_dropped``); valid input
 decoding the same under random cuts (the round trips of test_ssmp.py,
 test_qmqp.py, test_stream.py, test_dmp.py ``test_envelope_round_trip``,
 test_amqp091.py ``test_round_trip``, test_framing.py
