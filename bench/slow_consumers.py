@@ -1,0 +1,712 @@
+"""Slow consumers: one consumer that stops reading while a publisher sends a million messages.
+
+For each of SSMP, the stream protocol, a DMP feed and an MTL reader, one
+gateway process (``twistd msggateway``, default limits) gets one consumer
+that subscribes and then never reads its socket again, and one publisher
+that sends ``--messages`` messages of ``--size`` bytes as fast as the
+gateway takes them. The gateway's resident memory (``/proc/PID/status``
+VmRSS) is sampled all along. The baseline row of each protocol is the same
+publisher in the same run with no consumer at all, on a fresh gateway.
+
+Columns:
+
+* ``sent``: messages the publisher wrote;
+* ``acked``: what the publisher was told was delivered (SSMP ``200``, stream
+  PublishConfirm, MTL Confirm; DMP has no acknowledgement: ``-``);
+* ``refused``: what the publisher (or, for DMP, the route's outcome count)
+  was told was not delivered (MTL Reject with recycle, DMP retry later);
+* ``delivered``: what the slow consumer finds on its socket when it finally
+  reads (until the gateway closes it or it is idle for a second);
+* ``answer``: what the gateway did about the slow consumer (``disconnect``
+  counted in ``msggateway_slow_consumer_disconnects_total``, ``credit``:
+  the stream's own flow control held the rest in the log, ``retry`` or
+  ``reject``: deliveries answered retry later);
+* ``RSS start/peak/end``: MiB, before the publisher starts, the highest
+  sample, after the publisher is done;
+* ``bounded``: the peak over the second half of the publishing is within
+  16 MiB of the peak over the first half, and within 64 MiB of the
+  baseline's growth (an unbounded buffer of a million 100-byte messages
+  grows well past both).
+
+Bounded in count and time: every wait has a deadline. Run with
+``python -m bench.slow_consumers [--messages 1000000] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import select
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gateway.codecs import stream as sp  # noqa: E402
+from tests.integration.harness import GatewayProcess  # noqa: E402
+
+CONFIG: Final = """
+[gateway]
+data_dir = "data"
+routes = "routes"
+
+[admin]
+endpoint = "tcp:0:interface=127.0.0.1"
+
+[log]
+fsync = "never"
+
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+schemes = ["open"]
+
+[listeners.streams]
+protocol = "stream"
+endpoint = "tcp:0:interface=127.0.0.1"
+guest = true
+heartbeat_seconds = 0
+
+[listeners.dmp]
+protocol = "dmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+sinks = ["in"]
+feeds = ["out"]
+
+[listeners.dmp.leases]
+writer = {{ sink = "in", text = "w" }}
+reader = {{ feed = "out", text = "r" }}
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+profiles = ["gateway"]
+
+[listeners.mtl2]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+profiles = ["gateway"]
+{extra}
+"""
+ROUTES: Final = {
+    "dmp-loop": 'from = "dmp"\nmatch = "#"\nto = "dmp"\naddress = "out"\n',
+    "mtl-across": 'from = "mtl"\nmatch = "in"\nto = "mtl2"\naddress = "out"\n',
+}
+PROTOCOLS: Final = ("ssmp", "stream", "dmp", "mtl")
+SAMPLE_SECONDS: Final = 0.05
+IDLE_SECONDS: Final = 1.0
+"""A consumer that finally reads stops when nothing came for this long."""
+WINDOW: Final = 5000
+"""Messages a publisher that is answered keeps unanswered, at most."""
+PLATEAU_MIB: Final = 16.0
+BASELINE_SLACK_MIB: Final = 64.0
+DMP_HEADER: Final = b"AMQP\x0a\x01\x00\x01"
+U64: Final = struct.Struct(">Q")
+FRAME: Final = struct.Struct(">I")
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    """The resident memory of a process, in MiB (0 when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
+class RSSSampler:
+    """Samples a process's RSS every `SAMPLE_SECONDS` on a thread, with the phase it is in."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self.samples: list[tuple[str, float]] = []
+        self.phase = "start"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            self.samples.append((self.phase, rss_mib(self._pid)))
+
+    def __enter__(self) -> RSSSampler:
+        self.samples.append(("start", rss_mib(self._pid)))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(("end", rss_mib(self._pid)))
+
+    def peak(self, *phases: str) -> float:
+        """The highest sample in the phases named (all when none is named)."""
+        values = [rss for phase, rss in self.samples if not phases or phase in phases]
+        return max(values, default=0.0)
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    protocol: str
+    mode: str
+    sent: int = 0
+    acked: int | None = None
+    refused: int = 0
+    delivered: int | None = None
+    answer: str = "-"
+    rss_start: float = 0.0
+    rss_peak: float = 0.0
+    rss_end: float = 0.0
+    growth_first_half: float = 0.0
+    growth_second_half: float = 0.0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def metrics(gateway: GatewayProcess) -> str:
+    """The gateway's /metrics text."""
+    host, port = gateway.address("admin")
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        return str(response.read().decode())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of a metric family, whatever the order of its labels (0 when absent)."""
+    for line in text.splitlines():
+        head, _, rest = line.partition("{")
+        if head != name:
+            continue
+        inside, _, value = rest.rpartition("} ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', inside))
+        if found == labels:
+            return float(value)
+    return 0.0
+
+
+def wait_until(check: Callable[[], bool], seconds: float, pause: float = 0.2) -> bool:
+    """Poll ``check`` until it holds or ``seconds`` pass (a benchmark may poll)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(pause)
+    return check()
+
+
+def drain(sock: socket.socket, count: Callable[[bytes], None]) -> None:
+    """Read a socket until it closes, resets, or is idle for `IDLE_SECONDS`."""
+    sock.settimeout(IDLE_SECONDS)
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                return
+            count(data)
+    except (TimeoutError, ConnectionResetError):
+        return
+
+
+class Counted:
+    """A count shared between threads (only one writes)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.other = 0
+        self.done = threading.Event()
+
+
+# --- SSMP ----------------------------------------------------------------------------------
+
+
+def ssmp_login(gateway: GatewayProcess, name: str, topics: tuple[str, ...] = ()) -> socket.socket:
+    """An SSMP connection logged in (open scheme) and subscribed, the 200s read."""
+    sock = socket.create_connection(gateway.address("hub"), timeout=30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    lines = [f"LOGIN {name} open", *(f"SUBSCRIBE {topic}" for topic in topics)]
+    sock.sendall("".join(line + "\n" for line in lines).encode())
+    got = b""
+    while got.count(b"\n") < len(lines):
+        data = sock.recv(4096)
+        if not data:
+            raise SystemExit(f"SSMP: the hub closed the login of {name}: {got!r}")
+        got += data
+    assert got.split(b"\n")[: len(lines)] == [b"200"] * len(lines), got
+    return sock
+
+
+def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
+             sampler: RSSSampler) -> None:  # fmt: skip
+    """MCAST to a topic; the slow consumer is subscribed to it."""
+    consumer = ssmp_login(gateway, "slow", ("flood",)) if slow else None
+    publisher = ssmp_login(gateway, "pub")
+    acked = Counted()
+
+    def replies() -> None:
+        pending = b""
+        try:
+            while acked.value + acked.other < messages:
+                data = publisher.recv(1 << 20)
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line == b"200":
+                        acked.value += 1
+                    else:
+                        acked.other += 1
+        except OSError:
+            pass
+        acked.done.set()
+
+    reader = threading.Thread(target=replies, daemon=True)
+    reader.start()
+    line = b"MCAST flood " + b"x" * size + b"\n"
+    batch = 1000
+    sampler.phase = "first"
+    for sent in range(0, messages, batch):
+        if sent >= messages // 2:
+            sampler.phase = "second"
+        n = min(batch, messages - sent)
+        publisher.sendall(line * n)
+        row.sent += n
+    acked.done.wait(300)
+    sampler.phase = "after"
+    row.acked = acked.value
+    publisher.close()
+    if consumer is not None:
+        got = Counted()
+
+        def count(data: bytes) -> None:
+            got.value += data.count(b" MCAST flood ")
+
+        drain(consumer, count)
+        consumer.close()
+        row.delivered = got.value
+    text = metrics(gateway)
+    disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="hub")
+    row.answer = f"disconnect x{disconnects:.0f}" if disconnects else "-"
+
+
+# --- stream --------------------------------------------------------------------------------
+
+
+class StreamClient:
+    """A plain-socket stream protocol client on our codec (guest, heartbeats off)."""
+
+    def __init__(self, gateway: GatewayProcess) -> None:
+        self.sock = socket.create_connection(gateway.address("streams"), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self.events: list[sp.Event] = []
+
+    def send(self, event: sp.Event) -> None:
+        """Send one frame."""
+        self.sock.sendall(self.codec.send(event))
+
+    def read(self) -> sp.Event:
+        """The next frame from the server."""
+        while not self.events:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise EOFError("the stream listener closed the connection")
+            self.events.extend(self.codec.receive_data(data))
+        return self.events.pop(0)
+
+    def open(self) -> None:
+        """The handshake, as guest."""
+        self.send(sp.PeerProperties(correlation_id=1, properties={}))
+        self.read()
+        self.send(sp.SaslHandshake(correlation_id=2))
+        self.read()
+        self.send(sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"))
+        self.read()
+        tune = self.read()
+        assert isinstance(tune, sp.Tune), tune
+        self.send(sp.Tune(frame_max=tune.frame_max, heartbeat=0))
+        self.send(sp.Open(correlation_id=4, virtual_host="/"))
+        opened = self.read()
+        assert isinstance(opened, sp.OpenResponse) and opened.code == 1, opened
+
+    def request(self, event: sp.Event) -> sp.Event:
+        """Send a request and return the next frame (its response)."""
+        self.send(event)
+        return self.read()
+
+
+def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
+               sampler: RSSSampler) -> None:  # fmt: skip
+    """Publish with confirms; the slow consumer keeps granting credit and never reads."""
+    publisher = StreamClient(gateway)
+    publisher.open()
+    publisher.request(sp.Create(correlation_id=5, stream="flood"))
+    answer = publisher.request(
+        sp.DeclarePublisher(correlation_id=6, publisher_id=1, reference="", stream="flood")
+    )
+    assert isinstance(answer, sp.Response) and answer.code == 1, answer
+    consumer: StreamClient | None = None
+    stop_granting = threading.Event()
+    granter: threading.Thread | None = None
+    if slow:
+        consumer = StreamClient(gateway)
+        consumer.open()
+        answer = consumer.request(
+            sp.Subscribe(
+                correlation_id=7,
+                subscription_id=1,
+                stream="flood",
+                offset_spec=sp.OffsetSpec(kind=sp.OffsetKind.FIRST),
+                credit=100,
+            )
+        )
+        assert isinstance(answer, sp.Response) and answer.code == 1, answer
+        credit = consumer.codec.send(sp.Credit(subscription_id=1, credit=1000))
+        sock = consumer.sock
+
+        def grant() -> None:
+            # Generous credit, again and again, never reading: sent only while
+            # the socket takes it (the gateway stops reading a congested peer).
+            while not stop_granting.wait(0.02):
+                if select.select([], [sock], [], 0)[1]:
+                    with suppress(BlockingIOError, OSError):
+                        sock.send(credit, socket.MSG_DONTWAIT)
+
+        granter = threading.Thread(target=grant, daemon=True)
+        granter.start()
+    acked = Counted()
+
+    def confirms() -> None:
+        try:
+            while acked.value + acked.other < messages:
+                event = publisher.read()
+                if isinstance(event, sp.PublishConfirm):
+                    acked.value += len(event.publishing_ids)
+                elif isinstance(event, sp.PublishError):
+                    acked.other += len(event.publishing_ids)
+        except (OSError, EOFError):
+            pass
+        acked.done.set()
+
+    reader = threading.Thread(target=confirms, daemon=True)
+    reader.start()
+    body = b"x" * size
+    batch = 100
+    sampler.phase = "first"
+    for start in range(0, messages, batch):
+        if start >= messages // 2:
+            sampler.phase = "second"
+        n = min(batch, messages - start)
+        ids = range(start + 1, start + n + 1)
+        publisher.sock.sendall(
+            publisher.codec.send(
+                sp.Publish(publisher_id=1, publishing_ids=list(ids), messages=[body] * n)
+            )
+        )
+        row.sent += n
+    acked.done.wait(300)
+    sampler.phase = "after"
+    row.acked = acked.value
+    row.refused = acked.other
+    stop_granting.set()
+    if granter is not None:
+        granter.join()
+    publisher.sock.close()
+    if consumer is not None:
+        got = Counted()
+
+        def count(data: bytes) -> None:
+            for event in consumer.codec.receive_data(data):
+                if isinstance(event, sp.Deliver):
+                    got.value += int.from_bytes(bytes(event.chunk[4:8]), "big")
+
+        drain(consumer.sock, count)
+        consumer.sock.close()
+        row.delivered = got.value
+        row.answer = "credit" if got.value < messages else "-"
+    text = metrics(gateway)
+    disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="streams")
+    if disconnects:
+        row.answer = f"disconnect x{disconnects:.0f}"
+
+
+# --- DMP -----------------------------------------------------------------------------------
+
+
+def dmp_open(gateway: GatewayProcess, lease: bytes) -> socket.socket:
+    """A DMP connection past its dialog (both responses read and checked)."""
+    sock = socket.create_connection(gateway.address("dmp"), timeout=30)
+    sock.sendall(DMP_HEADER + bytes((len(lease),)) + lease)
+    got = b""
+    while True:
+        data = sock.recv(4096)
+        if not data:
+            raise SystemExit(f"DMP: the gateway closed the dialog after {got!r}")
+        got += data
+        if got and len(got) >= 1 + got[0]:
+            second = got[1 + got[0] :]
+            if second and len(second) >= 1 + second[0]:
+                assert second[1:4] == b"200", second
+                return sock
+
+
+def dmp_envelope(body: bytes) -> bytes:
+    """Empty exchange and routing key, no properties, no options, the body."""
+    rest = b"\x00\x00\x00\x00\x00" + len(body).to_bytes(3, "big") + body
+    return FRAME.pack(len(rest)) + rest
+
+
+def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
+            sampler: RSSSampler) -> None:  # fmt: skip
+    """Write into a sink routed to a feed; the slow consumer is the feed's reader."""
+    consumer = dmp_open(gateway, b"r") if slow else None
+    writer = dmp_open(gateway, b"w")
+    one = dmp_envelope(b"x" * size)
+    batch = 1000
+    sampler.phase = "first"
+    for start in range(0, messages, batch):
+        if start >= messages // 2:
+            sampler.phase = "second"
+        n = min(batch, messages - start)
+        writer.sendall(one * n)
+        row.sent += n
+
+    def settled() -> bool:
+        text = metrics(gateway)
+        done = sum(
+            metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome=outcome)
+            for outcome in ("accepted", "retry", "rejected")
+        )
+        return done >= messages
+
+    if not wait_until(settled, 300):
+        row.notes.append("not every message had its outcome in 300 s")
+    sampler.phase = "after"
+    text = metrics(gateway)
+    row.refused = int(
+        metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome="retry")
+    )
+    writer.close()
+    if consumer is not None:
+        got = Counted()
+        pending = bytearray()
+
+        def count(data: bytes) -> None:
+            pending.extend(data)
+            position = 0
+            while len(pending) - position >= 4:
+                (length,) = FRAME.unpack_from(pending, position)
+                if len(pending) - position < 4 + length:
+                    break
+                position += 4 + length
+                got.value += length > 0
+            del pending[:position]
+
+        drain(consumer, count)
+        consumer.close()
+        row.delivered = got.value
+    text = metrics(gateway)
+    disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="dmp")
+    answers = []
+    if row.refused:
+        answers.append("retry")
+    if disconnects:
+        answers.append(f"disconnect x{disconnects:.0f}")
+    row.answer = " + ".join(answers) or "-"
+
+
+# --- MTL -----------------------------------------------------------------------------------
+
+
+def short(text: str) -> bytes:
+    """An MTL short string."""
+    return bytes((len(text),)) + text.encode()
+
+
+def mtl_lease(context: Any, port: int, kind: str, resources: list[str], confirm: str) -> Any:
+    """Open, gateway profile, lease; a DEALER that sent Lease and got 200."""
+    import zmq
+
+    control = context.socket(zmq.REQ)
+    control.connect(f"tcp://127.0.0.1:{port}")
+    reply: dict[str, Any] = {}
+    for command, body in (
+        ("Connection.Open", {"protocol": {"name": "MTL", "version": 1}}),
+        ("Connection.Profile", {"profile": "gateway"}),
+        (f"Connection.{kind}", {"resources": resources, "confirm": confirm}),
+    ):
+        control.send_multipart([command.encode(), json.dumps(body).encode()])
+        _, raw = control.recv_multipart()
+        reply = json.loads(raw)
+    control.close(linger=0)
+    data = context.socket(zmq.DEALER)
+    data.connect(f"tcp://127.0.0.1:{reply['port']}")
+    data.send_multipart([b"\x01" + U64.pack(1) + short(str(reply["lease"])), b""])
+    assert data.recv_multipart()[1] == b"200"
+    return data
+
+
+def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
+            sampler: RSSSampler) -> None:  # fmt: skip
+    """A confirm=full writer to ``in``, routed to ``out`` of ``mtl2`` (the slow consumer's)."""
+    import zmq
+
+    context = zmq.Context()
+    try:
+        port = gateway.address("mtl")[1]
+        consumer = None
+        if slow:
+            port2 = gateway.address("mtl2")[1]
+            consumer = mtl_lease(context, port2, "Reader", ["out"], "none")
+            consumer.send_multipart([b"\x03" + U64.pack(2) + short("out"), b""])
+            assert consumer.recv_multipart()[1] == b"200"
+        writer = mtl_lease(context, port, "Writer", ["in"], "full")
+        head = short("") + b"\0\0\0\0"
+        body = b"x" * size
+        confirmed = rejected = sent = 0
+        deadline = time.monotonic() + 600
+        sampler.phase = "first"
+        while confirmed + rejected < messages and time.monotonic() < deadline:
+            while sent < messages and sent - confirmed - rejected < WINDOW:
+                sent += 1
+                writer.send_multipart([b"\x05" + U64.pack(sent) + head, body])
+            if sent >= messages // 2:
+                sampler.phase = "second"
+            if not writer.poll(10_000):
+                row.notes.append("the writer heard nothing for 10 s")
+                break
+            while writer.poll(0):
+                header, _ = writer.recv_multipart()
+                if header[0] == 0x06:
+                    confirmed += 1
+                elif header[0] == 0x07:
+                    rejected += 1
+                elif header[0] == 0x08:
+                    writer.send_multipart([b"\x09", b""])
+        sampler.phase = "after"
+        row.sent, row.acked, row.refused = sent, confirmed, rejected
+        writer.close(linger=0)
+        if consumer is not None:
+            got = 0
+            while consumer.poll(int(IDLE_SECONDS * 1000)):
+                header, _ = consumer.recv_multipart()
+                got += header[0] == 0x05
+            consumer.close(linger=0)
+            row.delivered = got
+        text = metrics(gateway)
+        dead = metric(text, "msggateway_protocol_errors_total", endpoint="mtl2", kind="dead-peer")
+        answers = ["reject"] if rejected else []
+        if dead:
+            answers.append(f"forgotten x{dead:.0f}")
+        row.answer = " + ".join(answers) or "-"
+    finally:
+        context.destroy(linger=0)
+
+
+# --- the run -------------------------------------------------------------------------------
+
+RUNS: Final = {"ssmp": run_ssmp, "stream": run_stream, "dmp": run_dmp, "mtl": run_mtl}
+
+
+@contextmanager
+def gateway_process(extra: str = "") -> Iterator[GatewayProcess]:
+    """A fresh gateway with the four listeners and the two loop routes."""
+    with tempfile.TemporaryDirectory() as directory:
+        process = GatewayProcess(
+            Path(directory), CONFIG.format(extra=extra), routes=dict(ROUTES)
+        ).start()
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+def measure(protocol: str, messages: int, size: int, slow: bool, extra: str = "") -> Row:
+    """One row: a fresh gateway, the publisher, and the slow consumer if ``slow``."""
+    row = Row(protocol, "slow consumer" if slow else "baseline (none)")
+    with gateway_process(extra) as gateway:
+        started = time.monotonic()
+        with RSSSampler(gateway.pid) as sampler:
+            RUNS[protocol](gateway, messages, size, slow, row, sampler)
+        row.seconds = time.monotonic() - started
+    row.rss_start = sampler.samples[0][1]
+    row.rss_end = sampler.samples[-1][1]
+    row.rss_peak = sampler.peak()
+    first = sampler.peak("start", "first")
+    row.growth_first_half = first - row.rss_start
+    row.growth_second_half = sampler.peak("second", "after", "end") - first
+    return row
+
+
+def bounded(row: Row, baseline: Row | None) -> bool:
+    """Whether a row's memory plateaued, and stayed near its baseline's."""
+    if row.growth_second_half > PLATEAU_MIB:
+        return False
+    if baseline is None:
+        return True
+    growth = row.rss_peak - row.rss_start
+    return growth <= (baseline.rss_peak - baseline.rss_start) + BASELINE_SLACK_MIB
+
+
+def table(rows: list[Row]) -> str:
+    """The results as a fixed-width table."""
+    head = (
+        f"{'protocol':8} {'mode':16} {'sent':>9} {'acked':>9} {'refused':>9} {'delivered':>9}"
+        f" {'answer':22} {'RSS start':>9} {'peak':>7} {'end':>7} {'bounded':>7} {'secs':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    baselines = {row.protocol: row for row in rows if row.mode.startswith("baseline")}
+    for row in rows:
+        baseline = baselines.get(row.protocol) if row.mode == "slow consumer" else None
+        yes = "yes" if bounded(row, baseline) else "NO"
+        acked = "-" if row.acked is None else f"{row.acked:,}"
+        delivered = "-" if row.delivered is None else f"{row.delivered:,}"
+        lines.append(
+            f"{row.protocol:8} {row.mode:16} {row.sent:>9,} {acked:>9} {row.refused:>9,}"
+            f" {delivered:>9} {row.answer:22} {row.rss_start:>9.1f} {row.rss_peak:>7.1f}"
+            f" {row.rss_end:>7.1f} {yes:>7} {row.seconds:>6.1f}"
+        )
+        lines.extend(f"    note: {note}" for note in row.notes)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run every protocol's baseline and slow consumer; print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=None, help="default 1,000,000")
+    parser.add_argument("--size", type=int, default=100, help="message body bytes")
+    parser.add_argument("--quick", action="store_true", help="50,000 messages")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS))
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--extra-config", default="", help="TOML appended to the config")
+    args = parser.parse_args()
+    messages = args.messages or (50_000 if args.quick else 1_000_000)
+    rows: list[Row] = []
+    for protocol in args.protocols.split(","):
+        modes = (True,) if args.no_baseline else (False, True)
+        for slow in modes:
+            row = measure(protocol, messages, args.size, slow, args.extra_config)
+            print(f"{protocol} {row.mode}: done in {row.seconds:.1f} s", file=sys.stderr)
+            rows.append(row)
+    print(f"{messages:,} messages of {args.size} bytes; RSS in MiB")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
