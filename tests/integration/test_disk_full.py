@@ -5,11 +5,14 @@ only; skipped, with the reason, where that is not possible). A filler file
 leaves a few KiB; durable QMQP mail is answered K until the disk is full,
 then Z with a reason that says so; a stream publisher's Publish is
 answered with a PublishError; a direct route (QMQP to the SSMP hub) and the
-hub itself keep working. Once the filler is deleted, writing resumes by
-itself: new mail is answered K and new stream messages are confirmed,
-without a restart. After a restart every acknowledged message is in the
-log, every chunk of every segment passes its CRC, and recovery had nothing
-to repair.
+hub itself keep working; SSMP into a durable route is answered 400 retry.
+Once the filler is deleted, writing resumes by itself: new mail is
+answered K and new stream messages are confirmed, without a restart. After
+a restart every acknowledged message is in the log, every chunk of every
+segment passes its CRC, recovery had nothing to repair, and what SSMP put
+in its durable route reached the local stream behind it exactly once (its
+forwarder's appends failed, and the stream's creation, while the disk was
+full).
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ ROUTES: Final = {
     'address = "mail.durable"\nbody = "subject"\ndurable = true\n',
     "direct": 'from = "mail"\nmatch = "#@direct.example"\nto = "hub"\n'
     'address = "mail.direct"\nbody = "subject"\n',
+    "kept": 'from = "hub"\nmatch = "keep.#"\nto = "streams"\naddress = "kept"\ndurable = true\n',
 }
+KEPT_STREAM: Final = "msggateway.route.kept"
+MAX_MCAST: Final = 50
+"""SSMP messages sent at most while full (each of about 900 bytes: the route's
+stream is new, so its last page of tmpfs has room for a few)."""
 
 
 @pytest.fixture
@@ -150,6 +158,30 @@ async def publish(process: GatewayProcess, body: bytes) -> int:
 
         await producer.send(STREAM, rstream.AMQPMessage(body=body), on_publish_confirm=confirmed)
         return await answer
+
+
+async def read(process: GatewayProcess, stream: str, count: int) -> list[bytes]:
+    """The bodies of the first ``count`` messages of a stream, read with rstream."""
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_message(message: Any, context: Any) -> None:
+        got.append(bytes(message.body))
+        if len(got) >= count:
+            done.set()
+
+    async with rstream.Producer(**stream_connection(process)) as producer:
+        await producer.create_stream(stream, exists_ok=True)  # the forwarder may be later
+    consumer = rstream.Consumer(**stream_connection(process))
+    await consumer.start()
+    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
+    runner = asyncio.create_task(consumer.run())
+    try:
+        await done.wait()
+    finally:
+        await consumer.close()
+        runner.cancel()
+    return got[:count]
 
 
 def run(coroutine: Any, seconds: float = 20) -> Any:
@@ -241,6 +273,24 @@ def test_full_disk_refuses_then_resumes_without_a_restart(tmp_path: Path, disk: 
             rf"Writing stream {DURABLE_STREAM} failed: the file system is full \(ENOSPC\)"
             rf" at {data}/log/.*\.segment: free space .*; appends are refused for"
         )
+        # SSMP into a durable route: 200 while it fits (a page's slack), then 400 retry.
+        kept: list[bytes] = []
+        with LineClient(gateway.address("hub")) as sender:
+            sender.send("LOGIN keeper open")
+            sender.expect("200")
+            for number in range(MAX_MCAST):
+                payload = b"%d-" % number + b"k" * 900
+                sender.send(b"MCAST keep.x " + payload)
+                response = sender.read_line()
+                if response != b"200":
+                    break
+                kept.append(payload)
+            else:
+                pytest.fail(f"{MAX_MCAST} SSMP messages fit on a full disk")
+        assert response == (
+            b"400 retry: route kept: the log could not store the message: its file system"
+            b" is full; writing resumes by itself once there is room"
+        )
         # A stream publisher is refused (PublishError, internal error); the message
         # is larger than what the stream's last page of tmpfs may have left.
         assert run(publish(gateway, b"while full" * 8000)) == 15
@@ -282,13 +332,16 @@ def test_full_disk_refuses_then_resumes_without_a_restart(tmp_path: Path, disk: 
     # Every message answered K or confirmed is in the log, and every chunk is whole.
     assert bodies(data, DURABLE_STREAM) == [ident.encode() for ident in accepted]
     assert bodies(data, STREAM) == [b"before", b"after"]
-    for name in ("msggateway.outcomes", STREAM, DURABLE_STREAM):
+    assert bodies(data, KEPT_STREAM) == kept
+    for name in ("msggateway.outcomes", STREAM, DURABLE_STREAM, KEPT_STREAM):
         stream_entries(data, name)
     restarted = GatewayProcess(tmp_path / "gw", CONFIG.format(data=data), routes=ROUTES).start()
     try:
         output = restarted.output()
         assert "Truncating" not in output and "Rebuilt index" not in output, output
+        assert run(read(restarted, "kept", len(kept))) == kept
         with contextlib.closing(QMQPSession(restarted.address("mail"))) as session:
             assert send_one(session, "restarted", "ops@durable.example").status == qmqp.K
     finally:
         restarted.stop()
+    assert bodies(data, "kept") == kept  # once each
