@@ -417,7 +417,7 @@ class StreamLog:
         if self._full_failures:
             self._log.info(
                 "Writing stream {stream} resumed: the file system has room again"
-                " ({failures} tries failed over {seconds:.1f} s)",
+                " (it was full for {seconds:.1f} s)",
                 stream=self.name,
                 failures=self._full_failures,
                 seconds=self._committer.clock.seconds() - self._full_since,
