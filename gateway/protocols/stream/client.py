@@ -12,7 +12,10 @@ endpoint is set to that member (through ``relocate``: the service keeps
 the locator's TLS settings) and the connection is closed, so that the
 service connects there next; an attempt there that fails, or a
 MetadataUpdate, sends the next one back to the locator (the configured
-endpoint). Stopping stores the consumed offsets, then closes.
+endpoint). While the stream has no leader (one is being elected after
+its node went away) the connection is not made ready: it is closed, and
+the next attempt, after the back-off, asks the locator again. Stopping
+stores the consumed offsets, then closes.
 
 The module holds the upstream and its connection (`StreamClientProtocol`:
 frames, requests, heartbeats); publishing (`gateway.protocols.stream.publishing`)
@@ -435,7 +438,9 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         That is the leader, or for a consumer link a replica (the leader when
         the stream has none, as on a single node). The first stream that
         Metadata reports well decides (the one published to, if any); once
-        moved it stays where it went until a MetadataUpdate.
+        moved it stays where it went until a MetadataUpdate. If the stream
+        that would decide has no leader yet, the connection is closed and
+        the next attempt goes through the locator.
         """
         streams = self._streams_used()
         if self.settings.create_streams:
@@ -454,6 +459,17 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         brokers = {broker.reference: broker for broker in metadata.brokers}
         for entry in metadata.streams:
             leader = brokers.get(entry.leader)
+            if entry.code == sp.ResponseCode.STREAM_NOT_AVAILABLE or (
+                entry.code == sp.ResponseCode.OK and leader is None
+            ):
+                # A leader is being elected (the old one's node went away).
+                # Not ready here: RabbitMQ 3.10 crashes a connection that
+                # declares a publisher now, and after a few such crashes stops
+                # the node's whole stream listener. As rstream does, ask again
+                # (through the locator) after the back-off.
+                self.forget_member()
+                protocol.close(f"stream {entry.stream} has no leader yet (code {entry.code})")
+                return False
             if entry.code != 1 or leader is None:
                 continue
             members = [leader]
