@@ -68,6 +68,7 @@ from bench.gateway_proc import (  # noqa: E402
 from bench.mtl_flow import EMPTY_TABLE, U64, short  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
 from gateway.codecs import stream as sp  # noqa: E402
+from gateway.codecs.errors import ProtocolError  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
 GOAL_MB: Final = 500
@@ -346,7 +347,7 @@ def check_all(gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]) 
     for name, check in CHECKS.items():
         try:
             results[name] = check(gateway, context)
-        except (OSError, RuntimeError, EOFError) as exc:
+        except (OSError, RuntimeError, EOFError, ProtocolError, zmq.ZMQError) as exc:
             results[name] = f"failed: {type(exc).__name__}: {exc}"
     return results
 
@@ -415,10 +416,23 @@ def table(
     ]
 
 
+@dataclass
+class Run:
+    """What one measurement found, for `report`."""
+
+    counts: dict[str, int]
+    started: Sample
+    baseline: Sample | None = None
+    samples: dict[str, tuple[Sample, Sample]] = field(default_factory=dict)
+    loaded: dict[str, str] = field(default_factory=dict)
+    closed: Sample | None = None
+    problems: list[str] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+
+
 def measure(args: argparse.Namespace, scratch: Path) -> int:
     """Run the measurement in ``scratch``; print the table; the exit status."""
-    began = time.monotonic()
-    deadline = began + args.limit_seconds
+    deadline = time.monotonic() + args.limit_seconds
     counts = shares(args.connections)
     limit = raise_open_file_limit()
     needed = sum(counts[n] * CLIENT_FDS_PER_CONNECTION[n] for n in PROTOCOLS) + SPARE_FDS
@@ -434,81 +448,82 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     context.set(zmq.MAX_SOCKETS, 2 * counts["mtl"] + 64)
     peers = Peers(context)
-    problems: list[str] = []
+    run = Run(counts, Sample.of(gateway.pid))
     try:
-        started = Sample.of(gateway.pid)
         started_sockets = open_sockets(gateway.pid)
         warm = check_all(gateway, context)
-        problems += [f"before: {name}: {text}" for name, text in warm.items() if "failed" in text]
+        run.problems += [f"before: {k}: {v}" for k, v in warm.items() if "failed" in v]
         # The probes' connections are closed; wait until the gateway has let them go.
         wait_until(lambda: open_sockets(gateway.pid) <= started_sockets, SETTLE_SECONDS)
-        baseline = Sample.of(gateway.pid)
+        run.baseline = previous = Sample.of(gateway.pid)
         print(
-            f"gateway pid {gateway.pid}: RSS {started.rss_kib / 1024:.1f} MB and"
-            f" {started.fds} fds at start, {baseline.rss_kib / 1024:.1f} MB and {baseline.fds}"
-            " fds after one exchange per protocol (the baseline)",
+            f"gateway pid {gateway.pid}: RSS {run.started.rss_kib / 1024:.1f} MB and"
+            f" {run.started.fds} fds at start, {previous.rss_kib / 1024:.1f} MB and"
+            f" {previous.fds} fds after one exchange per protocol (the baseline)",
             file=sys.stderr,
         )
-        samples: dict[str, tuple[Sample, Sample]] = {}
-        previous = baseline
         for name in PROTOCOLS:
             opened_at = time.monotonic()
             after = open_share(gateway, peers, name, counts[name], deadline)
-            samples[name] = (previous, after)
+            run.samples[name] = (previous, after)
             print(
                 f"  {name:6} {counts[name]:6,} idle in {time.monotonic() - opened_at:5.1f} s:"
                 f" RSS {after.rss_kib / 1024:.1f} MB, {after.fds:,} fds",
                 file=sys.stderr,
             )
             previous = after
-        loaded = check_all(gateway, context)
-        problems += [f"loaded: {name}: {text}" for name, text in loaded.items() if "failed" in text]
+        run.loaded = check_all(gateway, context)
+        run.problems += [f"loaded: {k}: {v}" for k, v in run.loaded.items() if "failed" in v]
         peers.close()
         context.destroy(linger=0)
         settled = wait_until(lambda: open_sockets(gateway.pid) <= started_sockets, SETTLE_SECONDS)
-        closed = Sample.of(gateway.pid)
+        run.closed = Sample.of(gateway.pid)
         if not settled:
-            problems.append(
-                f"{open_sockets(gateway.pid) - started_sockets} sockets still open after closing"
-            )
+            left = open_sockets(gateway.pid) - started_sockets
+            run.problems.append(f"{left} sockets still open after closing")
     finally:
         peers.close()
         context.destroy(linger=0)
         status = gateway.stop()
-    problems += [f"gateway log: {line[:200]}" for line in log_problems(gateway.output())]
-    alive = status == 0 or status == -signal.SIGTERM
-    if not alive:
-        problems.append(f"the gateway exited with {status}")
-    total = sum(counts.values())
-    peak = samples[PROTOCOLS[-1]][1]
+    run.problems += [f"gateway log: {line[:200]}" for line in log_problems(gateway.output())]
+    if status not in (0, -signal.SIGTERM):
+        run.problems.append(f"the gateway exited with {status}")
+    return report(run)
+
+
+def report(run: Run) -> int:
+    """Print the table and what goes with it; the exit status (0: all well, goal met)."""
+    assert run.baseline is not None and run.closed is not None
+    baseline, closed = run.baseline, run.closed
+    total = sum(run.counts.values())
+    peak = run.samples[PROTOCOLS[-1]][1]
     print()
-    for line in table(counts, samples, baseline):
+    for line in table(run.counts, run.samples, baseline):
         print(line)
     print()
     print(
         f"baseline (0 connections, after one exchange per protocol): {baseline.rss_kib / 1024:.1f}"
-        f" MB, {baseline.fds} fds; at start {started.rss_kib / 1024:.1f} MB"
+        f" MB, {baseline.fds} fds; at start {run.started.rss_kib / 1024:.1f} MB"
     )
-    met = "met" if peak.rss_kib < GOAL_MB * 1024 else "NOT met"
+    met = peak.rss_kib < GOAL_MB * 1024
     print(
         f"with {total:,} idle connections: {peak.rss_kib / 1024:.1f} MB RSS, {peak.fds:,} fds;"
-        f" goal < {GOAL_MB} MB in all: {met}"
+        f" goal < {GOAL_MB} MB in all: {'met' if met else 'NOT met'}"
     )
     print(
         f"after closing them all: {closed.rss_kib / 1024:.1f} MB RSS, {closed.fds} fds"
         " (freed memory is not always given back to the system)"
     )
-    print(
-        "exchanges with all connections open: " + "; ".join(f"{k} {v}" for k, v in loaded.items())
-    )
-    print("problems: " + ("none" if not problems else ""))
-    for problem in problems:
+    exchanges = "; ".join(f"{name} {text}" for name, text in run.loaded.items())
+    print(f"exchanges with all connections open: {exchanges}")
+    print("problems: " + ("none" if not run.problems else ""))
+    for problem in run.problems:
         print(f"  {problem}")
     print(
         f"one gateway, {len(PROTOCOLS)} listeners; MTL sessions hold a control and a data"
-        f" connection each; run took {time.monotonic() - began:.0f} s"
+        f" connection each; the run took {time.monotonic() - run.began:.0f} s"
     )
-    return 0 if not problems and met == "met" else 1
+    return 0 if not run.problems and met else 1
 
 
 def arguments() -> argparse.Namespace:
