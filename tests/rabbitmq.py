@@ -950,17 +950,30 @@ class RabbitMQCluster:
             )
             for index in range(1, self.size + 1)
         ]
-        self._each(RabbitMQNode.start)
+        self._each(RabbitMQNode.start, self.nodes)
         seed = self.nodes[0]
         for node in self.nodes[1:]:
             node.join_cluster(seed)
 
-    def _each(self, step: Any) -> None:
-        """Run ``step(node)`` for every node side by side; raise the first failure."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
-            results = [pool.submit(step, node) for node in self.nodes]
+    @staticmethod
+    def _each(step: Any, nodes: list[RabbitMQNode]) -> None:
+        """Run ``step(node)`` for each node side by side; raise the first failure."""
+        if not nodes:
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+            results = [pool.submit(step, node) for node in nodes]
         for result in results:
             result.result()
+
+    def start_stopped(self) -> None:
+        """Start every node that was stopped (`RabbitMQNode.stop_broker`) again, side by side.
+
+        Each comes back with its name, ports and data, and rejoins the cluster.
+
+        Raises:
+            RabbitMQStartError: One did not start (with its log).
+        """
+        self._each(RabbitMQNode.start, [node for node in self.nodes if not node.running])
 
     def stop(self) -> None:
         """Stop every node, then the epmd; remove a temporary directory. Bounded in time."""
