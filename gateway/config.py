@@ -547,6 +547,7 @@ def _mtl_listener(section: _Section, tls: bool) -> MTLListenerSettings:
         curve_identities=identities,
         allow_addresses=_mtl_networks(section),
         data_port=section.integer("data_port", 0, minimum=0),
+        max_backlog_messages=section.integer("max_backlog_messages", 10_000, minimum=1),
         ping_interval_seconds=section.positive("ping_interval_seconds", 10.0),
         dead_after_seconds=section.positive("dead_after_seconds", 30.0),
     )

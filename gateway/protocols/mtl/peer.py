@@ -6,6 +6,11 @@ common: the name, settings and address, the router and secrets, the clock
 and reactor, the traffic and error counters, and the data socket's output
 (an `Outbox` sends what a read burst produced in one go). `MTLServer` and
 `MTLUpstream` hold their own sockets' protocol.
+
+What the data socket does not take (the peer's queue is at its high-water
+mark because the peer does not read, or the peer is gone) is counted as
+``not-sent`` and in `MTLPeer.not_sent`: a routed Content is answered by its
+caller, anything else is dropped, as ZeroMQ would drop it.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class MTLPeer(Generic[S]):
         self._control: Any = None
         self._data: Any = None
         self._outbox = Outbox(clock, self._send_out)
+        self.not_sent = 0
+        """Commands the data socket did not take since the owner last reset this."""
 
     def _send_batch(
         self,
@@ -88,14 +95,22 @@ class MTLPeer(Generic[S]):
         self.traffic.messages_out += len(frames)
         self._outbox.flush()  # what the peer was told before goes first
         failed = self._data.send_many(frames)
+        if failed:
+            self._count_not_sent(len(failed))
         batch.sent(copies, failed, not_reading)
 
     def _send_out(self, messages: list[list[bytes]]) -> None:
         """Send what the outbox gathered on the data socket, if it is open."""
         if self._data is not None:
-            self._data.send_many(messages)
+            failed = self._data.send_many(messages)
+            if failed:
+                self._count_not_sent(len(failed))
 
-    def count_error(self, kind: str) -> None:
-        """Count a protocol error (or a refused or dropped command) of some kind."""
+    def _count_not_sent(self, count: int) -> None:
+        self.not_sent += count
+        self.count_error("not-sent", count)
+
+    def count_error(self, kind: str, count: int = 1) -> None:
+        """Count ``count`` protocol errors (or refused or dropped commands) of some kind."""
         if self._metrics is not None:
-            self._metrics.protocol_errors.labels(self.name, kind).inc()
+            self._metrics.protocol_errors.labels(self.name, kind).inc(count)

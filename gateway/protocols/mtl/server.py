@@ -49,6 +49,16 @@ answer for it (Confirm: accepted, Reject: rejected, Reject recycle: retry
 later), readers without confirmations count as accepted once written; no
 reader, or one ZeroMQ cannot hand it to (gone, queue full: the data socket
 is ROUTER_MANDATORY): retry later.
+
+Slow readers (issue 18): ZeroMQ queues at most ``max_backlog_messages``
+commands for a data peer (the data socket's SNDHWM; txzmq's default was no
+limit, so a reader that stopped reading grew the gateway by everything
+routed to it, each copy "accepted"). Past that a Content for it is not
+sent: retry later for a route, so that a confirm=full writer gets Reject
+with recycle and a durable route keeps it; a test-profile copy, which
+nobody confirms, is dropped. Each is counted (``not-sent``) and the
+listener logs how many at its next ping round. A reader that reads nothing
+answers no Ping either and is forgotten after ``dead_after_seconds``.
 """
 
 from __future__ import annotations
@@ -172,6 +182,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
+        # What waits for one data peer that does not read, at most (set before binding).
+        self._data.set_option(zmq.SNDHWM, self.settings.max_backlog_messages)
         policy = ZAPPolicy.from_settings(
             self.settings.allow_addresses,
             self.settings.curve_client_keys,
@@ -605,6 +617,17 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
     # --- heartbeats --------------------------------------------------------------------
 
     def _tick(self) -> None:
+        if self.not_sent:
+            self._log.warn(
+                "MTL listener {listener}: {count} data command(s) not sent in the last"
+                " {seconds:g} s: their peers do not read ({limit} waiting:"
+                " max_backlog_messages) or are gone",
+                listener=self.name,
+                count=self.not_sent,
+                seconds=self.settings.ping_interval_seconds,
+                limit=self.settings.max_backlog_messages,
+            )
+            self.not_sent = 0
         now = self.clock.seconds()
         for peer in list(self._peers.values()):
             if now - peer.heard >= self.settings.dead_after_seconds:

@@ -93,6 +93,11 @@ class MTLListenerSettings:
             works for a new data peer (those presented are kept by their peers).
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
+        max_backlog_messages: Commands ZeroMQ queues for one data peer that
+            does not read (the data socket's ``SNDHWM``); past it a Content
+            routed to that reader is answered retry later (its writer gets
+            Reject with recycle), a test-profile copy is dropped, and either
+            is counted (``not-sent``).
         ping_interval_seconds: Pings to data peers this often.
         dead_after_seconds: A data peer heard from for this long is forgotten
             (its leases' summons dropped, its unconfirmed content retried).
@@ -108,6 +113,7 @@ class MTLListenerSettings:
     max_sessions: int = 10_000
     max_leases: int = 10_000
     data_port: int = 0
+    max_backlog_messages: int = 10_000
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
 

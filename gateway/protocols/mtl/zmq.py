@@ -16,6 +16,15 @@ Writing: an `Outbox` gathers the commands of a burst (its answers, or the
 answers a batch's outcomes give) and sends them together at the end of the
 burst or on the next reactor turn: ZeroMQ then wakes its I/O thread once
 for them instead of once per message.
+
+Queues: every socket made here holds at most `DEFAULT_HIGH_WATER_MARK`
+messages per peer each way (a socket's owner may set another ``SNDHWM``
+before it binds or connects). txzmq sets no limit at all (0), so a peer
+that stopped reading grew the gateway's memory by everything sent to it,
+and every send "succeeded" (issue 18). At the mark a send fails at once
+(``NOBLOCK``; ``ROUTER_MANDATORY`` for a ROUTER), and what was sent is
+answered or counted by its caller; a peer's writes wait in its own process
+while our queue of its messages is full.
 """
 
 from __future__ import annotations
@@ -27,8 +36,15 @@ from typing import Any, Final
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-__all__ = ["MAX_READ_BURST", "Outbox", "ZmqSocket", "zmq_factory"]
+__all__ = ["DEFAULT_HIGH_WATER_MARK", "MAX_READ_BURST", "Outbox", "ZmqSocket", "zmq_factory"]
 
+DEFAULT_HIGH_WATER_MARK: Final = 10_000
+"""Messages a socket queues for one peer, and from one peer, at most.
+
+Ten read bursts: ZeroMQ's own default (1,000) is one burst, and the answers
+to one burst (a Confirm or Reject for each Content) then overflow a queue
+that still holds some of the previous burst's, for a peer that reads them.
+"""
 MAX_READ_BURST: Final = 1000
 """Messages read in one wake-up before they are handed on and reading yields to the reactor.
 
@@ -55,6 +71,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
         """A txzmq connection that reads in bursts and schedules on its factory's reactor."""
 
         read_scheduled: Any = None
+        highWaterMark = DEFAULT_HIGH_WATER_MARK  # noqa: N815 (txzmq's name; it sets 0)
 
         def __init__(
             self,
