@@ -18,6 +18,14 @@ Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
 client does not read what it is sent; deliveries stop while the client is
 slow and resume when it catches up.
+
+Slow consumers (issue 18): a subscription gets at most its credit in
+chunks, and never more than the transport takes: once the transport's
+buffer is full (it pauses us, at 64 KiB unsent) no further chunk is written,
+not even the rest of one read, whatever credit the client keeps granting.
+What is not sent stays in the log, where the subscription resumes when the
+client reads again; a client that never does costs its connection one
+chunk past that buffer, nothing is dropped and no one is disconnected for it.
 """
 
 from __future__ import annotations
@@ -764,7 +772,11 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         )
 
     def _deliver(self, subscription: _Subscription) -> None:
-        """Send chunks while the subscription has credit and the client keeps up."""
+        """Send chunks while the subscription has credit and the client keeps up.
+
+        The transport pauses us (``_congested``) from inside a write once its
+        buffer is full: the chunks read after that one wait in the log.
+        """
         if self._closing or self._congested or subscription.waiting is not None:
             return
         transport = self.transport
@@ -781,6 +793,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
                 return
             self.flush()
             for chunk in chunks:
+                if self._congested:
+                    break  # the rest of this read is sent again from the log on resume
                 payload = chunk.payload
                 prefix = sp.deliver_prefix(subscription.id, len(payload))
                 transport.writeSequence([prefix, payload])
