@@ -3,18 +3,27 @@
 `HeldWrites` keeps what is written while the peer does not read;
 `write_envelopes` turns a batch of messages into envelopes, answers each
 one, and writes all that it takes in one piece; `InFlight` pauses reading
-while too many messages read await their outcome.
+while too many messages read await their outcome; `LogTally` keeps a fact
+that may recur per message (a message not delivered, one refused for a
+slow reader) to one log line in a while.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
+
+from twisted.internet.interfaces import IReactorTime
 
 from gateway.codecs import dmp
 from gateway.core.message import Message, Outcome
 from gateway.protocols.dmp.mapping import encode_message
 
-__all__ = ["HeldWrites", "InFlight", "write_envelopes"]
+__all__ = ["LOG_EVERY_SECONDS", "HeldWrites", "InFlight", "LogTally", "write_envelopes"]
+
+LOG_EVERY_SECONDS: Final = 10.0
+"""A fact that recurs per message is logged at most once in this long (issue 18: a
+slow feed reader made a warning of every message a sink writer sent, a million lines)."""
 
 _ACCEPTED = Outcome.accepted()
 
@@ -140,3 +149,36 @@ class InFlight:
         if self._paused and self.count <= self._limit // 2:
             self._paused = False
             self._resume()
+
+
+class LogTally:
+    """Counts one recurring fact and says when it is time to log it again.
+
+    The first occurrence is logged at once; later ones are counted, and the
+    next occurrence at least ``seconds`` after the last line logs them all.
+    What was counted and never logged is left in `count` (for a last line
+    when the connection ends). Metrics count every occurrence; this is only
+    the log.
+
+    Args:
+        clock: Time.
+        seconds: The least time between two lines.
+    """
+
+    __slots__ = ("_clock", "_next", "_seconds", "count")
+
+    def __init__(self, clock: IReactorTime, seconds: float = LOG_EVERY_SECONDS) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._next: float | None = None
+        self.count = 0
+
+    def add(self, count: int = 1) -> int:
+        """Count ``count`` occurrences; return how many to log now (0: not yet)."""
+        self.count += count
+        now = self._clock.seconds()
+        if self._next is not None and now < self._next:
+            return 0
+        self._next = now + self._seconds
+        due, self.count = self.count, 0
+        return due

@@ -23,7 +23,10 @@ one read decoded go to the router as one batch (`gateway.core.inbox`). DMP
 has no acknowledgement, so outcomes other than accepted are logged and
 counted; a connection with ``max_in_flight`` messages awaiting outcomes is
 not read from until they drain. Null messages are ignored; a sink
-connection silent for ``idle_timeout_seconds`` is closed as dead.
+connection silent for ``idle_timeout_seconds`` is closed as dead. Messages
+not delivered are counted one by one (``unrouted``, ``not-delivered``) but
+logged at most once in ten seconds per connection, with how many
+(`gateway.protocols.dmp.flow.LogTally`).
 
 Feeds (one reader): the listener is the route destination for them; a
 batch's messages routed to feed ``F`` are written to F's reader at once, in
@@ -34,6 +37,16 @@ batch adds), *rejected* when no feed F exists or DMP cannot carry the
 message. Null messages go to readers every ``heartbeat_seconds``; a reader
 that is gone shows as the write failing and the connection closing. A
 reader that writes envelopes is closed.
+
+Slow feed readers (issue 18): DMP has no acknowledgement and the gateway no
+queue for a feed (the spec: "no internal queueing for outgoing messages"),
+so a reader that stops reading costs at most ``max_feed_backlog_bytes``
+held for it (plus what its transport holds: 64 KiB and the write that
+filled it): past that each message is answered retry later, so the route's
+sender learns it was not delivered (a QMQP sender gets Z, an MTL writer
+Reject with recycle, a durable route keeps it and retries), counted per
+message (``feed-behind``) and logged at most once in ten seconds. With ``idle_timeout_seconds`` set, a reader that takes
+nothing that long is aborted, freeing the feed.
 """
 
 from __future__ import annotations
@@ -53,7 +66,7 @@ from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.protocols.dmp.flow import HeldWrites, InFlight, write_envelopes
+from gateway.protocols.dmp.flow import HeldWrites, InFlight, LogTally, write_envelopes
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
@@ -89,6 +102,9 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
         self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
+        self._unrouted = LogTally(factory.clock)
+        self._not_delivered = LogTally(factory.clock)
+        self._behind = LogTally(factory.clock)
 
     # --- connection life -------------------------------------------------------------------
 
@@ -99,10 +115,25 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         )
 
     def _connection_ended(self, reason: Failure) -> None:
-        """A feed is free for its next reader."""
+        """A feed is free for its next reader; what was counted and not logged yet is."""
         if self._principal is not None:
             self._principal.stop()
         self._leave_feed()
+        for tally, what in (
+            (self._unrouted, "unrouted"),
+            (self._not_delivered, "not delivered"),
+            (self._behind, "refused for the reader's backlog"),
+        ):
+            if tally.count:
+                self._log.warn(
+                    "{listener}: {kind} {target}: {count} more message(s) {what}"
+                    " since the last such line",
+                    listener=self.factory.name,
+                    kind=self.kind,
+                    target=self.target,
+                    count=tally.count,
+                    what=what,
+                )
 
     def _leave_feed(self) -> None:
         if self.kind == "feed" and self.factory.readers.get(self.target) is self:
@@ -341,22 +372,30 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         factory = self.factory
         if isinstance(result, Unrouted):
             factory.count_error("unrouted")
-            self._log.warn(
-                "{listener}: sink {sink}: no route for {address}; message {id} dropped",
-                listener=factory.name,
-                sink=self.target,
-                address=message.address,
-                id=message.id,
-            )
+            count = self._unrouted.add()
+            if count:
+                self._log.warn(
+                    "{listener}: sink {sink}: no route for {address}; message {id} dropped"
+                    " ({count} unrouted since the last such line)",
+                    listener=factory.name,
+                    sink=self.target,
+                    address=message.address,
+                    id=message.id,
+                    count=count,
+                )
             return
         factory.count_error("not-delivered")
-        self._log.warn(
-            "{listener}: sink {sink}: message {id} not delivered: {reason}",
-            listener=factory.name,
-            sink=self.target,
-            id=message.id,
-            reason=result.reason,
-        )
+        count = self._not_delivered.add()
+        if count:
+            self._log.warn(
+                "{listener}: sink {sink}: message {id} not delivered: {reason}"
+                " ({count} not delivered since the last such line)",
+                listener=factory.name,
+                sink=self.target,
+                id=message.id,
+                reason=result.reason,
+                count=count,
+            )
 
     def _too_many_in_flight(self) -> None:
         self._in_flight_full = True
@@ -394,16 +433,47 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         if self._closing:
             return [Outcome.retry(f"the reader of feed {self.target!r} is leaving")] * len(messages)
         target = self.target
+        limit = self.factory.settings.max_feed_backlog_bytes
+        refused: Outcome | None = None
+        count = 0
+
+        def behind(held: int) -> Outcome:
+            # Past the limit nothing more is held in this batch: one outcome does for all.
+            nonlocal refused, count
+            count += 1
+            if refused is None:
+                refused = Outcome.retry(
+                    f"the reader of feed {target!r} is {held} bytes behind"
+                    f" (max_feed_backlog_bytes {limit})"
+                )
+            return refused
+
         outcomes, written = write_envelopes(
             self._writes,
             messages,
             target,
-            self.factory.settings.max_feed_backlog_bytes,
-            lambda held: Outcome.retry(f"the reader of feed {target!r} is {held} bytes behind"),
+            limit,
+            behind,
             lambda why: Outcome.rejected(f"feed {target!r} cannot carry the message: {why}"),
         )
         self.factory.traffic.messages_out += written
+        if refused is not None:
+            self._refused(count, refused)
         return outcomes
+
+    def _refused(self, count: int, outcome: Outcome) -> None:
+        """``count`` messages were answered retry later for the reader's backlog."""
+        self.factory.count_feed_behind(count)
+        logged = self._behind.add(count)
+        if logged:
+            self._log.warn(
+                "{listener}: feed {feed}: {count} message(s) answered retry later since the"
+                " last such line: {reason}",
+                listener=self.factory.name,
+                feed=self.target,
+                count=logged,
+                reason=outcome.reason,
+            )
 
     def pauseProducing(self) -> None:
         """The reader's socket buffer is full: hold further messages here."""
@@ -463,9 +533,18 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
     ) -> None:
         super().__init__(**common)
         self.router = router
+        metrics = common.get("metrics")
+        self._m_behind = (
+            metrics.protocol_errors.labels(self.name, "feed-behind") if metrics else None
+        )
         self.readers: dict[str, DMPServerProtocol] = {}
         self.granted: dict[str, LeaseGrant] = {}
         """Leases made at run time (admin API): lease text to grant."""
+
+    def count_feed_behind(self, count: int) -> None:
+        """Count messages answered retry later because a feed's reader is too far behind."""
+        if self._m_behind is not None:
+            self._m_behind.inc(count)
 
     def grant_for(self, lease: str) -> LeaseGrant | None:
         """The grant a lease text opens, if it is known and not expired."""
