@@ -15,8 +15,10 @@ The faults: the single test node (the session's `rabbitmq` fixture)
 stopped and started again, gracefully and by SIGKILL; and a three-node
 cluster on loopback (`tests.rabbitmq.RabbitMQCluster`) whose stream has
 three replicas, the gateway's locator being a replica, and whose leader is
-killed mid-publish: the upstream must find the new leader through Metadata
-(as rstream does) and carry on there.
+killed (or stopped) mid-publish: the upstream must find the new leader
+through Metadata (as rstream does) and carry on there. And a stream left
+without a leader (two of three nodes down): the upstream must not get
+ready at the member it asked, only ask again later.
 
 Afterwards, what RabbitMQ holds is read with rstream from the first offset,
 up to a sentinel published once every acknowledged message is there, and
@@ -491,6 +493,15 @@ def gateway_peer_ports(pid: int) -> set[int]:
     return ports
 
 
+def wait_for_peer(gateway: GatewayProcess, port: int) -> None:
+    """Wait until the gateway holds a connection to ``port`` (polled, with a deadline)."""
+    deadline = time.monotonic() + PHASE_TIMEOUT_SECONDS
+    while port not in (peers := gateway_peer_ports(gateway.pid)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the gateway is not connected to port {port}, only {peers}")
+        time.sleep(0.1)
+
+
 # --- (a) the single node restarted under load ------------------------------------------------
 
 
@@ -636,7 +647,7 @@ def test_cluster_leader_lost_under_load(
             f"the leader of {stream_name} is 127.0.0.1:{first.stream_port}; moving there"
         )
         gateway.wait_for_log("upstream rabbit: connected", timeout=PHASE_TIMEOUT_SECONDS)
-        assert first.stream_port in gateway_peer_ports(gateway.pid)
+        wait_for_peer(gateway, first.stream_port)
         loads = start_loads(gateway)
         try:
             before = accepted_more(loads)
@@ -653,8 +664,7 @@ def test_cluster_leader_lost_under_load(
         finally:
             stop_loads(loads)
         # It publishes to the new leader itself, not through another member.
-        peers = gateway_peer_ports(gateway.pid)
-        assert new_leader.stream_port in peers, (new_leader.node_name, peers)
+        wait_for_peer(gateway, new_leader.stream_port)
         expected = {i for load in loads.values() for i, s in load.answers.items() if s == ACCEPTED}
         stored = read_back(new_leader.stream_connection(), stream_name, expected)
     finally:
