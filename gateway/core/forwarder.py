@@ -501,6 +501,7 @@ class LogForwarder:
             return None
         again: list[int] = []
         dead: list[Deferred[object]] = []
+        dead_indices: list[int] = []
         max_attempts = self._settings.max_attempts
         for position, outcome in enumerate(outcomes):
             index = position if indices is None else indices[position]
@@ -524,23 +525,56 @@ class LogForwarder:
                     attempts=chunk.rounds,
                     reason=outcome.reason,
                 )
-                dead.append(self._dead_letter(chunk.messages[index], outcome))
+                chunk.refused[index] = outcome
+                try:
+                    stored = self._dead_letter(chunk.messages[index], outcome)
+                except Exception:
+                    stored = fail()
+                dead.append(stored)
+                dead_indices.append(index)
                 chunk.exceptions.append(
                     ForwardedException(offset, True, outcome, chunk.rounds, now)
                 )
             else:
                 chunk.refused[index] = outcome
                 again.append(index)
-        if not again:
-            if not dead:
-                return None
-            stored: Deferred[Any] = DeferredList(dead, consumeErrors=True)
-            return stored.addCallback(lambda _: None)
-        later = self._retry(chunk, again)
         if dead:
-            waits: list[Deferred[Any]] = [later, *dead]
-            return DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
-        return later
+            # The chunk is done only once its dead letters are stored: one
+            # that could not be (a full disk) is delivered again instead.
+            written: Deferred[Any] = DeferredList(dead, consumeErrors=True)
+            return written.addCallback(self._dead_lettered, chunk, again, dead_indices)
+        return self._retry(chunk, again) if again else None
+
+    def _dead_lettered(
+        self,
+        results: list[tuple[bool, Any]],
+        chunk: _Chunk,
+        again: list[int],
+        indices: list[int],
+    ) -> Deferred[None] | None:
+        """Deliver again the messages whose dead letter was not stored, with the others due."""
+        if chunk.generation != self._generation:
+            return None
+        failed = [index for index, (ok, _) in zip(indices, results, strict=True) if not ok]
+        for index, (ok, failure) in zip(indices, results, strict=True):
+            if not ok:
+                self._log.error(
+                    "forwarder {reference}: offset {offset} could not be stored in the"
+                    " dead-letter stream ({reason}); it is delivered again later",
+                    reference=self.reference,
+                    offset=chunk.first + index,
+                    reason=failure.getErrorMessage(),
+                )
+        if failed:
+            self.dead_lettered -= len(failed)
+            offsets = {chunk.first + index for index in failed}
+            chunk.exceptions = [
+                exception
+                for exception in chunk.exceptions
+                if not (exception.dead and exception.offset in offsets)
+            ]
+            again = sorted([*again, *failed])
+        return self._retry(chunk, again) if again else None
 
     def _retry(self, chunk: _Chunk, again: list[int]) -> Deferred[None]:
         """Deliver the chunk's messages at ``again`` after the round's delay."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
@@ -25,7 +25,7 @@ from gateway.core.forwarder import (
     ForwarderSettings,
     LogForwarder,
 )
-from gateway.core.log import LogStore, StreamLog
+from gateway.core.log import LogStore, LogWriteError, StreamLog
 from gateway.core.message import Message, Outcome
 
 SETTINGS = ForwarderSettings(max_attempts=3, retry_initial_seconds=1.0, retry_max_seconds=4.0)
@@ -157,6 +157,49 @@ async def test_rejected_max_attempts_goes_to_the_dead_letter(store: LogStore) ->
     assert destination.dead == [(b"bad", "no")]
     assert (running.delivered, running.dead_lettered) == (2, 1)
     assert stream.query_offset("fw") == 2
+    running.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dead_letter_not_stored_is_delivered_again(store: LogStore) -> None:
+    """The offset never passes a message whose dead letter failed (a full disk): it comes again."""
+    stream = store.create("s")
+    await stream.append([b"good", b"bad"])
+    clock = Clock()
+    destination = Destination(
+        lambda message, attempt: (
+            Outcome.rejected("no") if message.body == b"bad" else accept(message, attempt)
+        )
+    )
+    stored = destination.dead_letter
+    failures = [LogWriteError("the file system is full")]
+
+    def dead_letter(message: Message, outcome: Outcome) -> Deferred[object]:
+        return fail(failures.pop()) if failures else stored(message, outcome)
+
+    running = LogForwarder(
+        reference="fw",
+        stream=stream,
+        deliver=destination.deliver,
+        to_message=to_message,
+        dead_letter=dead_letter,
+        clock=clock,
+        settings=SETTINGS,
+    )
+    with capturedLogs() as events:
+        running.start()
+        clock.advance(1.0)
+        clock.advance(2.0)  # third rejection: the dead letter fails
+        assert destination.dead == []
+        assert running.dead_lettered == 0
+        assert stream.query_offset("fw") is None
+        clock.advance(4.0)  # delivered again, rejected again, dead-lettered this time
+    assert [body for _, body in destination.deliveries].count(b"bad") == 4
+    assert destination.dead == [(b"bad", "no")]
+    assert (running.delivered, running.dead_lettered) == (1, 1)
+    assert stream.query_offset("fw") == 1
+    failed = [e for e in events if "could not be stored" in e.get("log_format", "")]
+    assert [e["offset"] for e in failed] == [1]
     running.stop()
 
 
