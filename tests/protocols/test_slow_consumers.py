@@ -1,0 +1,448 @@
+"""Consumers that stop reading cost the gateway a bounded amount, and say so (issue 18).
+
+The stream listener and the DMP listener run over `CongestingTransport`, a
+`StringTransport` that pauses its producer from inside a write once more
+than its buffer is unsent, as Twisted's TCP transport does; the test
+reading what was written is the peer reading. The MTL listener runs with
+recorded sockets that refuse what a full ZeroMQ queue would, and the
+ZeroMQ queues themselves are checked on real sockets (``inproc://``, and
+the listener's own on 127.0.0.1 port 0). SSMP's slow subscriber is tested
+in test_ssmp_server.py and test_listener.py.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import zmq
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import LogLevel, capturedLogs
+
+from gateway.codecs import dmp, mtl, osiris
+from gateway.codecs import stream as sp
+from gateway.config import ConfigError, load_config
+from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.auth import Secrets
+from gateway.core.log import FsyncPolicy, LogStore
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Route, Router, bind_routes
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.flow import LOG_EVERY_SECONDS, LogTally
+from gateway.protocols.dmp.server import DMPServerProtocol
+from gateway.protocols.mtl.server import MTLServer
+from gateway.protocols.mtl.settings import MTLListenerSettings
+from gateway.protocols.mtl.zmq import DEFAULT_HIGH_WATER_MARK, ZmqSocket, zmq_factory
+from gateway.protocols.stream.server import StreamServerFactory, StreamServerProtocol
+from gateway.protocols.stream.settings import StreamListenerSettings
+from tests.protocols.test_dmp_server import Listener as DMPListener
+from tests.protocols.test_mtl_server import Sent, data, lease
+
+BUFFER_BYTES = 65536
+"""What a Twisted TCP transport holds unsent before it pauses its producer."""
+
+
+class CongestingTransport(StringTransport):
+    """A `StringTransport` whose peer reads only when the test says (`drain`).
+
+    Like Twisted's TCP transport, every write that leaves more than
+    ``buffer_bytes`` unsent calls the streaming producer's pauseProducing
+    (again and again while it stays full); `drain` empties the buffer and
+    resumes the producer.
+    """
+
+    def __init__(self, buffer_bytes: int = BUFFER_BYTES, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+        self.buffer_bytes = buffer_bytes
+        self.most_unsent = 0
+
+    def write(self, data: bytes) -> None:
+        """Buffer; pause the producer if the buffer is over its size."""
+        super().write(data)  # type: ignore[no-untyped-call]
+        self._check()
+
+    def writeSequence(self, data: Sequence[bytes]) -> None:  # noqa: N802 (Twisted's name)
+        """Buffer; pause the producer if the buffer is over its size."""
+        super().writeSequence(data)  # type: ignore[no-untyped-call]
+        self._check()
+
+    def _check(self) -> None:
+        unsent = len(self.io.getvalue())
+        self.most_unsent = max(self.most_unsent, unsent)
+        if unsent > self.buffer_bytes and self.producer is not None and self.streaming:
+            self.producer.pauseProducing()
+
+    def drain(self) -> bytes:
+        """The peer reads everything; the transport resumes its producer."""
+        data = self.value()
+        self.clear()
+        if self.producer is not None:
+            self.producer.resumeProducing()
+        return data
+
+
+# --- the stream listener -----------------------------------------------------------------
+
+
+def _reactor() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
+
+
+@pytest_twisted.async_yield_fixture
+async def store(tmp_path: Path) -> AsyncIterator[LogStore]:
+    """An open log in a temporary directory."""
+    opened = LogStore(tmp_path / "log", _reactor(), fsync=FsyncPolicy.NEVER, clock=Clock())
+    opened.open()
+    yield opened
+    await opened.close()
+
+
+class StreamConsumer:
+    """A stream client over a `CongestingTransport`, opened as guest, speaking our client codec."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.factory = StreamServerFactory(
+            name="streams",
+            settings=StreamListenerSettings(guest=True, heartbeat_seconds=0),
+            store=store,
+            secrets=Secrets(),
+            clock=Clock(),
+        )
+        self.factory.listening_on(IPv4Address("TCP", "127.0.0.1", 5552))
+        self.transport = CongestingTransport(
+            hostAddress=IPv4Address("TCP", "127.0.0.1", 5552),
+            peerAddress=IPv4Address("TCP", "127.0.0.1", 40000),
+        )
+        address = IPv4Address("TCP", "127.0.0.1", 40000)
+        protocol = self.factory.buildProtocol(address)
+        assert isinstance(protocol, StreamServerProtocol)
+        self.protocol = protocol
+        protocol.makeConnection(self.transport)
+        self.codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
+        self.send(
+            sp.PeerProperties(correlation_id=1, properties={}),
+            sp.SaslHandshake(correlation_id=2),
+            sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"),
+            sp.Tune(frame_max=0, heartbeat=0),
+            sp.Open(correlation_id=4, virtual_host="/"),
+        )
+        opened = self.read()[-1]
+        assert isinstance(opened, sp.OpenResponse) and opened.code == 1
+
+    def send(self, *events: sp.Event) -> None:
+        """Frames from the client, in one read."""
+        self.protocol.dataReceived(b"".join(self.codec.send(event) for event in events))
+
+    def read(self) -> list[sp.Event]:
+        """The client reads everything the server wrote."""
+        return list(self.codec.receive_data(self.transport.drain()))
+
+
+def first_offsets(events: Sequence[sp.Event]) -> list[int]:
+    """The first offsets of the chunks Delivered among ``events``."""
+    return [
+        osiris.ChunkHeader.unpack(bytes(event.chunk)).first_offset
+        for event in events
+        if isinstance(event, sp.Deliver)
+    ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stream_consumer_granting_credit_and_never_reading_gets_one_chunk_past_the_buffer(
+    store: LogStore,
+) -> None:
+    """Credit for every chunk, granted again and again: sending stops once the buffer is full.
+
+    Thirty chunks of 10 kB: the first read of the log takes them all (its
+    budget is 4 MiB), but the transport pauses the connection inside the
+    seventh write and no chunk follows it, however much Credit comes; when
+    the client reads, the next ones go out the same way, every chunk once,
+    in order.
+    """
+    stream = store.create("flood")
+    for _ in range(30):
+        await stream.append([b"x" * 10_000])
+    consumer = StreamConsumer(store)
+    consumer.send(
+        sp.Subscribe(
+            correlation_id=5,
+            subscription_id=1,
+            stream="flood",
+            offset_spec=sp.OffsetSpec(kind=sp.OffsetKind.FIRST),
+            credit=1000,
+        )
+    )
+    unsent = len(consumer.transport.value())
+    assert BUFFER_BYTES < unsent < BUFFER_BYTES + 10_100  # one chunk past the buffer
+    for _ in range(5):
+        consumer.send(sp.Credit(subscription_id=1, credit=1000))
+    assert len(consumer.transport.value()) == unsent
+    seen: list[int] = []
+    for _ in range(30):
+        events = consumer.read()
+        seen += first_offsets(events)
+        if len(seen) == 30:
+            break
+    assert seen == list(range(30))
+    assert consumer.transport.most_unsent < BUFFER_BYTES + 10_100
+
+
+# --- the DMP listener --------------------------------------------------------------------
+
+
+def open_reader(listener: DMPListener) -> tuple[DMPServerProtocol, CongestingTransport]:
+    """A feed reader of ``alerts`` over a congesting transport, its dialog read."""
+    protocol = listener.factory.buildProtocol(None)
+    assert protocol is not None
+    transport = CongestingTransport()
+    protocol.makeConnection(transport)
+    protocol.dataReceived(dmp.PROTOCOL_HEADER + bytes((3,)) + b"R-1")
+    transport.drain()
+    return protocol, transport
+
+
+def test_a_dmp_feed_reader_that_stops_reading_holds_a_bounded_backlog() -> None:
+    """Past max_feed_backlog_bytes: retry later, counted per message, logged once in a while.
+
+    Two hundred batches of 50 messages of 1 kB (10 MB) to a reader that
+    never reads: the gateway holds at most the limit and what its transport
+    took before it filled; every other message is retry later with the
+    reason, ``feed-behind`` counts each, and the log has one line per ten
+    seconds with how many. When the reader reads, what was held arrives.
+    """
+    listener = DMPListener()
+    reader, transport = open_reader(listener)
+    limit = listener.factory.settings.max_feed_backlog_bytes
+    body = b"m" * 1000
+    outcomes: list[Outcome] = []
+    with capturedLogs() as events:
+        for batch in range(200):
+            outcomes += reader.deliver([Message(address="alerts", body=body)] * 50)
+            if batch == 99:
+                listener.clock.advance(LOG_EVERY_SECONDS)
+    accepted = sum(outcome.is_accepted for outcome in outcomes)
+    refused = [outcome for outcome in outcomes if not outcome.is_accepted]
+    assert len(refused) == 10_000 - accepted > 5000
+    assert all(o.status is Status.RETRY and "max_feed_backlog_bytes" in o.reason for o in refused)
+    assert listener.errors("feed-behind") == len(refused)
+    held = reader._writes.held_bytes + len(transport.value())
+    assert held <= limit + BUFFER_BYTES + 50 * 1100
+    warnings = [e for e in events if e["log_level"] == LogLevel.warn and "feed" in e["log_format"]]
+    assert len(warnings) == 2  # the first refusal, and the first one ten seconds later
+    assert warnings[0]["count"] <= 50  # the refusals of the first batch that had any
+    assert sum(event["count"] for event in warnings) < len(refused)  # the rest: counted only
+    delivered = transport.drain()  # what the transport held; then what waited for it
+    delivered += transport.drain()
+    assert delivered.count(body) == accepted
+
+
+def test_a_dmp_sink_whose_messages_find_no_reader_logs_once_in_a_while() -> None:
+    """A sink routed to a feed without a reader: each message counted, one log line, then a tally.
+
+    A thousand messages in one read: ``not-delivered`` counts 1,000, the
+    log has one line; when the writer leaves, one more line says how many
+    went unlogged.
+    """
+    listener = DMPListener()
+    route = Route(
+        name="sink-to-feed",
+        source="dmp",
+        pattern=AddressPattern("orders.#"),
+        destination="dmp",
+        target=AddressTemplate("alerts"),
+    )
+    listener.router.replace_table(bind_routes([route], {"dmp": listener.factory}))
+    writer, transport, _ = listener.opened(b"W-1")
+    with capturedLogs() as events:
+        writer.dataReceived(dmp.encode_envelope(dmp.Envelope(body=b"x")) * 1000)
+        assert listener.errors("not-delivered") == 1000
+        assert [e["count"] for e in events if "not delivered" in e["log_format"]] == [1]
+        writer.connectionLost()
+    [last] = [e for e in events if "more message(s)" in e["log_format"]]
+    assert last["count"] == 999
+    del transport
+
+
+def test_log_tally() -> None:
+    """The first occurrence at once; then nothing until the interval passes, then how many."""
+    clock = Clock()
+    tally = LogTally(clock, 10.0)
+    assert tally.add() == 1
+    assert [tally.add(2) for _ in range(3)] == [0, 0, 0]
+    clock.advance(10)
+    assert tally.add() == 7
+    assert tally.add() == 0
+    assert tally.count == 1
+
+
+# --- the MTL listener --------------------------------------------------------------------
+
+
+def metered_mtl(
+    max_backlog_messages: int = 10_000,
+) -> tuple[MTLServer, Clock, Sent, Sent, GatewayMetrics]:
+    """An MTL listener with recorded sockets and metrics, pinging every 5 s."""
+    clock = Clock()
+    metrics = GatewayMetrics()
+    router = Router(bind_routes([], {}), clock, metrics)
+    listener = MTLServer(
+        name="mtl",
+        settings=MTLListenerSettings(
+            ping_interval_seconds=5.0,
+            dead_after_seconds=60.0,
+            max_backlog_messages=max_backlog_messages,
+        ),
+        host="127.0.0.1",
+        port=0,
+        router=router,
+        secrets=Secrets(),
+        clock=clock,
+        reactor=clock,
+        metrics=metrics,
+    )
+    control, sent = Sent(), Sent()
+    listener._control, listener._data = control, sent
+    listener._timer = clock.callLater(5.0, listener._tick)
+    return listener, clock, control, sent, metrics
+
+
+def not_sent(metrics: GatewayMetrics) -> float:
+    """The MTL listener's ``not-sent`` count."""
+    value = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "not-sent"}
+    )
+    return value or 0.0
+
+
+def test_an_mtl_reader_whose_queue_is_full_gets_nothing_more_and_it_is_retry_later() -> None:
+    """Contents ZeroMQ refuses (the reader's queue is full) are retry later, counted, logged.
+
+    The log line comes with the next ping round, with how many, once.
+    """
+    listener, clock, control, sent, metrics = metered_mtl()
+    data(listener, b"slow", mtl_lease(listener, control))
+    data(listener, b"slow", summon("news"))
+    sent.refuse.add(b"slow")
+    results: list[list[Outcome]] = []
+    listener.deliver([Message(address="news", body=b"%d" % n) for n in range(5)]).addCallback(
+        results.append
+    )
+    [outcomes] = results
+    assert all(o.status is Status.RETRY and "not reading" in o.reason for o in outcomes)
+    assert not_sent(metrics) == 5
+    with capturedLogs() as events:
+        clock.advance(5)  # the ping round; the ping itself is refused too
+        clock.advance(5)
+    lines = [e for e in events if "not sent" in e["log_format"]]
+    assert [(e["count"], e["limit"]) for e in lines] == [(5, 10_000), (1, 10_000)]
+    assert not_sent(metrics) == 7
+
+
+def mtl_lease(listener: MTLServer, control: Sent) -> mtl.Lease:
+    """A Lease command for a confirm=none reader of ``news``."""
+    return mtl.Lease(1, lease(listener, control, "Reader", "none"))
+
+
+def summon(resource: str) -> mtl.Summon:
+    """A Summon command."""
+    return mtl.Summon(2, resource)
+
+
+@pytest.fixture
+def zmq_world() -> Iterator[Any]:
+    """A txzmq factory on a memory reactor; shut down after the test."""
+    factory = zmq_factory(MemoryReactorClock())
+    yield factory
+    factory.shutdown()
+
+
+def test_zmq_sockets_have_bounded_queues(zmq_world: Any) -> None:
+    """Sockets made here queue at most DEFAULT_HIGH_WATER_MARK each way (txzmq sets no limit)."""
+    socket = ZmqSocket(zmq_world, zmq.DEALER, lambda _frames: None)
+    raw = socket._connection.socket
+    assert raw.getsockopt(zmq.SNDHWM) == raw.getsockopt(zmq.RCVHWM) == DEFAULT_HIGH_WATER_MARK
+    assert DEFAULT_HIGH_WATER_MARK > 0
+
+
+def test_a_router_refuses_past_the_mark_for_a_peer_that_does_not_read(zmq_world: Any) -> None:
+    """ROUTER_MANDATORY with SNDHWM: sends to a peer that does not read fail past the mark.
+
+    Over inproc the queue is the ROUTER's SNDHWM plus the peer's RCVHWM;
+    what was taken is exactly what the peer reads later, in order, and the
+    rest is refused (the positions ``send_many`` returns).
+    """
+    router = ZmqSocket(zmq_world, zmq.ROUTER, lambda _frames: None)
+    router.set_option(zmq.ROUTER_MANDATORY, 1)
+    router.set_option(zmq.SNDHWM, 5)
+    router.bind("inproc://slow")
+    peer = zmq_world.context.socket(zmq.DEALER)
+    peer.setsockopt(zmq.IDENTITY, b"slow")
+    peer.setsockopt(zmq.RCVHWM, 5)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect("inproc://slow")
+    try:
+        failed = router.send_many([[b"slow", b"%d" % n] for n in range(100)])
+        taken = 100 - len(failed)
+        assert 0 < taken <= 10
+        assert failed == list(range(taken, 100))
+        got = []
+        while peer.poll(0):
+            got.append(peer.recv_multipart()[0])
+        assert got == [b"%d" % n for n in range(taken)]
+    finally:
+        peer.close(linger=0)
+
+
+def test_the_listener_data_socket_takes_max_backlog_messages() -> None:
+    """The data socket's SNDHWM is max_backlog_messages; its RCVHWM the bounded default."""
+    reactor = MemoryReactorClock()
+    listener = MTLServer(
+        name="mtl",
+        settings=MTLListenerSettings(max_backlog_messages=123, ping_interval_seconds=5.0),
+        host="127.0.0.1",
+        port=0,
+        router=Router(bind_routes([], {}), reactor),
+        secrets=Secrets(),
+        clock=reactor,
+        reactor=reactor,
+    )
+    listener.start()
+    try:
+        raw = listener._data._connection.socket
+        assert raw.getsockopt(zmq.SNDHWM) == 123
+        assert raw.getsockopt(zmq.RCVHWM) == DEFAULT_HIGH_WATER_MARK
+    finally:
+        listener.stop()
+
+
+def test_max_backlog_messages_is_configured_and_checked(tmp_path: Path) -> None:
+    """An MTL listener's max_backlog_messages: 10,000 unless set; at least 1, named when wrong."""
+    base = """
+        [listeners.mtl]
+        protocol = "mtl"
+        endpoint = "tcp:0:interface=127.0.0.1"
+    """
+    path = tmp_path / "gateway.toml"
+    path.write_text(textwrap.dedent(base))
+    [default] = load_config(path).listeners
+    assert isinstance(default.settings, MTLListenerSettings)
+    assert default.settings.max_backlog_messages == 10_000
+    path.write_text(textwrap.dedent(base + "    max_backlog_messages = 50\n"))
+    [configured] = load_config(path).listeners
+    assert isinstance(configured.settings, MTLListenerSettings)
+    assert configured.settings.max_backlog_messages == 50
+    path.write_text(textwrap.dedent(base + "    max_backlog_messages = 0\n"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    [problem] = caught.value.problems
+    assert problem.file == str(path)
+    assert problem.key == "listeners.mtl.max_backlog_messages"
+    assert "at least 1" in problem.reason
