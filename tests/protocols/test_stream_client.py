@@ -156,8 +156,34 @@ class Node:
         return events[0]
 
     def of(self, kind: type[T]) -> list[T]:
-        """The frames of type ``kind`` the client wrote since the last call (others dropped)."""
-        return [event for event in self.received() if isinstance(event, kind)]
+        """The frames of type ``kind`` the client wrote since the last call (others dropped).
+
+        Metadata asked before declaring a publisher on a stream named by an
+        address is answered first (the stream has a leader, this node).
+        """
+        events = self.leaders(self.received())
+        return [event for event in events if isinstance(event, kind)]
+
+    def leaders(self, events: list[sp.Event], leader: bool = True) -> list[sp.Event]:
+        """Answer the Metadata requests among ``events``; return the rest and what follows."""
+        asked = [event for event in events if isinstance(event, sp.Metadata)]
+        if not asked:
+            return events
+        for request in asked:
+            self.say(
+                sp.MetadataResponse(
+                    correlation_id=request.correlation_id,
+                    brokers=(sp.Broker(reference=0, host=HOST, port=PORT),),
+                    streams=tuple(
+                        sp.StreamMetadata(
+                            stream=name, code=1, leader=0 if leader else 7, replicas=()
+                        )
+                        for name in request.streams
+                    ),
+                )
+            )
+        rest = [event for event in events if not isinstance(event, sp.Metadata)]
+        return rest + self.received()
 
     def say(self, *events: sp.Event) -> None:
         """Send frames to the client in one read."""
@@ -232,7 +258,9 @@ class Node:
         self, sequence: int = 0, code: int = 1, sequence_code: int = 1
     ) -> sp.DeclarePublisher:
         """Answer DeclarePublisher and QueryPublisherSequence."""
-        declared = self.one(sp.DeclarePublisher)
+        events = self.leaders(self.received())
+        assert len(events) == 1 and isinstance(events[0], sp.DeclarePublisher), events
+        declared = events[0]
         self.say(
             sp.Response(
                 key=sp.Key.DECLARE_PUBLISHER, correlation_id=declared.correlation_id, code=code
@@ -880,6 +908,52 @@ def test_metadata_update_reconnects(world: World) -> None:
     node = world.open()
     node.say(sp.MetadataUpdate(code=6, stream=STREAM))
     assert node.transport.disconnecting
+
+
+def test_a_stream_without_a_leader_is_not_made_ready() -> None:
+    """Metadata naming no leader (an election under way): closed, and asked again at the locator.
+
+    RabbitMQ 3.10 crashes a connection that declares a publisher then.
+    """
+    world = World()
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    node.tune()
+    asked = node.one(sp.Metadata)
+    node.say(
+        sp.MetadataResponse(
+            correlation_id=asked.correlation_id,
+            brokers=(sp.Broker(reference=0, host=HOST, port=PORT),),
+            streams=(sp.StreamMetadata(stream=STREAM, code=1, leader=3, replicas=(0,)),),
+        )
+    )
+    assert node.transport.disconnecting
+    assert not world.upstream.connected
+    assert status(tracked(world.publish("m1"))) is Status.RETRY
+    node.lose()
+    world.reactor.advance(0.5)
+    assert world.attempts()[-1] == (HOST, PORT)
+    assert not [event for event in node.seen if isinstance(event, sp.DeclarePublisher)]
+
+
+def test_an_address_named_stream_without_a_leader_is_retry_later_and_not_declared() -> None:
+    """Streams named by addresses are looked up before their publisher is declared."""
+    world = World(attrs.evolve(SETTINGS, stream=None))
+    node = world.open()
+    results = tracked(world.upstream.deliver([Message(body=b"a", address="a", id="a")]))
+    events = node.leaders(node.received(), leader=False)
+    assert not [event for event in events if isinstance(event, sp.DeclarePublisher)]
+    [outcomes] = results
+    assert isinstance(outcomes, list)
+    assert [outcome.status for outcome in outcomes] == [Status.RETRY]
+    assert "stream a has no leader now" in outcomes[0].reason
+    assert not node.transport.disconnecting
+    again = tracked(world.upstream.deliver([Message(body=b"b", address="a", id="b")]))
+    declared = node.declare()
+    assert declared.stream == "a"
+    node.confirm(declared.publisher_id, 1)
+    assert [outcome.status for outcome in again[0]] == [Status.ACCEPTED]  # type: ignore[union-attr]
 
 
 def test_unanswered_request_times_out_and_closes(world: World) -> None:

@@ -253,6 +253,20 @@ class Publishers:
         publisher.ready = False
         if self._settings.create_streams:
             await protocol.request(sp.Create, stream=stream, arguments={})  # 5: it exists
+        if self._settings.stream is None:
+            # A stream named by an address, not checked when connecting:
+            # RabbitMQ 3.10 crashes the connection that declares a publisher
+            # on a stream without a leader (an election under way).
+            code = await self._leader_code(protocol, stream)
+            if code != sp.ResponseCode.OK:
+                self._fail_queue(
+                    publisher,
+                    code,
+                    f"{self._name}: stream {stream} has no leader now (code {code})"
+                    if code == sp.ResponseCode.STREAM_NOT_AVAILABLE
+                    else f"{self._name}: stream {stream} cannot be published to (code {code})",
+                )
+                return
         declared = await protocol.request(
             sp.DeclarePublisher, publisher_id=publisher.id, reference=reference, stream=stream
         )
@@ -287,16 +301,23 @@ class Publishers:
         publisher.ready = True
         self.pump()
 
-    def _fail_queue(self, publisher: _Publisher, code: int) -> None:
-        outcome = (
-            Outcome.rejected(
-                f"{self._name} refused a publisher on {publisher.stream} (code {code})"
-            )
-            if code in _REJECTING_CODES
-            else Outcome.retry(
-                f"{self._name} refused a publisher on {publisher.stream} (code {code})"
-            )
-        )
+    @staticmethod
+    async def _leader_code(protocol: StreamConnection, stream: str) -> int:
+        """OK if Metadata names a leader for the stream; else the code that says why not."""
+        metadata = await protocol.request(sp.Metadata, streams=(stream,))
+        brokers = {broker.reference for broker in metadata.brokers}
+        for entry in metadata.streams:
+            if entry.stream == stream:
+                if entry.code == sp.ResponseCode.OK and entry.leader not in brokers:
+                    return int(sp.ResponseCode.STREAM_NOT_AVAILABLE)
+                return int(entry.code)
+        return int(sp.ResponseCode.STREAM_NOT_AVAILABLE)
+
+    def _fail_queue(self, publisher: _Publisher, code: int, reason: str | None = None) -> None:
+        """Answer what waits for a publisher that could not be declared; forget it."""
+        if reason is None:
+            reason = f"{self._name} refused a publisher on {publisher.stream} (code {code})"
+        outcome = Outcome.rejected(reason) if code in _REJECTING_CODES else Outcome.retry(reason)
         # Gone before anyone is answered: an answer may lead to a delivery to
         # the same stream at once, which then declares a publisher afresh.
         del self._publishers[publisher.stream, publisher.reference]
