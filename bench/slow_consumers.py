@@ -72,18 +72,21 @@ fsync = "never"
 protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
+{hub}
 
 [listeners.streams]
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 guest = true
 heartbeat_seconds = 0
+{streams}
 
 [listeners.dmp]
 protocol = "dmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 sinks = ["in"]
 feeds = ["out"]
+{dmp}
 
 [listeners.dmp.leases]
 writer = {{ sink = "in", text = "w" }}
@@ -93,13 +96,15 @@ reader = {{ feed = "out", text = "r" }}
 protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
 profiles = ["gateway"]
+{mtl}
 
 [listeners.mtl2]
 protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
 profiles = ["gateway"]
-{extra}
+{mtl2}
 """
+LISTENERS: Final = ("hub", "streams", "dmp", "mtl", "mtl2")
 ROUTES: Final = {
     "dmp-loop": 'from = "dmp"\nmatch = "#"\nto = "dmp"\naddress = "out"\n',
     "mtl-across": 'from = "mtl"\nmatch = "in"\nto = "mtl2"\naddress = "out"\n',
@@ -178,6 +183,10 @@ class Row:
     growth_second_half: float = 0.0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    metrics_before_read: str = field(default="", repr=False)
+    """The gateway's /metrics once the publisher is done, before the consumer reads."""
+    metrics_end: str = field(default="", repr=False)
+    """The gateway's /metrics at the end."""
 
 
 def metrics(gateway: GatewayProcess) -> str:
@@ -291,6 +300,7 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
     sampler.phase = "after"
     row.acked = acked.value
     publisher.close()
+    row.metrics_before_read = metrics(gateway)
     if consumer is not None:
         got = Counted()
 
@@ -428,6 +438,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
     if granter is not None:
         granter.join()
     publisher.sock.close()
+    row.metrics_before_read = metrics(gateway)
     if consumer is not None:
         got = Counted()
 
@@ -503,6 +514,7 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome="retry")
     )
     writer.close()
+    row.metrics_before_read = metrics(gateway)
     if consumer is not None:
         got = Counted()
         pending = bytearray()
@@ -602,6 +614,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         sampler.phase = "after"
         row.sent, row.acked, row.refused = sent, confirmed, rejected
         writer.close(linger=0)
+        row.metrics_before_read = metrics(gateway)
         if consumer is not None:
             got = 0
             while consumer.poll(int(IDLE_SECONDS * 1000)):
@@ -624,26 +637,44 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
 RUNS: Final = {"ssmp": run_ssmp, "stream": run_stream, "dmp": run_dmp, "mtl": run_mtl}
 
 
+def config(settings: dict[str, str] | None = None) -> str:
+    """The gateway's main file, with ``LISTENER.KEY`` = TOML value settings added."""
+    extra: dict[str, list[str]] = {name: [] for name in LISTENERS}
+    for dotted, value in (settings or {}).items():
+        listener, _, key = dotted.partition(".")
+        extra[listener].append(f"{key} = {value}")
+    return CONFIG.format(**{name: "\n".join(lines) for name, lines in extra.items()})
+
+
 @contextmanager
-def gateway_process(extra: str = "") -> Iterator[GatewayProcess]:
-    """A fresh gateway with the four listeners and the two loop routes."""
+def gateway_process(settings: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
+    """A fresh gateway with the five listeners and the two routes."""
     with tempfile.TemporaryDirectory() as directory:
-        process = GatewayProcess(
-            Path(directory), CONFIG.format(extra=extra), routes=dict(ROUTES)
-        ).start()
+        process = GatewayProcess(Path(directory), config(settings), routes=dict(ROUTES)).start()
         try:
             yield process
         finally:
             process.stop()
 
 
-def measure(protocol: str, messages: int, size: int, slow: bool, extra: str = "") -> Row:
-    """One row: a fresh gateway, the publisher, and the slow consumer if ``slow``."""
+def measure(
+    protocol: str, messages: int, size: int, slow: bool, settings: dict[str, str] | None = None
+) -> Row:
+    """One row: a fresh gateway, the publisher, and the slow consumer if ``slow``.
+
+    Args:
+        protocol: ``ssmp``, ``stream``, ``dmp`` or ``mtl``.
+        messages: How many the publisher sends.
+        size: Body bytes of each.
+        slow: Whether there is a consumer that stops reading.
+        settings: ``LISTENER.KEY`` to a TOML value, added to the configuration.
+    """
     row = Row(protocol, "slow consumer" if slow else "baseline (none)")
-    with gateway_process(extra) as gateway:
+    with gateway_process(settings) as gateway:
         started = time.monotonic()
         with RSSSampler(gateway.pid) as sampler:
             RUNS[protocol](gateway, messages, size, slow, row, sampler)
+        row.metrics_end = metrics(gateway)
         row.seconds = time.monotonic() - started
     row.rss_start = sampler.samples[0][1]
     row.rss_end = sampler.samples[-1][1]
@@ -694,14 +725,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50,000 messages")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--extra-config", default="", help="TOML appended to the config")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="LISTENER.KEY=VALUE",
+        help="a listener setting (TOML value), e.g. hub.max_backlog_bytes=65536",
+    )
     args = parser.parse_args()
     messages = args.messages or (50_000 if args.quick else 1_000_000)
+    settings = dict(item.split("=", 1) for item in args.set)
     rows: list[Row] = []
     for protocol in args.protocols.split(","):
         modes = (True,) if args.no_baseline else (False, True)
         for slow in modes:
-            row = measure(protocol, messages, args.size, slow, args.extra_config)
+            row = measure(protocol, messages, args.size, slow, settings)
             print(f"{protocol} {row.mode}: done in {row.seconds:.1f} s", file=sys.stderr)
             rows.append(row)
     print(f"{messages:,} messages of {args.size} bytes; RSS in MiB")

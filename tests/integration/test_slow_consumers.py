@@ -1,0 +1,102 @@
+"""Consumers that stop reading, against a real gateway: bounded memory and the protocol's answer.
+
+For each of SSMP, the stream protocol, a DMP feed and an MTL reader, a fresh
+``twistd msggateway`` with small caps gets one consumer that subscribes and
+never reads again, and a publisher that sends `MESSAGES` messages of
+`SIZE` bytes (80 MB: a gateway that kept them for the consumer would grow by
+at least that). The scenarios are those of ``bench/slow_consumers.py``
+(`bench.slow_consumers.measure`), bounded in count and time; the gateway's
+RSS is sampled throughout. Each checks that RSS grew by less than
+`GROWTH_LIMIT_MIB` and that the gateway answered as its protocol allows:
+
+* SSMP: the subscriber disconnected (``max_backlog_bytes``), counted; every
+  MCAST still answered 200;
+* stream: nothing sent past the full buffer however much credit, every
+  publish confirmed, and everything delivered once the consumer reads;
+* DMP: deliveries past ``max_feed_backlog_bytes`` answered retry later,
+  counted as ``feed-behind``; what was accepted is what the reader gets;
+* MTL: past ``max_backlog_messages`` the confirm=full writer gets Reject
+  with recycle for each, counted as ``not-sent``; what was confirmed is
+  what the reader gets.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pytest
+
+from bench.slow_consumers import Row, measure, metric
+
+pytestmark = pytest.mark.integration
+
+MESSAGES: Final = 80_000
+SIZE: Final = 1000
+GROWTH_LIMIT_MIB: Final = 56.0
+"""Well under the 80 MB sent. Measured: the caps below hold a few hundred kilobytes,
+and the publishers' own traffic (read, routed, answered) costs SSMP nothing, the
+stream 12 MiB, DMP 18, MTL 36 (what the writer has in flight, ZeroMQ's queue of
+what it sent); with the caps lifted, MTL and DMP grew by 120 and 167 MiB."""
+SETTINGS: Final = {
+    "hub.max_backlog_bytes": "65536",
+    "dmp.max_feed_backlog_bytes": "65536",
+    "mtl2.max_backlog_messages": "100",
+    "streams.max_unconfirmed": "2000",  # the publisher's own backlog: not what is measured
+}
+
+
+def slow(protocol: str) -> Row:
+    """Run one protocol's slow-consumer scenario on a fresh gateway."""
+    row = measure(protocol, MESSAGES, SIZE, slow=True, settings=dict(SETTINGS))
+    assert row.sent == MESSAGES, row
+    assert not row.notes, row.notes
+    growth = row.rss_peak - row.rss_start
+    assert growth < GROWTH_LIMIT_MIB, f"RSS grew by {growth:.1f} MiB: {row}"
+    return row
+
+
+def test_ssmp_subscriber_that_stops_reading_is_disconnected() -> None:
+    """The slow subscriber is cut off and counted; the publisher gets 200 for every MCAST."""
+    row = slow("ssmp")
+    assert row.acked == MESSAGES
+    disconnects = "msggateway_slow_consumer_disconnects_total"
+    assert metric(row.metrics_end, disconnects, endpoint="hub") == 1
+    assert row.delivered is not None and row.delivered < MESSAGES // 2
+
+
+def test_stream_consumer_granting_credit_without_reading_is_sent_nothing_more() -> None:
+    """Credit granted again and again, never read: sends stop; everything arrives once it reads."""
+    row = slow("stream")
+    assert row.acked == MESSAGES and row.refused == 0
+    sent = metric(row.metrics_before_read, "msggateway_messages_sent_total", endpoint="streams")
+    assert sent < MESSAGES // 2  # what the kernel's buffers took, no more
+    assert row.delivered == MESSAGES
+    disconnects = "msggateway_slow_consumer_disconnects_total"
+    assert metric(row.metrics_end, disconnects, endpoint="streams") == 0
+
+
+def test_dmp_feed_reader_that_stops_reading_makes_deliveries_retry_later() -> None:
+    """Past the feed's backlog: retry later, each counted as feed-behind; the rest delivered."""
+    row = slow("dmp")
+    assert row.refused > MESSAGES // 2
+    behind = metric(
+        row.metrics_end, "msggateway_protocol_errors_total", endpoint="dmp", kind="feed-behind"
+    )
+    assert behind == row.refused
+    accepted = metric(
+        row.metrics_end, "msggateway_route_outcomes_total", route="dmp-loop", outcome="accepted"
+    )
+    assert row.delivered == accepted == MESSAGES - row.refused
+
+
+def test_mtl_reader_that_stops_reading_makes_the_writer_recycle() -> None:
+    """Past max_backlog_messages: Reject with recycle to the writer, counted; no silent loss."""
+    row = slow("mtl")
+    assert row.acked is not None
+    assert row.refused > MESSAGES // 2
+    assert row.acked + row.refused == MESSAGES
+    not_sent = metric(
+        row.metrics_end, "msggateway_protocol_errors_total", endpoint="mtl2", kind="not-sent"
+    )
+    assert not_sent >= row.refused
+    assert row.delivered == row.acked
