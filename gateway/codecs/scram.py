@@ -1,4 +1,4 @@
-"""SASL SCRAM-SHA-256 (RFC 5802, RFC 7677): both roles, sans-IO.
+"""SASL SCRAM-SHA-256 (RFC 5802, RFC 7677) for MTL: a thin adapter over ``scramp``.
 
 MTL authenticates with SASL's challenge-response model (mtl.txt, "Client
 Authentication"); PLAIN takes one round, SCRAM takes several, which is what
@@ -9,26 +9,35 @@ MTL's ``402 Challenged`` is for. The messages are the RFC's, byte for byte::
     client-final   c=biws,r=cnonce+snonce,p=base64(ClientProof)
     server-final   v=base64(ServerSignature)
 
-No channel binding (the gs2 header is ``n,,`` or ``y,,``; ``p=`` is
-refused) and no authorization identity other than the user itself.
-User names are not SASLprep-ed: they are compared as given, after the
-RFC's ``=2C`` / ``=3D`` unescaping. The server derives the salted password
-from the secret in the secrets file (which holds secrets, not verifiers), so
-it needs no new file format.
+``scramp`` (both roles, RFC 5802/7677) does the algorithm: message syntax,
+the gs2 header (``n,,`` or ``y,,``; ``p=`` is refused, there is no channel
+binding), nonce checks, SASLprep of user names and passwords, the
+``=2C`` / ``=3D`` escapes, the keys, proof and signature, and the 4,096
+iteration floor. Like our codecs it does no I/O. What stays here, and why:
 
-Both classes raise `ScramError` for anything the RFC does not allow,
-including a wrong proof or signature; after that they are spent.
+- Bytes at the edge: MTL carries base64 blobs, scramp takes ``str``; a
+  message is capped (`MAX_MESSAGE_BYTES`) and decoded as UTF-8 here.
+- Turn order: one state per exchange, so a message out of turn is refused
+  the same way in both roles and an exchange that failed stays spent.
+- The credential: the secrets file keeps plain secrets (no new file
+  format), and the MTL server re-checks a session's secret against it, so
+  the server derives scramp's stored key and server key per login with
+  ``make_auth_info`` and hands the secret back once the proof verified.
+- Unknown users: scramp stops at the client-first; we go on with a made-up
+  secret at the same cost and fail at the proof, so that unknown users
+  cannot be told from wrong passwords.
+- A client refuses more than `MAX_ITERATIONS` (scramp allows 10,000,000):
+  a hostile server must not hold the reactor for seconds.
+- One error, `ScramError`, whose text says which message was refused.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import secrets
 from collections.abc import Callable
 from typing import Final
+
+import scramp  # type: ignore[import-untyped]
 
 __all__ = [
     "DEFAULT_ITERATIONS",
@@ -44,79 +53,37 @@ DEFAULT_ITERATIONS: Final = 4096
 """RFC 7677 section 4: at least 4,096 iterations."""
 MIN_ITERATIONS: Final = 4096
 MAX_ITERATIONS: Final = 1_000_000
-"""A client refuses more: a hostile server must not make it spin for minutes."""
+"""A client refuses more: a hostile server must not make it spin for seconds."""
 MAX_MESSAGE_BYTES: Final = 1024
 """No SCRAM message of ours or of an honest peer comes near it."""
-NONCE_BYTES: Final = 24
-SALT_BYTES: Final = 16
+_INVALID_PROOF: Final = "invalid-proof"
+"""RFC 5802's server-error-value for a proof that does not verify."""
+_MECHANISM: Final = scramp.ScramMechanism(MECHANISM)
 
 
 class ScramError(Exception):
     """A SCRAM message that is malformed, out of turn, or fails verification."""
 
 
-def _hmac(key: bytes, data: bytes) -> bytes:
-    return hmac.digest(key, data, "sha256")
-
-
-def _salted(password: bytes, salt: bytes, iterations: int) -> bytes:
-    return hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
-
-
-def _keys(salted: bytes) -> tuple[bytes, bytes, bytes]:
-    """ClientKey, StoredKey and ServerKey of a salted password."""
-    client_key = _hmac(salted, b"Client Key")
-    return client_key, hashlib.sha256(client_key).digest(), _hmac(salted, b"Server Key")
-
-
-def _xor(left: bytes, right: bytes) -> bytes:
-    return bytes(a ^ b for a, b in zip(left, right, strict=True))
-
-
-def _nonce() -> str:
-    # Printable ASCII without ",": base64 of random bytes, "+" and "/" included.
-    return base64.b64encode(secrets.token_bytes(NONCE_BYTES)).decode()
-
-
-def _attributes(message: bytes, names: str) -> list[str]:
-    """The values of ``message``'s comma-separated attributes, which must be ``names`` in order.
-
-    Extra attributes after them are refused (RFC 5802 reserves ``m=`` and
-    lets no other extension through without negotiation).
-    """
+def _text(message: bytes) -> str:
     if len(message) > MAX_MESSAGE_BYTES:
         raise ScramError(f"a SCRAM message is at most {MAX_MESSAGE_BYTES} bytes")
     try:
-        text = message.decode("utf-8")
+        return message.decode("utf-8")
     except UnicodeDecodeError:
         raise ScramError("a SCRAM message is UTF-8") from None
-    parts = text.split(",")
-    if len(parts) != len(names):
-        raise ScramError(f"expected attributes {', '.join(names)}, got {text!r}")
-    values = []
-    for name, part in zip(names, parts, strict=True):
-        if part[:2] != f"{name}=":
-            raise ScramError(f"expected attribute {name}=, got {part[:2]!r}")
-        values.append(part[2:])
-    return values
 
 
-def _b64(value: str, what: str) -> bytes:
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ScramError(f"{what} is not base64") from None
+class _Turns:
+    """Which message an exchange takes next; anything else is out of turn."""
 
+    def __init__(self) -> None:
+        self.state = "first"
 
-def _escape(user: str) -> str:
-    return user.replace("=", "=3D").replace(",", "=2C")
-
-
-def _unescape(name: str) -> str:
-    # RFC 5802 section 5.1: "=" only as "=2C" or "=3D".
-    if name.replace("=2C", "").replace("=3D", "").count("="):
-        raise ScramError("a user name escapes '=' and ',' as =3D and =2C only")
-    return name.replace("=2C", ",").replace("=3D", "=")
+    def expect(self, state: str, then: str) -> None:
+        if self.state != state:
+            raise ScramError(f"a SCRAM message out of turn (the exchange is at {self.state!r})")
+        self.state = then
 
 
 class ScramServer:
@@ -124,7 +91,7 @@ class ScramServer:
 
     Args:
         lookup: The secret a user logs in with, or None for an unknown user
-            (the exchange then goes on with a made-up salt and fails at the
+            (the exchange then goes on with a made-up secret and fails at the
             proof, so that unknown users cannot be told from wrong passwords).
         iterations: PBKDF2 iterations announced to the client.
         nonce: The server's nonce part (tests give the RFC's); random if None.
@@ -141,24 +108,22 @@ class ScramServer:
     ) -> None:
         self._lookup = lookup
         self._iterations = iterations
-        self._server_nonce = nonce if nonce is not None else _nonce()
-        self._salt = salt if salt is not None else secrets.token_bytes(SALT_BYTES)
-        self._state = "first"
+        self._salt = salt
+        self._exchange = _MECHANISM.make_server(self._auth_info, s_nonce=nonce)
+        self._turns = _Turns()
         self._user = ""
+        self._candidate: bytes | None = None
         self._secret: bytes | None = None
-        self._nonce = ""
-        self._client_first_bare = ""
-        self._server_first = ""
 
     @property
     def user(self) -> str:
-        """The user named in the client-first message."""
+        """The user named in the client-first message (SASLprep-ed)."""
         return self._user
 
     @property
     def secret(self) -> bytes | None:
         """The user's secret, once the proof verified; None before."""
-        return self._secret if self._state == "done" else None
+        return self._secret
 
     def first(self, client_first: bytes) -> bytes:
         """Take the client-first message; return the server-first one.
@@ -166,20 +131,14 @@ class ScramServer:
         Raises:
             ScramError: Malformed, out of turn, or asking for channel binding.
         """
-        self._expect("first")
-        header, _, bare = client_first.partition(b",,")
-        if header not in (b"n", b"y"):
-            raise ScramError("no channel binding here: the gs2 header is 'n,,' or 'y,,'")
-        name, client_nonce = _attributes(bare, "nr")
-        if not client_nonce or not name:
-            raise ScramError("client-first needs a user name and a nonce")
-        self._user = _unescape(name)
-        self._client_first_bare = bare.decode()
-        self._nonce = client_nonce + self._server_nonce
-        salt = base64.b64encode(self._salt).decode()
-        self._server_first = f"r={self._nonce},s={salt},i={self._iterations}"
-        self._state = "final"
-        return self._server_first.encode()
+        self._turns.expect("first", "spent")
+        try:
+            self._exchange.set_client_first(_text(client_first))
+            server_first = str(self._exchange.get_server_first())
+        except scramp.ScramException as exc:
+            raise ScramError(f"client-first refused: {exc}") from None
+        self._turns.state = "final"
+        return server_first.encode()
 
     def final(self, client_final: bytes) -> bytes:
         """Take the client-final message; return the server-final one.
@@ -187,37 +146,39 @@ class ScramServer:
         Raises:
             ScramError: Malformed, out of turn, or a proof that does not verify.
         """
-        self._expect("final")
-        self._state = "spent"
-        binding, nonce, proof_text = _attributes(client_final, "crp")
-        if _b64(binding, "c=") not in (b"n,,", b"y,,") or nonce != self._nonce:
-            raise ScramError("client-final does not continue this exchange")
-        proof = _b64(proof_text, "the proof")
-        secret = self._lookup(self._user)
+        self._turns.expect("final", "spent")
+        try:
+            self._exchange.set_client_final(_text(client_final))
+            server_final = str(self._exchange.get_server_final())
+        except scramp.ScramException as exc:
+            error = exc.server_error
+            if error is not None and error.value == _INVALID_PROOF:
+                raise ScramError("the proof does not verify") from None
+            raise ScramError(f"client-final does not continue this exchange: {exc}") from None
+        if self._candidate is None:  # pragma: no cover - a proof for a random secret
+            raise ScramError("the proof does not verify")
+        self._secret = self._candidate
+        return server_final.encode()
+
+    def _auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int]:
+        """Scramp's credential for ``user``: salt, StoredKey, ServerKey, iterations."""
+        self._user = user
+        secret = self._lookup(user)
+        try:
+            if secret is not None:
+                info = self._derive(secret.decode("utf-8"))
+                self._candidate = secret
+                return info
+        except (UnicodeDecodeError, scramp.ScramException):
+            pass  # a secret SASLprep refuses cannot log in; fail like an unknown user
         # An unknown user gets a secret no proof can match, at the same cost.
-        password = secret if secret is not None else secrets.token_bytes(32)
-        _, stored_key, server_key = _keys(_salted(password, self._salt, self._iterations))
-        message = self._auth_message(client_final)
-        signature = _hmac(stored_key, message)
-        if len(proof) != len(signature):
-            raise ScramError("the proof does not verify")
-        client_key = _xor(proof, signature)
-        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), stored_key):
-            raise ScramError("the proof does not verify")
-        if secret is None:  # pragma: no cover - a proof for a random secret
-            raise ScramError("the proof does not verify")
-        self._secret = secret
-        self._state = "done"
-        server_signature = base64.b64encode(_hmac(server_key, message)).decode()
-        return f"v={server_signature}".encode()
+        return self._derive(secrets.token_hex(32))
 
-    def _auth_message(self, client_final: bytes) -> bytes:
-        without_proof = client_final.rsplit(b",p=", 1)[0].decode()
-        return f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
-
-    def _expect(self, state: str) -> None:
-        if self._state != state:
-            raise ScramError(f"a SCRAM message out of turn (the exchange is at {self._state!r})")
+    def _derive(self, password: str) -> tuple[bytes, bytes, bytes, int]:
+        salt, stored_key, server_key, iterations = _MECHANISM.make_auth_info(
+            password, iteration_count=self._iterations, salt=self._salt
+        )
+        return bytes(salt), bytes(stored_key), bytes(server_key), int(iterations)
 
 
 class ScramClient:
@@ -225,22 +186,28 @@ class ScramClient:
 
     Args:
         user: Who logs in.
-        password: Its secret.
+        password: Its secret (UTF-8).
         nonce: The client nonce (tests give the RFC's); random if None.
+
+    Raises:
+        ScramError: A user name or password SASLprep refuses.
     """
 
     def __init__(self, user: str, password: bytes, *, nonce: str | None = None) -> None:
-        self._password = password
-        self._nonce = nonce if nonce is not None else _nonce()
-        self._client_first_bare = f"n={_escape(user)},r={self._nonce}"
-        self._server_signature = b""
-        self._state = "first"
+        try:
+            self._exchange = scramp.ScramClient(
+                [MECHANISM], user, password.decode("utf-8"), c_nonce=nonce
+            )
+        except UnicodeDecodeError:
+            raise ScramError("a SCRAM password is UTF-8") from None
+        except scramp.ScramException as exc:
+            raise ScramError(f"cannot log in as {user!r}: {exc}") from None
+        self._turns = _Turns()
 
     def first(self) -> bytes:
         """Return the client-first message."""
-        self._expect("first")
-        self._state = "final"
-        return f"n,,{self._client_first_bare}".encode()
+        self._turns.expect("first", "final")
+        return str(self._exchange.get_client_first()).encode()
 
     def final(self, server_first: bytes) -> bytes:
         """Take the server-first message; return the client-final one.
@@ -249,20 +216,17 @@ class ScramClient:
             ScramError: Malformed, a nonce that does not extend ours, or an
                 iteration count out of bounds.
         """
-        self._expect("final")
-        self._state = "verify"
-        nonce, salt_text, count = _attributes(server_first, "rsi")
-        if not nonce.startswith(self._nonce) or len(nonce) == len(self._nonce):
-            raise ScramError("the server's nonce does not extend ours")
-        if not count.isdigit() or not MIN_ITERATIONS <= int(count) <= MAX_ITERATIONS:
-            raise ScramError(f"iteration count {count!r} out of bounds")
-        salt = _b64(salt_text, "the salt")
-        client_key, stored_key, server_key = _keys(_salted(self._password, salt, int(count)))
-        without_proof = f"c=biws,r={nonce}"
-        message = f"{self._client_first_bare},{server_first.decode()},{without_proof}".encode()
-        proof = base64.b64encode(_xor(client_key, _hmac(stored_key, message))).decode()
-        self._server_signature = _hmac(server_key, message)
-        return f"{without_proof},p={proof}".encode()
+        self._turns.expect("final", "spent")
+        try:
+            self._exchange.set_server_first(_text(server_first))
+        except scramp.ScramException as exc:
+            raise ScramError(f"server-first refused: {exc}") from None
+        count = int(self._exchange.iterations)
+        if count > MAX_ITERATIONS:
+            raise ScramError(f"iteration count {count} out of bounds (at most {MAX_ITERATIONS})")
+        client_final = str(self._exchange.get_client_final())
+        self._turns.state = "verify"
+        return client_final.encode()
 
     def verify(self, server_final: bytes) -> None:
         """Check the server-final message: the server knew the secret too.
@@ -270,14 +234,8 @@ class ScramClient:
         Raises:
             ScramError: Malformed, an ``e=`` error, or a wrong signature.
         """
-        self._expect("verify")
-        self._state = "spent"
-        if server_final.startswith(b"e="):
-            raise ScramError(f"the server refused: {server_final[2:].decode(errors='replace')}")
-        (signature,) = _attributes(server_final, "v")
-        if not hmac.compare_digest(_b64(signature, "v="), self._server_signature):
-            raise ScramError("the server's signature does not verify")
-
-    def _expect(self, state: str) -> None:
-        if self._state != state:
-            raise ScramError(f"a SCRAM message out of turn (the exchange is at {self._state!r})")
+        self._turns.expect("verify", "spent")
+        try:
+            self._exchange.set_server_final(_text(server_final))
+        except scramp.ScramException as exc:
+            raise ScramError(f"server-final refused: {exc}") from None

@@ -56,6 +56,14 @@ def test_wrong_password_and_unknown_user_fail_at_the_proof() -> None:
         assert server.secret is None
 
 
+def test_a_secret_saslprep_refuses_fails_like_an_unknown_user() -> None:
+    """A stored secret SASLprep refuses still gets the server-first, then fails at the proof."""
+    server = rfc_server(b"pen\x07cil")
+    assert server.first(CLIENT_FIRST) == SERVER_FIRST
+    with pytest.raises(ScramError, match="does not verify"):
+        server.final(CLIENT_FINAL)
+
+
 def test_client_refuses_a_forged_server_signature() -> None:
     """A server that does not know the password cannot produce the signature."""
     client = ScramClient("user", b"pencil", nonce=CLIENT_NONCE)
@@ -77,6 +85,21 @@ def test_client_refuses_bad_server_first() -> None:
         client.first()
         with pytest.raises(ScramError):
             client.final(server_first)
+
+
+def test_client_bounds_iterations_below_scramps_own_limit() -> None:
+    """Two million iterations are refused: our bound, tighter than scramp's ten million."""
+    client = ScramClient("user", b"pencil", nonce=CLIENT_NONCE)
+    client.first()
+    with pytest.raises(ScramError, match="out of bounds"):
+        client.final(b"r=rOprNGfwEbeRWgbNEkqOx,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=2000000")
+
+
+def test_client_refuses_a_name_or_password_saslprep_refuses() -> None:
+    """An empty user name or a password with a control character is a ScramError at once."""
+    for user, password in (("", b"pencil"), ("user", b"pen\x07cil"), ("user", b"\xff")):
+        with pytest.raises(ScramError):
+            ScramClient(user, password)
 
 
 @pytest.mark.parametrize(

@@ -223,7 +223,12 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         elif settings.mechanism not in body.get("mechanisms", [settings.mechanism]):
             self._start_over(f"the server does not offer {settings.mechanism}")
         elif settings.mechanism == scram.MECHANISM:
-            self._scram = scram.ScramClient(settings.username, password)
+            try:
+                self._scram = scram.ScramClient(settings.username, password)
+            except scram.ScramError as exc:  # a name or password SASLprep refuses
+                self._scram = None
+                self._start_over(f"SCRAM-SHA-256 login failed: {exc}")
+                return
             self._scram_round = 0
             self._authorize(self._scram.first())
         else:
