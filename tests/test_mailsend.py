@@ -1,4 +1,4 @@
-"""Tests of `gateway.mailsend` and ``msggateway qmqp send``.
+"""Tests of `gateway.cli.qmqp` and ``msggateway qmqp send``.
 
 Envelopes, identifiers and the reading of files, directories and mbox files
 are checked on small files in ``tmp_path``. The session is checked against
@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.codecs import qmqp
-from gateway.mailsend import (
+from gateway.cli.qmqp import (
     Envelope,
     Item,
     LocalFailure,
@@ -34,7 +33,8 @@ from gateway.mailsend import (
     envelope_of,
     prepare,
 )
-from gateway.probe import connect, tls_context
+from gateway.cli.ssmp import connect, tls_context
+from gateway.codecs import qmqp
 from tests.certs import make_pki
 
 SERVER_TIMEOUT_SECONDS = 10.0

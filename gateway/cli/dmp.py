@@ -16,8 +16,8 @@ import os
 import socket
 from typing import TextIO
 
+from gateway.cli.ssmp import connect, parse_address, tls_context
 from gateway.codecs import dmp
-from gateway.probe import connect, parse_address, tls_context
 
 __all__ = ["add_dmp_commands", "run_dmp"]
 

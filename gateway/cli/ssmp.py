@@ -4,7 +4,7 @@ Operators use it to publish a test message or watch a topic by hand, against
 the gateway or any SSMP server, over TCP or TLS. It uses the same codec as
 the gateway; it is not used by the gateway itself. `parse_address`,
 `tls_context` and `connect` are shared with the other hand tools
-(``msggateway qmqp send``, `gateway.mailsend`).
+(``msggateway qmqp send``, `gateway.cli.qmqp`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ default without PATH) and prints every problem as ``file: key: reason``
 ``msggateway ssmp publish|subscribe ...`` sends or watches SSMP messages by
 hand, against the gateway or any SSMP server.
 ``msggateway qmqp send [ADDRESS] PATH...`` streams mail files to a QMQP
-streaming server and prints what became of each (`gateway.mailsend`).
+streaming server and prints what became of each (`gateway.cli.qmqp`).
 ``msggateway dmp put|get ADDRESS ...`` writes to a DMP sink or reads a DMP
-feed with a lease from the environment (`gateway.dmp_tool`).
+feed with a lease from the environment (`gateway.cli.dmp`).
 ``msggateway spark archive|report|send ...`` runs the data pipeline's jobs
 on Spark (`gateway.spark.cli`).
 ``msggateway mtl keygen PATH`` writes a new CURVE secret key file for an MTL
@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import TextIO
 
 from gateway import __version__
-from gateway.codecs import ssmp
-from gateway.config import ConfigError, load_config, load_default_config
-from gateway.dmp_tool import add_dmp_commands, run_dmp
-from gateway.mailsend import (
+from gateway.cli.dmp import add_dmp_commands, run_dmp
+from gateway.cli.qmqp import (
     DEFAULT_TIMEOUT_SECONDS,
     DEFAULT_WINDOW,
     MailSource,
@@ -38,7 +36,7 @@ from gateway.mailsend import (
     QMQPSender,
     QMQPSendError,
 )
-from gateway.probe import (
+from gateway.cli.ssmp import (
     SSMPProbe,
     SSMPProbeError,
     connect,
@@ -46,6 +44,8 @@ from gateway.probe import (
     parse_address,
     tls_context,
 )
+from gateway.codecs import ssmp
+from gateway.config import ConfigError, load_config, load_default_config
 from gateway.spark.cli import add_spark_commands, run_spark
 
 __all__ = ["main"]
