@@ -58,9 +58,12 @@ class GatewayProcess:
         routes: dict[str, str] | None = None,
         secrets: str | None = None,
         reactor: str | None = None,
+        twistd: str | None = None,
     ) -> None:
         self.directory = directory
         self.reactor = reactor
+        self.twistd = twistd or twistd_path()
+        """The twistd to run (another virtualenv's, to test an installed wheel)."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "routes").mkdir(exist_ok=True)
         for name, text in (routes or {}).items():
@@ -94,7 +97,7 @@ class GatewayProcess:
             GatewayStartError: It exited or did not get ready in time.
         """
         command = [
-            twistd_path(),
+            self.twistd,
             "--nodaemon",
             "--pidfile=",
             "--logfile=-",
