@@ -51,6 +51,7 @@ from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
+from gateway.logformat import select_log_format
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
 from gateway.protocols.dmp.leases import LeaseDesk
@@ -74,6 +75,7 @@ from gateway.protocols.stream.bridge import (
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
+from gateway.systemd import tell_systemd
 from gateway.tls import client_endpoint_at, reload_server_tls
 
 __all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
@@ -202,6 +204,7 @@ class GatewayService(MultiService):
 
     def stopService(self) -> Deferred[None] | None:
         """Stop forwarding, then everything else, then close the log."""
+        tell_systemd({"STOPPING": "1"})
         for feed in self.feeds:
             feed.stop()
         if self.durable is not None:
@@ -246,6 +249,7 @@ class GatewayService(MultiService):
     def _ready(self, addresses: dict[str, str]) -> None:
         text = " ".join(f"{name}={address}" for name, address in addresses.items())
         self._log.info("msggateway ready: {addresses}", addresses=text, listening=addresses)
+        tell_systemd({"READY": "1", "STATUS": f"listening: {text}"})
 
     def _failed(self, failure: Failure) -> None:
         error = failure.value
@@ -659,10 +663,19 @@ class Options(usage.Options):
 
     optParameters = [
         ["config", "c", None, "Main configuration file (default: the embedded loopback default)."],
+        [
+            "log-format",
+            None,
+            "text",
+            "text (twistd's lines) or json (one JSON object per line, with listener,"
+            " route, peer and identity as fields), to stdout or twistd's --logfile.",
+        ],
     ]
 
     def postOptions(self) -> None:
-        """Load and validate the configuration before anything starts."""
+        """Choose the log format; load and validate the configuration before anything starts."""
+        # twistd reads its --logger after this (see gateway.logformat).
+        select_log_format(self["log-format"], getattr(self, "parent", None))
         path = self["config"]
         try:
             self.gateway_config = load_config(Path(path)) if path else load_default_config()
