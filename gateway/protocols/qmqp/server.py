@@ -82,8 +82,11 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         if self._outstanding == 0 and quiet >= self.factory.settings.idle_timeout_seconds:
             self.factory.count_error("idle-timeout")
             self._log.info(
-                "{listener}: closing a connection that completed no block in {seconds:g} s",
+                "{listener}: closing the connection of {peer}: it completed no block in"
+                " {seconds:g} s",
                 listener=self.factory.name,
+                peer=self._who(),
+                identity=self.identity,
                 seconds=quiet,
             )
             self._close()
@@ -94,8 +97,10 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         """Outcomes still on their way are dropped."""
         if self._outstanding and not self._done:
             self._log.info(
-                "{listener}: client went away with {count} message(s) unanswered",
+                "{listener}: {peer} went away with {count} message(s) unanswered",
                 listener=self.factory.name,
+                peer=self._who(),
+                identity=self.identity,
                 count=self._outstanding,
             )
 
@@ -207,9 +212,11 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
     def _protocol_error(self, error: qmqp.QMQPError) -> None:
         self.factory.count_error(error.kind)
         self._log.warn(
-            "{listener}: bad input, closing once {count} outstanding message(s) are answered:"
-            " {reason}",
+            "{listener}: bad input from {peer}, closing once {count} outstanding message(s)"
+            " are answered: {reason}",
             listener=self.factory.name,
+            peer=self._who(),
+            identity=self.identity,
             count=self._outstanding,
             reason=error.reason,
         )
@@ -224,15 +231,18 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
                 "{listener}: {why}",
                 listener=self.factory.name,
                 why=self.factory.per_identity_refusal(username),
+                peer=self._who(),
+                identity=username,
             )
         elif success:
             self.identity = username
         else:
             self.factory.count_error("unauthorized")
             self._log.info(
-                "{listener}: authentication of {username} refused",
+                "{listener}: authentication of {username} from {peer} refused",
                 listener=self.factory.name,
                 username=username,
+                peer=self._who(),
             )
         # Spec ambiguity: "1" is success, as the prose says (see gateway.codecs.qmqp).
         self._send(qmqp.encode(qmqp.AuthReplyBlock(success=success)))
@@ -252,6 +262,8 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
                     "{listener}: {why}",
                     listener=self.factory.name,
                     why=self.factory.per_identity_refusal(identity),
+                    peer=self._who(),
+                    identity=identity,
                 )
                 identity = None
             self.identity = identity
