@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+from prometheus_client import ProcessCollector
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.endpoints import clientFromString, serverFromString
@@ -597,6 +598,8 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
         reactor: The reactor to listen, connect and keep time with.
     """
     metrics = GatewayMetrics()
+    # process_*: resident memory, CPU seconds, open files (etc/grafana-dashboard.json).
+    ProcessCollector(registry=metrics.registry)
     router = Router(RouteTable(), reactor, metrics)
     gateway = GatewayService(config, reactor, metrics, router)
     needs_log = any(route.durable for route in config.routes) or any(
