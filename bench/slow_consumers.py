@@ -18,9 +18,12 @@ Columns:
 * ``delivered``: what the slow consumer finds on its socket when it finally
   reads (until the gateway closes it or it is idle for a second);
 * ``answer``: what the gateway did about the slow consumer (``disconnect``
-  counted in ``msggateway_slow_consumer_disconnects_total``, ``credit``:
-  the stream's own flow control held the rest in the log, ``retry`` or
-  ``reject``: deliveries answered retry later);
+  counted in ``msggateway_slow_consumer_disconnects_total``; ``paused at
+  N``: the stream sent N messages, then nothing more until the consumer
+  read, the rest waiting in the log; ``retry`` or ``reject``: deliveries
+  answered retry later, for MTL a Reject with recycle to the writer;
+  ``forgotten``: the MTL reader, silent, was dropped after
+  ``dead_after_seconds``);
 * ``RSS start/peak/end``: MiB, before the publisher starts, the highest
   sample, after the publisher is done;
 * ``bounded``: the peak over the second half of the publishing is within
@@ -450,7 +453,10 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
         drain(consumer.sock, count)
         consumer.sock.close()
         row.delivered = got.value
-        row.answer = "credit" if got.value < messages else "-"
+        sent = "msggateway_messages_sent_total"
+        before = metric(row.metrics_before_read, sent, endpoint="streams")
+        if before < messages:  # the rest waited in the log until the consumer read
+            row.answer = f"paused at {before:,.0f}"
     text = metrics(gateway)
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="streams")
     if disconnects:
