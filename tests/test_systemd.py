@@ -1,17 +1,31 @@
-"""sd_notify for ``Type=notify`` units (`gateway.systemd`), over real unix datagram sockets."""
+"""systemd: sd_notify (`gateway.systemd`) on real unix datagram sockets, and etc/msggateway.service.
+
+The unit is parsed here (keys, and ExecStart through twistd's own option
+parser) and, where ``systemd-analyze`` is installed, verified by it.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 from twisted.logger import capturedLogs, formatEvent
+from twisted.scripts._twistd_unix import ServerOptions
 
+from gateway import logformat
+from gateway import service as service_module
+from gateway.logformat import json_observer
 from gateway.systemd import NOTIFY_SOCKET, notify, tell_systemd
 
 
@@ -103,3 +117,115 @@ def test_tell_systemd_is_quiet_outside_systemd() -> None:
     with capturedLogs() as events:
         tell_systemd({"READY": "1"}, {})
     assert events == []
+
+
+# --- etc/msggateway.service ----------------------------------------------------------------
+
+UNIT: Final = Path(__file__).resolve().parents[1] / "etc" / "msggateway.service"
+
+
+def _unit_sections(text: str) -> dict[str, dict[str, list[str]]]:
+    """Parse a unit file the way systemd reads one: sections, repeatable keys, comments.
+
+    Lines ending in a backslash continue on the next line; ``#`` and ``;``
+    start comments.
+    """
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"a setting outside any section: {line}"
+        key, separator, value = line.partition("=")
+        assert separator, f"not KEY=VALUE: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def _setting(section: dict[str, list[str]], key: str) -> str:
+    """The one value of ``key`` (the last, as systemd takes it)."""
+    assert key in section, f"{key}= is missing"
+    return section[key][-1]
+
+
+def test_the_unit_is_type_notify_with_limits_and_hardening() -> None:
+    """Type=notify, a user, LimitNOFILE, restart, reload, and the hardening options."""
+    unit = _unit_sections(UNIT.read_text())
+    assert set(unit) == {"Unit", "Service", "Install"}
+    service = unit["Service"]
+    expected = {
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "User": "msggateway",
+        "LimitNOFILE": "65536",
+        "Restart": "on-failure",
+        "ExecReload": "/bin/kill -HUP $MAINPID",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "CapabilityBoundingSet": "",  # no capabilities: the example ports are above 1024
+        "SystemCallFilter": "@system-service",
+        "ReadWritePaths": "/var/lib/msggateway",
+        "WorkingDirectory": "/var/lib/msggateway",
+    }
+    assert {key: _setting(service, key) for key in expected} == expected
+    # AF_UNIX for the journal and the notification socket (gateway.systemd).
+    assert set(_setting(service, "RestrictAddressFamilies").split()) == {
+        "AF_INET",
+        "AF_INET6",
+        "AF_UNIX",
+    }
+    assert "AmbientCapabilities" not in service  # only in a comment, for ports below 1024
+    assert _setting(unit["Install"], "WantedBy") == "multi-user.target"
+
+
+def test_exec_start_is_a_command_line_twistd_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ExecStart parses as twistd reads it: foreground, no pid file, JSON logs to stdout."""
+    monkeypatch.setattr(logformat, "_destination", logformat._destination)  # put back after
+    command = shlex.split(_setting(_unit_sections(UNIT.read_text())["Service"], "ExecStart"))
+    assert command[0] == "/opt/msggateway/bin/twistd"
+    config = command.index("--config") + 1
+    assert command[config] == "/etc/msggateway/gateway.toml"
+    local = tmp_path / "gateway.toml"
+    local.write_text('[listeners.hub]\nprotocol = "ssmp"\nendpoint = "tcp:0"\n')
+    command[config] = str(local)
+    options = ServerOptions()
+    options.parseOptions(command[1:])
+    assert options.subCommand == "msggateway"
+    assert options["nodaemon"] and options["pidfile"] == ""
+    assert options.subOptions["log-format"] == "json"
+    assert options["logger"] is json_observer
+    assert logformat._destination.stdout  # the journal
+
+
+def test_sighup_is_what_reload_sends_and_the_gateway_reloads_on_it() -> None:
+    """ExecReload's SIGHUP is the gateway's reload (routes, secrets, certificates)."""
+    source = inspect.getsource(service_module.makeService)
+    assert "signal.SIGHUP" in source and "gateway.reload" in source
+
+
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    """systemd-analyze verify finds nothing to say (ExecStart pointed at this twistd)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    twistd = Path(sys.executable).with_name("twistd")
+    copy = tmp_path / "msggateway.service"
+    copy.write_text(UNIT.read_text().replace("/opt/msggateway/bin/twistd", str(twistd)))
+    done = subprocess.run(
+        [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
