@@ -26,6 +26,7 @@ from gateway.core.batch import UNANSWERED
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
+from gateway.core.tap import BatchTap, Tap, observe_batch
 from gateway.core.transforms import ENVELOPE_TRANSFORMS, TransformError, transform
 from gateway.metrics import GatewayMetrics, RouteStats
 
@@ -259,6 +260,16 @@ class Router:
         self._watches: dict[BoundRoute, _Deadlines] = {}
         self.recorder: OutcomeRecorder | None = None
         """Keeps each message's route, source, times and outcome (issue 9), when set."""
+        self.taps: tuple[Tap, ...] = ()
+        """Who watches messages live (`gateway.core.tap`); looked at once per batch."""
+
+    def add_tap(self, tap: Tap) -> None:
+        """Show ``tap`` the batches routed from now on."""
+        self.taps = (*self.taps, tap)
+
+    def remove_tap(self, tap: Tap) -> None:
+        """Stop showing ``tap`` anything (records of batches in flight still reach it)."""
+        self.taps = tuple(other for other in self.taps if other is not tap)
 
     def replace_table(self, table: RouteTable) -> None:
         """Use a new route table for messages dispatched from now on."""
@@ -345,11 +356,14 @@ class Router:
                 continue
             for bound, addresses in per_route.items():
                 self._plan(plan, bound, index, message, addresses, refused)
+        tapped = None
+        if self.taps:  # all that a batch pays when nobody taps
+            tapped = observe_batch(self.taps, source, messages, plan, refused, table, self._clock)
         if len(plan) == 1 and not refused:  # the common case: one route, each message once
             [(bound, (indices, batch))] = plan.items()
-            self._deliver(bound, batch, source).addCallback(_answer_all, indices, answer)
+            self._deliver(bound, batch, source, tapped).addCallback(_answer_all, indices, answer)
             return
-        _Combined(plan, refused, table.rank, answer).start(self, source)
+        _Combined(plan, refused, table.rank, answer).start(self, source, tapped)
 
     def _plan(
         self,
@@ -375,7 +389,7 @@ class Router:
             entry[1].append(translated)
 
     def _deliver(
-        self, bound: BoundRoute, batch: list[Message], source: str
+        self, bound: BoundRoute, batch: list[Message], source: str, tapped: BatchTap | None = None
     ) -> Deferred[list[Outcome]]:
         route = bound.route
         started = self._clock.seconds()
@@ -402,6 +416,8 @@ class Router:
                 # One call per batch. A durable route's delivery records its
                 # own batches: a range of its stream once committed.
                 recorder.record_batch(KIND_ROUTE, route.name, source, batch, started, outcomes)
+            if tapped is not None:
+                tapped.answered(bound, outcomes)
             return outcomes
 
         if d.called:
@@ -516,12 +532,12 @@ class _Combined:
             for index in indices:
                 left[index] = left.get(index, 0) + 1
 
-    def start(self, router: Router, source: str) -> None:
+    def start(self, router: Router, source: str, tapped: BatchTap | None) -> None:
         """Answer the messages no route took, deliver each route's batch."""
         for index in [i for i in self._known if i not in self._routes_left]:
             self._answer(index, _combine(self._known.pop(index)))
         for bound, (indices, batch) in self._plan.items():
-            router._deliver(bound, batch, source).addCallback(
+            router._deliver(bound, batch, source, tapped).addCallback(
                 self._route_answered, indices, self._rank.get(bound, 0)
             )
 

@@ -1,0 +1,420 @@
+"""Watching messages live as they pass a listener or a route (``msggateway tap``).
+
+A `Tap` says which messages an operator wants to see: those arriving at
+one listener (or upstream), or those one route takes, optionally only on
+source addresses matching a route-style `AddressPattern`, and only a
+sampled share of them. The router keeps its taps in a tuple and looks at
+it once per batch (`Router.route`): when nobody taps, that check is all a
+batch pays, with no per-message work, allocation, Deferred or timer.
+
+When taps exist, `observe_batch` picks each tap's messages out of the
+routed batch and returns a `BatchTap` that the router tells each route's
+outcomes when that route's batch is answered (one call per route batch,
+where the router already has them; no Deferred per message). Once every
+route a message took has answered, each tap that picked it gets one
+record: a JSON line (`Tap.offer`) saying when it arrived, where from, its
+envelope (id, sender, address, recipients, body size, header names) and,
+per route, where it went and the outcome.
+
+Each tap keeps at most ``max_records`` records (and `MAX_TAP_BUFFER_BYTES`)
+until its reader takes them (`Tap.take`); past that, records are dropped
+and counted, so a slow reader never slows the router nor grows memory.
+The counters (`Tap.seen`, `Tap.sampled_out`, `Tap.dropped`, `Tap.shown`)
+let the reader say what it did not show.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from twisted.internet.interfaces import IReactorTime
+
+from gateway.core.addressing import AddressPattern
+from gateway.core.message import Message, Outcome, worst
+
+if TYPE_CHECKING:
+    from gateway.core.router import BoundRoute, RouteTable
+
+__all__ = [
+    "DEFAULT_TAP_RECORDS",
+    "MAX_TAP_BUFFER_BYTES",
+    "MAX_TAP_RECORDS",
+    "UNROUTED",
+    "BatchTap",
+    "Sampler",
+    "Tap",
+    "observe_batch",
+]
+
+DEFAULT_TAP_RECORDS: Final = 1000
+"""Records a tap keeps for its reader unless asked for another number."""
+MAX_TAP_RECORDS: Final = 100_000
+"""The most records a tap may be asked to keep (each is a few hundred bytes)."""
+MAX_TAP_BUFFER_BYTES: Final = 4 * 1024 * 1024
+"""However many records are allowed, a tap keeps at most this many bytes of them."""
+MAX_LISTED_ITEMS: Final = 20
+"""Recipients or header names listed per record; the count says how many there were."""
+MAX_PATTERN_CACHE_ENTRIES: Final = 4096
+"""Distinct addresses a tap remembers the match of; past it the cache starts afresh."""
+_SAMPLE_EPSILON: Final = 1e-9
+"""Rates such as 0.1 do not add up to exactly 1.0 in binary floating point."""
+
+UNROUTED: Final = "unrouted"
+"""The outcome of a message no route took (or that every route refused to translate)."""
+
+
+class Sampler:
+    """Takes a steady share of what it is offered: every 1/rate-th, by a counter.
+
+    Cheaper than a random draw, and deterministic: rate 0.01 takes the
+    first message and every hundredth after it.
+
+    Args:
+        rate: The share to take, above 0 and at most 1.
+
+    Raises:
+        ValueError: The rate is out of range.
+    """
+
+    __slots__ = ("_credit", "rate")
+
+    def __init__(self, rate: float) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"a sampling rate is above 0 and at most 1, not {rate:g}")
+        self.rate = rate
+        self._credit = 1.0
+
+    def take(self) -> bool:
+        """Whether to take the next one."""
+        credit = self._credit
+        if credit >= 1.0 - _SAMPLE_EPSILON:
+            self._credit = credit - 1.0 + self.rate
+            return True
+        self._credit = credit + self.rate
+        return False
+
+
+class Tap:
+    """One watcher of the messages at a listener or on a route.
+
+    Exactly one of ``listener`` and ``route`` is given. The router calls
+    `selects` per message of a batch from that listener or route, and
+    `offer` with each finished record; the reader sets `on_records`, is
+    called once per batch that brought records, and calls `take`.
+
+    Args:
+        listener: Watch messages arriving at this listener or upstream.
+        route: Watch messages this route takes.
+        pattern: Only messages whose source address (or one of their
+            recipients) matches it.
+        sample: The share of matching messages to show (`Sampler`).
+        max_records: Records kept until the reader takes them.
+
+    Raises:
+        ValueError: Not exactly one of listener and route, or a rate or
+            record count out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        listener: str | None = None,
+        route: str | None = None,
+        pattern: AddressPattern | None = None,
+        sample: float = 1.0,
+        max_records: int = DEFAULT_TAP_RECORDS,
+    ) -> None:
+        if (listener is None) == (route is None):
+            raise ValueError("a tap watches either a listener or a route")
+        if not 1 <= max_records <= MAX_TAP_RECORDS:
+            raise ValueError(f"a tap keeps 1 to {MAX_TAP_RECORDS} records, not {max_records}")
+        self.listener = listener
+        self.route = route
+        self.pattern = pattern
+        self.max_records = max_records
+        self._sampler = Sampler(sample)
+        self._matches: dict[str, bool] = {}
+        self._lines: list[bytes] = []
+        self._bytes = 0
+        self.on_records: Callable[[], None] | None = None
+        """Called (once per batch) when records have come for `take`."""
+        self.seen = 0
+        """Messages at the listener or on the route that matched the pattern."""
+        self.sampled_out = 0
+        """Of those, left out by the sampling rate."""
+        self.dropped = 0
+        """Of those, lost because the reader was behind (the buffer was full)."""
+        self.shown = 0
+        """Records handed to the reader."""
+
+    @property
+    def sample(self) -> float:
+        """The share of matching messages shown."""
+        return self._sampler.rate
+
+    def describe(self) -> dict[str, object]:
+        """What the tap watches, as JSON: listener or route, pattern, rate, records kept."""
+        return {
+            "listener": self.listener,
+            "route": self.route,
+            "match": None if self.pattern is None else self.pattern.text,
+            "sample": self.sample,
+            "max": self.max_records,
+        }
+
+    def counts(self) -> dict[str, int]:
+        """The counters, as JSON."""
+        return {
+            "seen": self.seen,
+            "shown": self.shown,
+            "sampled_out": self.sampled_out,
+            "dropped": self.dropped,
+        }
+
+    @property
+    def full(self) -> bool:
+        """Whether the next record would be dropped."""
+        return len(self._lines) >= self.max_records or self._bytes >= MAX_TAP_BUFFER_BYTES
+
+    def selects(self, message: Message) -> bool:
+        """Whether to record this message: it matches, is sampled and there is room."""
+        if self.pattern is not None and not self._match(message):
+            return False
+        self.seen += 1
+        if not self._sampler.take():
+            self.sampled_out += 1
+            return False
+        if self.full:
+            self.dropped += 1
+            return False
+        return True
+
+    def _match(self, message: Message) -> bool:
+        addresses = message.recipients or (message.address,)
+        cache = self._matches
+        for address in addresses:
+            found = cache.get(address)
+            if found is None:
+                if len(cache) >= MAX_PATTERN_CACHE_ENTRIES:
+                    cache.clear()
+                assert self.pattern is not None
+                found = cache[address] = self.pattern.match(address) is not None
+            if found:
+                return True
+        return False
+
+    def offer(self, record: dict[str, object]) -> None:
+        """Keep a record for the reader, or count it dropped when the buffer is full."""
+        if self.full:
+            self.dropped += 1
+            return
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        self._lines.append(line)
+        self._bytes += len(line)
+        self.shown += 1
+
+    def take(self) -> bytes:
+        """Return every record kept so far (JSON lines), and forget them."""
+        lines, self._lines, self._bytes = self._lines, [], 0
+        return b"".join(lines)
+
+    @property
+    def pending(self) -> int:
+        """Records kept for the reader."""
+        return len(self._lines)
+
+    def wake(self) -> None:
+        """Tell the reader that records have come."""
+        if self._lines and self.on_records is not None:
+            self.on_records()
+
+
+class _Entry:
+    """One tapped message of a batch: who wants it, and its routes' outcomes so far."""
+
+    __slots__ = ("message", "routes", "taps", "waiting")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self.taps: list[Tap] = []
+        self.routes: list[tuple[int, str, dict[str, object], Outcome]] = []
+        """(rank, route name, the route's part of the record, outcome), as they come."""
+        self.waiting = 0
+
+
+class BatchTap:
+    """The tapped messages of one routed batch, until their routes answer.
+
+    Built by `observe_batch`; the router calls `answered` once per route
+    batch with that route's outcomes.
+    """
+
+    __slots__ = ("_by_route", "_clock", "_entries", "_rank", "_source", "_started")
+
+    def __init__(self, source: str, clock: IReactorTime, rank: dict[BoundRoute, int]) -> None:
+        self._source = source
+        self._clock = clock
+        self._rank = rank
+        self._started = clock.seconds()
+        self._entries: dict[int, _Entry] = {}
+        self._by_route: dict[BoundRoute, list[tuple[int, _Entry, Message]]] = {}
+
+    def _add(self, tap: Tap, index: int, message: Message) -> None:
+        entry = self._entries.get(index)
+        if entry is None:
+            entry = self._entries[index] = _Entry(message)
+        entry.taps.append(tap)
+
+    def _start(
+        self,
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        refused: dict[int, list[tuple[int, Outcome]]],
+        routes: Sequence[BoundRoute],
+    ) -> None:
+        """Note which route batches carry tapped messages; record those with none."""
+        entries = self._entries
+        for bound, (indices, batch) in plan.items():
+            slots = [
+                (position, entries[index], batch[position])
+                for position, index in enumerate(indices)
+                if index in entries
+            ]
+            if slots:
+                self._by_route[bound] = slots
+                for _position, entry, _message in slots:
+                    entry.waiting += 1
+        for index, entry in entries.items():
+            for rank, outcome in refused.get(index, ()):
+                route = routes[rank].route if rank < len(routes) else None
+                name = "?" if route is None else route.name
+                part: dict[str, object] = {"route": name, **_outcome(outcome)}
+                if route is not None:
+                    part["destination"] = route.destination
+                entry.routes.append((rank, name, part, outcome))
+        self._finish([entry for entry in entries.values() if not entry.waiting])
+
+    def answered(self, bound: BoundRoute, outcomes: Sequence[Outcome]) -> None:
+        """A route answered its batch: record the tapped messages that were waiting for it."""
+        slots = self._by_route.pop(bound, None)
+        if slots is None:
+            return
+        route = bound.route
+        rank = self._rank.get(bound, 0)
+        seconds = round(self._clock.seconds() - self._started, 6)
+        done: list[_Entry] = []
+        for position, entry, message in slots:
+            outcome = outcomes[position]
+            part: dict[str, object] = {
+                "route": route.name,
+                "destination": route.destination,
+                "address": message.address,
+                **_listed("recipients", message.recipients),
+                "sender": message.sender,
+                "size": len(message.body),
+                **_outcome(outcome),
+                "seconds": seconds,
+            }
+            entry.routes.append((rank, route.name, part, outcome))
+            entry.waiting -= 1
+            if not entry.waiting:
+                done.append(entry)
+        self._finish(done)
+
+    def _finish(self, done: list[_Entry]) -> None:
+        woken: list[Tap] = []
+        for entry in done:
+            for tap in entry.taps:
+                tap.offer(self._record(entry, tap.route))
+                if tap not in woken:
+                    woken.append(tap)
+        for tap in woken:
+            tap.wake()
+
+    def _record(self, entry: _Entry, only: str | None) -> dict[str, object]:
+        """The JSON record of a message: all its routes, or ``only`` that one."""
+        message = entry.message
+        routes = sorted(
+            (part for part in entry.routes if only is None or part[1] == only),
+            key=lambda part: part[0],
+        )
+        headers = list(message.headers)
+        outcome = worst(outcome for *_, outcome in routes).status.value if routes else UNROUTED
+        return {
+            "time": self._started,
+            "listener": self._source,
+            "id": message.id,
+            "sender": message.sender,
+            "address": message.address,
+            **_listed("recipients", message.recipients),
+            "size": len(message.body),
+            "headers": len(headers),
+            "header_keys": headers[:MAX_LISTED_ITEMS],
+            "routes": [part for _rank, _name, part, _outcome in routes],
+            "outcome": outcome,
+        }
+
+
+def _listed(name: str, items: tuple[str, ...]) -> dict[str, object]:
+    """``name``: the first items; ``name_count`` too when there are more."""
+    if len(items) <= MAX_LISTED_ITEMS:
+        return {name: list(items)}
+    return {name: list(items[:MAX_LISTED_ITEMS]), f"{name}_count": len(items)}
+
+
+def _outcome(outcome: Outcome) -> dict[str, object]:
+    return {"status": outcome.status.value, "code": outcome.code, "reason": outcome.reason}
+
+
+def observe_batch(
+    taps: Sequence[Tap],
+    source: str,
+    messages: Sequence[Message],
+    plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+    refused: dict[int, list[tuple[int, Outcome]]],
+    table: RouteTable,
+    clock: IReactorTime,
+) -> BatchTap | None:
+    """Pick each tap's messages out of a routed batch.
+
+    Messages without a route (or refused by every route they took) are
+    recorded at once; the others when their routes answer
+    (`BatchTap.answered`).
+
+    Args:
+        taps: The router's taps (at least one).
+        source: The listener or upstream the batch arrived at.
+        messages: The batch, as it arrived.
+        plan: Each route's message indices and translated messages.
+        refused: Messages a route refused to translate, by index, with
+            the route's rank in ``routes`` and the refusal.
+        table: The route table the batch was planned on.
+        clock: For the records' times and each route's time to answer.
+
+    Returns:
+        What the router tells the outcomes to, or None when no tap took
+        any message of the batch.
+    """
+    picked: list[tuple[Tap, int]] = []
+    routes = table.routes
+    for tap in taps:
+        if tap.listener is not None:
+            if tap.listener == source:
+                selects = tap.selects
+                picked.extend((tap, i) for i, message in enumerate(messages) if selects(message))
+            continue
+        for bound, (indices, _batch) in plan.items():
+            if bound.route.name == tap.route:
+                picked.extend((tap, i) for i in indices if tap.selects(messages[i]))
+        for index, pairs in refused.items():
+            refusers = (routes[rank].route.name for rank, _ in pairs if rank < len(routes))
+            if any(name == tap.route for name in refusers) and tap.selects(messages[index]):
+                picked.append((tap, index))
+    if not picked:
+        return None
+    batch = BatchTap(source, clock, table.rank)
+    for tap, index in picked:
+        batch._add(tap, index, messages[index])
+    batch._start(plan, refused, routes)
+    return batch
