@@ -25,7 +25,9 @@ Columns:
   ``forgotten``: the MTL reader, silent, was dropped after
   ``dead_after_seconds``);
 * ``RSS start/peak/end``: MiB, before the publisher starts, the highest
-  sample, after the publisher is done;
+  sample until the publisher is done and answered, and then, before the
+  consumer reads (its reading at the end, the gateway then sending what it
+  held back, is normal traffic and not counted);
 * ``bounded``: the peak over the second half of the publishing is within
   16 MiB of the peak over the first half, and within 64 MiB of the
   baseline's growth (an unbounded buffer of a million 100-byte messages
@@ -304,6 +306,7 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
     row.acked = acked.value
     publisher.close()
     row.metrics_before_read = metrics(gateway)
+    sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
 
@@ -442,6 +445,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
         granter.join()
     publisher.sock.close()
     row.metrics_before_read = metrics(gateway)
+    sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
 
@@ -521,6 +525,7 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
     )
     writer.close()
     row.metrics_before_read = metrics(gateway)
+    sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
         pending = bytearray()
@@ -621,6 +626,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         row.sent, row.acked, row.refused = sent, confirmed, rejected
         writer.close(linger=0)
         row.metrics_before_read = metrics(gateway)
+        sampler.phase = "reading"
         if consumer is not None:
             got = 0
             while consumer.poll(int(IDLE_SECONDS * 1000)):
@@ -682,12 +688,13 @@ def measure(
             RUNS[protocol](gateway, messages, size, slow, row, sampler)
         row.metrics_end = metrics(gateway)
         row.seconds = time.monotonic() - started
-    row.rss_start = sampler.samples[0][1]
-    row.rss_end = sampler.samples[-1][1]
-    row.rss_peak = sampler.peak()
+    publishing = [rss for phase, rss in sampler.samples if phase != "reading" and phase != "end"]
+    row.rss_start = publishing[0]
+    row.rss_end = publishing[-1]
+    row.rss_peak = max(publishing)
     first = sampler.peak("start", "first")
     row.growth_first_half = first - row.rss_start
-    row.growth_second_half = sampler.peak("second", "after", "end") - first
+    row.growth_second_half = sampler.peak("second", "after") - first
     return row
 
 
