@@ -1,147 +1,226 @@
 """``msggateway dmp put|get``: write to a DMP sink or read a DMP feed by hand.
 
-A small blocking DMP client (the same codec as the gateway) for operators:
-``put`` opens a sink with a lease and writes one envelope per TEXT;
+A small blocking DMP client (the gateway's own codec) for operators:
+``put`` opens a sink with a lease and writes one envelope per body;
 ``get`` opens a feed and prints the messages it sends (routing key,
-message-id and body, one line each) until ``--count`` have come. The lease
-is a secret: it is read from the environment variable ``--lease-env`` names,
-never from the command line. Exit status: 0 done, 1 refused or timed out
-(the server's answer or the reason on stderr), 2 usage errors.
+message-id and body, one line each, or JSON objects) until ``--count``
+have come. The lease is a secret: it is read from the environment variable
+``--lease-env`` names, never from the command line. DMP has no
+acknowledgement: ``put`` can only say what it wrote, and the server's
+refusal of the lease. Exit status: 0 done, 1 refused or timed out (the
+server's answer or the reason on stderr), 2 usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
-from typing import TextIO
+from collections.abc import Iterable, Iterator
+from typing import IO, Final, TextIO
 
-from gateway.cli.ssmp import connect, parse_address, tls_context
+from gateway.cli.common import (
+    DEFAULT_TIMEOUT_SECONDS,
+    Address,
+    CommandError,
+    Commands,
+    Output,
+    add_address_argument,
+    add_body_arguments,
+    add_header_argument,
+    add_receiver_arguments,
+    add_sender_arguments,
+    add_timeout_argument,
+    add_tls_arguments,
+    body_fields,
+    connect,
+    json_value,
+    message_bodies,
+    printable,
+    progress_bar,
+    receive,
+    secret_from_env,
+    tls_from,
+)
 from gateway.codecs import dmp
 
-__all__ = ["add_dmp_commands", "run_dmp"]
+__all__ = ["add_commands"]
 
-READ_BYTES = 65536
-
-
-class _RefusedError(Exception):
-    """The server refused, closed, or the time ran out."""
+WRITE_BATCH_BYTES: Final = 256 * 1024
+"""Envelopes are written in batches of about this many bytes."""
 
 
-def add_dmp_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``dmp put`` and ``dmp get`` to the command line."""
-    command = commands.add_parser("dmp", help="write to a DMP sink or read a DMP feed by hand")
-    actions = command.add_subparsers(dest="action", required=True)
-    put = actions.add_parser("put", help="write messages into a sink")
-    put.add_argument("address", metavar="HOST:PORT")
-    put.add_argument("texts", nargs="+", metavar="TEXT", help="one message body each")
+def add_commands(commands: Commands) -> None:
+    """Add ``dmp put`` and ``dmp get``."""
+    command = commands.add_parser(
+        "dmp",
+        help="write to a DMP sink or read a DMP feed by hand",
+        description="Write to a DMP sink or read a DMP feed, with a lease from the environment.",
+    )
+    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
+    put = actions.add_parser(
+        "put",
+        help="write messages into a sink",
+        description="Open a sink with the lease and write one envelope per body. DMP has"
+        " no acknowledgement: the output says what was written.",
+    )
+    _add_connection_arguments(put)
+    add_body_arguments(put)
     put.add_argument("--routing-key", default="", help="the envelopes' routing key")
     put.add_argument("--exchange", default="", help="the envelopes' exchange field")
-    get = actions.add_parser("get", help="print messages a feed sends")
-    get.add_argument("address", metavar="HOST:PORT")
-    get.add_argument("--count", type=int, default=1, help="messages to wait for (default: 1)")
-    for each in (put, get):
-        each.add_argument(
-            "--lease-env", required=True, metavar="VAR", help="environment variable with the lease"
-        )
-        each.add_argument(
-            "--timeout", type=float, default=10.0, help="seconds any read may wait (default: 10)"
-        )
-        each.add_argument("--tls", action="store_true", help="connect over TLS")
-        each.add_argument("--ca", help="CA file to verify the server with (implies --tls)")
+    add_header_argument(put, "header")
+    add_sender_arguments(put)
+    add_timeout_argument(put)
+    put.set_defaults(run=_put)
+    get = actions.add_parser(
+        "get",
+        help="print messages a feed sends",
+        description="Open a feed with the lease and print each message: routing key,"
+        " message-id and body on one line (or a JSON object), until --count have come.",
+    )
+    _add_connection_arguments(get)
+    add_receiver_arguments(get)
+    add_timeout_argument(get, None, "seconds to wait for each message")
+    get.set_defaults(run=_get)
 
 
-def run_dmp(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run ``dmp put`` or ``dmp get``; return the exit status."""
-    lease = os.environ.get(args.lease_env)
-    if lease is None:
-        err.write(f"msggateway: dmp: environment variable {args.lease_env} is not set\n")
-        return 2
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server, the lease, TLS."""
+    add_address_argument(parser, "dmp")
+    parser.add_argument(
+        "--lease-env", required=True, metavar="VAR", help="environment variable with the lease"
+    )
+    add_tls_arguments(parser)
+
+
+_Session = tuple[socket.socket, dmp.DMPCodec, list[dmp.Event]]
+
+
+def _open(args: argparse.Namespace, timeout: float) -> _Session:
+    """Connect and run the dialog; return the socket, the codec and what came with the 200."""
+    lease = secret_from_env(args.lease_env)
+    context = tls_from(args)
+    address: Address = args.address
     try:
-        address = parse_address(args.address)
-    except ValueError as exc:
-        err.write(f"msggateway: dmp: {exc}\n")
-        return 2
-    if args.action == "get" and args.count < 1:
-        err.write("msggateway: dmp get: --count must be at least 1\n")
-        return 2
-    try:
-        sock = connect(address, tls_context(tls=args.tls, ca=args.ca), args.timeout)
+        sock = connect(address, context, timeout)
     except OSError as exc:
-        err.write(f"msggateway: cannot connect to {args.address}: {exc}\n")
-        return 1
-    with sock:
-        try:
-            codec, pending = _open(sock, lease)
-            if args.action == "put":
-                _put(sock, args)
-                out.write(f"wrote {len(args.texts)} message(s)\n")
-            else:
-                _get(sock, codec, pending, args.count, out)
-        except _RefusedError as exc:
-            err.write(f"msggateway: dmp {args.action}: {exc}\n")
-            return 1
-        except OSError as exc:
-            err.write(f"msggateway: dmp {args.action}: {exc}\n")
-            return 1
-    return 0
+        raise CommandError(f"cannot connect to {address}: {exc}") from None
+    try:
+        codec, pending = _dialog(sock, lease)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, codec, pending
 
 
-def _open(sock: socket.socket, lease: str) -> tuple[dmp.DMPCodec, list[dmp.Event]]:
-    """Run the dialog; return the codec and any events that came with the second 200."""
+def _dialog(sock: socket.socket, lease: str) -> tuple[dmp.DMPCodec, list[dmp.Event]]:
+    """The protocol header, the server's 200, the lease, its 200 (spec, "Connection dialog")."""
     codec = dmp.DMPCodec(dmp.Role.CLIENT)
-    sock.sendall(codec.send(dmp.ProtocolHeader()))
+    _send(sock, codec.send(dmp.ProtocolHeader()))
     answers = 0
     while True:
-        events = _read(sock, codec)
+        events = receive(sock, codec.receive_data, "the server's answer")
         for index, event in enumerate(events):
             if not isinstance(event, dmp.Response):
                 continue  # a null message during the dialog
             if not event.ok:
-                raise _RefusedError(f"the server answered {dmp.encode_response(event)[1:]!r}")
+                answer = dmp.encode_response(event)[1:].decode("utf-8", "replace")
+                raise CommandError(f"the server answered {answer!r}")
             answers += 1
             if answers == 1:
-                sock.sendall(codec.send(dmp.Lease(lease)))
+                _send(sock, codec.send(dmp.Lease(lease)))
             else:
                 return codec, events[index + 1 :]  # what came with the second 200 is kept
 
 
-def _put(sock: socket.socket, args: argparse.Namespace) -> None:
-    envelopes = [
-        dmp.encode_envelope(
-            dmp.Envelope(
-                exchange=args.exchange, routing_key=args.routing_key, body=text.encode("utf-8")
-            )
+def _send(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError as exc:
+        raise CommandError(f"sending failed: {exc.strerror or exc}") from None
+
+
+def _put(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
+    """``dmp put``: one envelope per body."""
+    bodies = message_bodies(args, stdin)
+    properties = (
+        dmp.BasicProperties(headers=dict(args.headers)) if args.headers else dmp.NO_PROPERTIES
+    )
+    sock, codec, _ = _open(args, args.timeout)
+    written = 0
+    with sock, progress_bar(args, err, total=bodies.total, desc="written") as bar:
+        output = Output(out, json_lines=args.json, bar=bar)
+        for batch in _batches(codec, args, properties, bodies.items):
+            _send(sock, b"".join(batch))
+            for _ in batch:
+                written += 1
+                bar.update(1)
+                if args.json:
+                    output.emit("", {"message": written, "outcome": "written"})
+    if not args.json:
+        output.emit(f"wrote {written} message(s)", {})
+    return 0
+
+
+def _batches(
+    codec: dmp.DMPCodec,
+    args: argparse.Namespace,
+    properties: dmp.BasicProperties,
+    bodies: Iterable[bytes],
+) -> Iterator[list[bytes]]:
+    """Encoded envelopes in batches of about `WRITE_BATCH_BYTES`."""
+    batch: list[bytes] = []
+    size = 0
+    for number, body in enumerate(bodies, start=1):
+        envelope = dmp.Envelope(
+            exchange=args.exchange, routing_key=args.routing_key, properties=properties, body=body
         )
-        for text in args.texts
-    ]
-    sock.sendall(b"".join(envelopes))
+        try:
+            wire = codec.send(envelope)
+        except dmp.DMPLocalError as exc:
+            raise CommandError(f"message {number} cannot be sent: {exc}") from None
+        batch.append(wire)
+        size += len(wire)
+        if size >= WRITE_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
-def _get(
-    sock: socket.socket, codec: dmp.DMPCodec, pending: list[dmp.Event], count: int, out: TextIO
-) -> None:
+def _get(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
+    """``dmp get``: print envelopes until ``--count`` have come."""
+    sock, codec, pending = _open(args, args.timeout or DEFAULT_TIMEOUT_SECONDS)
     seen = 0
-    while True:
-        for event in pending:
-            if isinstance(event, dmp.Envelope):
-                message_id = event.properties.message_id or "-"
-                body = event.body.decode("utf-8", "replace")
-                out.write(f"{event.routing_key or '-'} {message_id} {body}\n")
-                seen += 1
-                if seen == count:
-                    return
-        pending = _read(sock, codec)
+    with sock, progress_bar(args, err, total=args.count or None, desc="received") as bar:
+        sock.settimeout(args.timeout)
+        output = Output(out, json_lines=args.json, bar=bar)
+        while True:
+            for event in pending:
+                if isinstance(event, dmp.Envelope):
+                    output.emit(_line(event), _record(event))
+                    bar.update(1)
+                    seen += 1
+                    if seen == args.count:
+                        return 0
+            pending = receive(sock, codec.receive_data, "a message")
 
 
-def _read(sock: socket.socket, codec: dmp.DMPCodec) -> list[dmp.Event]:
-    try:
-        data = sock.recv(READ_BYTES)
-    except TimeoutError:
-        raise _RefusedError("timed out waiting for the server") from None
-    if not data:
-        raise _RefusedError("the server closed the connection")
-    try:
-        return codec.receive_data(data)
-    except dmp.DMPError as exc:
-        raise _RefusedError(f"bad data from the server: {exc}") from None
+def _line(envelope: dmp.Envelope) -> str:
+    """Routing key, message-id and body, ``-`` for what is empty."""
+    message_id = envelope.properties.message_id or "-"
+    return f"{envelope.routing_key or '-'} {message_id} {printable(envelope.body)}"
+
+
+def _record(envelope: dmp.Envelope) -> dict[str, object]:
+    """An envelope as a JSON object."""
+    properties = envelope.properties
+    record: dict[str, object] = {
+        "exchange": envelope.exchange,
+        "routing_key": envelope.routing_key,
+        "message_id": properties.message_id,
+    }
+    if properties.timestamp is not None:
+        record["timestamp"] = properties.timestamp
+    if properties.headers:
+        record["headers"] = json_value(properties.headers)
+    return record | body_fields(envelope.body)

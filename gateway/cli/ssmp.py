@@ -1,92 +1,54 @@
-"""A small blocking SSMP client for the command line (``msggateway ssmp``).
+"""``msggateway ssmp publish|subscribe``: send or watch SSMP messages by hand.
 
-Operators use it to publish a test message or watch a topic by hand, against
-the gateway or any SSMP server, over TCP or TLS. It uses the same codec as
-the gateway; it is not used by the gateway itself. `parse_address`,
-`tls_context` and `connect` are shared with the other hand tools
-(``msggateway qmqp send``, `gateway.cli.qmqp`).
+A small blocking SSMP client (`SSMPProbe`, on the gateway's own codec) for
+operators, against the gateway or any SSMP server, over TCP or TLS.
+
+``publish TOPIC [BODY...]`` logs in and sends one MCAST per body, each
+answered before the next goes; it prints each answer (the response line,
+or with ``--json`` an object with the outcome: 200 is accepted, ``400
+retry: ...`` retry later, any other answer rejected). ``subscribe
+TOPIC...`` prints the events of the topics as their wire lines (or JSON
+objects) until ``--count`` have come. SSMP payloads are one line of at most
+about a kilobyte: a body that cannot be carried is an error of its own and
+the others still go.
 """
 
 from __future__ import annotations
 
-import socket
+import argparse
+import os
 import ssl
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import IO, TextIO
 
+from gateway.cli.common import (
+    DEFAULT_TIMEOUT_SECONDS,
+    READ_BYTES,
+    Address,
+    CommandError,
+    Commands,
+    Output,
+    add_address_argument,
+    add_body_arguments,
+    add_receiver_arguments,
+    add_sender_arguments,
+    add_timeout_argument,
+    add_tls_arguments,
+    body_fields,
+    connect,
+    message_bodies,
+    printable,
+    progress_bar,
+    secret_from_env,
+    tls_from,
+)
 from gateway.codecs import ssmp
 
-__all__ = ["SSMPProbe", "SSMPProbeError", "connect", "parse_address", "tls_context"]
-
-READ_BYTES: Final = 65536
+__all__ = ["SSMPProbe", "SSMPProbeError", "add_commands", "describe", "outcome_of"]
 
 
 class SSMPProbeError(Exception):
     """The server refused, closed, or sent something unexpected."""
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """Parse ``HOST:PORT`` (``[v6]:PORT`` too).
-
-    Raises:
-        ValueError: Not of that form.
-    """
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def tls_context(
-    *, tls: bool = False, ca: str | None = None, cert: str | None = None, key: str | None = None
-) -> ssl.SSLContext | None:
-    """Build the client TLS context the command-line options ask for.
-
-    Args:
-        tls: Connect over TLS, verifying the server with the system's CAs.
-        ca: CA file to verify the server with (implies TLS).
-        cert: Client certificate, PEM (implies TLS).
-        key: The client certificate's key, PEM (default: read from ``cert``).
-
-    Returns:
-        A context, or None for plain TCP.
-
-    Raises:
-        OSError: A file cannot be read.
-        ssl.SSLError: A file holds no usable certificate or key.
-    """
-    if not (tls or ca or cert):
-        return None
-    context = ssl.create_default_context(cafile=ca)
-    if cert:
-        context.load_cert_chain(cert, key)
-    return context
-
-
-def connect(
-    address: tuple[str, int], context: ssl.SSLContext | None, timeout: float | None
-) -> socket.socket:
-    """Open a blocking TCP connection, over TLS when ``context`` is given.
-
-    The TLS handshake is done here, bounded by ``timeout``; the server's
-    certificate is checked against the host name of ``address``.
-
-    Args:
-        address: ``(host, port)``.
-        context: TLS context, or None for plain TCP.
-        timeout: Seconds connecting (and each later read) may wait; None: forever.
-
-    Raises:
-        OSError: The connection or the handshake failed (`ssl.SSLError` is one).
-    """
-    raw = socket.create_connection(address, timeout=timeout)
-    if context is None:
-        return raw
-    try:
-        return context.wrap_socket(raw, server_hostname=address[0])
-    except BaseException:
-        raw.close()
-        raise
 
 
 class SSMPProbe:
@@ -102,7 +64,7 @@ class SSMPProbe:
         self,
         address: tuple[str, int],
         context: ssl.SSLContext | None = None,
-        timeout: float | None = 10.0,
+        timeout: float | None = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
         self._sock = connect(address, context, timeout)
         self._sock.settimeout(timeout)
@@ -113,9 +75,16 @@ class SSMPProbe:
         """Close the connection."""
         self._sock.close()
 
+    def set_timeout(self, timeout: float | None) -> None:
+        """Change how long a read may wait (None: forever)."""
+        self._sock.settimeout(timeout)
+
     def _next_line(self) -> ssmp.Line:
         while not self._lines:
-            data = self._sock.recv(READ_BYTES)
+            try:
+                data = self._sock.recv(READ_BYTES)
+            except TimeoutError:
+                raise SSMPProbeError("timed out waiting for the server") from None
             if not data:
                 raise SSMPProbeError("the server closed the connection")
             try:
@@ -130,7 +99,12 @@ class SSMPProbe:
     def request(
         self, request: ssmp.Request, on_event: Callable[[ssmp.Event], None] | None = None
     ) -> ssmp.Response:
-        """Send a request and return its response; events meanwhile go to ``on_event``."""
+        """Send a request and return its response; events meanwhile go to ``on_event``.
+
+        Raises:
+            ssmp.SSMPLocalError: The request cannot be carried (nothing was sent).
+            SSMPProbeError: No answer, or a bad one.
+        """
         self._send(request)
         while True:
             line = self._next_line()
@@ -174,3 +148,158 @@ class SSMPProbe:
 def describe(line: ssmp.Response | ssmp.Event) -> str:
     """Return a line as text, the way it looks on the wire (without the LF)."""
     return ssmp.encode(line).rstrip(b"\n").decode("utf-8", "backslashreplace")
+
+
+def outcome_of(response: ssmp.Response) -> str:
+    """``accepted`` for 200, ``retry`` for the gateway's ``400 retry: ...``, else ``rejected``."""
+    if response.code == 200:
+        return "accepted"
+    if response.code == 400 and (response.payload or b"").startswith(b"retry:"):
+        return "retry"
+    return "rejected"
+
+
+# --- the commands ------------------------------------------------------------------------
+
+
+def add_commands(commands: Commands) -> None:
+    """Add ``ssmp publish`` and ``ssmp subscribe``."""
+    command = commands.add_parser(
+        "ssmp",
+        help="publish or watch SSMP messages by hand",
+        description="Send or watch SSMP messages, against the gateway or any SSMP server.",
+    )
+    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
+    publish = actions.add_parser(
+        "publish",
+        help="MCAST messages to a topic; print each answer",
+        description="Log in and MCAST each body to TOPIC, one at a time; print each answer:"
+        " the response line, or with --json its outcome. Exit status: 0 when every"
+        " message got 200, 1 otherwise, 2 for usage errors.",
+    )
+    _add_connection_arguments(publish)
+    publish.add_argument("topic", metavar="TOPIC")
+    add_body_arguments(publish)
+    add_sender_arguments(publish)
+    add_timeout_argument(publish)
+    publish.set_defaults(run=_publish)
+    subscribe = actions.add_parser(
+        "subscribe",
+        help="print the events of topics",
+        description="Log in, subscribe to each TOPIC and print every event as its wire line"
+        " (or a JSON object) until --count have come.",
+    )
+    _add_connection_arguments(subscribe)
+    subscribe.add_argument("topics", nargs="+", metavar="TOPIC")
+    subscribe.add_argument("--presence", action="store_true", help="subscribe with PRESENCE")
+    add_receiver_arguments(subscribe)
+    add_timeout_argument(subscribe, None, "seconds to wait for each event")
+    subscribe.set_defaults(run=_subscribe)
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server, the login, TLS."""
+    add_address_argument(parser, "ssmp")
+    parser.add_argument("--identity", default=".", help="LOGIN identity (default: .)")
+    parser.add_argument("--scheme", default="open", help="LOGIN scheme (default: open)")
+    parser.add_argument(
+        "--secret-env", metavar="VAR", help="environment variable holding the credential"
+    )
+    add_tls_arguments(parser)
+
+
+def _open(args: argparse.Namespace, timeout: float | None) -> SSMPProbe:
+    """Connect and log in as the flags say."""
+    secret = secret_from_env(args.secret_env) if args.secret_env else None
+    context = tls_from(args)
+    address: Address = args.address
+    try:
+        probe = SSMPProbe(address, context, timeout=timeout)
+    except OSError as exc:
+        raise CommandError(f"cannot connect to {address}: {exc}") from None
+    try:
+        probe.login(args.identity, args.scheme, secret)
+    except (SSMPProbeError, OSError) as exc:
+        probe.close()
+        raise CommandError(str(exc)) from None
+    return probe
+
+
+def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
+    """``ssmp publish``: one MCAST per body, each answered before the next."""
+    bodies = message_bodies(args, stdin)
+    probe = _open(args, args.timeout)
+    topic = os.fsencode(args.topic)
+    status = 0
+    with progress_bar(args, err, total=bodies.total, desc="published") as bar:
+        output = Output(out, json_lines=args.json, bar=bar)
+        try:
+            for number, body in enumerate(bodies.items, start=1):
+                record: dict[str, object] = {"message": number, "topic": args.topic}
+                try:
+                    # A payload is one line: a file's last line end is not part of it.
+                    payload = body.removesuffix(b"\n").removesuffix(b"\r")
+                    response = probe.request(ssmp.Mcast(topic=topic, payload=payload))
+                except ssmp.SSMPLocalError as exc:
+                    status = 1
+                    failed = {**record, "outcome": "error", "reason": exc.reason}
+                    output.emit(f"error: {exc.reason}", failed)
+                    continue
+                outcome = outcome_of(response)
+                status = status or int(outcome != "accepted")
+                reply = printable(response.payload or b"")
+                output.emit(
+                    describe(response),
+                    {**record, "outcome": outcome, "code": response.code, "reply": reply},
+                )
+                bar.update(1)
+        except (SSMPProbeError, OSError) as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            probe.close()
+    return status
+
+
+def _subscribe(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
+    """``ssmp subscribe``: print events until ``--count`` have come."""
+    probe = _open(args, args.timeout or DEFAULT_TIMEOUT_SECONDS)
+    try:
+        for topic in args.topics:
+            response = probe.request(
+                ssmp.Subscribe(topic=os.fsencode(topic), presence=args.presence)
+            )
+            if response.code != 200:
+                raise CommandError(f"SUBSCRIBE {topic}: {describe(response)}")
+        probe.set_timeout(args.timeout)
+        with progress_bar(args, err, total=args.count or None, desc="received") as bar:
+            output = Output(out, json_lines=args.json, bar=bar)
+            for seen, event in enumerate(probe.events(), start=1):
+                output.emit(describe(event), _event_record(event))
+                bar.update(1)
+                if args.count and seen >= args.count:
+                    break
+    except (SSMPProbeError, OSError, ssmp.SSMPLocalError) as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        probe.close()
+    return 0
+
+
+def _event_record(event: ssmp.Event) -> dict[str, object]:
+    """An event as a JSON object: source, verb, topic or recipient, and body."""
+    record: dict[str, object] = {"source": printable(event.source)}
+    message = event.message
+    match message:
+        case ssmp.Mcast(topic=topic, payload=payload):
+            record |= {"verb": "MCAST", "topic": printable(topic), **body_fields(payload)}
+        case ssmp.Ucast(to=to, payload=payload):
+            record |= {"verb": "UCAST", "to": printable(to), **body_fields(payload)}
+        case ssmp.Bcast(payload=payload):
+            record |= {"verb": "BCAST", **body_fields(payload)}
+        case ssmp.Subscribe(topic=topic, presence=presence):
+            record |= {"verb": "SUBSCRIBE", "topic": printable(topic), "presence": presence}
+        case ssmp.Unsubscribe(topic=topic):
+            record |= {"verb": "UNSUBSCRIBE", "topic": printable(topic)}
+        case _:
+            record |= {"verb": describe(event).split(" ", 3)[2]}
+    return record

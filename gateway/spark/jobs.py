@@ -51,8 +51,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from gateway.cli.qmqp import Item, LocalFailure, QMQPSender, prepare
-from gateway.cli.ssmp import connect, parse_address, tls_context
+from gateway.cli.common import connect, parse_address, tls_context
+from gateway.cli.qmqp.mail import Item, LocalFailure, prepare
+from gateway.cli.qmqp.session import QMQPSender
 from gateway.core.outcomes import OUTCOME_STREAM
 from gateway.spark.logfiles import list_streams
 from gateway.spark.source import NAME, register

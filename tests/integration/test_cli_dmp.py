@@ -63,7 +63,7 @@ def test_put_then_get(gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch) 
     got: list[tuple[int, str, str]] = []
     reader = threading.Thread(
         target=lambda: got.append(
-            run("dmp", "get", address, "--lease-env", "R_LEASE", "--count", "2")
+            run("dmp", "get", "-a", address, "--lease-env", "R_LEASE", "--count", "2")
         )
     )
     reader.start()
@@ -72,7 +72,16 @@ def test_put_then_get(gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch) 
     deadline = time.monotonic() + 15
     while reader.is_alive() and time.monotonic() < deadline:
         status, out, _ = run(
-            "dmp", "put", address, "--lease-env", "W_LEASE", "--routing-key", "k", "one", "two"
+            "dmp",
+            "put",
+            "-a",
+            address,
+            "--lease-env",
+            "W_LEASE",
+            "--routing-key",
+            "k",
+            "one",
+            "two",
         )
         assert (status, out) == (0, "wrote 2 message(s)\n")
         reader.join(0.2)
@@ -89,8 +98,8 @@ def test_refusals(gateway: GatewayProcess, monkeypatch: pytest.MonkeyPatch) -> N
     """A bad lease is 402 on stderr with status 1; a missing variable is a usage error."""
     host, port = gateway.address("dmp")
     monkeypatch.setenv("BAD", "nope")
-    status, _, err = run("dmp", "put", f"{host}:{port}", "--lease-env", "BAD", "x")
+    status, _, err = run("dmp", "put", "-a", f"{host}:{port}", "--lease-env", "BAD", "x")
     assert status == 1 and "402 BAD-LEASE" in err
     monkeypatch.delenv("UNSET_LEASE", raising=False)
-    status, _, err = run("dmp", "get", f"{host}:{port}", "--lease-env", "UNSET_LEASE")
+    status, _, err = run("dmp", "get", "-a", f"{host}:{port}", "--lease-env", "UNSET_LEASE")
     assert status == 2 and "UNSET_LEASE is not set" in err
