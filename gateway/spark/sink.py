@@ -1,0 +1,843 @@
+r"""The sink of the data source ``msggateway``: DataFrame rows published into a stream.
+
+::
+
+    df.write.format("msggateway").mode("append")
+        .option("endpoint", "tcp:host=127.0.0.1:port=5552").option("stream", "events")
+        .option("producer", "nightly-import").save()
+    df.writeStream.format("msggateway").option(...)
+        .option("checkpointLocation", path).start()
+
+Each partition publishes over one connection of the RabbitMQ stream protocol
+(`gateway.codecs.stream`, through a blocking socket: no reactor runs in an
+executor) to a gateway's stream listener or to RabbitMQ 3.10+, which confirms
+what it stored.
+
+Rows: ``body`` (binary or string; ``value`` is taken when there is no
+``body``), and optionally ``headers`` or ``properties`` (a map; both when
+both are there), ``message_id`` (or ``id``), ``sender``, ``recipients``
+(array of strings) and ``timestamp`` (a timestamp, or seconds). They become
+the AMQP 1.0 entry the gateway writes for a message
+(`gateway.protocols.stream.mapping.entry_from_message`): the maps are the
+application properties, so the reader's rows (``spark.read.format
+("msggateway")``) can be written back as they are. A row without an id gets
+``<producer>-<partition>:<position>`` (or the write's run id for the
+producer), so that the same row keeps the same id.
+
+Options: ``endpoint`` (``tcp:host=H:port=P`` or ``tls:host=H:port=P`` with
+``trustRoots`` (a directory of PEM files, as Twisted reads it, or one PEM
+file), ``certificate`` and ``privateKey``: the keys of Twisted's
+`clientFromString`, ``\\`` escaping), ``stream``, ``username`` and
+``password`` (``guest``), ``virtual_host`` (``/``), ``producer``,
+``create_stream`` (``true``: a stream that exists is fine, a refusal is
+left to the publisher's declaration to report), ``batch_size`` (1000 rows
+per Publish frame, within the negotiated frame max), ``max_unconfirmed``
+(20,000), ``timeout`` (60 seconds without progress) and ``outcomes``.
+
+Deduplication: with ``producer`` a partition publishes as
+``<producer>-<partition>`` with its rows' positions (from 1) as publishing
+ids (in a micro-batch of ``writeStream``, ``batch << 32`` plus the position),
+and first asks the server for that publisher's last stored id: rows up to it
+are not sent again (``stored-before``). A task that Spark retries, and a
+job run again over the same input partitioned the same way, store every row
+once; the server deduplicates what is sent twice anyway. Without a producer
+nothing is deduplicated. A producer name belongs to one dataset (and, for a
+stream query, to one checkpoint): a new dataset under an old name is taken
+for rows already stored. The server keeps only the highest id: a row it
+refused cannot be sent again under the same name once later rows are stored.
+
+Outcomes, per row, as ``msggateway spark send`` keeps them: with ``outcomes``
+(a directory) each partition appends JSON lines (partition, position,
+publishing id, message id, status, code, reason, run, batch) to
+``RUN-part-NNNNN.jsonl`` there (``RUN-batch-B-part-NNNNN.jsonl`` for a stream
+query) as confirms arrive. Statuses: ``accepted``, ``stored-before``,
+``rejected`` (PublishError 2, 16, 17; a publisher the server refused),
+``retry`` (the other codes), ``too-large`` (an entry over the frame max) and
+``error`` (the connection failed or was lost: the task then fails, and a
+retry by Spark skips what was stored). The write (or the micro-batch)
+fails once every task has finished if any row was not stored, saying how
+many, why, and where the outcomes are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import select
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from gateway import __version__
+from gateway.codecs import stream as sp
+from gateway.core.message import HeaderValue, Message
+from gateway.protocols.stream.mapping import entry_from_message
+
+__all__ = [
+    "Endpoint",
+    "LogSinkMixin",
+    "SinkCommitMessage",
+    "SinkSettings",
+    "StreamPublisher",
+    "parse_endpoint",
+    "sink_settings",
+]
+
+DEFAULT_BATCH_SIZE: Final = 1000
+DEFAULT_MAX_UNCONFIRMED: Final = 20_000
+DEFAULT_TIMEOUT_SECONDS: Final = 60.0
+CONNECT_TIMEOUT_SECONDS: Final = 30.0
+"""Twisted's default ``timeout`` for a client endpoint."""
+RECEIVE_BYTES: Final = 262_144
+PUBLISH_OVERHEAD_BYTES: Final = 13
+"""Size, key, version, publisher id and count of a Publish frame."""
+ENTRY_OVERHEAD_BYTES: Final = 12
+"""Publishing id and length of each entry in a Publish frame."""
+MAX_POSITION: Final = 2**32 - 1
+"""Rows per partition and micro-batch: the low half of a stream query's publishing ids."""
+_REJECTING_CODES: Final = frozenset({2, 16, 17})
+"""Stream missing, access refused, precondition failed (as the stream upstream reads them)."""
+_NOT_STORED: Final = ("rejected", "retry", "too-large", "error")
+_EXAMPLES: Final = 5
+_TRUE: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE: Final = frozenset({"false", "0", "no", "off"})
+
+
+# --- options ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where to connect: a ``tcp:`` or ``tls:`` client endpoint string, parsed."""
+
+    host: str
+    port: int
+    tls: bool = False
+    timeout: float = CONNECT_TIMEOUT_SECONDS
+    trust_roots: str | None = None
+    certificate: str | None = None
+    private_key: str | None = None
+
+    def __str__(self) -> str:
+        return f"{'tls' if self.tls else 'tcp'}:{self.host}:{self.port}"
+
+
+def _tokens(description: str) -> list[tuple[str | None, str]]:
+    r"""Twisted's endpoint string fields: ``(key or None, value)``, ``\\`` escaping one char."""
+    fields: list[tuple[str | None, str]] = []
+    key: str | None = None
+    current: list[str] = []
+    chars = iter(description)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, ""))
+        elif char == ":":
+            fields.append((key, "".join(current)))
+            key, current = None, []
+        elif char == "=" and key is None:
+            key, current = "".join(current), []
+        else:
+            current.append(char)
+    fields.append((key, "".join(current)))
+    return fields
+
+
+def parse_endpoint(description: str) -> Endpoint:
+    """Parse ``tcp:host=H:port=P`` or ``tls:host=H:port=P[:trustRoots=...]...``.
+
+    Host and port may also be positional (``tcp:H:P``). ``timeout`` is the
+    connection's (seconds). A ``tls:`` endpoint verifies the server's
+    certificate and name against ``trustRoots`` (else the system's CAs) and
+    presents ``certificate`` with ``privateKey`` (the certificate file's own
+    key when that is not given).
+
+    Raises:
+        ValueError: Another kind of endpoint, a key it does not take, or a
+            missing or malformed host or port.
+    """
+    (_, kind), *fields = _tokens(description.strip())
+    if kind not in ("tcp", "tls"):
+        raise ValueError(f"endpoint {description!r}: only tcp: and tls: endpoints can publish")
+    allowed = {"host", "port", "timeout"}
+    if kind == "tls":
+        allowed |= {"trustRoots", "certificate", "privateKey"}
+    positional = [value for key, value in fields if key is None]
+    named = {key: value for key, value in fields if key is not None}
+    unknown = sorted(set(named) - allowed)
+    if unknown or len(positional) > 2:
+        what = ", ".join(unknown) if unknown else "more than a host and a port"
+        raise ValueError(f"endpoint {description!r}: {kind}: does not take {what} here")
+    for name, value in zip(("host", "port"), positional, strict=False):
+        named.setdefault(name, value)
+    if not named.get("host"):
+        raise ValueError(f"endpoint {description!r}: no host")
+    try:
+        port = int(named.get("port", ""))
+        timeout = float(named.get("timeout", CONNECT_TIMEOUT_SECONDS))
+    except ValueError:
+        raise ValueError(f"endpoint {description!r}: port and timeout are numbers") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"endpoint {description!r}: port {port} is not a TCP port")
+    return Endpoint(
+        host=named["host"],
+        port=port,
+        tls=kind == "tls",
+        timeout=timeout,
+        trust_roots=named.get("trustRoots"),
+        certificate=named.get("certificate"),
+        private_key=named.get("privateKey"),
+    )
+
+
+def _tls_context(endpoint: Endpoint) -> ssl.SSLContext:
+    """The client context a ``tls:`` endpoint describes (Twisted's reading of its keys)."""
+    context = ssl.create_default_context()
+    roots = endpoint.trust_roots
+    if roots is not None:
+        context = ssl.create_default_context(cafile=roots if os.path.isfile(roots) else None)
+        if os.path.isdir(roots):  # every *.pem in it, as Twisted loads trustRoots
+            pems = sorted(Path(roots).glob("*.pem")) + sorted(Path(roots).glob("*.PEM"))
+            certificates = "".join(p.read_text("ascii", "replace") for p in pems)
+            if not certificates:
+                raise ValueError(f"trustRoots {roots}: no .pem certificate there")
+            context = ssl.create_default_context(cadata=certificates)
+    if endpoint.certificate is not None:
+        context.load_cert_chain(endpoint.certificate, endpoint.private_key)
+    return context
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SinkSettings:
+    """The sink's options, checked on the driver; pickled to the executors."""
+
+    endpoint: Endpoint
+    stream: str
+    columns: Mapping[str, str]
+    """Row field to column: ``body``, ``id``, ``headers``, ``properties``, ``sender``..."""
+    username: str = "guest"
+    password: str = "guest"
+    virtual_host: str = "/"
+    producer: str | None = None
+    create_stream: bool = True
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_unconfirmed: int = DEFAULT_MAX_UNCONFIRMED
+    timeout: float = DEFAULT_TIMEOUT_SECONDS
+    outcomes: str | None = None
+    run: str = ""
+
+
+def _positive(options: Mapping[str, str], key: str, default: float) -> float:
+    value = options.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1
+    if number <= 0:
+        raise ValueError(f"msggateway sink: {key} is a positive number, not {value!r}")
+    return number
+
+
+def _flag(options: Mapping[str, str], key: str, default: bool) -> bool:
+    value = str(options.get(key, "")).strip().lower()
+    if not value:
+        return default
+    if value not in _TRUE | _FALSE:
+        raise ValueError(f"msggateway sink: {key} is true or false, not {value!r}")
+    return value in _TRUE
+
+
+def _columns(schema: StructType) -> dict[str, str]:
+    """Which column holds what; raises ValueError for a missing body or a wrong type."""
+    types: dict[str, DataType] = {field.name.lower(): field.dataType for field in schema.fields}
+    names = {field.name.lower(): field.name for field in schema.fields}
+    found: dict[str, str] = {}
+
+    def take(role: str, candidates: Iterable[str], allowed: tuple[type[DataType], ...]) -> None:
+        for candidate in candidates:
+            if candidate in types:
+                kind = types[candidate]
+                if not isinstance(kind, allowed):
+                    raise ValueError(
+                        f"msggateway sink: column {names[candidate]} is {kind.simpleString()},"
+                        f" not {' or '.join(a.typeName() for a in allowed)}"
+                    )
+                found[role] = names[candidate]
+                return
+
+    take("body", ("body", "value"), (BinaryType, StringType))
+    if "body" not in found:
+        raise ValueError("msggateway sink: the rows need a body column (binary or string)")
+    take("id", ("message_id", "id"), (StringType,))
+    take("headers", ("headers",), (MapType,))
+    take("properties", ("properties",), (MapType,))
+    take("sender", ("sender",), (StringType,))
+    take("recipients", ("recipients",), (ArrayType,))
+    times = (TimestampType, TimestampNTZType, DoubleType, FloatType, LongType, IntegerType)
+    take("timestamp", ("timestamp",), times)
+    return found
+
+
+def sink_settings(options: Mapping[str, str], schema: StructType) -> SinkSettings:
+    """Check the options and the rows' schema (on the driver, before any task runs).
+
+    Raises:
+        ValueError: What is missing or wrong, naming the option or column.
+    """
+    endpoint = options.get("endpoint")
+    stream = options.get("stream")
+    if not endpoint or not stream:
+        raise ValueError("msggateway sink: give the options endpoint and stream")
+    producer = options.get("producer") or None
+    if producer is not None and len(producer.encode()) > 240:
+        raise ValueError("msggateway sink: a producer name is at most 240 bytes")
+    return SinkSettings(
+        endpoint=parse_endpoint(endpoint),
+        stream=stream,
+        columns=_columns(schema),
+        username=options.get("username", "guest"),
+        password=options.get("password", "guest"),
+        virtual_host=options.get("virtual_host", "/"),
+        producer=producer,
+        create_stream=_flag(options, "create_stream", True),
+        batch_size=int(_positive(options, "batch_size", DEFAULT_BATCH_SIZE)),
+        max_unconfirmed=int(_positive(options, "max_unconfirmed", DEFAULT_MAX_UNCONFIRMED)),
+        timeout=_positive(options, "timeout", DEFAULT_TIMEOUT_SECONDS),
+        outcomes=options.get("outcomes") or None,
+        run=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8],
+    )
+
+
+# --- the connection ----------------------------------------------------------------------------
+
+
+class StreamPublisher:
+    """A blocking stream-protocol client that publishes: one socket, the gateway's codec.
+
+    Confirms and errors go to ``on_confirm(ids)`` and ``on_error(ids, codes)``
+    whenever frames are read (`poll`, `wait`, and while a request waits).
+
+    Raises:
+        OSError: Connecting, TLS, a lost connection, or ``timeout`` seconds
+            without an awaited frame (`TimeoutError`).
+        ConnectionError: A refused login or virtual host, or the server
+            closed the connection.
+        gateway.codecs.stream.StreamError: The server sent a malformed frame.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout: float,
+        on_confirm: Callable[[Iterable[int]], None],
+        on_error: Callable[[Iterable[int], Iterable[int]], None],
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._on_confirm = on_confirm
+        self._on_error = on_error
+        self._codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=sp.DEFAULT_FRAME_MAX_BYTES)
+        self._answers: dict[int, Any] = {}
+        self._tune: sp.Tune | None = None
+        self._correlation = 0
+        self.frame_max = sp.DEFAULT_FRAME_MAX_BYTES
+        raw = socket.create_connection((endpoint.host, endpoint.port), timeout=endpoint.timeout)
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if endpoint.tls:
+                raw = _tls_context(endpoint).wrap_socket(raw, server_hostname=endpoint.host)
+            raw.settimeout(timeout)
+        except BaseException:
+            raw.close()
+            raise
+        self._sock = raw
+
+    def open(self, username: str, password: str, virtual_host: str) -> None:
+        """Peer properties, SASL PLAIN, tune (no heartbeats), open the virtual host."""
+        self.request(
+            sp.PeerProperties,
+            properties={"product": "msggateway spark sink", "version": __version__},
+        )
+        mechanisms = self.request(sp.SaslHandshake).mechanisms
+        if "PLAIN" not in mechanisms:
+            raise ConnectionError(f"{self.endpoint} offers no PLAIN login ({mechanisms})")
+        plain = f"\0{username}\0{password}".encode()
+        answer = self.request(sp.SaslAuthenticate, mechanism="PLAIN", data=plain)
+        if answer.code != sp.ResponseCode.OK:
+            raise ConnectionError(
+                f"{self.endpoint} refused the login as {username!r} (code {answer.code})"
+            )
+        while self._tune is None:
+            self._receive(self.timeout)
+        theirs = self._tune.frame_max
+        self.frame_max = min(theirs, sp.DEFAULT_FRAME_MAX_BYTES) if theirs else self.frame_max
+        self._send(sp.Tune(frame_max=self.frame_max, heartbeat=0))
+        opened = self.request(sp.Open, virtual_host=virtual_host)
+        if opened.code != sp.ResponseCode.OK:
+            raise ConnectionError(
+                f"{self.endpoint} refused the virtual host {virtual_host!r} (code {opened.code})"
+            )
+
+    def request(self, kind: Callable[..., sp.Event], **fields: Any) -> Any:
+        """Send ``kind(correlation_id=..., **fields)``; return its response."""
+        self._correlation += 1
+        correlation = self._correlation
+        self._send(kind(correlation_id=correlation, **fields))
+        while correlation not in self._answers:
+            self._receive(self.timeout)
+        return self._answers.pop(correlation)
+
+    def publish(self, publisher_id: int, ids: list[int], entries: list[bytes]) -> None:
+        """Send one Publish frame."""
+        self._send(sp.Publish(publisher_id=publisher_id, publishing_ids=ids, messages=entries))
+
+    def poll(self) -> None:
+        """Handle what has arrived, without waiting."""
+        sock = self._sock
+        pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
+        while pending or select.select([sock], [], [], 0)[0]:
+            self._receive(self.timeout)
+            pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
+
+    def wait(self) -> None:
+        """Wait (at most ``timeout``) for frames and handle them."""
+        self._receive(self.timeout)
+
+    def close(self) -> None:
+        """Close politely when possible (Close, its answer), then the socket."""
+        try:
+            self._sock.settimeout(min(self.timeout, 5.0))
+            self.request(sp.Close, code=sp.ResponseCode.OK, reason="done")
+        except (OSError, sp.StreamError):
+            pass  # closing anyway
+        finally:
+            self._sock.close()
+
+    def abandon(self) -> None:
+        """Close the socket at once."""
+        self._sock.close()
+
+    def _send(self, event: sp.Event) -> None:
+        self._sock.sendall(self._codec.send(event))
+
+    def _receive(self, timeout: float) -> None:
+        self._sock.settimeout(timeout)
+        try:
+            data = self._sock.recv(RECEIVE_BYTES)
+        except TimeoutError:
+            raise TimeoutError(f"{self.endpoint} sent nothing in {timeout:g} s") from None
+        if not data:
+            raise ConnectionError(f"{self.endpoint} closed the connection")
+        for event in self._codec.receive_data(data):
+            if isinstance(event, sp.PublishConfirm):
+                self._on_confirm(event.publishing_ids)
+            elif isinstance(event, sp.PublishError):
+                self._on_error(event.publishing_ids, event.codes)
+            elif isinstance(event, sp.Tune):
+                self._tune = event
+            elif isinstance(event, sp.Close):
+                self._send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
+                raise ConnectionError(
+                    f"{self.endpoint} closed the connection: {event.code} {event.reason}"
+                )
+            elif isinstance(event, sp.MetadataUpdate):
+                raise ConnectionError(f"stream {event.stream} changed (code {event.code})")
+            elif (correlation := getattr(event, "correlation_id", None)) is not None:
+                self._answers[correlation] = event
+
+
+# --- one partition ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class SinkCommitMessage(WriterCommitMessage):
+    """What a task reports: its partition, rows by status, a few reasons, its outcome file."""
+
+    partition: int
+    counts: dict[str, int]
+    examples: list[str]
+    outcomes: str | None
+
+
+class _Outcomes:
+    """Counts by status; with a file, one JSON line per row (flushed per confirm frame)."""
+
+    def __init__(self, path: Path | None, partition: int, run: str, batch: int | None) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: list[str] = []
+        self.path = path
+        self._tail = f',"run":{json.dumps(run)},"batch":{json.dumps(batch)}}}\n'
+        self._head = f'{{"partition":{partition},"position":'
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close)
+
+    def add(
+        self,
+        status: str,
+        rows: Iterable[tuple[int, int, str]],
+        code: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record ``(position, publishing id, message id)`` rows with one status."""
+        count = 0
+        if self._file is None:
+            count = sum(1 for _ in rows)
+        else:
+            middle = f',"status":"{status}","code":{json.dumps(code)},"reason":{json.dumps(reason)}'
+            head, tail = self._head, middle + self._tail
+            lines = [
+                f'{head}{position},"publishing_id":{ident},"message_id":{json.dumps(mid)}{tail}'
+                for position, ident, mid in rows
+            ]
+            count = len(lines)
+            self._file.writelines(lines)
+        if count:
+            self.counts[status] = self.counts.get(status, 0) + count
+            if reason and len(self.examples) < _EXAMPLES and reason not in self.examples:
+                self.examples.append(reason)
+
+    def flush(self) -> None:
+        """Hand the lines to the OS: a killed task keeps them."""
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._file is not None:
+            self._file.close()
+
+
+def _text(value: object) -> HeaderValue:
+    if isinstance(value, str | bytes | int | float | bool):
+        return value
+    return str(value)
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return value.timestamp()
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+class _PartitionWrite:
+    """One task's rows into the stream: publish within the window, settle each row once."""
+
+    def __init__(self, settings: SinkSettings, partition: int, batch: int | None) -> None:
+        self.settings = settings
+        self.partition = partition
+        self.base = 0 if batch is None else batch << 32
+        name = f"{settings.run}-part-{partition:05d}.jsonl"
+        if batch is not None:
+            name = f"{settings.run}-batch-{batch}-part-{partition:05d}.jsonl"
+        path = Path(settings.outcomes) / name if settings.outcomes else None
+        self.outcomes = _Outcomes(path, partition, settings.run, batch)
+        owner = settings.producer or settings.run
+        self.reference = f"{settings.producer}-{partition}" if settings.producer else ""
+        self.id_prefix = f"{owner}-{partition}:"
+        self.in_flight: dict[int, str] = {}
+        self.where = f"stream {settings.stream} at {settings.endpoint}"
+
+    # -- rows
+
+    def rows(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, str, Message]]:
+        """``(publishing id, message id, message)`` per row, in order."""
+        columns = self.settings.columns
+        stream = self.settings.stream
+        ident = self.base
+        prefix = self.id_prefix
+        for batch in batches:
+            count = batch.num_rows
+            if ident - self.base + count > MAX_POSITION:
+                raise ValueError(f"msggateway sink: over {MAX_POSITION} rows in one partition")
+
+            def column(role: str, count: int = count, batch: Any = batch) -> list[Any]:
+                name = columns.get(role)
+                return batch.column(name).to_pylist() if name else [None] * count
+
+            bodies, ids, senders = column("body"), column("id"), column("sender")
+            recipients, times = column("recipients"), column("timestamp")
+            headers, properties = column("headers"), column("properties")
+            for index in range(count):
+                ident += 1
+                body = bodies[index]
+                if isinstance(body, str):
+                    body = body.encode("utf-8", "surrogateescape")
+                mid = ids[index] or f"{prefix}{ident - self.base}"
+                fields: dict[str, HeaderValue] = {}
+                for pairs in (headers[index], properties[index]):
+                    if pairs:
+                        fields.update((str(k), _text(v)) for k, v in pairs if v is not None)
+                yield (
+                    ident,
+                    mid,
+                    Message(
+                        body=body or b"",
+                        address=stream,
+                        id=mid,
+                        sender=senders[index],
+                        recipients=tuple(r for r in recipients[index] or () if r),
+                        headers=fields,
+                        timestamp=_seconds(times[index]) if times[index] is not None else 0.0,
+                    ),
+                )
+
+    # -- confirms
+
+    def confirmed(self, ids: Iterable[int]) -> None:
+        take, base = self.in_flight.pop, self.base
+        settled = [(i - base, i, take(i)) for i in ids if i in self.in_flight]
+        self.outcomes.add("accepted", settled)
+
+    def failed(self, ids: Iterable[int], codes: Iterable[int]) -> None:
+        take, base = self.in_flight.pop, self.base
+        for ident, code in zip(ids, codes, strict=True):
+            if ident in self.in_flight:
+                status = "rejected" if code in _REJECTING_CODES else "retry"
+                reason = f"{self.where} refused the message (code {code})"
+                self.outcomes.add(status, [(ident - base, ident, take(ident))], code, reason)
+
+    # -- the run
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        rows = self.rows(batches)
+        first = next(rows, None)
+        try:
+            if first is not None:
+                self._publish(first, rows)
+        finally:
+            self.outcomes.close()
+        return SinkCommitMessage(
+            partition=self.partition,
+            counts=self.outcomes.counts,
+            examples=self.outcomes.examples,
+            outcomes=str(self.outcomes.path) if self.outcomes.path else None,
+        )
+
+    def _publish(
+        self, first: tuple[int, str, Message], rows: Iterator[tuple[int, str, Message]]
+    ) -> None:
+        settings = self.settings
+        remaining = _chain(first, rows)
+        try:
+            client = StreamPublisher(
+                settings.endpoint,
+                timeout=settings.timeout,
+                on_confirm=self.confirmed,
+                on_error=self.failed,
+            )
+        except OSError as exc:
+            self._fail(remaining, f"cannot connect to {settings.endpoint}: {exc}")
+        try:
+            self._session(client, remaining)
+        except (OSError, sp.StreamError) as exc:
+            client.abandon()
+            self._fail(remaining, f"{self.where}: {exc}")
+        else:
+            client.close()
+
+    def _session(self, client: StreamPublisher, rows: Iterator[tuple[int, str, Message]]) -> None:
+        settings = self.settings
+        client.open(settings.username, settings.password, settings.virtual_host)
+        if settings.create_stream:
+            client.request(sp.Create, stream=settings.stream, arguments={})
+        declared = client.request(
+            sp.DeclarePublisher, publisher_id=0, reference=self.reference, stream=settings.stream
+        )
+        if declared.code != sp.ResponseCode.OK:
+            status = "rejected" if declared.code in _REJECTING_CODES else "retry"
+            reason = f"{self.where} refused the publisher (code {declared.code})"
+            self.outcomes.add(
+                status, ((i - self.base, i, m) for i, m, _ in rows), declared.code, reason
+            )
+            return
+        sequence = 0
+        if self.reference:
+            answer = client.request(
+                sp.QueryPublisherSequence, reference=self.reference, stream=settings.stream
+            )
+            sequence = answer.sequence if answer.code == sp.ResponseCode.OK else 0
+        budget = client.frame_max - PUBLISH_OVERHEAD_BYTES
+        ids: list[int] = []
+        entries: list[bytes] = []
+        size = 0
+        batch_size = settings.batch_size
+        for ident, mid, message in rows:
+            if ident <= sequence:
+                self.outcomes.add("stored-before", [(ident - self.base, ident, mid)])
+                continue
+            entry = entry_from_message(message)
+            cost = ENTRY_OVERHEAD_BYTES + len(entry)
+            if cost > budget:
+                reason = f"an entry of {len(entry)} bytes does not fit a frame of {budget}"
+                self.outcomes.add("too-large", [(ident - self.base, ident, mid)], None, reason)
+                continue
+            if len(ids) >= batch_size or size + cost > budget:
+                self._send(client, ids, entries)
+                ids, entries, size = [], [], 0
+            ids.append(ident)
+            entries.append(entry)
+            self.in_flight[ident] = mid
+            size += cost
+        if ids:
+            self._send(client, ids, entries)
+        while self.in_flight:
+            client.wait()
+            self.outcomes.flush()
+
+    def _send(self, client: StreamPublisher, ids: list[int], entries: list[bytes]) -> None:
+        # The rows are already in_flight: wait until the earlier ones leave room.
+        limit = self.settings.max_unconfirmed
+        while len(self.in_flight) - len(ids) >= limit:
+            client.wait()
+        client.publish(0, ids, entries)
+        client.poll()
+        self.outcomes.flush()
+
+    def _fail(self, rows: Iterator[tuple[int, str, Message]], reason: str) -> None:
+        """Record the rows in flight and the rest as errors; fail the task (Spark may retry)."""
+        base = self.base
+        unsettled = [(i - base, i, m) for i, m in self.in_flight.items()]
+        self.in_flight.clear()
+        self.outcomes.add("error", unsettled, None, reason)
+        self.outcomes.add("error", ((i - base, i, m) for i, m, _ in rows), None, reason)
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(self.outcomes.counts.items()))
+        raise OSError(f"msggateway sink: partition {self.partition}: {reason} ({counts})")
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+# --- the writers -------------------------------------------------------------------------------
+
+
+def _task() -> tuple[int, str | None]:
+    """This task's partition and its micro-batch id (None outside a stream query)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, None
+    return context.partitionId(), context.getLocalProperty("streaming.sql.batchId")
+
+
+def _check(settings: SinkSettings, messages: Iterable[WriterCommitMessage | None]) -> None:
+    """Raise when a row was not stored: how many, why (some reasons), where the outcomes are."""
+    counts: dict[str, int] = {}
+    examples: list[str] = []
+    for message in messages:
+        if isinstance(message, SinkCommitMessage):
+            for status, count in message.counts.items():
+                counts[status] = counts.get(status, 0) + count
+            examples += [e for e in message.examples if e not in examples]
+    failed = sum(counts.get(status, 0) for status in _NOT_STORED)
+    if not failed:
+        return
+    total = sum(counts.values())
+    where = (
+        f"per-row outcomes in {settings.outcomes}"
+        if settings.outcomes
+        else "set the option outcomes to a directory to keep per-row outcomes"
+    )
+    summary = ", ".join(f"{counts[s]} {s}" for s in sorted(counts))
+    raise RuntimeError(
+        f"msggateway sink: {failed} of {total} rows were not stored in stream"
+        f" {settings.stream} at {settings.endpoint} ({summary}): {'; '.join(examples[:_EXAMPLES])};"
+        f" {where}"
+    )
+
+
+class LogSinkWriter(DataSourceArrowWriter):
+    """``df.write.format("msggateway")``: each task publishes its partition (module docs)."""
+
+    def __init__(self, settings: SinkSettings) -> None:
+        self.settings = settings
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        """Publish this task's rows; return their counts."""
+        partition, _ = _task()
+        return _PartitionWrite(self.settings, partition, None).run(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Fail the write if any row was not stored."""
+        _check(self.settings, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to undo: what was stored stays, and a re-run under the producer skips it."""
+
+
+class LogSinkStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("msggateway")``: each micro-batch as a batch write (module docs)."""
+
+    def __init__(self, settings: SinkSettings) -> None:
+        self.settings = settings
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        """Publish this task's rows of the micro-batch, ids above the batch's base."""
+        partition, batch = _task()
+        return _PartitionWrite(self.settings, partition, int(batch or 0)).run(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Fail the micro-batch if any row was not stored."""
+        _check(self.settings, messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Nothing to undo (see `LogSinkWriter.abort`)."""
+
+
+class LogSinkMixin:
+    """Gives a `pyspark.sql.datasource.DataSource` the ``msggateway`` sink.
+
+    ``class LogDataSource(LogSinkMixin, DataSource)``: ``writer`` and
+    ``streamWriter`` check the options and the rows' schema on the driver.
+    """
+
+    options: Any
+
+    def writer(self, schema: StructType, overwrite: bool) -> LogSinkWriter:
+        """The batch writer (append only: a stream keeps what it stored)."""
+        return LogSinkWriter(_settings(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LogSinkStreamWriter:  # noqa: N802
+        """The micro-batch writer."""
+        return LogSinkStreamWriter(_settings(self.options, schema, overwrite))
+
+
+def _settings(options: Mapping[str, str], schema: StructType, overwrite: bool) -> SinkSettings:
+    if overwrite:
+        raise ValueError("msggateway sink: a stream is append-only: use mode append")
+    return sink_settings(options, schema)
