@@ -9,7 +9,11 @@ paths:
 - ``/routes``: the route table in use right now, with live per-route numbers;
 - ``/leases`` (when the gateway has DMP listeners): ``POST`` makes a DMP
   lease, ``DELETE /leases/TEXT`` revokes one; both need ``Authorization:
-  Bearer TOKEN`` with the secret of ``admin`` in the secrets file.
+  Bearer TOKEN`` with the secret of ``admin`` in the secrets file;
+- ``/tap``: ``GET /tap?listener=NAME|route=NAME&match=PATTERN&sample=RATE&max=N``
+  with the same admin token streams the messages passing there, as JSON
+  lines, until the client goes away or the gateway stops (`_Tap`;
+  ``msggateway tap`` reads it).
 
 ``/`` lists them. Every answer is JSON except ``/metrics``, carries
 ``Cache-Control: no-store`` and is generated afresh per request, so a route
@@ -23,9 +27,10 @@ the host.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -33,18 +38,34 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from gateway.core.addressing import AddressPattern, PatternError
+from gateway.core.auth import Secrets
 from gateway.core.message import Status
 from gateway.core.router import BoundRoute, Router
+from gateway.core.tap import DEFAULT_TAP_RECORDS, MAX_TAP_RECORDS, Tap, TapWriter
 from gateway.metrics import GatewayMetrics, RouteStats
+from gateway.protocols.dmp.leases import LeaseDesk
 
-__all__ = ["HealthReport", "make_admin_resource", "make_admin_site"]
+__all__ = ["AdminToken", "HealthReport", "LeaseMaker", "make_admin_resource", "make_admin_site"]
 
 JSON_CONTENT_TYPE: Final = b"application/json"
 """RFC 8259 fixes JSON's encoding as UTF-8 and defines no charset parameter."""
 
 ALLOWED_METHODS: Final = (b"GET", b"HEAD")
+
+_N = TypeVar("_N", int, float)
+
+TAP_CONTENT_TYPE: Final = b"application/x-ndjson"
+"""``/tap`` answers newline-delimited JSON: one object per line, as it comes."""
+TAP_PARAMETERS: Final = frozenset({"listener", "route", "match", "sample", "max"})
+MAX_TAPS: Final = 16
+"""Taps open at once: each costs the router work per batch on its listener or route."""
+TAP_PATH_HELP: Final = (
+    "watch messages live (admin token): ?listener=NAME or ?route=NAME,"
+    " &match=PATTERN&sample=RATE&max=RECORDS"
+)
 
 PATHS: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -180,6 +201,10 @@ class _NotFound(_AdminResource):
 class _Index(_AdminResource):
     """``/``: the paths the admin site serves, each with a line about it."""
 
+    def __init__(self, paths: Mapping[str, str]) -> None:
+        super().__init__()
+        self._paths = paths
+
     def getChild(self, path: bytes, request: IRequest) -> IResource:
         """Serve the index for ``/`` itself and 404 for unknown children."""
         if not path and not request.postpath:
@@ -188,7 +213,7 @@ class _Index(_AdminResource):
 
     def render_GET(self, request: IRequest) -> bytes:
         """Return the index."""
-        return _json_body(request, http.OK, {"paths": dict(PATHS)})
+        return _json_body(request, http.OK, {"paths": dict(self._paths)})
 
 
 class _Health(_AdminResource):
@@ -254,8 +279,8 @@ class _Routes(_AdminResource):
         return _json_body(request, http.OK, [describe(bound) for bound in table.routes])
 
 
-class LeaseMaker(Protocol):
-    """What ``/leases`` needs (`gateway.protocols.dmp.leases.LeaseDesk` is one)."""
+class AdminToken(Protocol):
+    """Checks the admin token (`gateway.protocols.dmp.leases.LeaseDesk` does)."""
 
     @property
     def enabled(self) -> bool:
@@ -263,6 +288,32 @@ class LeaseMaker(Protocol):
 
     def authorized(self, token: bytes | None) -> bool:
         """Whether the token is the admin token."""
+
+
+def _refused_without_token(request: IRequest, admin: AdminToken | None, api: str) -> bytes | None:
+    """The answer to a request without the admin token (403 or 401), None when it has it.
+
+    Args:
+        request: Carries ``Authorization: Bearer TOKEN``.
+        admin: Checks the token; None when the gateway has no way to.
+        api: Names the API in the 403 answer.
+    """
+    if admin is None or not admin.enabled:
+        return _json_body(
+            request,
+            http.FORBIDDEN,
+            {"error": f"the {api} API is off: give [logins] admin a secret to turn it on"},
+        )
+    header = request.getHeader(b"Authorization") or b""
+    token = header[7:] if header.startswith(b"Bearer ") else None
+    if not admin.authorized(token):
+        request.setHeader(b"WWW-Authenticate", b'Bearer realm="msggateway"')
+        return _json_body(request, http.UNAUTHORIZED, {"error": "a valid admin token is needed"})
+    return None
+
+
+class LeaseMaker(AdminToken, Protocol):
+    """What ``/leases`` needs (`gateway.protocols.dmp.leases.LeaseDesk` is one)."""
 
     def make(self, listener: str, kind: str, target: str, ttl_seconds: float) -> dict[str, object]:
         """Grant a lease (raises an error with ``status`` and ``reason``)."""
@@ -290,19 +341,9 @@ class _Leases(_AdminResource):
         if request.method != allowed:
             request.setHeader(b"Allow", allowed)
             return _json_body(request, http.NOT_ALLOWED, {"error": "method not allowed"})
-        if not self._desk.enabled:
-            return _json_body(
-                request,
-                http.FORBIDDEN,
-                {"error": "the lease API is off: give [logins] admin a secret to turn it on"},
-            )
-        header = request.getHeader(b"Authorization") or b""
-        token = header[7:] if header.startswith(b"Bearer ") else None
-        if not self._desk.authorized(token):
-            request.setHeader(b"WWW-Authenticate", b'Bearer realm="msggateway"')
-            return _json_body(
-                request, http.UNAUTHORIZED, {"error": "a valid admin token is needed"}
-            )
+        refusal = _refused_without_token(request, self._desk, "lease")
+        if refusal is not None:
+            return refusal
         if self._text is not None:
             if self._desk.revoke(self._text):
                 return _json_body(request, http.OK, {"revoked": True})
@@ -332,6 +373,185 @@ class _Leases(_AdminResource):
         return _json_body(request, http.CREATED, made)
 
 
+class _TapRefusedError(Exception):
+    """A ``/tap`` request that cannot be served: the status and the JSON to answer."""
+
+    def __init__(self, status: int, answer: dict[str, object]) -> None:
+        super().__init__(answer["error"])
+        self.status = status
+        self.answer = answer
+
+
+class _Tap(Resource):
+    """``GET /tap``: the messages passing a listener or a route, live, as JSON lines.
+
+    Query: ``listener=NAME`` (a listener or upstream) or ``route=NAME``;
+    ``match=PATTERN`` (route pattern syntax, on the source address or any
+    recipient); ``sample=RATE`` (above 0, at most 1; default 1);
+    ``max=RECORDS`` (records kept for a slow reader before they are
+    dropped; default `DEFAULT_TAP_RECORDS`). Needs the admin token, as
+    ``/leases`` does. The answer is 200 with a chunked body written by
+    `TapWriter` until the client goes away or the gateway stops; errors are
+    JSON: 401/403 without the token, 400 for a bad query, 404 naming an
+    unknown listener or route, 503 past `MAX_TAPS`.
+
+    Args:
+        router: Whose batches are tapped, and whose table names the routes.
+        health: Names the listeners and upstreams.
+        admin: Checks the admin token; None when none can be checked.
+        clock: For the records' times and the writers' timers.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        health: Callable[[], HealthReport],
+        admin: AdminToken | None,
+        clock: IReactorTime,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # twisted.web leaves it unannotated
+        self._router = router
+        self._health = health
+        self._admin = admin
+        self._clock = clock
+        self.open: dict[TapWriter, Request] = {}
+        """Each open tap's writer and its request."""
+
+    def getChild(self, path: bytes, request: IRequest) -> IResource:
+        """Answer 404 for anything below ``/tap``."""
+        return _NotFound()
+
+    def render(self, request: Request) -> bytes | int:
+        """Start streaming a tap, or answer why not."""
+        request.setHeader(b"Cache-Control", b"no-store")
+        request.setHeader(b"X-Content-Type-Options", b"nosniff")
+        if request.method != b"GET":
+            request.setHeader(b"Allow", b"GET")
+            return _json_body(request, http.NOT_ALLOWED, {"error": "method not allowed"})
+        refusal = _refused_without_token(request, self._admin, "tap")
+        if refusal is not None:
+            return refusal
+        try:
+            tap = self._tap(request)
+        except _TapRefusedError as exc:
+            return _json_body(request, exc.status, exc.answer)
+        if len(self.open) >= MAX_TAPS:
+            return _json_body(
+                request,
+                http.SERVICE_UNAVAILABLE,
+                {"error": f"{MAX_TAPS} taps are open already: close one first"},
+            )
+        request.setResponseCode(http.OK)
+        request.setHeader(b"Content-Type", TAP_CONTENT_TYPE)
+        writer = TapWriter(tap, self._router, request, self._clock)
+        self.open[writer] = request
+        request.notifyFinish().addBoth(self._closed, writer)
+        writer.start()
+        return NOT_DONE_YET
+
+    def _closed(self, result: object, writer: TapWriter) -> None:
+        """The response ended (or its connection went): stop tapping."""
+        self.open.pop(writer, None)
+        writer.stop(unregister=False)
+
+    def end_all(self, reason: str) -> None:
+        """End every open tap's response cleanly, saying why."""
+        for writer, request in list(self.open.items()):
+            writer.end(reason)
+            request.finish()
+
+    def _tap(self, request: IRequest) -> Tap:
+        """The tap the query asks for.
+
+        Raises:
+            _TapRefusedError: The query is wrong (400) or names what does not exist (404).
+        """
+        args: dict[str, list[str]] = {
+            key.decode("utf-8", "replace"): [value.decode("utf-8", "replace") for value in values]
+            for key, values in (request.args or {}).items()
+        }
+        unknown = sorted(set(args) - TAP_PARAMETERS)
+        if unknown:
+            raise _TapRefusedError(
+                http.BAD_REQUEST,
+                {
+                    "error": f"unknown parameter(s): {', '.join(unknown)}",
+                    "parameters": sorted(TAP_PARAMETERS),
+                },
+            )
+
+        def one(name: str) -> str | None:
+            values = args.get(name)
+            if not values:
+                return None
+            if len(values) > 1:
+                raise _TapRefusedError(http.BAD_REQUEST, {"error": f"give {name} once"})
+            return values[0]
+
+        listener, route = one("listener"), one("route")
+        if (listener is None) == (route is None):
+            raise _TapRefusedError(
+                http.BAD_REQUEST,
+                {"error": "name a listener (listener=NAME) or a route (route=NAME), one of them"},
+            )
+        table = self._router.table
+        if listener is not None:
+            report = self._health()
+            known = sorted({*report.listeners, *report.upstreams, *table.sources()})
+            if listener not in known:
+                raise _TapRefusedError(
+                    http.NOT_FOUND,
+                    {
+                        "error": f"no listener or upstream named {listener!r}",
+                        "listener": listener,
+                        "known": known,
+                    },
+                )
+        if route is not None:
+            names = [bound.route.name for bound in table.routes]
+            if route not in names:
+                raise _TapRefusedError(
+                    http.NOT_FOUND,
+                    {"error": f"no route named {route!r}", "route": route, "known": names},
+                )
+        match = one("match")
+        try:
+            pattern = None if match is None else AddressPattern(match)
+        except PatternError as exc:
+            raise _TapRefusedError(
+                http.BAD_REQUEST, {"error": f"bad pattern: {exc}", "match": match}
+            ) from None
+        sample = _number(one("sample"), float, 1.0, "sample", "a rate above 0 and at most 1")
+        if not (math.isfinite(sample) and 0.0 < sample <= 1.0):
+            raise _TapRefusedError(
+                http.BAD_REQUEST, {"error": "sample is a rate above 0 and at most 1"}
+            )
+        records = _number(one("max"), int, DEFAULT_TAP_RECORDS, "max", "a count of records")
+        if not 1 <= records <= MAX_TAP_RECORDS:
+            raise _TapRefusedError(
+                http.BAD_REQUEST, {"error": f"max is 1 to {MAX_TAP_RECORDS} records"}
+            )
+        return Tap(
+            listener=listener, route=route, pattern=pattern, sample=sample, max_records=records
+        )
+
+
+def _number(text: str | None, kind: Callable[[str], _N], default: _N, name: str, what: str) -> _N:
+    """A query parameter's number, its default when absent.
+
+    Raises:
+        _TapRefusedError: It is not a number (400).
+    """
+    if text is None:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise _TapRefusedError(
+            http.BAD_REQUEST, {"error": f"{name} is {what}, not {text!r}"}
+        ) from None
+
+
 class _QuietSite(Site):
     """A `Site` that keeps no access log and does not announce its factory.
 
@@ -342,14 +562,46 @@ class _QuietSite(Site):
 
     noisy = False
 
-    def __init__(self, resource: IResource, reactor: IReactorTime) -> None:
+    def __init__(self, resource: IResource, reactor: IReactorTime, tap: _Tap | None = None) -> None:
         super().__init__(resource, reactor=reactor)  # type: ignore[no-untyped-call]  # as above
         # Already Twisted's default, stated because it matters here: a failing
         # render must not show code or values to whoever asks.
         self.displayTracebacks = False
+        self._tap = tap
+
+    def doStop(self) -> None:
+        """Once the last port stops listening (the gateway stops), end the taps' streams."""
+        super().doStop()  # type: ignore[no-untyped-call]  # as above
+        if not self.numPorts and self._tap is not None:
+            self._tap.end_all("the gateway is stopping")
 
     def log(self, request: http.Request) -> None:
         """Skip the access log line."""
+
+
+def _build(
+    *,
+    metrics: GatewayMetrics,
+    router: Router,
+    health: Callable[[], HealthReport],
+    leases: LeaseMaker | None,
+    clock: IReactorTime | None,
+    admin: AdminToken | None,
+) -> tuple[IResource, _Tap | None]:
+    paths = dict(PATHS)
+    tap = None
+    if clock is not None:
+        tap = _Tap(router, health, admin if admin is not None else leases, clock)
+        paths["/tap"] = TAP_PATH_HELP
+    root = _Index(MappingProxyType(paths))
+    root.putChild(b"healthz", _Health(health))
+    root.putChild(b"metrics", _Metrics(metrics))
+    root.putChild(b"routes", _Routes(router, metrics))
+    if leases is not None:
+        root.putChild(b"leases", _Leases(leases))
+    if tap is not None:
+        root.putChild(b"tap", tap)
+    return root, tap
 
 
 def make_admin_resource(
@@ -358,26 +610,29 @@ def make_admin_resource(
     router: Router,
     health: Callable[[], HealthReport],
     leases: LeaseMaker | None = None,
+    clock: IReactorTime | None = None,
+    admin: AdminToken | None = None,
 ) -> IResource:
     """Build the admin resource tree (also what in-memory tests serve).
 
     Args:
         metrics: The service's metrics; ``/metrics`` serves its registry and
             ``/routes`` reads its per-route collectors.
-        router: The router whose current table ``/routes`` lists.
+        router: The router whose current table ``/routes`` lists and whose
+            batches ``/tap`` watches.
         health: Called per ``/healthz`` request for a fresh report.
         leases: Makes and revokes DMP leases (``/leases``), if any.
+        clock: Times ``/tap``'s records; without it there is no ``/tap``.
+        admin: Checks ``/tap``'s admin token (default: ``leases``; with
+            neither, ``/tap`` answers 403).
 
     Returns:
-        The root resource: ``/``, ``/healthz``, ``/metrics``, ``/routes``
-        and ``/leases``.
+        The root resource: ``/``, ``/healthz``, ``/metrics``, ``/routes``,
+        ``/leases`` and ``/tap``.
     """
-    root = _Index()
-    root.putChild(b"healthz", _Health(health))
-    root.putChild(b"metrics", _Metrics(metrics))
-    root.putChild(b"routes", _Routes(router, metrics))
-    if leases is not None:
-        root.putChild(b"leases", _Leases(leases))
+    root, _tap = _build(
+        metrics=metrics, router=router, health=health, leases=leases, clock=clock, admin=admin
+    )
     return root
 
 
@@ -388,19 +643,30 @@ def make_admin_site(
     health: Callable[[], HealthReport],
     reactor: IReactorTime,
     leases: LeaseMaker | None = None,
+    secrets: Secrets | None = None,
 ) -> Site:
     """Build the admin site, ready to listen on a (loopback) endpoint.
 
     Args:
         metrics: The service's metrics; ``/metrics`` serves its registry and
             ``/routes`` reads its per-route collectors.
-        router: The router whose current table ``/routes`` lists.
+        router: The router whose current table ``/routes`` lists and whose
+            batches ``/tap`` watches.
         health: Called per ``/healthz`` request for a fresh report.
-        reactor: Times out idle HTTP connections.
+        reactor: Times out idle HTTP connections, times ``/tap``.
         leases: Makes and revokes DMP leases (``/leases``), if any.
+        secrets: Holds the admin token (the secret of ``admin``), checked
+            as ``/leases`` checks it; without it (and without ``leases``)
+            ``/tap`` answers 403.
 
     Returns:
-        A `Site` over `make_admin_resource`, without an access log.
+        A `Site` over the resources of `make_admin_resource`, without an
+        access log, that ends ``/tap`` streams when it stops listening.
     """
-    resource = make_admin_resource(metrics=metrics, router=router, health=health, leases=leases)
-    return _QuietSite(resource, reactor=reactor)
+    admin = leases
+    if admin is None and secrets is not None:
+        admin = LeaseDesk({}, secrets, reactor)  # no DMP listeners: it only checks the token
+    root, tap = _build(
+        metrics=metrics, router=router, health=health, leases=leases, clock=reactor, admin=admin
+    )
+    return _QuietSite(root, reactor=reactor, tap=tap)

@@ -20,7 +20,10 @@ Each tap keeps at most ``max_records`` records (and `MAX_TAP_BUFFER_BYTES`)
 until its reader takes them (`Tap.take`); past that, records are dropped
 and counted, so a slow reader never slows the router nor grows memory.
 The counters (`Tap.seen`, `Tap.sampled_out`, `Tap.dropped`, `Tap.shown`)
-let the reader say what it did not show.
+let the reader say what it did not show. `TapWriter` is such a reader:
+the push producer of a consumer (the admin endpoint's HTTP response) that
+writes the records as they come, nothing while the consumer is paused, and
+the counters once a second when they change.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
+from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern
 from gateway.core.message import Message, Outcome, worst
 
 if TYPE_CHECKING:
-    from gateway.core.router import BoundRoute, RouteTable
+    from gateway.core.router import BoundRoute, Router, RouteTable
 
 __all__ = [
     "DEFAULT_TAP_RECORDS",
@@ -45,6 +49,7 @@ __all__ = [
     "BatchTap",
     "Sampler",
     "Tap",
+    "TapWriter",
     "observe_batch",
 ]
 
@@ -58,6 +63,8 @@ MAX_LISTED_ITEMS: Final = 20
 """Recipients or header names listed per record; the count says how many there were."""
 MAX_PATTERN_CACHE_ENTRIES: Final = 4096
 """Distinct addresses a tap remembers the match of; past it the cache starts afresh."""
+COUNTS_INTERVAL_SECONDS: Final = 1.0
+"""How often a `TapWriter` writes the counters (when they changed)."""
 _SAMPLE_EPSILON: Final = 1e-9
 """Rates such as 0.1 do not add up to exactly 1.0 in binary floating point."""
 
@@ -210,7 +217,7 @@ class Tap:
         if self.full:
             self.dropped += 1
             return
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        line = _line(record)
         self._lines.append(line)
         self._bytes += len(line)
         self.shown += 1
@@ -418,3 +425,105 @@ def observe_batch(
         batch._add(tap, index, messages[index])
     batch._start(plan, refused, routes)
     return batch
+
+
+def _line(value: dict[str, object]) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+@implementer(IPushProducer)
+class TapWriter:
+    """Writes a tap's records to a consumer as they come, never faster than it reads.
+
+    It registers as the consumer's streaming producer: while the consumer is
+    paused (its transport's buffer is full), nothing is written and records
+    wait in the tap's bounded buffer, past which they are dropped and
+    counted. What it writes, one JSON object per line: first ``{"tap":
+    WHAT, "time": T}`` (`Tap.describe`), then the records, and every
+    `COUNTS_INTERVAL_SECONDS` the counters (``{"time": T, "seen": ...,
+    "shown": ..., "sampled_out": ..., "dropped": ...}``) when they changed;
+    `end` writes the counters with ``"end": REASON``.
+
+    Args:
+        tap: The tap to read.
+        router: Shows the tap its batches from `start` to `stop`.
+        consumer: Where the lines go (an HTTP response).
+        clock: For the times and the counters' timer.
+    """
+
+    def __init__(self, tap: Tap, router: Router, consumer: IConsumer, clock: IReactorTime) -> None:
+        self.tap = tap
+        self._router = router
+        self._consumer = consumer
+        self._clock = clock
+        self._paused = False
+        self._stopped = False
+        self._reported = tap.counts()
+        self._timer: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """Write the first line and start showing the tap the router's batches."""
+        self._consumer.registerProducer(self, True)
+        self._consumer.write(_line({"tap": self.tap.describe(), "time": self._clock.seconds()}))
+        self.tap.on_records = self._flush
+        self._router.add_tap(self.tap)
+        self._timer = self._clock.callLater(COUNTS_INTERVAL_SECONDS, self._report)
+
+    def stop(self, *, unregister: bool = True) -> None:
+        """Stop tapping and writing; idempotent.
+
+        Args:
+            unregister: Unregister from the consumer; False when it is gone
+                already (an HTTP request whose connection was lost).
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self._router.remove_tap(self.tap)
+        self.tap.on_records = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if unregister:
+            self._consumer.unregisterProducer()
+
+    def end(self, reason: str) -> None:
+        """Write what is left and the counters with ``"end": reason``, then `stop`."""
+        if self._stopped:
+            return
+        # The last lines go out even when paused: a few hundred bytes at most
+        # beyond the records, which are bounded.
+        self._consumer.write(self.tap.take())
+        self._consumer.write(
+            _line({"time": self._clock.seconds(), **self.tap.counts(), "end": reason})
+        )
+        self.stop()
+
+    def _flush(self) -> None:
+        if self._paused or self._stopped:
+            return
+        data = self.tap.take()
+        if data:
+            self._consumer.write(data)
+
+    def _report(self) -> None:
+        self._timer = self._clock.callLater(COUNTS_INTERVAL_SECONDS, self._report)
+        if self._paused:
+            return
+        counts = self.tap.counts()
+        if counts != self._reported:
+            self._reported = counts
+            self._consumer.write(_line({"time": self._clock.seconds(), **counts}))
+
+    def pauseProducing(self) -> None:
+        """The consumer is full: write nothing until it resumes us."""
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        """The consumer has room again: write what waited."""
+        self._paused = False
+        self._flush()
+
+    def stopProducing(self) -> None:
+        """The consumer will take nothing more."""
+        self.stop()

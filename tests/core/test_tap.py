@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from zope.interface import implementer
 
 from gateway.core import router as router_module
@@ -21,11 +22,13 @@ from gateway.core.interfaces import IRouteDelivery
 from gateway.core.message import Message, Outcome
 from gateway.core.router import BoundRoute, Result, Route, Router, RouteTable, Unrouted
 from gateway.core.tap import (
+    COUNTS_INTERVAL_SECONDS,
     MAX_LISTED_ITEMS,
     MAX_TAP_RECORDS,
     UNROUTED,
     Sampler,
     Tap,
+    TapWriter,
 )
 
 
@@ -411,3 +414,113 @@ def test_describe_says_what_the_tap_watches() -> None:
         "sample": 0.5,
         "max": 7,
     }
+
+
+# --- TapWriter -----------------------------------------------------------------------------
+
+
+def _written(transport: StringTransport) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in transport.value().splitlines()]
+    transport.clear()
+    return lines
+
+
+def _writer(tap: Tap) -> tuple[TapWriter, Router, Clock, StringTransport]:
+    router, clock = _router((WEATHER, _Answering()))
+    transport = StringTransport()
+    writer = TapWriter(tap, router, transport, clock)
+    writer.start()
+    return writer, router, clock, transport
+
+
+def test_writer_writes_what_it_taps_then_the_records() -> None:
+    """The first line says what is tapped; each batch's records follow in one write."""
+    tap = Tap(listener="ssmp-in", pattern=AddressPattern("weather.*"))
+    writer, router, _, transport = _writer(tap)
+    assert transport.producer is writer and transport.streaming
+    assert router.taps == (tap,)
+    assert _written(transport) == [{"tap": tap.describe(), "time": 1000.0}]
+    writes: list[bytes] = []
+    transport.write = writes.append  # type: ignore[method-assign]  # count the writes
+    _route(
+        router, "ssmp-in", [Message(body=b"", address="weather.oslo", id=str(i)) for i in range(3)]
+    )
+    [data] = writes
+    assert [json.loads(line)["id"] for line in data.splitlines()] == ["0", "1", "2"]
+
+
+def test_writer_writes_changed_counters_each_second() -> None:
+    """Once a second the counters are written, only when they changed since the last time."""
+    tap = Tap(listener="ssmp-in", sample=0.5)
+    _, router, clock, transport = _writer(tap)
+    _written(transport)
+    _route(router, "ssmp-in", [Message(body=b"", address="weather.oslo") for _ in range(4)])
+    _written(transport)
+    clock.advance(COUNTS_INTERVAL_SECONDS)
+    assert _written(transport) == [
+        {"time": 1001.0, "seen": 4, "shown": 2, "sampled_out": 2, "dropped": 0}
+    ]
+    clock.advance(COUNTS_INTERVAL_SECONDS)
+    assert _written(transport) == []
+
+
+def test_a_paused_consumer_gets_nothing_and_drops_past_the_buffer() -> None:
+    """Paused: nothing is written, max_records wait and the rest are counted dropped."""
+    tap = Tap(listener="ssmp-in", max_records=2)
+    writer, router, clock, transport = _writer(tap)
+    _written(transport)
+    writer.pauseProducing()
+    _route(
+        router, "ssmp-in", [Message(body=b"", address="weather.oslo", id=str(i)) for i in range(5)]
+    )
+    clock.advance(COUNTS_INTERVAL_SECONDS)
+    assert transport.value() == b""
+    writer.resumeProducing()
+    assert [line["id"] for line in _written(transport)] == ["0", "1"]
+    clock.advance(COUNTS_INTERVAL_SECONDS)
+    assert _written(transport) == [
+        {"time": 1002.0, "seen": 5, "shown": 2, "sampled_out": 0, "dropped": 3}
+    ]
+
+
+def test_stop_removes_the_tap_and_the_timer() -> None:
+    """stop() takes the tap off the router, cancels the timer and unregisters; twice is fine."""
+    tap = Tap(listener="ssmp-in")
+    writer, router, clock, transport = _writer(tap)
+    writer.stop()
+    writer.stop()
+    assert router.taps == ()
+    assert clock.getDelayedCalls() == []
+    assert transport.producer is None
+    assert tap.on_records is None
+
+
+def test_stop_producing_stops() -> None:
+    """The consumer's stopProducing stops the tap."""
+    tap = Tap(route="weather")
+    writer, router, clock, _ = _writer(tap)
+    writer.stopProducing()
+    assert (router.taps, clock.getDelayedCalls()) == ((), [])
+
+
+def test_end_writes_what_is_left_and_why() -> None:
+    """end() writes the waiting records (even when paused) and the counters with the reason."""
+    tap = Tap(listener="ssmp-in")
+    writer, router, _, transport = _writer(tap)
+    _written(transport)
+    writer.pauseProducing()
+    _route(router, "ssmp-in", [Message(body=b"", address="weather.oslo", id="last")])
+    writer.end("bye")
+    first, last = _written(transport)
+    assert first["id"] == "last"
+    assert last == {
+        "time": 1000.0,
+        "seen": 1,
+        "shown": 1,
+        "sampled_out": 0,
+        "dropped": 0,
+        "end": "bye",
+    }
+    assert router.taps == ()
+    writer.end("again")
+    assert transport.value() == b""
