@@ -165,7 +165,9 @@ async def _stored(connection: dict[str, Any], stream: str) -> list[Any]:
 
 def _outcomes(directory: Path) -> list[dict[str, Any]]:
     return [
-        json.loads(line) for path in directory.glob("*.jsonl") for line in path.read_text().split()
+        json.loads(line)
+        for path in directory.glob("*.jsonl")
+        for line in path.read_text().splitlines()
     ]
 
 
@@ -260,12 +262,12 @@ def test_write_stream_available_now(sink: Any, gateway: GatewayProcess, tmp_path
     sink.range(0, 300, numPartitions=2).select(
         F.format_string("s body %d", "id").cast("binary").alias("body"),
         F.create_map(F.lit("n"), F.col("id").cast("string")).alias("headers"),
-    ).write.parquet(str(source / "one"))
+    ).write.mode("append").parquet(str(source))
     run_query()
     sink.range(300, 500, numPartitions=1).select(
         F.format_string("s body %d", "id").cast("binary").alias("body"),
         F.create_map(F.lit("n"), F.col("id").cast("string")).alias("headers"),
-    ).write.parquet(str(source / "two"))
+    ).write.mode("append").parquet(str(source))
     run_query()
     host, port = gateway.address("streams")
     connection = {"host": host, "port": port, "username": "guest", "password": "guest"}
