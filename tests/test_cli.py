@@ -1,17 +1,24 @@
-"""Tests for the ``msggateway`` command: ``check-config``.
+"""Tests for the ``msggateway`` command as a whole, and ``check-config``.
 
-Most tests call `gateway.cli.main` with in-memory streams; one runs the
-installed console script as a real process.
+Every command's help is plain text and every protocol command has the same
+flags; the default addresses are where the embedded default configuration
+listens. Most tests call `gateway.cli.main` with in-memory streams; two run
+the installed console script or ``python -m gateway.cli`` as real processes.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from gateway.cli import main
+import pytest
+
+from gateway.cli import build_parser, main
+from gateway.cli.common import DEFAULT_ADDRESSES
 from gateway.config import DEFAULT_CONFIG_NAME, load_config, load_default_config
 
 REPOSITORY = Path(__file__).parents[1]
@@ -106,3 +113,94 @@ def test_console_script_reports_problems_on_stderr(tmp_path: Path) -> None:
         completed.stderr
     )
     assert completed.stderr.endswith("3 problem(s) found\n")
+
+
+# --- the command tree ---------------------------------------------------------------------
+
+
+def parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the tree with its command path, the top one first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from parsers(child, (*path, name))
+
+
+PROTOCOL_COMMANDS = [
+    ("ssmp", "publish"), ("ssmp", "subscribe"), ("qmqp", "send"),
+    ("stream", "publish"), ("stream", "consume"), ("dmp", "put"), ("dmp", "get"),
+    ("mtl", "send"), ("mtl", "receive"),
+]  # fmt: skip
+"""Every command that talks to a server, in both directions where the protocol has two."""
+
+
+def test_every_help_is_plain_text() -> None:
+    """No help text, of any command at any depth, carries RST markup such as double backquotes."""
+    seen = []
+    for path, parser in parsers(build_parser()):
+        text = parser.format_help()
+        assert "``" not in text, f"msggateway {' '.join(path)} --help: {text}"
+        assert ":class:" not in text and ".. " not in text
+        seen.append(path)
+    assert {(), ("stream",), *PROTOCOL_COMMANDS, ("mtl", "keygen"), ("run",)} <= set(seen)
+
+
+def test_top_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """``msggateway --help`` exits 0 and lists each command with its one-line help."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: msggateway [-h] [--version] COMMAND ...")
+    for command in ("check-config", "run", "ssmp", "qmqp", "stream", "dmp", "mtl", "spark"):
+        assert f"\n    {command}" in out
+
+
+@pytest.mark.parametrize("path", PROTOCOL_COMMANDS, ids=" ".join)
+def test_every_protocol_command_has_the_same_flags(path: tuple[str, str]) -> None:
+    """--address, --count, --json, --progress, --force-progress and --timeout everywhere."""
+    tree = dict(parsers(build_parser()))
+    flags = {option for action in tree[path]._actions for option in action.option_strings}
+    assert {"-a", "--address", "--count", "--json", "--progress", "--force-progress",
+            "--timeout"} <= flags  # fmt: skip
+    if path[0] != "mtl":  # MTL's encryption is CURVE, not TLS
+        assert {"--tls", "--cafile", "--cert", "--key"} <= flags
+    else:
+        assert {"--server-key", "--key-file"} <= flags
+
+
+def test_default_addresses_are_where_the_default_configuration_listens() -> None:
+    """Each protocol's default --address is its listener in the embedded default config."""
+    listening = {}
+    for listener in load_default_config().listeners:
+        port = listener.endpoint.split(":")[1]
+        listening[listener.protocol] = f"127.0.0.1:{port}"
+    assert listening == DEFAULT_ADDRESSES
+
+
+def test_python_m_gateway_cli_runs_the_command() -> None:
+    """``python -m gateway.cli`` is the same command line."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith(f"{DEFAULT_CONFIG_NAME}: OK:")
+
+
+def test_usage_errors_exit_2_and_command_errors_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing secret is a usage error (2); a server that is not there is a failure (1)."""
+    monkeypatch.delenv("UNSET_SECRET_XYZ", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["dmp", "get", "-a", "127.0.0.1:1", "--lease-env", "UNSET_SECRET_XYZ"]
+    assert main(argv, out, err) == 2
+    assert err.getvalue() == "msggateway: error: environment variable UNSET_SECRET_XYZ is not set\n"
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["stream", "consume", "--stream", "s", "-a", "127.0.0.1:1"], out, err) == 1
+    assert err.getvalue().startswith("msggateway: cannot connect to 127.0.0.1:1: ")

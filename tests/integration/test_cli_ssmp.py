@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli import main
 from tests.integration.harness import GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
@@ -103,3 +106,16 @@ def test_publish_to_closed_port_fails_clearly(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "cannot connect to 127.0.0.1:1" in done.stderr
+
+
+def test_publish_lines_of_stdin_with_json_outcomes(gateway: GatewayProcess) -> None:
+    """No BODY: each line of stdin is one MCAST; --json prints one outcome object each."""
+    host, port = gateway.address("hub")
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["ssmp", "publish", "news", "-a", f"{host}:{port}", "--scheme", "secret", "--json"]
+    assert main(argv, out, err, io.BytesIO(b"first line\nsecond\n")) == 0, err.getvalue()
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["message"], r["outcome"], r["code"]) for r in records] == [
+        (1, "accepted", 200),
+        (2, "accepted", 200),
+    ]
