@@ -346,6 +346,34 @@ def test_an_mtl_reader_whose_queue_is_full_gets_nothing_more_and_it_is_retry_lat
     assert not_sent(metrics) == 7
 
 
+def test_an_mtl_reader_that_reads_but_never_confirms_gets_max_backlog_messages() -> None:
+    """A confirm=full reader with max_backlog_messages unconfirmed: retry later, until it confirms.
+
+    In one batch of eight to a reader allowed five: five are sent, three are
+    retry later at once (counted as not sent); a Confirm of three makes room
+    for three more, in order of sequence.
+    """
+    listener, _clock, control, sent, metrics = metered_mtl(max_backlog_messages=5)
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
+    data(listener, b"r", summon("news"))
+    results: list[list[Outcome]] = []
+    batch = [Message(address="news", body=b"%d" % n) for n in range(8)]
+    listener.deliver(batch).addCallback(results.append)
+    assert [c.sequence for c in contents(sent, b"r")] == [1, 2, 3, 4, 5]
+    assert not_sent(metrics) == 3
+    data(listener, b"r", mtl.Confirm(5, True))
+    [outcomes] = results
+    assert [o.status for o in outcomes] == [Status.ACCEPTED] * 5 + [Status.RETRY] * 3
+    assert "unconfirmed" in outcomes[-1].reason
+    listener.deliver(batch[:3])
+    assert [c.sequence for c in contents(sent, b"r")][5:] == [6, 7, 8]
+
+
+def contents(sent: Sent, identity: bytes) -> list[mtl.Content]:
+    """The Contents sent to one peer."""
+    return [c for c in sent.commands(identity) if isinstance(c, mtl.Content)]
+
+
 def mtl_lease(listener: MTLServer, control: Sent) -> mtl.Lease:
     """A Lease command for a confirm=none reader of ``news``."""
     return mtl.Lease(1, lease(listener, control, "Reader", "none"))

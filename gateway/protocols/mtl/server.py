@@ -56,7 +56,9 @@ limit, so a reader that stopped reading grew the gateway by everything
 routed to it, each copy "accepted"). Past that a Content for it is not
 sent: retry later for a route, so that a confirm=full writer gets Reject
 with recycle and a durable route keeps it; a test-profile copy, which
-nobody confirms, is dropped. Each is counted (``not-sent``) and the
+nobody confirms, is dropped. A confirm=full reader with as many Contents
+unconfirmed (it reads but does not confirm) gets no more either: retry
+later. Each is counted (``not-sent``) and the
 listener logs how many at its next ping round. A reader that reads nothing
 answers no Ping either and is forgotten after ``dead_after_seconds``.
 """
@@ -165,6 +167,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
         self._reader_who = f"an MTL reader of {name}"
+        self._not_confirming = Outcome.retry(
+            f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
+            " unconfirmed (max_backlog_messages)"
+        )
 
     # --- life --------------------------------------------------------------------------
 
@@ -579,13 +585,17 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         All of the batch's Contents go out together. A confirm=full reader's
         Confirm or Reject answers its copy; a reader without confirmations
         accepts what was written to it; a message goes to every reader of
-        its address and answers the worst of their answers. No reader, or
-        one ZeroMQ cannot hand the Content to: retry later.
+        its address and answers the worst of their answers. No reader, one
+        ZeroMQ cannot hand the Content to, or a confirm=full reader with
+        ``max_backlog_messages`` Contents unconfirmed: retry later.
         """
         batch = PendingBatch(len(messages))
         readers_of: dict[str, list[_DataPeer]] = {}
         frames: list[list[bytes]] = []
         copies: list[Copy] = []
+        limit = self.settings.max_backlog_messages
+        added: dict[_DataPeer, int] = {}  # confirm=full readers' copies in this batch
+        held_back = 0
         for index, message in enumerate(messages):
             address = message.address
             readers = readers_of.get(address)
@@ -600,6 +610,16 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             properties = content_properties(message)
             body = message.body
             for reader in readers:
+                lease = reader.lease
+                confirms = lease is not None and lease.confirm == "full"
+                if confirms:
+                    # A reader that reads but does not confirm holds what it read here.
+                    waiting = len(reader.unconfirmed) + added.get(reader, 0)
+                    if waiting >= limit:
+                        batch.settle(index, self._not_confirming)
+                        held_back += 1
+                        continue
+                    added[reader] = added.get(reader, 0) + 1
                 sequence = next(reader.sequence)
                 try:
                     command = mtl.encode_data(mtl.Content(sequence, address, properties, body))
@@ -607,9 +627,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
                 frames.append([reader.identity, *command])
-                lease = reader.lease
-                confirms = lease is not None and lease.confirm == "full"
                 copies.append((reader.unconfirmed if confirms else None, sequence, index))
+        if held_back:
+            self._count_not_sent(held_back)
         not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
         self._send_batch(batch, frames, copies, not_reading)
         return batch.deferred
@@ -620,7 +640,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if self.not_sent:
             self._log.warn(
                 "MTL listener {listener}: {count} data command(s) not sent in the last"
-                " {seconds:g} s: their peers do not read ({limit} waiting:"
+                " {seconds:g} s: their peers do not read or confirm ({limit} waiting:"
                 " max_backlog_messages) or are gone",
                 listener=self.name,
                 count=self.not_sent,

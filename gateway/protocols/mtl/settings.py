@@ -94,9 +94,10 @@ class MTLListenerSettings:
         data_port: Port of the data ROUTER socket (0: one the OS picks); the
             202 reply names it.
         max_backlog_messages: Commands ZeroMQ queues for one data peer that
-            does not read (the data socket's ``SNDHWM``); past it a Content
+            does not read (the data socket's ``SNDHWM``), and Contents a
+            confirm=full reader may leave unconfirmed; past either a Content
             routed to that reader is answered retry later (its writer gets
-            Reject with recycle), a test-profile copy is dropped, and either
+            Reject with recycle), a test-profile copy is dropped, and each
             is counted (``not-sent``).
         ping_interval_seconds: Pings to data peers this often.
         dead_after_seconds: A data peer heard from for this long is forgotten
