@@ -45,8 +45,9 @@ held for it (plus what its transport holds: 64 KiB and the write that
 filled it): past that each message is answered retry later, so the route's
 sender learns it was not delivered (a QMQP sender gets Z, an MTL writer
 Reject with recycle, a durable route keeps it and retries), counted per
-message (``feed-behind``) and logged at most once in ten seconds. With ``idle_timeout_seconds`` set, a reader that takes
-nothing that long is aborted, freeing the feed.
+message (``feed-behind``) and logged at most once in ten seconds. With
+``idle_timeout_seconds`` set, a reader that takes nothing that long is
+aborted, freeing the feed.
 """
 
 from __future__ import annotations
