@@ -17,6 +17,7 @@ from twisted.internet.testing import StringTransport
 from zope.interface import implementer
 
 from gateway.core import router as router_module
+from gateway.core import tap as tap_module
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.interfaces import IRouteDelivery
 from gateway.core.message import Message, Outcome
@@ -114,6 +115,20 @@ def test_sampler_spreads_what_it_takes() -> None:
     """Rate 0.01 takes the first message and every hundredth after it."""
     sampler = Sampler(0.01)
     assert [i for i in range(300) if sampler.take()] == [0, 100, 200]
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5, 0.3, 0.1, 0.07, 0.01, 0.001])
+@pytest.mark.parametrize("chunks", [[1000], [1] * 50 + [950], [7, 333, 0, 1, 659], [999, 1]])
+def test_take_many_takes_what_take_would(rate: float, chunks: list[int]) -> None:
+    """Taking a batch at a time picks the same offers as taking one at a time."""
+    one, many = Sampler(rate), Sampler(rate)
+    expected = [i for i in range(sum(chunks)) if one.take()]
+    got: list[int] = []
+    offset = 0
+    for count in chunks:
+        got.extend(offset + position for position in many.take_many(count))
+        offset += count
+    assert got == expected
 
 
 @pytest.mark.parametrize("rate", [0.0, -0.5, 1.5])
@@ -524,3 +539,16 @@ def test_end_writes_what_is_left_and_why() -> None:
     assert router.taps == ()
     writer.end("again")
     assert transport.value() == b""
+
+
+def test_pattern_cache_starts_afresh_when_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its cap the match cache is cleared, and matching stays right."""
+    monkeypatch.setattr(tap_module, "MAX_PATTERN_CACHE_ENTRIES", 2)
+    router, _ = _router((WEATHER, _Answering()))
+    tap = Tap(listener="ssmp-in", pattern=AddressPattern("weather.*"))
+    router.add_tap(tap)
+    addresses = ["weather.oslo", "news", "weather.rome", "sport", "weather.oslo", "x.y"]
+    for _ in range(2):
+        _route(router, "ssmp-in", [Message(body=b"", address=a, id=a) for a in addresses])
+    assert [r["id"] for r in _records(tap)] == ["weather.oslo", "weather.rome", "weather.oslo"] * 2
+    assert len(tap._matches) <= 2
