@@ -459,6 +459,7 @@ def _mtl_listener(
         metrics=gateway.metrics,
     )
     server.authorization = config.authorization
+    server.backlog = config.backlog
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 

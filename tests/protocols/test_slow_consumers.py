@@ -474,3 +474,28 @@ def test_max_backlog_messages_is_configured_and_checked(tmp_path: Path) -> None:
     assert problem.file == str(path)
     assert problem.key == "listeners.mtl.max_backlog_messages"
     assert "at least 1" in problem.reason
+
+
+@pytest.mark.parametrize("backlog", [None, 50])
+def test_the_listener_sockets_take_the_listen_backlog(backlog: int | None) -> None:
+    """ZMQ_BACKLOG on both sockets: the listener's ``backlog`` (1024 unless set; ZeroMQ: 100)."""
+    reactor = MemoryReactorClock()
+    listener = MTLServer(
+        name="mtl",
+        settings=MTLListenerSettings(ping_interval_seconds=5.0),
+        host="127.0.0.1",
+        port=0,
+        router=Router(bind_routes([], {}), reactor),
+        secrets=Secrets(),
+        clock=reactor,
+        reactor=reactor,
+    )
+    if backlog is not None:
+        listener.backlog = backlog
+    listener.start()
+    try:
+        for socket in (listener._control, listener._data):
+            raw = socket._connection.socket
+            assert raw.getsockopt(zmq.BACKLOG) == (backlog or 1024)
+    finally:
+        listener.stop()

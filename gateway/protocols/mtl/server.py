@@ -86,6 +86,7 @@ from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Unrouted
+from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
 from gateway.protocols.mtl.mapping import (
     Copy,
     PendingBatch,
@@ -163,6 +164,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._zap: Any = None
         self._timer: IDelayedCall | None = None
         self.authorization: Authorization = UNRESTRICTED
+        self.backlog = DEFAULT_LISTEN_BACKLOG
+        """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
@@ -190,6 +193,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._data.set_option(zmq.ROUTER_MANDATORY, 1)
         # What waits for one data peer that does not read, at most (set before binding).
         self._data.set_option(zmq.SNDHWM, self.settings.max_backlog_messages)
+        for socket in (self._control, self._data):
+            socket.set_option(zmq.BACKLOG, self.backlog)  # ZeroMQ's default is 100
         policy = ZAPPolicy.from_settings(
             self.settings.allow_addresses,
             self.settings.curve_client_keys,
