@@ -41,7 +41,14 @@ from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.authorization import Action
-from gateway.core.log import LogStore, Retention, StreamExistsError, StreamLog, StreamMissingError
+from gateway.core.log import (
+    LogError,
+    LogStore,
+    Retention,
+    StreamExistsError,
+    StreamLog,
+    StreamMissingError,
+)
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.tls import external_identity, peer_identities
@@ -709,7 +716,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     def _not_stored(self, failure: Failure, publisher_id: int, ids: list[int]) -> None:
         self._unconfirmed -= len(ids)
         code = STREAM_DOES_NOT_EXIST if failure.check(StreamMissingError) else 15
-        if code == 15:
+        if not failure.check(LogError):
+            # The log says itself, once, why it refuses (a full file system,
+            # a closed store); anything else is a fault of ours, with its traceback.
             self._log.failure("{listener}: append failed", failure, listener=self.factory.name)
         if self._closing:
             return
