@@ -501,6 +501,26 @@ async def test_a_durable_route_answers_retry_later(store: LogStore, disk: FullDi
     assert not [e for e in events if "log_failure" in e]
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_route_into_a_local_stream_answers_retry_later(
+    store: LogStore, disk: FullDisk
+) -> None:
+    """The stream listener's destination: retry, a reason without paths, no traceback."""
+    from gateway.protocols.stream.bridge import StreamDestination
+
+    store.create("inbox")
+    destination = StreamDestination("streams", store)
+    disk.full = True
+    with capturedLogs() as events:
+        outcomes = await destination.deliver([Message(body=b"x", address="inbox")] * 2)
+    assert [outcome.status for outcome in outcomes] == [Status.RETRY] * 2
+    assert outcomes[0].reason == (
+        "stream listener streams: the log's file system is full;"
+        " writing resumes by itself once there is room"
+    )
+    assert not [e for e in events if "log_failure" in e]
+
+
 def test_the_error_is_exported() -> None:
     """`LogFullError` is a `LogWriteError`, exported by the log package."""
     assert log_package.LogFullError is LogFullError

@@ -29,7 +29,7 @@ from gateway.core.batch import UNANSWERED, Answers, all_same
 from gateway.core.durable import producer_reference
 from gateway.core.forwarder import LogForwarder
 from gateway.core.interfaces import IDeduplicatingDestination
-from gateway.core.log import LogError, LogStore, StreamLog
+from gateway.core.log import LogError, LogFullError, LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
@@ -161,6 +161,13 @@ class StreamDestination:
             # The route's deadline came first: the router words the answer
             # (the append itself goes on; it cannot be taken back).
             return [UNANSWERED] * count
+        if failure.check(LogFullError):
+            # The stream has logged the file and the free space: no path to senders.
+            reason = (
+                f"stream listener {self.name}: the log's file system is full;"
+                " writing resumes by itself once there is room"
+            )
+            return [Outcome.retry(reason)] * count
         if not failure.check(LogError):
             self._log.failure("{listener}: append failed", failure, listener=self.name)
         return [Outcome.retry(f"stream listener {self.name}: {failure.getErrorMessage()}")] * count
