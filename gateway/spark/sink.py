@@ -48,7 +48,7 @@ refused cannot be sent again under the same name once later rows are stored.
 
 Outcomes, per row, as ``msggateway spark send`` keeps them: with ``outcomes``
 (a directory) each partition appends JSON lines (partition, position,
-publishing id, message id, status, code, reason, run, batch) to
+publishing id, message id, status, code, reason, time, run, batch) to
 ``RUN-part-NNNNN.jsonl`` there (``RUN-batch-B-part-NNNNN.jsonl`` for a stream
 query) as confirms arrive. Statuses: ``accepted``, ``stored-before``,
 ``rejected`` (PublishError 2, 16, 17; a publisher the server refused),
@@ -72,7 +72,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -514,7 +514,11 @@ class _Outcomes:
         if self._file is None:
             count = sum(1 for _ in rows)
         else:
-            middle = f',"status":"{status}","code":{json.dumps(code)},"reason":{json.dumps(reason)}'
+            now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+            middle = (
+                f',"status":"{status}","code":{json.dumps(code)},"reason":{json.dumps(reason)}'
+                f',"time":"{now.replace("+00:00", "Z")}"'
+            )
             head, tail = self._head, middle + self._tail
             lines = [
                 f'{head}{position},"publishing_id":{ident},"message_id":{json.dumps(mid)}{tail}'
@@ -726,7 +730,7 @@ class _PartitionWrite:
         client.poll()
         self.outcomes.flush()
 
-    def _fail(self, rows: Iterator[tuple[int, str, Message]], reason: str) -> None:
+    def _fail(self, rows: Iterator[tuple[int, str, Message]], reason: str) -> NoReturn:
         """Record the rows in flight and the rest as errors; fail the task (Spark may retry)."""
         base = self.base
         unsettled = [(i - base, i, m) for i, m in self.in_flight.items()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -279,7 +280,7 @@ def test_write_stream_available_now(sink: Any, gateway: GatewayProcess, tmp_path
 def test_refused_rows_fail_the_write_and_tls(
     sink: Any, gateway: GatewayProcess, pki: Pki, tmp_path: Path
 ) -> None:
-    """No such stream: the write fails naming the count and the outcomes; TLS with a client cert."""
+    """No such stream, or no server: the write fails saying why; TLS with a client certificate."""
     frame = _frame(sink, 50, 2, "t")
     endpoint = _endpoint(gateway.address("streams"))
     outcomes = tmp_path / "refused"
@@ -288,6 +289,14 @@ def test_refused_rows_fail_the_write_and_tls(
     assert str(outcomes) in str(raised.value)
     recorded = _outcomes(outcomes)
     assert len(recorded) == 50 and {(r["status"], r["code"]) for r in recorded} == {("rejected", 2)}
+
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        nowhere = _endpoint(closed.getsockname())
+        with pytest.raises(Exception, match=r"partition \d: cannot connect to tcp:127\.0\.0\.1"):
+            _write(frame, nowhere, "s", outcomes=str(tmp_path / "unreachable"))
+    unreachable = _outcomes(tmp_path / "unreachable")
+    assert {r["status"] for r in unreachable} == {"error"} and len(unreachable) >= 25
 
     host, port = gateway.address("secure")
     secure = (
