@@ -34,7 +34,8 @@ from typing import Final, Protocol, TypeVar
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
@@ -62,6 +63,10 @@ TAP_CONTENT_TYPE: Final = b"application/x-ndjson"
 TAP_PARAMETERS: Final = frozenset({"listener", "route", "match", "sample", "max"})
 MAX_TAPS: Final = 16
 """Taps open at once: each costs the router work per batch on its listener or route."""
+TAP_END_SECONDS: Final = 1.0
+"""How long a stopping gateway waits for its taps' clients to get their last lines."""
+TAP_END_POLL_SECONDS: Final = 0.01
+TAP_END_REASON: Final = "the gateway is stopping"
 TAP_PATH_HELP: Final = (
     "watch messages live (admin token): ?listener=NAME or ?route=NAME,"
     " &match=PATTERN&sample=RATE&max=RECORDS"
@@ -454,11 +459,36 @@ class _Tap(Resource):
         self.open.pop(writer, None)
         writer.stop(unregister=False)
 
-    def end_all(self, reason: str) -> None:
-        """End every open tap's response cleanly, saying why."""
+    def end_all(self, reason: str) -> Deferred[None]:
+        """End every open tap's response, saying why, and close its connection.
+
+        Returns:
+            A Deferred that fires once those connections have closed, their
+            last lines sent (at most `TAP_END_SECONDS` later): the reactor
+            drops the connections still open when it stops, unsent bytes
+            and all.
+        """
+        transports = []
         for writer, request in list(self.open.items()):
+            transport = request.transport
             writer.end(reason)
             request.finish()
+            if transport is not None:
+                transports.append(transport)
+                transport.loseConnection()  # once what is written has gone
+        done: Deferred[None] = Deferred()
+        deadline = self._clock.seconds() + TAP_END_SECONDS
+
+        def closed() -> None:
+            if self._clock.seconds() >= deadline or not any(
+                getattr(transport, "connected", False) for transport in transports
+            ):
+                done.callback(None)
+            else:
+                self._clock.callLater(TAP_END_POLL_SECONDS, closed)
+
+        closed()
+        return done
 
     def _tap(self, request: IRequest) -> Tap:
         """The tap the query asks for.
@@ -568,12 +598,31 @@ class _QuietSite(Site):
         # render must not show code or values to whoever asks.
         self.displayTracebacks = False
         self._tap = tap
+        self._shutdown: tuple[IReactorCore, object] | None = None
+
+    def doStart(self) -> None:
+        """Listening: end the taps before the reactor stops, while their last lines can go."""
+        super().doStart()  # type: ignore[no-untyped-call]  # as above
+        reactor = self.reactor
+        if self._tap is not None and self._shutdown is None and IReactorCore.providedBy(reactor):
+            trigger = reactor.addSystemEventTrigger("before", "shutdown", self._stopping)
+            self._shutdown = (reactor, trigger)
+
+    def _stopping(self) -> Deferred[None] | None:
+        self._shutdown = None  # fired: not to be removed
+        return None if self._tap is None else self._tap.end_all(TAP_END_REASON)
 
     def doStop(self) -> None:
-        """Once the last port stops listening (the gateway stops), end the taps' streams."""
+        """Once the last port stops listening, end the taps' streams (if still open)."""
         super().doStop()  # type: ignore[no-untyped-call]  # as above
-        if not self.numPorts and self._tap is not None:
-            self._tap.end_all("the gateway is stopping")
+        if self.numPorts:
+            return
+        if self._shutdown is not None:
+            reactor, trigger = self._shutdown
+            self._shutdown = None
+            reactor.removeSystemEventTrigger(trigger)
+        if self._tap is not None:
+            self._tap.end_all(TAP_END_REASON)
 
     def log(self, request: http.Request) -> None:
         """Skip the access log line."""

@@ -20,14 +20,18 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import (
+    MemoryReactorClock,
+    StringTransport,
+    StringTransportWithDisconnection,
+)
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from gateway.admin import MAX_TAPS, HealthReport, make_admin_site
+from gateway.admin import MAX_TAPS, TAP_END_SECONDS, HealthReport, make_admin_site
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IRouteDelivery
@@ -83,9 +87,11 @@ def _send(router: Router, *addresses: str) -> None:
 class _Client:
     """One HTTP/1.1 connection to a site, over a `StringTransport`."""
 
-    def __init__(self, site: Site) -> None:
-        self.transport = StringTransport()
+    def __init__(self, site: Site, *, closes: bool = False) -> None:
+        self.transport = StringTransportWithDisconnection() if closes else StringTransport()
         self.channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        if closes:
+            self.transport.protocol = self.channel
         self.channel.makeConnection(self.transport)
 
     def request(self, target: str, token: str | None = TOKEN, method: str = "GET") -> None:
@@ -234,6 +240,73 @@ def test_stopping_the_site_ends_every_stream(clock: Clock) -> None:
     assert last["end"] == "the gateway is stopping"
     assert last["shown"] == 1
     assert router.taps == ()
+
+
+class _Reactor(MemoryReactorClock):
+    """A memory reactor whose system event triggers can be removed too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removed: list[object] = []
+
+    def addSystemEventTrigger(self, *args: Any, **kwargs: Any) -> object:  # noqa: N802
+        """Keep the trigger; its id is its place in the list."""
+        super().addSystemEventTrigger(*args, **kwargs)
+        return (args[0], args[1], len(self.triggers[args[0]][args[1]]) - 1)
+
+    def removeSystemEventTrigger(self, trigger: object) -> None:  # noqa: N802
+        """Note the removal."""
+        self.removed.append(trigger)
+
+
+def _shutdown_trigger(reactor: _Reactor) -> Any:
+    [(trigger, args, kwargs)] = reactor.triggers["before"]["shutdown"]
+    return trigger(*args, **kwargs)
+
+
+def test_reactor_shutdown_ends_streams_while_they_can_be_sent() -> None:
+    """Before the reactor stops, each stream ends, its connection closes, and shutdown waits."""
+    reactor = _Reactor()
+    router = Router(RouteTable([BoundRoute(WEATHER, _Accepting())]), reactor)
+    site = _site(router, reactor)  # type: ignore[arg-type]  # a Clock and more
+    site.doStart()
+    client = _Client(site, closes=True)
+    client.request("/tap?route=weather")
+    _send(router, "weather.oslo")
+    waited = _shutdown_trigger(reactor)
+    assert client.ended
+    assert client.lines()[-1]["end"] == "the gateway is stopping"
+    assert not client.transport.connected
+    assert waited.called
+    assert router.taps == ()
+    site.doStop()
+    assert reactor.removed == []  # it fired: nothing to remove
+
+
+def test_shutdown_waits_a_bounded_time_for_a_client_that_stays() -> None:
+    """A connection that does not close holds the shutdown at most TAP_END_SECONDS."""
+    reactor = _Reactor()
+    site = _site(_router(reactor), reactor)  # type: ignore[arg-type]  # a Clock and more
+    site.doStart()
+    client = _Client(site)
+    client.request("/tap?route=weather")
+    waited = _shutdown_trigger(reactor)
+    assert client.transport.disconnecting
+    assert not waited.called
+    reactor.advance(TAP_END_SECONDS)
+    assert waited.called
+
+
+def test_a_site_stopped_before_shutdown_takes_its_trigger_back() -> None:
+    """Stopping the site without a shutdown removes the trigger and ends the streams."""
+    reactor = _Reactor()
+    site = _site(_router(reactor), reactor)  # type: ignore[arg-type]  # a Clock and more
+    site.doStart()
+    client = _Client(site, closes=True)
+    client.request("/tap?route=weather")
+    site.doStop()
+    assert reactor.removed == [("before", "shutdown", 0)]
+    assert client.lines()[-1]["end"] == "the gateway is stopping"
 
 
 @pytest.mark.parametrize(

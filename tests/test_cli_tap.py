@@ -79,13 +79,15 @@ def test_follow_prints_messages_and_tells_stderr_the_rest() -> None:
         {"tap": {"listener": None, "route": "to-hub", "match": "#", "sample": 0.5}, "time": 1},
         RECORD,
         {"time": 2, "seen": 2, "shown": 1, "sampled_out": 1, "dropped": 0},
+        {"time": 3, "seen": 9, "shown": 1, "sampled_out": 4, "dropped": 4},
         RECORD,
     )
     assert follow(lines, Output(out, json_lines=False), err, count=2) == 0
     assert out.getvalue().splitlines() == [describe(RECORD)] * 2
     assert err.getvalue().splitlines() == [
         "msggateway: tapping route to-hub, addresses matching #, 0.5 of them; Ctrl-C stops",
-        "msggateway: 2 seen, 1 shown, 1 sampled out, 0 dropped (we were behind)",
+        "msggateway: 2 seen, 1 shown, 1 sampled out, 0 dropped",
+        "msggateway: 9 seen, 1 shown, 4 sampled out, 4 dropped (dropped: we read too slowly)",
     ]
 
 

@@ -281,7 +281,8 @@ def follow(
         elif "tap" in record:
             err.write(f"msggateway: tapping {_what(record['tap'])}; Ctrl-C stops\n")
         elif "seen" in record and "end" not in record:
-            err.write(f"msggateway: {_counts(record)}\n")
+            behind = " (dropped: we read too slowly)" if record.get("dropped") else ""
+            err.write(f"msggateway: {_counts(record)}{behind}\n")
         if "end" in record:
             raise CommandError(f"the gateway ended the tap: {record['end']} ({_counts(record)})")
         err.flush()
@@ -303,7 +304,6 @@ def _counts(record: Mapping[str, object]) -> str:
     return (
         f"{record.get('seen', 0)} seen, {record.get('shown', 0)} shown,"
         f" {record.get('sampled_out', 0)} sampled out, {record.get('dropped', 0)} dropped"
-        " (we were behind)"
     )
 
 
