@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern
@@ -69,6 +70,8 @@ MAX_PATTERN_CACHE_ENTRIES: Final = 4096
 """Distinct addresses a tap remembers the match of; past it the cache starts afresh."""
 COUNTS_INTERVAL_SECONDS: Final = 1.0
 """How often a `TapWriter` writes the counters (when they changed)."""
+_log: Final = Logger()
+"""Only for failures of the taps themselves, which must never reach the router."""
 _ADDRESS: Final = operator.attrgetter("address")
 _RECIPIENTS: Final = operator.attrgetter("recipients")
 _SAMPLE_EPSILON: Final = 1e-9
@@ -373,7 +376,17 @@ class BatchTap:
         self._finish([entry for entry in entries.values() if not entry.waiting])
 
     def answered(self, bound: BoundRoute, outcomes: Sequence[Outcome]) -> None:
-        """A route answered its batch: record the tapped messages that were waiting for it."""
+        """A route answered its batch: record the tapped messages that were waiting for it.
+
+        Whatever goes wrong here is logged, never passed on: the senders'
+        outcomes travel on the same callback chain.
+        """
+        try:
+            self._answered(bound, outcomes)
+        except Exception:
+            _log.failure("a tap failed to record {route}'s outcomes", route=bound.route.name)
+
+    def _answered(self, bound: BoundRoute, outcomes: Sequence[Outcome]) -> None:
         slots = self._by_route.pop(bound, None)
         if slots is None:
             return
@@ -473,6 +486,23 @@ def observe_batch(
         What the router tells the outcomes to, or None when no tap took
         any message of the batch.
     """
+    try:
+        return _observe(taps, source, messages, plan, refused, table, clock)
+    except Exception:
+        # A tap must never cost the batch its routing.
+        _log.failure("a tap failed to look at a batch from {source}", source=source)
+        return None
+
+
+def _observe(
+    taps: Sequence[Tap],
+    source: str,
+    messages: Sequence[Message],
+    plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+    refused: dict[int, list[tuple[int, Outcome]]],
+    table: RouteTable,
+    clock: IReactorTime,
+) -> BatchTap | None:
     picked: list[tuple[Tap, int]] = []
     routes = table.routes
     for tap in taps:

@@ -14,6 +14,7 @@ import pytest
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
 from zope.interface import implementer
 
 from gateway.core import router as router_module
@@ -552,3 +553,26 @@ def test_pattern_cache_starts_afresh_when_full(monkeypatch: pytest.MonkeyPatch) 
         _route(router, "ssmp-in", [Message(body=b"", address=a, id=a) for a in addresses])
     assert [r["id"] for r in _records(tap)] == ["weather.oslo", "weather.rome", "weather.oslo"] * 2
     assert len(tap._matches) <= 2
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_failing_tap_never_costs_the_batch_its_routing(held: bool) -> None:
+    """A tap that fails (here its reader) is logged; every message is answered all the same."""
+    delivery: _Held | _Answering = _Held() if held else _Answering()
+    router, _ = _router((WEATHER, delivery), (ALL, _Answering()))
+    tap = Tap(listener="ssmp-in")
+
+    def broken() -> None:
+        raise RuntimeError("reader broke")
+
+    tap.on_records = broken
+    router.add_tap(tap)
+    messages = [Message(body=b"", address="weather.oslo"), Message(body=b"", address="x")]
+    with capturedLogs() as events:
+        results = _route(router, "ssmp-in", messages)
+        if isinstance(delivery, _Held):
+            delivery.held[0].callback([Outcome.accepted()])
+    assert results == {0: Outcome.accepted(), 1: Outcome.accepted()}
+    failures = [formatEvent(event) for event in events if "log_failure" in event]
+    assert failures
+    assert all(text.startswith("a tap failed") for text in failures)
