@@ -319,6 +319,8 @@ def sink_settings(options: Mapping[str, str], schema: StructType) -> SinkSetting
     producer = options.get("producer") or None
     if producer is not None and len(producer.encode()) > 240:
         raise ValueError("msggateway sink: a producer name is at most 240 bytes")
+    max_unconfirmed = int(_positive(options, "max_unconfirmed", DEFAULT_MAX_UNCONFIRMED))
+    batch_size = int(_positive(options, "batch_size", DEFAULT_BATCH_SIZE))
     return SinkSettings(
         endpoint=parse_endpoint(endpoint),
         stream=stream,
@@ -328,8 +330,8 @@ def sink_settings(options: Mapping[str, str], schema: StructType) -> SinkSetting
         virtual_host=options.get("virtual_host", "/"),
         producer=producer,
         create_stream=_flag(options, "create_stream", True),
-        batch_size=int(_positive(options, "batch_size", DEFAULT_BATCH_SIZE)),
-        max_unconfirmed=int(_positive(options, "max_unconfirmed", DEFAULT_MAX_UNCONFIRMED)),
+        batch_size=min(batch_size, max_unconfirmed),
+        max_unconfirmed=max_unconfirmed,
         timeout=_positive(options, "timeout", DEFAULT_TIMEOUT_SECONDS),
         outcomes=options.get("outcomes") or None,
         run=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8],
@@ -722,9 +724,9 @@ class _PartitionWrite:
             self.outcomes.flush()
 
     def _send(self, client: StreamPublisher, ids: list[int], entries: list[bytes]) -> None:
-        # The rows are already in_flight: wait until the earlier ones leave room.
+        # Its rows are in_flight already; a frame is never larger than the window.
         limit = self.settings.max_unconfirmed
-        while len(self.in_flight) - len(ids) >= limit:
+        while len(self.in_flight) > limit:
             client.wait()
         client.publish(0, ids, entries)
         client.poll()

@@ -253,6 +253,8 @@ def test_write_stream_available_now(sink: Any, gateway: GatewayProcess, tmp_path
             .option("endpoint", endpoint)
             .option("stream", stream)
             .option("producer", "query-1")
+            .option("batch_size", "50")  # many frames, waits on a small window
+            .option("max_unconfirmed", "120")
             .option("checkpointLocation", str(tmp_path / "checkpoint"))
             .trigger(availableNow=True)
             .start()
