@@ -16,7 +16,10 @@ Every protocol command has the same shape (issue 17):
 
 Senders take message bodies from their arguments, from files (``--file``,
 one message per file) or, given neither, from standard input, one message
-per line (`add_body_arguments`, `message_bodies`).
+per line (`add_body_arguments`, `message_bodies`). A sender that lets
+``--window`` messages wait for their outcomes prints those outcomes in the
+order it sent the messages (`InOrderOutcomes`); a receiver prints what comes
+until ``--count`` (`print_received`).
 
 Exit status, everywhere: 0 when everything was accepted (or received), 1
 when something was refused, failed or timed out (`CommandError`, or a
@@ -33,6 +36,7 @@ import os
 import socket
 import ssl
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Final, NamedTuple, Never, TextIO, TypeAlias, TypeVar
@@ -48,24 +52,31 @@ __all__ = [
     "Address",
     "CommandError",
     "Commands",
+    "InOrderOutcomes",
     "Output",
     "UsageError",
     "add_address_argument",
     "add_body_arguments",
     "add_header_argument",
+    "add_protocol_command",
     "add_receiver_arguments",
     "add_sender_arguments",
     "add_timeout_argument",
     "add_tls_arguments",
+    "add_window_argument",
     "body_fields",
     "connect",
     "json_value",
     "message_bodies",
+    "open_connection",
     "parse_address",
     "positive",
+    "print_messages",
+    "print_received",
     "printable",
     "progress_bar",
     "receive",
+    "reporting",
     "secret_from_env",
     "tls_context",
     "tls_from",
@@ -98,6 +109,19 @@ class UsageError(Exception):
 
 class CommandError(Exception):
     """The command could not do its work: refused, closed, timed out (exit status 1)."""
+
+
+def add_protocol_command(commands: Commands, name: str, *, help: str, description: str) -> Commands:
+    """Add the command ``NAME ACTION``; return what its actions are added to.
+
+    Args:
+        commands: The top-level commands.
+        name: The command, a protocol's name.
+        help: Its line in the top-level help.
+        description: Its own help's text.
+    """
+    command = commands.add_parser(name, help=help, description=description)
+    return command.add_subparsers(dest="action", required=True, metavar="ACTION")
 
 
 # --- addresses and connections ----------------------------------------------------------
@@ -226,6 +250,21 @@ def connect(
         raise
 
 
+def open_connection(
+    address: Address, args: argparse.Namespace, timeout: float | None
+) -> socket.socket:
+    """`connect` to ``address`` over TLS as `add_tls_arguments`' flags say.
+
+    Raises:
+        CommandError: A TLS file is unusable, or the connection or handshake failed.
+    """
+    context = tls_from(args)
+    try:
+        return connect(address, context, timeout)
+    except OSError as exc:
+        raise CommandError(f"cannot connect to {address}: {exc}") from None
+
+
 def receive(sock: socket.socket, decode: Callable[[bytes], list[_E]], waiting_for: str) -> list[_E]:
     """Read once from ``sock`` and decode what came with a codec's ``receive_data``.
 
@@ -307,6 +346,17 @@ def add_timeout_argument(
         default=default,
         metavar="SECONDS",
         help=f"{what} (default: {shown})",
+    )
+
+
+def add_window_argument(parser: argparse.ArgumentParser, default: int, what: str) -> None:
+    """Add ``--window N``: ``what`` says what it bounds."""
+    parser.add_argument(
+        "--window",
+        type=positive(int),
+        default=default,
+        metavar="N",
+        help=f"{what} (default: {default})",
     )
 
 
@@ -503,6 +553,11 @@ class Output:
         else:
             self._write(line)
 
+    def advance(self, messages: int = 1) -> None:
+        """Move the progress bar on by ``messages`` (nothing without a bar)."""
+        if self._bar is not None:
+            self._bar.update(messages)
+
     def _write(self, line: str) -> None:
         self._out.write(line + "\n")
         self._out.flush()
@@ -531,3 +586,131 @@ def progress_bar(
         dynamic_ncols=True,
         leave=True,
     )
+
+
+@contextmanager
+def reporting(
+    args: argparse.Namespace, out: TextIO, err: TextIO, *, total: int | None, desc: str
+) -> Iterator[Output]:
+    """The `Output` ``--json`` asks for, with the `progress_bar` it advances, closed at the end."""
+    with progress_bar(args, err, total=total, desc=desc) as bar:
+        yield Output(out, json_lines=args.json, bar=bar)
+
+
+# --- sender and receiver loops ------------------------------------------------------------
+
+_SUCCESSES: Final = frozenset({"accepted", "sent"})
+"""The outcomes that leave a sender's exit status 0."""
+
+
+class InOrderOutcomes:
+    """Numbered messages' outcomes, printed in the order of their numbers.
+
+    A windowed sender takes a number for each message it sends
+    (`take_number`), records each outcome as the server tells it, in any
+    order (`settle`; the first word on a number stands), and has those
+    next in line printed (`print_ready`); `send_within` is the whole loop.
+
+    Args:
+        output: Where each outcome is printed.
+        advance: Moves the progress bar on by a number of messages.
+        first: The first message's number.
+    """
+
+    def __init__(self, output: Output, advance: Callable[[int], object], *, first: int = 1) -> None:
+        self._output = output
+        self._advance = advance
+        self._next_number = first
+        self._next_printed = first
+        self._settled: dict[int, tuple[str, str, Mapping[str, object]]] = {}
+        self.failed = False
+        """Whether an outcome printed so far was neither accepted nor sent."""
+
+    @property
+    def next_printed(self) -> int:
+        """The number whose outcome is printed next."""
+        return self._next_printed
+
+    @property
+    def last_number(self) -> int:
+        """The last number taken (one less than the first while none is)."""
+        return self._next_number - 1
+
+    @property
+    def waiting(self) -> int:
+        """How many messages have a number and no printed outcome."""
+        return self._next_number - self._next_printed
+
+    def take_number(self) -> int:
+        """The next message's number."""
+        number = self._next_number
+        self._next_number += 1
+        return number
+
+    def settle(self, number: int, outcome: str, text: str, record: Mapping[str, object]) -> None:
+        """Record an outcome, its text line and its JSON record (unless one is recorded)."""
+        self._settled.setdefault(number, (outcome, text, record))
+
+    def print_ready(self) -> None:
+        """Print the outcomes next in line, up to the first not yet settled."""
+        while self._next_printed in self._settled:
+            outcome, text, record = self._settled.pop(self._next_printed)
+            self._next_printed += 1
+            self.failed = self.failed or outcome not in _SUCCESSES
+            self._output.emit(text, record)
+            self._advance(1)
+
+    def send_within(
+        self, window: int, send_some: Callable[[], bool], read_answer: Callable[[], None]
+    ) -> bool:
+        """Send with at most ``window`` waiting; print every outcome; return `failed`.
+
+        Args:
+            window: Messages waiting for their outcomes, at most.
+            send_some: Sends messages while `waiting` is below ``window``;
+                returns True once there is nothing more to send.
+            read_answer: Reads one answer from the server and settles what it says.
+        """
+        exhausted = False
+        while not exhausted or self.waiting:
+            if not exhausted and self.waiting < window:
+                exhausted = send_some()
+            elif self._next_printed not in self._settled:
+                read_answer()
+            self.print_ready()
+        return self.failed
+
+
+def print_messages(
+    output: Output,
+    advance: Callable[[int], object],
+    messages: Iterable[tuple[str, Mapping[str, object]]],
+    count: int,
+) -> int:
+    """Print each message's text line or JSON record as it comes; return how many.
+
+    Args:
+        output: Where they go.
+        advance: Moves the progress bar on by a number of messages.
+        messages: Each message's text and record, read as they are taken.
+        count: Stop after this many; 0: when ``messages`` ends.
+    """
+    seen = 0
+    for text, record in messages:
+        output.emit(text, record)
+        advance(1)
+        seen += 1
+        if count and seen >= count:
+            break
+    return seen
+
+
+def print_received(
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    messages: Iterable[tuple[str, Mapping[str, object]]],
+) -> int:
+    """A receiver's output: `print_messages` until ``--count``, with the progress bar."""
+    with reporting(args, out, err, total=args.count or None, desc="received") as output:
+        return print_messages(output, output.advance, messages, args.count)

@@ -20,26 +20,25 @@ from typing import IO, Final, TextIO
 
 from gateway.cli.common import (
     DEFAULT_TIMEOUT_SECONDS,
-    Address,
     CommandError,
     Commands,
-    Output,
     add_address_argument,
     add_body_arguments,
     add_header_argument,
+    add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
     add_tls_arguments,
     body_fields,
-    connect,
     json_value,
     message_bodies,
+    open_connection,
+    print_received,
     printable,
-    progress_bar,
     receive,
+    reporting,
     secret_from_env,
-    tls_from,
 )
 from gateway.codecs import dmp
 
@@ -51,12 +50,12 @@ WRITE_BATCH_BYTES: Final = 256 * 1024
 
 def add_commands(commands: Commands) -> None:
     """Add ``dmp put`` and ``dmp get``."""
-    command = commands.add_parser(
+    actions = add_protocol_command(
+        commands,
         "dmp",
         help="write to a DMP sink or read a DMP feed by hand",
         description="Write to a DMP sink or read a DMP feed, with a lease from the environment.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     put = actions.add_parser(
         "put",
         help="write messages into a sink",
@@ -98,12 +97,7 @@ _Session = tuple[socket.socket, dmp.DMPCodec, list[dmp.Event]]
 def _open(args: argparse.Namespace, timeout: float) -> _Session:
     """Connect and run the dialog; return the socket, the codec and what came with the 200."""
     lease = secret_from_env(args.lease_env)
-    context = tls_from(args)
-    address: Address = args.address
-    try:
-        sock = connect(address, context, timeout)
-    except OSError as exc:
-        raise CommandError(f"cannot connect to {address}: {exc}") from None
+    sock = open_connection(args.address, args, timeout)
     try:
         codec, pending = _dialog(sock, lease)
     except BaseException:
@@ -147,13 +141,12 @@ def _put(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -
     )
     sock, codec, _ = _open(args, args.timeout)
     written = 0
-    with sock, progress_bar(args, err, total=bodies.total, desc="written") as bar:
-        output = Output(out, json_lines=args.json, bar=bar)
+    with sock, reporting(args, out, err, total=bodies.total, desc="written") as output:
         for batch in _batches(codec, args, properties, bodies.items):
             _send(sock, b"".join(batch))
             for _ in batch:
                 written += 1
-                bar.update(1)
+                output.advance()
                 if args.json:
                     output.emit("", {"message": written, "outcome": "written"})
     if not args.json:
@@ -190,19 +183,22 @@ def _batches(
 def _get(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
     """``dmp get``: print envelopes until ``--count`` have come."""
     sock, codec, pending = _open(args, args.timeout or DEFAULT_TIMEOUT_SECONDS)
-    seen = 0
-    with sock, progress_bar(args, err, total=args.count or None, desc="received") as bar:
+    with sock:
         sock.settimeout(args.timeout)
-        output = Output(out, json_lines=args.json, bar=bar)
-        while True:
-            for event in pending:
-                if isinstance(event, dmp.Envelope):
-                    output.emit(_line(event), _record(event))
-                    bar.update(1)
-                    seen += 1
-                    if seen == args.count:
-                        return 0
-            pending = receive(sock, codec.receive_data, "a message")
+        envelopes = _envelopes(sock, codec, pending)
+        print_received(args, out, err, ((_line(e), _record(e)) for e in envelopes))
+    return 0
+
+
+def _envelopes(
+    sock: socket.socket, codec: dmp.DMPCodec, pending: list[dmp.Event]
+) -> Iterator[dmp.Envelope]:
+    """The envelopes in ``pending``, then each the feed sends."""
+    while True:
+        for event in pending:
+            if isinstance(event, dmp.Envelope):
+                yield event
+        pending = receive(sock, codec.receive_data, "a message")
 
 
 def _line(envelope: dmp.Envelope) -> str:

@@ -27,9 +27,9 @@ from gateway.cli.common import (
     Address,
     CommandError,
     Commands,
-    Output,
     add_address_argument,
     add_body_arguments,
+    add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
@@ -37,8 +37,9 @@ from gateway.cli.common import (
     body_fields,
     connect,
     message_bodies,
+    print_received,
     printable,
-    progress_bar,
+    reporting,
     secret_from_env,
     tls_from,
 )
@@ -164,12 +165,12 @@ def outcome_of(response: ssmp.Response) -> str:
 
 def add_commands(commands: Commands) -> None:
     """Add ``ssmp publish`` and ``ssmp subscribe``."""
-    command = commands.add_parser(
+    actions = add_protocol_command(
+        commands,
         "ssmp",
         help="publish or watch SSMP messages by hand",
         description="Send or watch SSMP messages, against the gateway or any SSMP server.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     publish = actions.add_parser(
         "publish",
         help="MCAST messages to a topic; print each answer",
@@ -231,8 +232,7 @@ def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
     probe = _open(args, args.timeout)
     topic = os.fsencode(args.topic)
     status = 0
-    with progress_bar(args, err, total=bodies.total, desc="published") as bar:
-        output = Output(out, json_lines=args.json, bar=bar)
+    with reporting(args, out, err, total=bodies.total, desc="published") as output:
         try:
             for number, body in enumerate(bodies.items, start=1):
                 record: dict[str, object] = {"message": number, "topic": args.topic}
@@ -252,7 +252,7 @@ def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
                     describe(response),
                     {**record, "outcome": outcome, "code": response.code, "reply": reply},
                 )
-                bar.update(1)
+                output.advance()
         except (SSMPProbeError, OSError) as exc:
             raise CommandError(str(exc)) from None
         finally:
@@ -271,13 +271,9 @@ def _subscribe(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[byt
             if response.code != 200:
                 raise CommandError(f"SUBSCRIBE {topic}: {describe(response)}")
         probe.set_timeout(args.timeout)
-        with progress_bar(args, err, total=args.count or None, desc="received") as bar:
-            output = Output(out, json_lines=args.json, bar=bar)
-            for seen, event in enumerate(probe.events(), start=1):
-                output.emit(describe(event), _event_record(event))
-                bar.update(1)
-                if args.count and seen >= args.count:
-                    break
+        print_received(
+            args, out, err, ((describe(event), _event_record(event)) for event in probe.events())
+        )
     except (SSMPProbeError, OSError, ssmp.SSMPLocalError) as exc:
         raise CommandError(str(exc)) from None
     finally:

@@ -24,15 +24,16 @@ from gateway.cli.common import (
     Output,
     UsageError,
     add_address_argument,
+    add_protocol_command,
     add_sender_arguments,
+    add_timeout_argument,
     add_tls_arguments,
-    connect,
+    add_window_argument,
+    open_connection,
     parse_address,
-    positive,
     printable,
     progress_bar,
     secret_from_env,
-    tls_from,
 )
 from gateway.cli.qmqp.mail import Item, MailSource
 from gateway.cli.qmqp.session import (
@@ -49,12 +50,12 @@ __all__ = ["add_commands"]
 
 def add_commands(commands: Commands) -> None:
     """Add ``qmqp send``."""
-    command = commands.add_parser(
+    actions = add_protocol_command(
+        commands,
         "qmqp",
         help="send mail over QMQP streaming by hand",
         description="Send mail files to a QMQP streaming server.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     send = actions.add_parser(
         "send",
         help="stream mail files to a QMQP streaming server",
@@ -95,20 +96,8 @@ def add_commands(commands: Commands) -> None:
         default="1",
         help="the A reply meaning success: 1 as the spec's prose says (default), 0 as its example",
     )
-    send.add_argument(
-        "--window",
-        type=positive(int),
-        metavar="N",
-        default=DEFAULT_WINDOW,
-        help=f"most messages sent and not yet answered (default: {DEFAULT_WINDOW})",
-    )
-    send.add_argument(
-        "--timeout",
-        type=positive(float),
-        metavar="SECONDS",
-        default=DEFAULT_TIMEOUT_SECONDS,
-        help=f"seconds to wait without progress (default: {DEFAULT_TIMEOUT_SECONDS:g})",
-    )
+    add_window_argument(send, DEFAULT_WINDOW, "most messages sent and not yet answered")
+    add_timeout_argument(send, DEFAULT_TIMEOUT_SECONDS, "seconds to wait without progress")
     add_sender_arguments(send)
     add_tls_arguments(send)
     send.set_defaults(run=_send)
@@ -164,11 +153,7 @@ def _send(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) 
     def total() -> int | None:
         return args.count or source.total
 
-    context = tls_from(args)
-    try:
-        sock = connect(address, context, args.timeout)
-    except OSError as exc:
-        raise CommandError(f"cannot connect to {address}: {exc}") from None
+    sock = open_connection(address, args, args.timeout)
     with progress_bar(args, err, total=total(), desc="answered") as bar:
         output = Output(out, json_lines=args.json, bar=bar)
         on_outcome = _printer(output) if args.json else None
