@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TextIO
 
@@ -36,20 +36,23 @@ from gateway.cli.common import (
     Address,
     CommandError,
     Commands,
+    InOrderOutcomes,
     Output,
     UsageError,
     add_address_argument,
     add_body_arguments,
     add_header_argument,
+    add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
+    add_window_argument,
     body_fields,
     json_value,
     message_bodies,
-    positive,
+    print_received,
     printable,
-    progress_bar,
+    reporting,
     secret_from_env,
 )
 from gateway.codecs import mtl, scram
@@ -291,13 +294,13 @@ def _refusal(status: int, body: dict[str, Any]) -> str:
 
 def add_commands(commands: Commands) -> None:
     """Add ``mtl send``, ``mtl receive`` and ``mtl keygen``."""
-    command = commands.add_parser(
+    actions = add_protocol_command(
+        commands,
         "mtl",
         help="send or receive MTL content by hand; make CURVE keys",
         description="Send or receive MTL content over ZeroMQ, against the gateway or any MTL"
         " server, and make CURVE key files for MTL listeners and upstreams.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     send = actions.add_parser(
         "send",
         help="write content to a resource; print each outcome",
@@ -309,12 +312,8 @@ def add_commands(commands: Commands) -> None:
     _add_connection_arguments(send)
     add_body_arguments(send)
     add_header_argument(send, "property")
-    send.add_argument(
-        "--window",
-        type=positive(int),
-        default=DEFAULT_WINDOW,
-        metavar="N",
-        help=f"most Contents unconfirmed at once with --confirm full (default: {DEFAULT_WINDOW})",
+    add_window_argument(
+        send, DEFAULT_WINDOW, "most Contents unconfirmed at once with --confirm full"
     )
     add_sender_arguments(send)
     add_timeout_argument(send)
@@ -448,9 +447,8 @@ def _send(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) 
     try:
         session = _open(args, context)
         try:
-            with progress_bar(args, err, total=bodies.total, desc="sent") as bar:
-                output = Output(out, json_lines=args.json, bar=bar)
-                writer = _Writer(session, output, bar.update, resource=_one(args.resources))
+            with reporting(args, out, err, total=bodies.total, desc="sent") as output:
+                writer = _Writer(session, output, output.advance, resource=_one(args.resources))
                 if args.confirm == "full":
                     return writer.confirmed(bodies.items, properties, args.window)
                 return writer.unconfirmed(bodies.items, properties)
@@ -476,65 +474,59 @@ class _Writer:
         resource: str,
     ) -> None:
         self._session = session
-        self._output = output
-        self._advance = advance
         self._resource = resource
-        self._printed = 0
-        self._failed = False
+        self._outcomes = InOrderOutcomes(output, advance)
 
-    def _print(self, outcome: str) -> None:
-        self._printed += 1
-        sequence = self._printed
+    def _settle(self, sequence: int, outcome: str) -> None:
         record = {"message": sequence, "resource": self._resource, "outcome": outcome}
-        self._output.emit(f"{sequence} {outcome}", record)
-        self._advance(1)
-        self._failed = self._failed or outcome not in ("accepted", "sent")
+        self._outcomes.settle(sequence, outcome, f"{sequence} {outcome}", record)
+
+    def _send(self, body: bytes, properties: dict[str, FieldValue]) -> None:
+        sequence = self._outcomes.take_number()
+        self._session.send(mtl.Content(sequence, self._resource, properties, body))
 
     def unconfirmed(self, bodies: Iterable[bytes], properties: dict[str, FieldValue]) -> int:
         """``--confirm none``: send them all, then a Ping; each is sent once the Pong comes."""
-        sent = 0
-        for sequence, body in enumerate(bodies, start=1):
-            self._session.send(mtl.Content(sequence, self._resource, properties, body))
-            sent = sequence
+        for body in bodies:
+            self._send(body, properties)
         self._session.round_trip()
-        for _ in range(sent):
-            self._print("sent")
+        for sequence in range(self._outcomes.next_printed, self._outcomes.last_number + 1):
+            self._settle(sequence, "sent")
+        self._outcomes.print_ready()
         return 0
 
     def confirmed(
         self, bodies: Iterable[bytes], properties: dict[str, FieldValue], window: int
     ) -> int:
         """``--confirm full``: at most ``window`` unconfirmed; print each outcome in order."""
-        outcomes: dict[int, str] = {}
-        sent = 0
         source = iter(bodies)
-        exhausted = False
-        while not exhausted or self._printed < sent:
-            while not exhausted and sent - self._printed < window:
+
+        def send_some() -> bool:
+            while self._outcomes.waiting < window:
                 body = next(source, None)
                 if body is None:
-                    exhausted = True
-                else:
-                    sent += 1
-                    self._session.send(mtl.Content(sent, self._resource, properties, body))
-            if self._printed < sent:
-                self._settle(self._session.next("confirmations"), outcomes, sent)
-            while self._printed + 1 in outcomes:
-                self._print(outcomes.pop(self._printed + 1))
-        return int(self._failed)
+                    return True
+                self._send(body, properties)
+            return False
 
-    def _settle(self, answer: mtl.DataCommand, outcomes: dict[int, str], sent: int) -> None:
-        """Record what a Confirm or Reject says (``multiple``: every open one up to it)."""
+        def read_answer() -> None:
+            self._read_answer(self._session.next("confirmations"))
+
+        return int(self._outcomes.send_within(window, send_some, read_answer))
+
+    def _read_answer(self, answer: mtl.DataCommand) -> None:
+        """Settle what a Confirm or Reject says (``multiple``: every open one up to it)."""
         if isinstance(answer, mtl.Confirm):
             outcome = "accepted"
         elif isinstance(answer, mtl.Reject):
             outcome = "retry" if answer.recycle else "rejected"
         else:
             return  # a stray Response or Pong
-        last = min(answer.sequence, sent)
-        first = self._printed + 1 if answer.multiple else last
-        for sequence in range(max(first, self._printed + 1), last + 1):
-            outcomes.setdefault(sequence, outcome)
+        unsettled = self._outcomes.next_printed
+        last = min(answer.sequence, self._outcomes.last_number)
+        first = unsettled if answer.multiple else last
+        for sequence in range(max(first, unsettled), last + 1):
+            self._settle(sequence, outcome)
 
 
 def _receive(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
@@ -543,26 +535,26 @@ def _receive(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
     try:
         session = _open(args, context)
         session.set_timeout(args.timeout)
-        seen = 0
+        confirm = args.confirm == "full"
         try:
-            with progress_bar(args, err, total=args.count or None, desc="received") as bar:
-                output = Output(out, json_lines=args.json, bar=bar)
-                while not args.count or seen < args.count:
-                    command = session.next("content")
-                    if not isinstance(command, mtl.Content):
-                        continue
-                    if args.confirm == "full":
-                        session.send(mtl.Confirm(command.sequence))
-                    seen += 1
-                    output.emit(_content_line(command), _content_record(command))
-                    bar.update(1)
-                if args.confirm == "full":
-                    session.round_trip()  # the last Confirm is read before the sockets close
+            print_received(args, out, err, _contents(session, confirm=confirm))
+            if confirm:
+                session.round_trip()  # the last Confirm is read before the sockets close
         finally:
             session.close()
     finally:
         context.destroy(linger=0)
     return 0
+
+
+def _contents(session: MTLSession, *, confirm: bool) -> Iterator[tuple[str, dict[str, object]]]:
+    """Each Content's line and record as it comes, confirmed first if ``confirm``."""
+    while True:
+        command = session.next("content")
+        if isinstance(command, mtl.Content):
+            if confirm:
+                session.send(mtl.Confirm(command.sequence))
+            yield _content_line(command), _content_record(command)
 
 
 def _content_line(content: mtl.Content) -> str:

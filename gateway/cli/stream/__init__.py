@@ -32,26 +32,28 @@ from typing import IO, Final, TextIO
 
 from gateway.cli.common import (
     DEFAULT_TIMEOUT_SECONDS,
-    Address,
     CommandError,
     Commands,
+    InOrderOutcomes,
     Output,
     add_address_argument,
     add_body_arguments,
     add_header_argument,
+    add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
     add_tls_arguments,
+    add_window_argument,
     body_fields,
-    connect,
     json_value,
     message_bodies,
+    open_connection,
     positive,
+    print_messages,
     printable,
-    progress_bar,
+    reporting,
     secret_from_env,
-    tls_from,
 )
 from gateway.cli.stream.session import StreamSession, code_name
 from gateway.codecs import osiris
@@ -119,13 +121,13 @@ def parse_offset(text: str) -> sp.OffsetSpec:
 
 def add_commands(commands: Commands) -> None:
     """Add ``stream publish`` and ``stream consume``."""
-    command = commands.add_parser(
+    actions = add_protocol_command(
+        commands,
         "stream",
         help="publish to or consume from a stream by hand (RabbitMQ stream protocol)",
         description="Publish to or consume from a stream over the RabbitMQ stream protocol,"
         " against the gateway's stream listener or RabbitMQ.",
     )
-    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
     publish = actions.add_parser(
         "publish",
         help="publish messages; print each one's outcome",
@@ -148,13 +150,7 @@ def add_commands(commands: Commands) -> None:
         "--raw", action="store_true", help="publish the bodies as they are, not as AMQP messages"
     )
     add_header_argument(publish, "application property")
-    publish.add_argument(
-        "--window",
-        type=positive(int),
-        default=DEFAULT_WINDOW,
-        metavar="N",
-        help=f"most messages unconfirmed at once (default: {DEFAULT_WINDOW})",
-    )
+    add_window_argument(publish, DEFAULT_WINDOW, "most messages unconfirmed at once")
     publish.add_argument(
         "--batch",
         type=positive(int),
@@ -213,12 +209,7 @@ def _open(args: argparse.Namespace, timeout: float) -> StreamSession:
         password = "guest"
     else:
         password = ""
-    context = tls_from(args)
-    address: Address = args.address
-    try:
-        sock = connect(address, context, timeout)
-    except OSError as exc:
-        raise CommandError(f"cannot connect to {address}: {exc}") from None
+    sock = open_connection(args.address, args, timeout)
     session = StreamSession(sock, timeout=timeout)
     try:
         session.open(username=args.username, password=password, virtual_host=args.vhost)
@@ -237,9 +228,8 @@ def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
     session = _open(args, args.timeout)
     try:
         first_id = _declare(session, args)
-        with progress_bar(args, err, total=bodies.total, desc="confirmed") as bar:
-            output = Output(out, json_lines=args.json, bar=bar)
-            publisher = _Publisher(session, args.stream, output, bar.update, first_id=first_id)
+        with reporting(args, out, err, total=bodies.total, desc="confirmed") as output:
+            publisher = _Publisher(session, args.stream, output, output.advance, first_id=first_id)
             entries = _entries(bodies.items, dict(args.headers), raw=args.raw)
             failed = publisher.run(entries, window=args.window, batch=args.batch)
         session.request(lambda c: sp.DeletePublisher(correlation_id=c, publisher_id=PUBLISHER_ID))
@@ -303,25 +293,17 @@ class _Publisher:
     ) -> None:
         self._session = session
         self._stream = stream
-        self._output = output
-        self._advance = advance
         self._first_id = first_id
-        self._next_id = first_id  # the next id to give
-        self._printed = first_id  # the next id to print
-        self._outcomes: dict[int, tuple[str, int | None, str]] = {}
-        self._failed = False
+        self._outcomes = InOrderOutcomes(output, advance, first=first_id)
 
     def run(self, entries: Iterable[bytes | str], *, window: int, batch: int) -> bool:
         """Publish every entry, wait for every outcome; return whether any was not accepted."""
         source = iter(entries)
-        exhausted = False
-        while not exhausted or self._printed < self._next_id:
-            if not exhausted and self._next_id - self._printed < window:
-                exhausted = self._publish_some(source, window, batch)
-            elif self._printed not in self._outcomes:
-                self._settle(self._session.next("publish confirms"))
-            self._print_ready()
-        return self._failed
+        return self._outcomes.send_within(
+            window,
+            lambda: self._publish_some(source, window, batch),
+            lambda: self._settle(self._session.next("publish confirms")),
+        )
 
     def _publish_some(self, source: Iterator[bytes | str], window: int, batch: int) -> bool:
         """Send one Publish frame of what the window allows; True once the input is done."""
@@ -329,20 +311,19 @@ class _Publisher:
         messages: list[bytes] = []
         size = _PUBLISH_OVERHEAD_BYTES
         limit = self._session.frame_max or None
-        while len(ids) < batch and self._next_id - self._printed < window:
+        while len(ids) < batch and self._outcomes.waiting < window:
             entry = next(source, None)
             if entry is None:
                 self._flush(ids, messages)
                 return True
-            publishing_id = self._next_id
-            self._next_id += 1
+            publishing_id = self._outcomes.take_number()
             if isinstance(entry, str):
-                self._outcomes[publishing_id] = ("error", None, entry)
+                self._record(publishing_id, "error", None, entry)
                 continue
             needed = _ENTRY_OVERHEAD_BYTES + len(entry)
             if limit is not None and _PUBLISH_OVERHEAD_BYTES + needed > limit:
                 reason = f"{len(entry)} bytes do not fit the frame max of {limit}"
-                self._outcomes[publishing_id] = ("error", None, reason)
+                self._record(publishing_id, "error", None, reason)
                 continue
             if limit is not None and size + needed > limit:
                 self._flush(ids, messages)
@@ -363,32 +344,27 @@ class _Publisher:
         """Record what a PublishConfirm or PublishError says about our ids."""
         if isinstance(event, sp.PublishConfirm) and event.publisher_id == PUBLISHER_ID:
             for publishing_id in event.publishing_ids:
-                self._outcomes.setdefault(publishing_id, ("accepted", None, ""))
+                self._record(publishing_id, "accepted", None, "")
         elif isinstance(event, sp.PublishError) and event.publisher_id == PUBLISHER_ID:
             for publishing_id, code in zip(event.publishing_ids, event.codes, strict=True):
                 outcome = "rejected" if code in REJECTING_CODES else "retry"
-                self._outcomes.setdefault(publishing_id, (outcome, code, code_name(code)))
+                self._record(publishing_id, outcome, code, code_name(code))
 
-    def _print_ready(self) -> None:
-        while self._printed in self._outcomes:
-            publishing_id = self._printed
-            outcome, code, reason = self._outcomes.pop(publishing_id)
-            self._printed += 1
-            self._failed = self._failed or outcome != "accepted"
-            record: dict[str, object] = {
-                "message": publishing_id - self._first_id + 1,
-                "stream": self._stream,
-                "publishing_id": publishing_id,
-                "outcome": outcome,
-            }
-            text = f"{publishing_id} {outcome}"
-            if code is not None:
-                record["code"] = code
-            if reason:
-                record["reason"] = reason
-                text += f": {reason}" if code is None else f": {reason} ({code})"
-            self._output.emit(text, record)
-            self._advance(1)
+    def _record(self, publishing_id: int, outcome: str, code: int | None, reason: str) -> None:
+        """Settle a message's outcome as its line and JSON record say it."""
+        record: dict[str, object] = {
+            "message": publishing_id - self._first_id + 1,
+            "stream": self._stream,
+            "publishing_id": publishing_id,
+            "outcome": outcome,
+        }
+        text = f"{publishing_id} {outcome}"
+        if code is not None:
+            record["code"] = code
+        if reason:
+            record["reason"] = reason
+            text += f": {reason}" if code is None else f": {reason} ({code})"
+        self._outcomes.settle(publishing_id, outcome, text, record)
 
 
 # --- consume ---------------------------------------------------------------------------
@@ -414,8 +390,8 @@ def _consume(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
         if subscribed.code != sp.ResponseCode.OK:
             raise CommandError(f"cannot consume {args.stream} ({code_name(subscribed.code)})")
         session.set_timeout(args.timeout)
-        with progress_bar(args, err, total=args.count or None, desc="received") as bar:
-            reader = _Reader(args.stream, Output(out, json_lines=args.json, bar=bar), bar.update)
+        with reporting(args, out, err, total=args.count or None, desc="received") as output:
+            reader = _Reader(args.stream, output, output.advance)
             reader.read(session, skip_below=skip_below, end=end, count=args.count)
     finally:
         session.close()
@@ -469,27 +445,31 @@ class _Reader:
         self._stream = stream
         self._output = output
         self._advance = advance
-        self._seen = 0
 
     def read(self, session: StreamSession, *, skip_below: int, end: int | None, count: int) -> None:
         """Read chunks until the one at ``end`` (None: for ever) or ``count`` messages (0: all)."""
+        messages = self._messages(session, skip_below=skip_below, end=end)
+        print_messages(self._output, self._advance, messages, count)
+
+    def _messages(
+        self, session: StreamSession, *, skip_below: int, end: int | None
+    ) -> Iterator[tuple[str, dict[str, object]]]:
+        """Each message's line and record, granting credit after each chunk up to ``end``."""
         while True:
             event = session.next("messages")
             if not isinstance(event, sp.Deliver) or event.subscription_id != SUBSCRIPTION_ID:
                 continue
             header = osiris.ChunkHeader.unpack(event.chunk)
-            if header.chunk_type == osiris.USER and self._print_chunk(
-                event.chunk, header, skip_below, count
-            ):
-                return
+            if header.chunk_type == osiris.USER:
+                yield from self._chunk_messages(event.chunk, header, skip_below)
             if end is not None and header.next_offset > end:
                 return
             session.send(sp.Credit(subscription_id=SUBSCRIPTION_ID, credit=1))
 
-    def _print_chunk(
-        self, chunk: bytes | memoryview, header: osiris.ChunkHeader, skip_below: int, count: int
-    ) -> bool:
-        """Print a user chunk's messages from ``skip_below`` on; True once ``count`` are done."""
+    def _chunk_messages(
+        self, chunk: bytes | memoryview, header: osiris.ChunkHeader, skip_below: int
+    ) -> Iterator[tuple[str, dict[str, object]]]:
+        """A user chunk's messages from ``skip_below`` on, each as its line and record."""
         from gateway.protocols.stream.mapping import message_from_entry
 
         # A Deliver carries the header and the data entries, no bloom filter (notes, 11).
@@ -515,12 +495,6 @@ class _Reader:
                     record["sender"] = message.sender
                 if message.recipients:
                     record["recipients"] = list(message.recipients)
-                text = f"{offset} {printable(message.body)}"
-                self._output.emit(text, record | body_fields(message.body))
-                self._advance(1)
-                self._seen += 1
-                if count and self._seen >= count:
-                    return True
+                yield f"{offset} {printable(message.body)}", record | body_fields(message.body)
         except osiris.OsirisError as exc:
             raise CommandError(f"a bad chunk from the server: {exc}") from None
-        return False
