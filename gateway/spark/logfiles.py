@@ -12,8 +12,12 @@ segment becomes one or more `Slice` s (consecutive chunks of at most
 on stream, offset or time skips segments and chunk ranges without opening
 their segment files.
 
-Scanning (`read_slice`) maps the segment file and walks the chunks the index
-listed when the slice was planned. The gateway writes a chunk before its
+Scanning (`read_slice`, `read_blocks`) maps the segment file and walks the
+chunks the index listed when the slice was planned. `read_slice` yields each
+chunk's records as buffers; `read_blocks` yields `RecordBlock` s, the
+records of consecutive chunks as start and end positions into one copy of
+their bytes, for the columnar decoder (`gateway.spark.columnar`): one
+Python object per chunk, not per record. The gateway writes a chunk before its
 index record, so a listed chunk was written in full; it is still checked
 (magic, lengths, CRC). A chunk that fails the checks at the end of what the
 index lists is a torn tail (a crash, or a reader racing a writer after a
@@ -27,13 +31,19 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import numpy as np
+
 from gateway.codecs.osiris import (
+    COMPRESSION_NONE,
     FILE_HEADER_BYTES,
+    SUB_BATCH_HEADER_BYTES,
     USER,
     ChunkHeader,
     OsirisError,
@@ -47,20 +57,30 @@ from gateway.core.log.directory import META_FILE, decode_meta
 from gateway.core.log.recovery import read_index, segment_file_ids
 
 __all__ = [
+    "BLOCK_PADDING_BYTES",
     "DEFAULT_SLICE_BYTES",
+    "BlockChunk",
     "ChunkRecords",
     "LogReadError",
     "Range",
+    "RecordBlock",
     "Slice",
     "list_streams",
     "plan_slices",
+    "read_blocks",
     "read_slice",
 ]
 
 DEFAULT_SLICE_BYTES: Final = 64 * 1024 * 1024
 """Most bytes of chunks in one slice (one Spark partition): a default segment."""
 
+BLOCK_PADDING_BYTES: Final = 64
+"""Zero bytes after the last record of a `RecordBlock`: a fixed-width read at
+any record byte stays inside the buffer."""
+
 _UNBOUNDED: Final = 2**63 - 1
+_U32: Final = struct.Struct(">I")
+_SUB_BATCH: Final = struct.Struct(">BHII")
 
 
 class LogReadError(Exception):
@@ -129,6 +149,51 @@ class ChunkRecords:
     header: ChunkHeader
     records: list[bytes | memoryview]
     publishers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockChunk:
+    """The records one chunk contributes to a `RecordBlock`.
+
+    Attributes:
+        first_offset: Offset of its first record in the block.
+        count: Records in the block, consecutive offsets from ``first_offset``.
+        timestamp: The chunk's timestamp (ms).
+        publishers: The publisher references in the chunk's trailer.
+    """
+
+    first_offset: int
+    count: int
+    timestamp: int
+    publishers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBlock:
+    """Records of consecutive chunks as positions into one buffer.
+
+    Record ``i`` is ``buffer[starts[i]:ends[i]]``; records are in offset
+    order, chunk after chunk (``chunks`` says which records are whose), and
+    their ranges ascend without overlapping. ``buffer`` holds the chunks'
+    bytes as the segment has them (records of a gzip sub-batch: inflated,
+    after them), then `BLOCK_PADDING_BYTES` zero bytes.
+
+    Attributes:
+        buffer: The bytes.
+        starts: Where each record starts (machine integers of 64 bits: typecode "q").
+        ends: Where each record ends.
+        chunks: The chunks, in order.
+    """
+
+    buffer: bytearray
+    starts: array[int]
+    ends: array[int]
+    chunks: tuple[BlockChunk, ...]
+
+    @property
+    def count(self) -> int:
+        """Records in the block."""
+        return len(self.starts)
 
 
 def list_streams(root: Path | str) -> dict[str, Path]:
@@ -251,24 +316,203 @@ def read_slice(piece: Slice) -> Iterator[ChunkRecords]:
         LogReadError: A chunk before the last one listed is damaged, or a
             record does not decode (an unknown compression, say).
     """
-    try:
-        fd = os.open(piece.segment, os.O_RDONLY)
-    except FileNotFoundError:
-        return  # retention removed the segment after planning: nothing left to read
-    try:
-        size = os.fstat(fd).st_size
-        if size <= FILE_HEADER_BYTES:
-            return
-        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
+    buf = _mapped(piece)
+    if buf is None:
+        return
     try:
         yield from _chunks(piece, buf)
     finally:
         buf.close()
 
 
-def _chunks(piece: Slice, buf: mmap.mmap) -> Iterator[ChunkRecords]:
+def read_blocks(
+    piece: Slice,
+    *,
+    offsets: Range = Range(),
+    timestamps: Range = Range(),
+    max_records: int = 8192,
+) -> Iterator[RecordBlock]:
+    """Yield the records of a slice's user chunks as blocks of whole chunks.
+
+    A block holds the chunks read until it has at least ``max_records``
+    records (so one chunk can make it larger). Only records whose offset is
+    in ``offsets``, of chunks whose timestamp is in ``timestamps``, are in
+    a block; chunks are checked as `read_slice` checks them.
+
+    Raises:
+        LogReadError: As `read_slice`.
+    """
+    buf = _mapped(piece)
+    if buf is None:
+        return
+    try:
+        pending: list[tuple[int, ChunkHeader]] = []
+        records = 0
+        for position, header in _user_chunks(piece, buf):
+            if header.timestamp not in timestamps or not offsets.overlaps(
+                header.first_offset, header.next_offset - 1
+            ):
+                continue
+            pending.append((position, header))
+            records += header.num_records
+            if records >= max_records:
+                yield _block(piece, buf, pending, offsets)
+                pending, records = [], 0
+        if pending:
+            yield _block(piece, buf, pending, offsets)
+    finally:
+        buf.close()
+
+
+def _block(
+    piece: Slice, buf: mmap.mmap, chunks: list[tuple[int, ChunkHeader]], offsets: Range
+) -> RecordBlock:
+    """The chunks' bytes, copied once (first one's data to last one's), and their records."""
+    first = chunks[0][0] + chunks[0][1].data_start
+    last_position, last_header = chunks[-1]
+    size = last_position + last_header.data_start + last_header.data_length - first
+    buffer = bytearray(size + BLOCK_PADDING_BYTES)
+    with memoryview(buf) as view:
+        buffer[:size] = view[first : first + size]
+    starts = array("q")
+    ends = array("q")
+    inflated: list[bytes | memoryview] = []
+    described: list[BlockChunk] = []
+    for position, header in chunks:
+        begin = len(starts)
+        data_start = position + header.data_start - first
+        data_end = data_start + header.data_length
+        if header.num_entries != header.num_records or not _simple_entries(
+            buffer, data_start, data_end, header.num_entries, starts, ends
+        ):
+            del starts[begin:], ends[begin:]
+            _other_entries(piece, position, buffer, data_start, data_end, starts, ends, inflated)
+        # Keep only the records in range: a run of consecutive offsets.
+        count = len(starts) - begin
+        first_offset = header.first_offset
+        keep_from = 0 if offsets.low is None else min(max(offsets.low - first_offset, 0), count)
+        keep_to = count if offsets.high is None else min(max(offsets.high - first_offset, 0), count)
+        keep_to = max(keep_to, keep_from)
+        del starts[begin + keep_to :], ends[begin + keep_to :]
+        del starts[begin : begin + keep_from], ends[begin : begin + keep_from]
+        if len(starts) > begin:
+            trailer_at = position + header.data_start + header.data_length
+            try:
+                publishers = _publishers(buf[trailer_at : trailer_at + header.trailer_length])
+            except OsirisError as exc:
+                raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
+            described.append(
+                BlockChunk(
+                    first_offset + keep_from, len(starts) - begin, header.timestamp, publishers
+                )
+            )
+    if inflated:
+        # Records that are not in the file as they are: after the chunks' bytes.
+        buffer[size:] = b"".join(inflated) + bytes(BLOCK_PADDING_BYTES)
+    return RecordBlock(buffer=buffer, starts=starts, ends=ends, chunks=tuple(described))
+
+
+def _simple_entries(
+    buffer: bytearray, pos: int, end: int, count: int, starts: array[int], ends: array[int]
+) -> bool:
+    """Append the positions of ``count`` simple entries from ``pos``; False if they are not.
+
+    Entries of one length (a producer's fixed-size messages) are checked
+    with one strided comparison; others are walked one by one. A
+    sub-batch's flag byte makes a length of 2 GiB or more, so a chunk with
+    one overruns ``end``, as does a cut or miscounted one: the caller then
+    reads the chunk the general way, which also names what is wrong.
+    """
+    if count and end - pos >= 4:
+        (length,) = _U32.unpack_from(buffer, pos)
+        step = 4 + length
+        if step * count == end - pos:
+            lengths = np.ndarray((count,), ">u4", buffer, pos, (step,))
+            if bool((lengths == length).all()):
+                starts.extend(range(pos + 4, end, step))
+                ends.extend(range(pos + step, end + 1, step))
+                return True
+    unpack = _U32.unpack_from
+    add_start = starts.append
+    add_end = ends.append
+    try:
+        for _ in range(count):
+            (length,) = unpack(buffer, pos)
+            pos += 4
+            add_start(pos)
+            pos += length
+            add_end(pos)
+    except struct.error:
+        return False
+    return pos == end
+
+
+def _other_entries(
+    piece: Slice,
+    position: int,
+    buffer: bytearray,
+    data_start: int,
+    data_end: int,
+    starts: array[int],
+    ends: array[int],
+    inflated: list[bytes | memoryview],
+) -> None:
+    """Append the records of a chunk with sub-batches (or a malformed one, which raises).
+
+    The chunk is first read by `iter_entries`, which checks it. Records of
+    uncompressed sub-batches are where the chunk has them; a gzip
+    sub-batch's inflated records go to ``inflated``, whose bytes the block
+    appends after the chunks': their positions count from there.
+    """
+    data = bytes(buffer[data_start:data_end])
+    try:
+        for _record in iter_entries(data):
+            pass
+    except OsirisError as exc:
+        raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
+    tail_at = len(buffer) - BLOCK_PADDING_BYTES + sum(map(len, inflated))
+    pos = 0
+    while pos < len(data):
+        if not data[pos] & 0x80:
+            (length,) = _U32.unpack_from(data, pos)
+            starts.append(data_start + pos + 4)
+            pos += 4 + length
+            ends.append(data_start + pos)
+            continue
+        flags, count, _uncompressed, length = _SUB_BATCH.unpack_from(data, pos)
+        body = pos + SUB_BATCH_HEADER_BYTES
+        if (flags >> 4) & 0x07 == COMPRESSION_NONE:
+            at = body
+            for _ in range(count):
+                (size,) = _U32.unpack_from(data, at)
+                starts.append(data_start + at + 4)
+                at += 4 + size
+                ends.append(data_start + at)
+        else:
+            for record in iter_entries(data[pos : body + length]):
+                starts.append(tail_at)
+                tail_at += len(record)
+                ends.append(tail_at)
+                inflated.append(record)
+        pos = body + length
+
+
+def _mapped(piece: Slice) -> mmap.mmap | None:
+    """The slice's segment file, mapped; None when it is gone or holds no chunk."""
+    try:
+        fd = os.open(piece.segment, os.O_RDONLY)
+    except FileNotFoundError:
+        return None  # retention removed the segment after planning: nothing left to read
+    try:
+        if os.fstat(fd).st_size <= FILE_HEADER_BYTES:
+            return None
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _user_chunks(piece: Slice, buf: mmap.mmap) -> Iterator[tuple[int, ChunkHeader]]:
+    """(position, header) of the slice's user chunks, each checked (see `read_slice`)."""
     last = len(piece.positions) - 1
     for number, (position, chunk_id) in enumerate(
         zip(piece.positions, piece.chunk_ids, strict=True)
@@ -286,8 +530,12 @@ def _chunks(piece: Slice, buf: mmap.mmap) -> Iterator[ChunkRecords]:
                 f"{piece.segment}: byte {position} holds chunk {header.first_offset},"
                 f" the index says {chunk_id}"
             )
-        if header.chunk_type != USER:
-            continue
+        if header.chunk_type == USER:
+            yield position, header
+
+
+def _chunks(piece: Slice, buf: mmap.mmap) -> Iterator[ChunkRecords]:
+    for position, header in _user_chunks(piece, buf):
         start = position + header.data_start
         trailer_at = start + header.data_length
         # One copy of the data section (mmap slices are bytes), so the

@@ -11,10 +11,13 @@ from gateway.codecs import osiris
 from gateway.core.outcomes import OUTCOME_STREAM, decode_records
 from gateway.protocols.stream.mapping import message_from_entry
 from gateway.spark.logfiles import (
+    BLOCK_PADDING_BYTES,
     LogReadError,
     Range,
+    Slice,
     list_streams,
     plan_slices,
+    read_blocks,
     read_slice,
 )
 from tests.spark.conftest import make_log
@@ -151,3 +154,97 @@ def test_outcome_records_decode(tmp_path: Path) -> None:
     assert record["route"] == "r1" and record["status"] == "accepted"
     assert record["finished"] - record["arrived"] == pytest.approx(0.25)
     assert record["recipients"] == ["x@y.example"] and record["bytes"] == 7
+
+
+def _block_records(root: Path, **bounds: object) -> list[tuple[str, int, bytes]]:
+    rows = []
+    offsets = bounds.get("offsets", Range())
+    for piece in plan_slices(root, **bounds):  # type: ignore[arg-type]
+        for block in read_blocks(piece, offsets=offsets, max_records=250):  # type: ignore[arg-type]
+            number = 0
+            for chunk in block.chunks:
+                for offset in range(chunk.first_offset, chunk.first_offset + chunk.count):
+                    start, end = block.starts[number], block.ends[number]
+                    rows.append((piece.stream, offset, bytes(block.buffer[start:end])))
+                    number += 1
+            assert number == block.count
+            assert block.buffer[-BLOCK_PADDING_BYTES:] == bytes(BLOCK_PADDING_BYTES)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "offsets", [Range(), Range(150, 1010), Range(1999, None), Range(None, 1), Range(5000, None)]
+)
+def test_blocks_hold_the_records_of_read_slice(log: Path, offsets: Range) -> None:
+    """Blocks hold exactly the records read_slice reads, within the offsets asked for."""
+    expected = [r for r in _records(log, offsets=offsets) if r[1] in offsets]
+    assert _block_records(log, offsets=offsets) == expected
+
+
+def _segment_of(directory: Path, chunks: list[bytes]) -> Slice:
+    """A segment file of these chunks, as one slice."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / osiris.segment_file_name(0)
+    positions, ids = [], []
+    data = bytearray(osiris.SEGMENT_HEADER)
+    for chunk in chunks:
+        positions.append(len(data))
+        ids.append(osiris.ChunkHeader.unpack(chunk).first_offset)
+        data += chunk
+    path.write_bytes(bytes(data))
+    return Slice("s", str(path), tuple(positions), tuple(ids), ids[0], None, 0, 0)
+
+
+def test_blocks_of_sub_batches(tmp_path: Path) -> None:
+    """Records of plain and gzip sub-batches, beside simple entries, in order."""
+    plain = osiris.SubBatch.parse(osiris.encode_sub_batch([b"p1", b"p22", b""]))
+    zipped = osiris.SubBatch.parse(
+        osiris.encode_sub_batch([b"z1", b"z2" * 50], compression=osiris.COMPRESSION_GZIP)
+    )
+    chunks = [
+        osiris.encode_chunk([b"a", plain, b"b"], first_offset=0, timestamp_ms=1, records=5),
+        osiris.encode_chunk([b"uniform"] * 3, first_offset=5, timestamp_ms=2),
+        osiris.encode_chunk([zipped, b"c"], first_offset=8, timestamp_ms=3, records=3),
+    ]
+    piece = _segment_of(tmp_path / "s", chunks)
+    expected = [
+        (offset, bytes(record))
+        for chunk in read_slice(piece)
+        for offset, record in enumerate(chunk.records, chunk.header.first_offset)
+    ]
+    assert [r for _, r in expected] == [
+        b"a",
+        b"p1",
+        b"p22",
+        b"",
+        b"b",
+        *[b"uniform"] * 3,
+        b"z1",
+        b"z2" * 50,
+        b"c",
+    ]
+    for offsets in (Range(), Range(2, 9), Range(9, None)):
+        got = []
+        for block in read_blocks(piece, offsets=offsets, max_records=4):
+            number = 0
+            for chunk in block.chunks:
+                for offset in range(chunk.first_offset, chunk.first_offset + chunk.count):
+                    start, end = block.starts[number], block.ends[number]
+                    got.append((offset, bytes(block.buffer[start:end])))
+                    number += 1
+        assert got == [r for r in expected if r[0] in offsets]
+
+
+def test_blocks_report_damage(log: Path, tmp_path: Path) -> None:
+    """A damaged chunk before the end is an error for blocks too; a torn tail is not."""
+    root = _copy(log, tmp_path / "log")
+    segment = _segment(root, "events", 0)
+    with open(segment, "r+b") as handle:
+        handle.seek(osiris.FILE_HEADER_BYTES + osiris.HEADER_BYTES + 20)
+        handle.write(b"\xff\xff")
+    with pytest.raises(LogReadError, match=r"damaged chunk at byte 8: .*CRC"):
+        _block_records(root, streams=["events"])
+    last = _segment(root, "events", -1)
+    os.truncate(last, last.stat().st_size - 10)
+    [*_, piece] = plan_slices(root, streams=["events"])
+    assert sum(b.count for b in read_blocks(piece)) == len(piece.chunk_ids) * 50 - 50
