@@ -651,6 +651,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
             health=gateway.health,
             reactor=reactor,
             leases=LeaseDesk(dmp_listeners, config.secrets, reactor) if dmp_listeners else None,
+            secrets=config.secrets,
         )
         gateway.admin = ListenerService(
             "admin", serverFromString(reactor, config.admin.endpoint), site

@@ -10,10 +10,8 @@ message with its outcome; a wrong token, an unknown route and an HTTP
 client without a token are refused; Ctrl-C and a gateway that stops end the
 tap.
 
-The gateway here has a DMP listener: `gateway.service` gives the admin
-site the token check only through the DMP listeners' lease desk so far.
-`make_admin_site` also takes the secrets themselves; the xfail below passes
-once the service hands them over.
+The admin token is checked with or without DMP listeners (whose lease desk
+also needs it).
 """
 
 from __future__ import annotations
@@ -247,11 +245,6 @@ def test_a_stopping_gateway_ends_the_tap(tmp_path: Path) -> None:
     assert "the gateway ended the tap: the gateway is stopping" in err
 
 
-@pytest.mark.xfail(
-    reason="gateway.service passes the secrets to make_admin_site only with DMP listeners"
-    " (their lease desk); make_admin_site(secrets=...) takes them, service.py must pass them",
-    strict=False,
-)
 def test_tap_without_dmp_listeners(tmp_path: Path) -> None:
     """A gateway without DMP listeners checks the admin token for /tap all the same."""
     process = _start(tmp_path / "gateway", CONFIG)
