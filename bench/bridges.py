@@ -91,7 +91,6 @@ import re
 import select
 import selectors
 import shutil
-import signal
 import socket
 import statistics
 import struct
@@ -100,7 +99,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -113,7 +111,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stream_vs_rabbitmq  # noqa: E402
-from bench.dmp_sink_to_feed import envelope, opened  # noqa: E402
+from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
+from bench.gateway_proc import scrape, stop_on_signals  # noqa: E402
 from bench.mtl_flow import EMPTY_TABLE, U64, lease, short, summon  # noqa: E402
 from bench.ssmp_hub import build_ssmpload, load_figures, naive_server  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
@@ -306,20 +305,6 @@ class Bench:
             problems = [line.strip() for line in process.output().splitlines()]
             record["log_problems"] = [line for line in problems if LOG_PROBLEM.search(line)][:20]
             shutil.rmtree(directory, ignore_errors=True)
-
-
-def scrape(process: GatewayProcess) -> dict[str, float]:
-    """The gateway's route, error and slow-consumer figures from its admin ``/metrics``."""
-    host, port = process.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    wanted = ("msggateway_route_", "msggateway_protocol_errors", "msggateway_slow_consumer")
-    figures = {}
-    for line in text.splitlines():
-        if line.startswith(wanted) and "_bucket" not in line and "_created" not in line:
-            name, _, value = line.rpartition(" ")
-            figures[name] = float(value)
-    return figures
 
 
 def metric_problems(figures: dict[str, float]) -> list[str]:
@@ -596,16 +581,10 @@ def dmp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict[
                 failure.append("the feed closed")
                 break
             buffer += chunk
-            pos = 0
-            while len(buffer) - pos >= 4:
-                (size,) = struct.unpack_from(">I", buffer, pos)
-                if len(buffer) - pos < 4 + size:
-                    break
-                pos += 4 + size
-                if size:
-                    seen += 1
-                    last = time.monotonic()
-            del buffer[:pos]
+            arrived = len(take_envelopes(buffer))
+            if arrived:
+                seen += arrived
+                last = time.monotonic()
     finally:
         for sock in (reader, *writers):
             sock.close()
@@ -1183,17 +1162,9 @@ def dmp_paced(address: tuple[str, int], count: int) -> dict[str, Any]:
             if not data:
                 break
             buffer += data
-            pos = 0
-            while len(buffer) - pos >= 4:
-                (size,) = struct.unpack_from(">I", buffer, pos)
-                if len(buffer) - pos < 4 + size:
-                    break
-                if size:  # the body ends the envelope
-                    end = pos + 4 + size
-                    pacer.sample_body(bytes(buffer[end - MESSAGE_BYTES : end]), now)
-                    seen += 1
-                pos += 4 + size
-            del buffer[:pos]
+            for found in take_envelopes(buffer):  # the body ends the envelope
+                pacer.sample_body(bytes(found[-MESSAGE_BYTES:]), now)
+                seen += 1
     finally:
         reader.close()
         writer.close()
@@ -1850,16 +1821,10 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so every child is stopped."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
     """Measure the selected paths and print the table."""
     args = arguments()
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    stop_on_signals()
     rows = [row for row in ROWS if not args.only or row.path in args.only]
     throughput = list(dict.fromkeys(name for row in rows for name in (row.bridge, row.baseline)))
     latencies = list(

@@ -61,6 +61,7 @@ reader = { feed = "out", text = "r" }
 """
 ROUTES = {"loop": 'from = "dmp"\nmatch = "#"\nto = "dmp"\naddress = "out"\n'}
 HEADER = b"AMQP\x0a\x01\x00\x01"
+FRAME = struct.Struct(">I")
 
 
 def opened(address: tuple[str, int], lease: bytes) -> socket.socket:
@@ -83,27 +84,42 @@ def opened(address: tuple[str, int], lease: bytes) -> socket.socket:
 def envelope(body: bytes) -> bytes:
     """Empty exchange and routing key, no properties, no options, the body."""
     rest = b"\x00\x00\x00\x00\x00" + len(body).to_bytes(3, "big") + body
-    return struct.pack(">I", len(rest)) + rest
+    return FRAME.pack(len(rest)) + rest
+
+
+def take_envelopes(buffer: bytearray) -> list[memoryview]:
+    """Cut the complete messages off the front of ``buffer``; return the envelopes.
+
+    Each is a view of one envelope's bytes (after its length); null messages
+    (heartbeats) are left out. What is left of ``buffer`` is the start of the
+    next message.
+    """
+    end = 0
+    spans = []
+    while len(buffer) - end >= 4:
+        (size,) = FRAME.unpack_from(buffer, end)
+        if len(buffer) - end < 4 + size:
+            break
+        if size:
+            spans.append((end + 4, end + 4 + size))
+        end += 4 + size
+    if not end:
+        return []
+    taken = memoryview(buffer[:end])  # a copy: the buffer is cut below
+    del buffer[:end]
+    return [taken[start:stop] for start, stop in spans]
 
 
 def read_count(sock: socket.socket, count: int, deadline: float, done: list[float]) -> None:
     """Read envelopes until ``count`` non-null ones have arrived (or the deadline)."""
     buffer = bytearray()
     seen = 0
-    pos = 0
     while seen < count and time.monotonic() < deadline:
         chunk = sock.recv(1 << 20)
         if not chunk:
             break
         buffer += chunk
-        while len(buffer) - pos >= 4:
-            (size,) = struct.unpack_from(">I", buffer, pos)
-            if len(buffer) - pos < 4 + size:
-                break
-            pos += 4 + size
-            seen += size > 0
-        del buffer[:pos]
-        pos = 0
+        seen += len(take_envelopes(buffer))
     done.append(time.monotonic())
     done.append(seen)
 

@@ -1,7 +1,11 @@
-"""What the idle and soak benches share: a gateway process's figures and two protocol clients.
+"""What the benches share: a gateway process's figures, its signals, and two protocol clients.
 
 * `rss_kib` and `open_fds` read a process's resident memory
   (``/proc/PID/status`` VmRSS) and open file descriptors (``/proc/PID/fd``).
+* `admin_metrics` reads the gateway's admin ``/metrics``; `scrape` keeps the
+  route, error and slow-consumer figures of it, `metric` one sample.
+* `stop_on_signals` makes SIGTERM and SIGHUP unwind like Ctrl-C, so that a
+  bench stops its gateway (and other children) on the way out.
 * `raise_open_file_limit` lifts this process's soft limit on open files to the
   hard limit: the clients of ten thousand connections need as many
   descriptors as the gateway does.
@@ -23,26 +27,35 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import zmq
 
 from bench.mtl_flow import U64, short
 from gateway.codecs import stream as sp
 
+if TYPE_CHECKING:
+    from tests.integration.harness import GatewayProcess
+
 __all__ = [
     "LOG_PROBLEM",
     "MTLSession",
     "StreamClient",
+    "admin_metrics",
     "log_problems",
+    "metric",
     "open_fds",
     "open_sockets",
     "raise_open_file_limit",
     "rss_kib",
+    "scrape",
+    "stop_on_signals",
     "wait_until",
 ]
 
@@ -94,6 +107,52 @@ def wait_until(condition: Callable[[], bool], timeout: float, step: float = 0.05
             return False
         time.sleep(step)
     return True
+
+
+def admin_metrics(gateway: GatewayProcess, timeout: float = 10.0) -> str:
+    """The text of the gateway's admin ``/metrics`` (its admin endpoint is ``admin``)."""
+    host, port = gateway.address("admin")
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
+        return str(response.read().decode())
+
+
+def scrape(gateway: GatewayProcess) -> dict[str, float]:
+    """The gateway's route, error and slow-consumer figures from its admin ``/metrics``."""
+    text = admin_metrics(gateway, timeout=5)
+    wanted = ("msggateway_route_", "msggateway_protocol_errors", "msggateway_slow_consumer")
+    figures = {}
+    for line in text.splitlines():
+        if line.startswith(wanted) and "_bucket" not in line and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            figures[name] = float(value)
+    return figures
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of a metric family, whatever the order of its labels (0 when absent)."""
+    for line in text.splitlines():
+        head, _, rest = line.partition("{")
+        if head != name:
+            continue
+        inside, _, value = rest.rpartition("} ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', inside))
+        if found == labels:
+            return float(value)
+    return 0.0
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP raise SystemExit(128 + N) as Ctrl-C raises KeyboardInterrupt.
+
+    The bench unwinds through its ``finally`` blocks and context managers, so
+    the gateway and any other child is stopped, not left running.
+    """
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
 
 
 def log_problems(output: str, limit: int = 10) -> list[str]:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import time
@@ -54,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bridges import ssmp_subscriber  # noqa: E402
-from bench.dmp_sink_to_feed import envelope, opened  # noqa: E402
+from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
     MTLSession,
     StreamClient,
@@ -63,6 +62,7 @@ from bench.gateway_proc import (  # noqa: E402
     open_sockets,
     raise_open_file_limit,
     rss_kib,
+    stop_on_signals,
     wait_until,
 )
 from bench.mtl_flow import EMPTY_TABLE, U64, short  # noqa: E402
@@ -296,19 +296,14 @@ def check_dmp(gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]) 
     writer = opened(address, b"w")
     try:
         writer.sendall(envelope(b"hello"))
-        buffer = b""
+        buffer = bytearray()
         while True:
             data = reader.recv(4096)
             if not data:
                 raise RuntimeError("the feed closed")
             buffer += data
-            while len(buffer) >= 4:
-                (size,) = struct.unpack_from(">I", buffer)
-                if len(buffer) < 4 + size:
-                    break
-                if size and buffer[4 : 4 + size].endswith(b"hello"):
-                    return "sink to feed"
-                buffer = buffer[4 + size :]  # a null message (heartbeat)
+            if any(bytes(found[-5:]) == b"hello" for found in take_envelopes(buffer)):
+                return "sink to feed"
     finally:
         reader.close()
         writer.close()
@@ -544,16 +539,10 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so the gateway is stopped."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
     """Measure and print the table."""
     args = arguments()
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    stop_on_signals()
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as scratch:
         status = measure(args, Path(scratch))
     sys.exit(status)

@@ -46,7 +46,6 @@ import argparse
 import math
 import os
 import select
-import signal
 import socket
 import struct
 import subprocess
@@ -63,14 +62,16 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bridges import MESSAGE_BYTES, percentiles, scrape, ssmp_subscriber  # noqa: E402
-from bench.dmp_sink_to_feed import envelope, opened  # noqa: E402
+from bench.bridges import MESSAGE_BYTES, percentiles, ssmp_subscriber  # noqa: E402
+from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
     MTLSession,
     StreamClient,
     log_problems,
     open_fds,
     rss_kib,
+    scrape,
+    stop_on_signals,
 )
 from bench.mtl_flow import EMPTY_TABLE, U64, short  # noqa: E402
 from gateway.codecs import osiris, qmqp  # noqa: E402
@@ -453,18 +454,10 @@ class DMPLoad(Load):
                     raise EOFError("the feed closed")
                 now = time.perf_counter()
                 buffer += data
-                pos = 0
-                while len(buffer) - pos >= 4:
-                    (size,) = struct.unpack_from(">I", buffer, pos)
-                    if len(buffer) - pos < 4 + size:
-                        break
-                    if size:  # the body ends the envelope
-                        end = pos + 4 + size
-                        self.ack(now - stamped_at(bytes(buffer[end - MESSAGE_BYTES : end])))
-                        self.deliver()
-                        outstanding -= 1
-                    pos += 4 + size
-                del buffer[:pos]
+                for found in take_envelopes(buffer):  # the body ends the envelope
+                    self.ack(now - stamped_at(bytes(found[-MESSAGE_BYTES:])))
+                    self.deliver()
+                    outstanding -= 1
         finally:
             reader.close()
             writer.close()
@@ -805,16 +798,10 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so the gateway is stopped."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
     """Run the soak."""
     args = arguments()
-    signal.signal(signal.SIGTERM, _terminate)
-    signal.signal(signal.SIGHUP, _terminate)
+    stop_on_signals()
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as scratch:
         status = soak(args, Path(scratch))
     sys.exit(status)
