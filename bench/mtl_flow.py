@@ -78,8 +78,14 @@ def short(text: str) -> bytes:
 
 
 def lease(context: zmq.Context[zmq.Socket[bytes]], port: int, profile: str, kind: str,
-          resources: list[str], confirm: str) -> zmq.Socket[bytes]:  # fmt: skip
-    """Open, select the profile, lease; a DEALER that sent Lease and got 200."""
+          resources: list[str], confirm: str,
+          receive_hwm: int | None = 0) -> zmq.Socket[bytes]:  # fmt: skip
+    """Open, select the profile, lease; a DEALER that sent Lease and got 200.
+
+    ``receive_hwm`` is the DEALER's ZMQ_RCVHWM: 0 (the default here) queues
+    all that comes, so that a bench measures the server; None keeps ZeroMQ's
+    own limit, so that a client that stops reading pushes back.
+    """
     control = context.socket(zmq.REQ)
     control.connect(f"tcp://127.0.0.1:{port}")
     reply: dict[str, object] = {}
@@ -93,7 +99,8 @@ def lease(context: zmq.Context[zmq.Socket[bytes]], port: int, profile: str, kind
         reply = json.loads(raw)
     control.close(linger=0)
     data = context.socket(zmq.DEALER)
-    data.setsockopt(zmq.RCVHWM, 0)
+    if receive_hwm is not None:
+        data.setsockopt(zmq.RCVHWM, receive_hwm)
     data.connect(f"tcp://127.0.0.1:{reply['port']}")
     data.send_multipart([b"\x01" + U64.pack(1) + short(str(reply["lease"])), b""])
     assert data.recv_multipart()[1] == b"200"

@@ -40,25 +40,32 @@ Bounded in count and time: every wait has a deadline. Run with
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import select
 import socket
-import struct
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
+
+import zmq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
+from bench.gateway_proc import (  # noqa: E402
+    StreamClient,
+    admin_metrics,
+    metric,
+    rss_kib,
+    wait_until,
+)
+from bench.mtl_flow import EMPTY_TABLE, U64, lease, short  # noqa: E402
 from gateway.codecs import stream as sp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
@@ -122,9 +129,6 @@ WINDOW: Final = 5000
 """Messages a publisher that is answered keeps unanswered, at most."""
 PLATEAU_MIB: Final = 16.0
 BASELINE_SLACK_MIB: Final = 64.0
-DMP_HEADER: Final = b"AMQP\x0a\x01\x00\x01"
-U64: Final = struct.Struct(">Q")
-FRAME: Final = struct.Struct(">I")
 
 
 # --- measuring -----------------------------------------------------------------------------
@@ -133,11 +137,9 @@ FRAME: Final = struct.Struct(">I")
 def rss_mib(pid: int) -> float:
     """The resident memory of a process, in MiB (0 when it is gone)."""
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+        return rss_kib(pid) / 1024
+    except (OSError, RuntimeError):  # gone, or a zombie without VmRSS
         return 0.0
-    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) / 1024 if found else 0.0
 
 
 class RSSSampler:
@@ -194,36 +196,6 @@ class Row:
     """The gateway's /metrics at the end."""
 
 
-def metrics(gateway: GatewayProcess) -> str:
-    """The gateway's /metrics text."""
-    host, port = gateway.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """One sample of a metric family, whatever the order of its labels (0 when absent)."""
-    for line in text.splitlines():
-        head, _, rest = line.partition("{")
-        if head != name:
-            continue
-        inside, _, value = rest.rpartition("} ")
-        found = dict(re.findall(r'(\w+)="([^"]*)"', inside))
-        if found == labels:
-            return float(value)
-    return 0.0
-
-
-def wait_until(check: Callable[[], bool], seconds: float, pause: float = 0.2) -> bool:
-    """Poll ``check`` until it holds or ``seconds`` pass (a benchmark may poll)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(pause)
-    return check()
-
-
 def drain(sock: socket.socket, count: Callable[[bytes], None]) -> None:
     """Read a socket until it closes, resets, or is idle for `IDLE_SECONDS`."""
     sock.settimeout(IDLE_SECONDS)
@@ -244,6 +216,22 @@ class Counted:
         self.value = 0
         self.other = 0
         self.done = threading.Event()
+
+
+def send_in_batches(
+    messages: int, batch: int, sampler: RSSSampler, row: Row, send: Callable[[int, int], None]
+) -> None:
+    """Send ``messages`` as ``send(first, count)`` batches, counted in ``row.sent``.
+
+    The sampler's phase is ``first`` for the first half, then ``second``.
+    """
+    sampler.phase = "first"
+    for start in range(0, messages, batch):
+        if start >= messages // 2:
+            sampler.phase = "second"
+        n = min(batch, messages - start)
+        send(start, n)
+        row.sent += n
 
 
 # --- SSMP ----------------------------------------------------------------------------------
@@ -293,19 +281,12 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
     reader = threading.Thread(target=replies, daemon=True)
     reader.start()
     line = b"MCAST flood " + b"x" * size + b"\n"
-    batch = 1000
-    sampler.phase = "first"
-    for sent in range(0, messages, batch):
-        if sent >= messages // 2:
-            sampler.phase = "second"
-        n = min(batch, messages - sent)
-        publisher.sendall(line * n)
-        row.sent += n
+    send_in_batches(messages, 1000, sampler, row, lambda _, n: publisher.sendall(line * n))
     acked.done.wait(300)
     sampler.phase = "after"
     row.acked = acked.value
     publisher.close()
-    row.metrics_before_read = metrics(gateway)
+    row.metrics_before_read = admin_metrics(gateway)
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -316,7 +297,7 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
         drain(consumer, count)
         consumer.close()
         row.delivered = got.value
-    text = metrics(gateway)
+    text = admin_metrics(gateway)
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="hub")
     row.answer = f"disconnect x{disconnects:.0f}" if disconnects else "-"
 
@@ -324,66 +305,18 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
 # --- stream --------------------------------------------------------------------------------
 
 
-class StreamClient:
-    """A plain-socket stream protocol client on our codec (guest, heartbeats off)."""
-
-    def __init__(self, gateway: GatewayProcess) -> None:
-        self.sock = socket.create_connection(gateway.address("streams"), timeout=30)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=0)
-        self.events: list[sp.Event] = []
-
-    def send(self, event: sp.Event) -> None:
-        """Send one frame."""
-        self.sock.sendall(self.codec.send(event))
-
-    def read(self) -> sp.Event:
-        """The next frame from the server."""
-        while not self.events:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise EOFError("the stream listener closed the connection")
-            self.events.extend(self.codec.receive_data(data))
-        return self.events.pop(0)
-
-    def open(self) -> None:
-        """The handshake, as guest."""
-        self.send(sp.PeerProperties(correlation_id=1, properties={}))
-        self.read()
-        self.send(sp.SaslHandshake(correlation_id=2))
-        self.read()
-        self.send(sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=b"\0guest\0guest"))
-        self.read()
-        tune = self.read()
-        assert isinstance(tune, sp.Tune), tune
-        self.send(sp.Tune(frame_max=tune.frame_max, heartbeat=0))
-        self.send(sp.Open(correlation_id=4, virtual_host="/"))
-        opened = self.read()
-        assert isinstance(opened, sp.OpenResponse) and opened.code == 1, opened
-
-    def request(self, event: sp.Event) -> sp.Event:
-        """Send a request and return the next frame (its response)."""
-        self.send(event)
-        return self.read()
-
-
 def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
                sampler: RSSSampler) -> None:  # fmt: skip
     """Publish with confirms; the slow consumer keeps granting credit and never reads."""
-    publisher = StreamClient(gateway)
-    publisher.open()
-    publisher.request(sp.Create(correlation_id=5, stream="flood"))
-    answer = publisher.request(
-        sp.DeclarePublisher(correlation_id=6, publisher_id=1, reference="", stream="flood")
-    )
-    assert isinstance(answer, sp.Response) and answer.code == 1, answer
+    publisher = StreamClient(gateway.address("streams")).open()
+    publisher.create("flood")
+    publisher.declare_publisher(1, "flood")
     consumer: StreamClient | None = None
     stop_granting = threading.Event()
     granter: threading.Thread | None = None
     if slow:
-        consumer = StreamClient(gateway)
-        consumer.open()
-        answer = consumer.request(
+        consumer = StreamClient(gateway.address("streams")).open()
+        consumer.send(
             sp.Subscribe(
                 correlation_id=7,
                 subscription_id=1,
@@ -392,6 +325,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
                 credit=100,
             )
         )
+        answer = consumer.read()
         assert isinstance(answer, sp.Response) and answer.code == 1, answer
         credit = consumer.codec.send(sp.Credit(subscription_id=1, credit=1000))
         sock = consumer.sock
@@ -423,19 +357,12 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
     reader = threading.Thread(target=confirms, daemon=True)
     reader.start()
     body = b"x" * size
-    batch = 100
-    sampler.phase = "first"
-    for start in range(0, messages, batch):
-        if start >= messages // 2:
-            sampler.phase = "second"
-        n = min(batch, messages - start)
-        ids = range(start + 1, start + n + 1)
-        publisher.sock.sendall(
-            publisher.codec.send(
-                sp.Publish(publisher_id=1, publishing_ids=list(ids), messages=[body] * n)
-            )
-        )
-        row.sent += n
+
+    def publish(start: int, n: int) -> None:
+        ids = list(range(start + 1, start + n + 1))
+        publisher.send(sp.Publish(publisher_id=1, publishing_ids=ids, messages=[body] * n))
+
+    send_in_batches(messages, 100, sampler, row, publish)
     acked.done.wait(300)
     sampler.phase = "after"
     row.acked = acked.value
@@ -444,7 +371,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
     if granter is not None:
         granter.join()
     publisher.sock.close()
-    row.metrics_before_read = metrics(gateway)
+    row.metrics_before_read = admin_metrics(gateway)
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -461,7 +388,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
         before = metric(row.metrics_before_read, sent, endpoint="streams")
         if before < messages:  # the rest waited in the log until the consumer read
             row.answer = f"paused at {before:,.0f}"
-    text = metrics(gateway)
+    text = admin_metrics(gateway)
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="streams")
     if disconnects:
         row.answer = f"disconnect x{disconnects:.0f}"
@@ -470,61 +397,31 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
 # --- DMP -----------------------------------------------------------------------------------
 
 
-def dmp_open(gateway: GatewayProcess, lease: bytes) -> socket.socket:
-    """A DMP connection past its dialog (both responses read and checked)."""
-    sock = socket.create_connection(gateway.address("dmp"), timeout=30)
-    sock.sendall(DMP_HEADER + bytes((len(lease),)) + lease)
-    got = b""
-    while True:
-        data = sock.recv(4096)
-        if not data:
-            raise SystemExit(f"DMP: the gateway closed the dialog after {got!r}")
-        got += data
-        if got and len(got) >= 1 + got[0]:
-            second = got[1 + got[0] :]
-            if second and len(second) >= 1 + second[0]:
-                assert second[1:4] == b"200", second
-                return sock
-
-
-def dmp_envelope(body: bytes) -> bytes:
-    """Empty exchange and routing key, no properties, no options, the body."""
-    rest = b"\x00\x00\x00\x00\x00" + len(body).to_bytes(3, "big") + body
-    return FRAME.pack(len(rest)) + rest
-
-
 def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
             sampler: RSSSampler) -> None:  # fmt: skip
     """Write into a sink routed to a feed; the slow consumer is the feed's reader."""
-    consumer = dmp_open(gateway, b"r") if slow else None
-    writer = dmp_open(gateway, b"w")
-    one = dmp_envelope(b"x" * size)
-    batch = 1000
-    sampler.phase = "first"
-    for start in range(0, messages, batch):
-        if start >= messages // 2:
-            sampler.phase = "second"
-        n = min(batch, messages - start)
-        writer.sendall(one * n)
-        row.sent += n
+    consumer = opened(gateway.address("dmp"), b"r") if slow else None
+    writer = opened(gateway.address("dmp"), b"w")
+    one = envelope(b"x" * size)
+    send_in_batches(messages, 1000, sampler, row, lambda _, n: writer.sendall(one * n))
 
     def settled() -> bool:
-        text = metrics(gateway)
+        text = admin_metrics(gateway)
         done = sum(
             metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome=outcome)
             for outcome in ("accepted", "retry", "rejected")
         )
         return done >= messages
 
-    if not wait_until(settled, 300):
+    if not wait_until(settled, 300, 0.2):
         row.notes.append("not every message had its outcome in 300 s")
     sampler.phase = "after"
-    text = metrics(gateway)
+    text = admin_metrics(gateway)
     row.refused = int(
         metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome="retry")
     )
     writer.close()
-    row.metrics_before_read = metrics(gateway)
+    row.metrics_before_read = admin_metrics(gateway)
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -532,19 +429,12 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
 
         def count(data: bytes) -> None:
             pending.extend(data)
-            position = 0
-            while len(pending) - position >= 4:
-                (length,) = FRAME.unpack_from(pending, position)
-                if len(pending) - position < 4 + length:
-                    break
-                position += 4 + length
-                got.value += length > 0
-            del pending[:position]
+            got.value += len(take_envelopes(pending))
 
         drain(consumer, count)
         consumer.close()
         row.delivered = got.value
-    text = metrics(gateway)
+    text = admin_metrics(gateway)
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="dmp")
     answers = []
     if row.refused:
@@ -557,50 +447,20 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
 # --- MTL -----------------------------------------------------------------------------------
 
 
-def short(text: str) -> bytes:
-    """An MTL short string."""
-    return bytes((len(text),)) + text.encode()
-
-
-def mtl_lease(context: Any, port: int, kind: str, resources: list[str], confirm: str) -> Any:
-    """Open, gateway profile, lease; a DEALER that sent Lease and got 200."""
-    import zmq
-
-    control = context.socket(zmq.REQ)
-    control.connect(f"tcp://127.0.0.1:{port}")
-    reply: dict[str, Any] = {}
-    for command, body in (
-        ("Connection.Open", {"protocol": {"name": "MTL", "version": 1}}),
-        ("Connection.Profile", {"profile": "gateway"}),
-        (f"Connection.{kind}", {"resources": resources, "confirm": confirm}),
-    ):
-        control.send_multipart([command.encode(), json.dumps(body).encode()])
-        _, raw = control.recv_multipart()
-        reply = json.loads(raw)
-    control.close(linger=0)
-    data = context.socket(zmq.DEALER)
-    data.connect(f"tcp://127.0.0.1:{reply['port']}")
-    data.send_multipart([b"\x01" + U64.pack(1) + short(str(reply["lease"])), b""])
-    assert data.recv_multipart()[1] == b"200"
-    return data
-
-
 def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: Row,
             sampler: RSSSampler) -> None:  # fmt: skip
     """A confirm=full writer to ``in``, routed to ``out`` of ``mtl2`` (the slow consumer's)."""
-    import zmq
-
     context = zmq.Context()
     try:
         port = gateway.address("mtl")[1]
         consumer = None
         if slow:
             port2 = gateway.address("mtl2")[1]
-            consumer = mtl_lease(context, port2, "Reader", ["out"], "none")
+            consumer = lease(context, port2, "gateway", "Reader", ["out"], "none", receive_hwm=None)
             consumer.send_multipart([b"\x03" + U64.pack(2) + short("out"), b""])
             assert consumer.recv_multipart()[1] == b"200"
-        writer = mtl_lease(context, port, "Writer", ["in"], "full")
-        head = short("") + b"\0\0\0\0"
+        writer = lease(context, port, "gateway", "Writer", ["in"], "full", receive_hwm=None)
+        head = short("") + EMPTY_TABLE
         body = b"x" * size
         confirmed = rejected = sent = 0
         deadline = time.monotonic() + 600
@@ -625,7 +485,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         sampler.phase = "after"
         row.sent, row.acked, row.refused = sent, confirmed, rejected
         writer.close(linger=0)
-        row.metrics_before_read = metrics(gateway)
+        row.metrics_before_read = admin_metrics(gateway)
         sampler.phase = "reading"
         if consumer is not None:
             got = 0
@@ -634,7 +494,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
                 got += header[0] == 0x05
             consumer.close(linger=0)
             row.delivered = got
-        text = metrics(gateway)
+        text = admin_metrics(gateway)
         dead = metric(text, "msggateway_protocol_errors_total", endpoint="mtl2", kind="dead-peer")
         answers = ["reject"] if rejected else []
         if dead:
@@ -686,7 +546,7 @@ def measure(
         started = time.monotonic()
         with RSSSampler(gateway.pid) as sampler:
             RUNS[protocol](gateway, messages, size, slow, row, sampler)
-        row.metrics_end = metrics(gateway)
+        row.metrics_end = admin_metrics(gateway)
         row.seconds = time.monotonic() - started
     publishing = [rss for phase, rss in sampler.samples if phase != "reading" and phase != "end"]
     row.rss_start = publishing[0]
