@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.qmqp_stream import block, rss_kib  # noqa: E402
+from bench.gateway_proc import rss_kib  # noqa: E402
+from bench.qmqp_stream import block  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
 from tests.certs import make_pki  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402

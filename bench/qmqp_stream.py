@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway_proc import rss_kib  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
@@ -147,14 +148,6 @@ def stream(
     elapsed = time.monotonic() - started
     sock.close()
     return elapsed, statuses
-
-
-def rss_kib(pid: int) -> int:
-    """Resident memory of a process, KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def stalled_memory(process: GatewayProcess, seconds: float) -> tuple[int, int, int]:
