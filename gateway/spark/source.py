@@ -5,6 +5,7 @@ Register it once per session with ``spark.dataSource.register(LogDataSource)``
 
     spark.read.format("msggateway").load("/var/lib/msggateway/log")
     spark.read.format("msggateway").option("kind", "outcomes").load(path)
+    spark.readStream.format("msggateway").load(path)      # gateway.spark.streaming
 
 Two kinds of rows (`MESSAGE_SCHEMA`, `OUTCOME_SCHEMA`):
 
@@ -14,9 +15,10 @@ Two kinds of rows (`MESSAGE_SCHEMA`, `OUTCOME_SCHEMA`):
   reference in the chunk's trailer; null when the chunk holds messages of
   none or of several), message id, route (for a durable route's stream),
   address, sender, recipients, timestamp, headers (a string map), body and
-  its size. Entries are read with the stream listener's own mapping
-  (`gateway.protocols.stream.mapping`), so a message reads the same here as
-  through a stream consumer.
+  its size. Entries read as the stream listener's own mapping
+  (`gateway.protocols.stream.mapping`) reads them, so a message reads the
+  same here as through a stream consumer; `gateway.spark.columnar` decodes
+  them a block of chunks at a time into Arrow columns.
 * ``outcomes``: the records of ``msggateway.outcomes`` (`gateway.core.outcomes`),
   one row per record (``offset`` is the entry's: one entry holds up to a
   thousand records): its kind, route, source, arrival, outcome and outcome
@@ -33,15 +35,28 @@ Partitions are slices of segments (`gateway.spark.logfiles`, at most
 options ``streams``, ``start_offset``, ``end_offset`` (exclusive),
 ``start_time`` and ``end_time`` (exclusive; ISO 8601 or milliseconds) skip
 whole segments and chunk ranges without reading them, from the index alone,
-and bound the rows exactly. Rows come as Arrow record batches of up to
-``batch_rows`` rows.
+and bound the rows exactly. Rows come as Arrow record batches of about
+``batch_rows`` rows (whole chunks).
 
-Spark filters (``where offset > N``) are applied by Spark to the rows read,
-not pushed into the scan: PySpark 4.3 keeps a Python data source's pushed
-filter state with the DataFrame and reuses its partitions for a later query
-of the same DataFrame with other filters, which returns too few rows (seen
-here: ``df.where("stream = 'a'").count()`` then ``df.count()``). The options
-are the safe way to narrow a scan.
+Columns: a scan decodes only the columns of its schema. PySpark 4.3 does
+not tell a Python data source which columns a query uses (its scan builder
+has no ``pruneColumns``), so a query says so itself, either with the
+``columns`` option (``.option("columns", "stream,offset,sender")``: the
+DataFrame has those columns, in that order) or with a schema of some of
+the kind's columns (``.schema("stream STRING, offset LONG")``). Without
+``body`` and ``headers`` the entries' bodies are never copied and their
+headers never turned into strings.
+
+Filters: Spark ``where`` clauses are applied by Spark to the rows read, not
+pushed into the scan. PySpark 4.3's JVM side keeps what a Python reader's
+``pushFilters`` planned (partitions and read function) on the provider
+that every scan of one DataFrame shares, not on the scan: a later query of
+the same DataFrame without filters reuses the narrowed partitions, and two
+scans of one DataFrame in one query (a union, a self-join) both read the
+partitions of whichever was planned last, even when each reader keeps its
+own filters (``tests/spark/test_source.py`` shows both with a probe source).
+No reader-side state can undo that, so the options are the way to narrow a
+scan here.
 
 A live log is read safely: only chunks the index listed at planning, each
 checked by its CRC; a torn tail ends a slice without an error.
@@ -50,31 +65,44 @@ checked by its CRC; a torn tail ends a slice without an error.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 from pyspark.sql.types import StructType
 
-from gateway.core.durable import ROUTE_STREAM_PREFIX
 from gateway.core.outcomes import OUTCOME_STREAM, decode_records
-from gateway.protocols.stream.mapping import message_from_entry
+from gateway.spark.columnar import MESSAGE_COLUMNS, message_batch, reference_batch
 from gateway.spark.logfiles import (
     DEFAULT_SLICE_BYTES,
     ChunkRecords,
     Range,
+    SegmentGoneError,
     Slice,
     list_streams,
     plan_slices,
+    read_blocks,
     read_slice,
 )
+from gateway.spark.sink import LogSinkMixin
 
 __all__ = [
     "MESSAGE_SCHEMA",
     "NAME",
     "OUTCOME_SCHEMA",
     "LogDataSource",
+    "LogReader",
+    "ReadOptions",
+    "SlicePartition",
+    "read_piece",
     "register",
 ]
 
@@ -101,10 +129,10 @@ OUTCOME_SCHEMA: Final = (
 """The rows of ``kind = outcomes``."""
 
 _KINDS: Final = frozenset({"messages", "outcomes"})
+_DECODERS: Final = frozenset({"columnar", "rows"})
 _DEFAULT_BATCH_ROWS: Final = 8192
 _TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 _STRINGS: Final = pa.list_(pa.string())
-_HEADERS: Final = pa.map_(pa.string(), pa.string())
 
 
 def register(spark: Any) -> None:
@@ -112,8 +140,12 @@ def register(spark: Any) -> None:
     spark.dataSource.register(LogDataSource)
 
 
-class LogDataSource(DataSource):
-    """``spark.read.format("msggateway")``: see the module documentation."""
+class LogDataSource(LogSinkMixin, DataSource):
+    """``spark.read.format("msggateway")``: see the module documentation.
+
+    Also ``spark.readStream`` (`gateway.spark.streaming`) and, through
+    `LogSinkMixin`, ``df.write`` and ``df.writeStream`` (`gateway.spark.sink`).
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -121,58 +153,121 @@ class LogDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        """The schema of the chosen kind."""
-        return OUTCOME_SCHEMA if _kind(self.options) == "outcomes" else MESSAGE_SCHEMA
+        """The schema of the chosen kind, or of its ``columns``."""
+        kind = _kind(self.options)
+        wanted = _column_option(self.options)
+        if wanted is None:
+            return OUTCOME_SCHEMA if kind == "outcomes" else MESSAGE_SCHEMA
+        types = _COLUMN_TYPES[kind]
+        unknown = [name for name in wanted if name not in types]
+        if unknown:
+            raise ValueError(
+                f"msggateway data source: no column {unknown[0]!r} in {kind} rows;"
+                f" columns: {', '.join(types)}"
+            )
+        return ", ".join(f"`{name}` {types[name]}" for name in wanted)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        """A reader for this load's options."""
-        return LogReader(dict(self.options))
+        """A reader for this load's options and schema."""
+        return LogReader(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """A stream reader (`gateway.spark.streaming`) for these options."""
+        from gateway.spark.streaming import LogStreamReader
+
+        return LogStreamReader(dict(self.options), schema)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """A load's options, checked.
+
+    Attributes:
+        root: The log directory.
+        kind: ``messages`` or ``outcomes``.
+        streams: The streams named by ``streams``, or None for all.
+        offsets: ``start_offset`` and ``end_offset``.
+        timestamps: ``start_time`` and ``end_time`` (ms).
+        max_slice_bytes: Most bytes of chunks in one partition.
+        batch_rows: Rows per Arrow batch, about (whole chunks).
+        columns: The columns to produce, in order.
+        decode: ``columnar``, or ``rows`` (every entry through the mapping:
+            the row-by-row path, for comparison).
+    """
+
+    root: str
+    kind: str
+    streams: list[str] | None
+    offsets: Range
+    timestamps: Range
+    max_slice_bytes: int
+    batch_rows: int
+    columns: tuple[str, ...]
+    decode: str
+
+    @classmethod
+    def parse(cls, options: dict[str, str], schema: StructType | None = None) -> ReadOptions:
+        """Check the options (and a schema, if given).
+
+        Raises:
+            ValueError: An option or column that is not what it should be.
+        """
+        root = options.get("path", "")
+        if not root:
+            raise ValueError("msggateway data source: give the log directory: .load(PATH)")
+        kind = _kind(options)
+        streams = options.get("streams")
+        decode = str(options.get("decode", "columnar")).lower()
+        if decode not in _DECODERS:
+            raise ValueError(f"msggateway data source: decode is columnar or rows, not {decode!r}")
+        return cls(
+            root=root,
+            kind=kind,
+            streams=[s.strip() for s in streams.split(",") if s.strip()] if streams else None,
+            offsets=Range(_int_option(options, "start_offset"), _int_option(options, "end_offset")),
+            timestamps=Range(
+                _time_option(options, "start_time"), _time_option(options, "end_time")
+            ),
+            max_slice_bytes=_int_option(options, "max_slice_bytes") or DEFAULT_SLICE_BYTES,
+            batch_rows=_int_option(options, "batch_rows") or _DEFAULT_BATCH_ROWS,
+            columns=_columns(kind, schema, options),
+            decode=decode,
+        )
+
+    def stream_names(self) -> list[str]:
+        """The streams to read: those named, or all of the kind's."""
+        if self.streams is not None:
+            return self.streams
+        names = list_streams(self.root)
+        if self.kind == "outcomes":
+            return [OUTCOME_STREAM] if OUTCOME_STREAM in names else []
+        return [name for name in names if name != OUTCOME_STREAM]
 
 
 class SlicePartition(InputPartition):
-    """One slice of a segment."""
+    """One slice of a segment, with the offsets to read from it."""
 
-    def __init__(self, piece: Slice) -> None:
+    def __init__(self, piece: Slice, offsets: Range | None = None) -> None:
         super().__init__(piece)
         self.piece = piece
+        self.offsets = offsets
 
 
 class LogReader(DataSourceReader):
     """Plans slices from the options; reads them as Arrow batches."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        self.root = options.get("path", "")
-        if not self.root:
-            raise ValueError("msggateway data source: give the log directory: .load(PATH)")
-        self.kind = _kind(options)
-        streams = options.get("streams")
-        self.streams: list[str] | None = (
-            [s.strip() for s in streams.split(",") if s.strip()] if streams else None
-        )
-        self.offsets = Range(
-            _int_option(options, "start_offset"), _int_option(options, "end_offset")
-        )
-        self.timestamps = Range(
-            _time_option(options, "start_time"), _time_option(options, "end_time")
-        )
-        self.max_slice_bytes = _int_option(options, "max_slice_bytes") or DEFAULT_SLICE_BYTES
-        self.batch_rows = _int_option(options, "batch_rows") or _DEFAULT_BATCH_ROWS
+    def __init__(self, options: dict[str, str], schema: StructType | None = None) -> None:
+        self.settings = ReadOptions.parse(options, schema)
 
     def partitions(self) -> Sequence[InputPartition]:
         """One partition per slice that can hold rows."""
-        streams = self.streams
-        if streams is None:
-            names = list_streams(self.root)
-            if self.kind == "outcomes":
-                streams = [OUTCOME_STREAM] if OUTCOME_STREAM in names else []
-            else:
-                streams = [name for name in names if name != OUTCOME_STREAM]
+        settings = self.settings
         slices = plan_slices(
-            self.root,
-            streams=streams,
-            offsets=self.offsets,
-            timestamps=self.timestamps,
-            max_slice_bytes=self.max_slice_bytes,
+            settings.root,
+            streams=settings.stream_names(),
+            offsets=settings.offsets,
+            timestamps=settings.timestamps,
+            max_slice_bytes=settings.max_slice_bytes,
         )
         # Spark wants at least one partition; an empty one reads nothing.
         return [SlicePartition(piece) for piece in slices] or [InputPartition(None)]
@@ -182,15 +277,77 @@ class LogReader(DataSourceReader):
         piece = getattr(partition, "piece", None)
         if piece is None:
             return
-        rows = _OutcomeRows() if self.kind == "outcomes" else _MessageRows(piece.stream)
-        for chunk in read_slice(piece):
-            if chunk.header.timestamp not in self.timestamps:
-                continue
-            rows.add(chunk, piece.stream, self.offsets)
-            if rows.count >= self.batch_rows:
-                yield rows.batch()
-        if rows.count:
-            yield rows.batch()
+        offsets = getattr(partition, "offsets", None) or self.settings.offsets
+        yield from read_piece(self.settings, piece, offsets)
+
+
+def read_piece(
+    settings: ReadOptions, piece: Slice, offsets: Range, *, missing_ok: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one slice with offsets in ``offsets``, as Arrow record batches.
+
+    Raises:
+        SegmentGoneError: The slice's segment is gone and not ``missing_ok``.
+        LogReadError: The segment is damaged.
+    """
+    columns = settings.columns
+    if settings.kind == "outcomes":
+        if not missing_ok and not os.path.exists(piece.segment):
+            raise SegmentGoneError(f"{piece.segment}: deleted before it was read (retention)")
+        yield from _outcome_batches(settings, piece, offsets)
+        return
+    batch = reference_batch if settings.decode == "rows" else message_batch
+    for block in read_blocks(
+        piece,
+        offsets=offsets,
+        timestamps=settings.timestamps,
+        max_records=settings.batch_rows,
+        missing_ok=missing_ok,
+    ):
+        if block.count:
+            yield batch(block, piece.stream, columns)
+
+
+def _outcome_batches(
+    settings: ReadOptions, piece: Slice, offsets: Range
+) -> Iterator[pa.RecordBatch]:
+    rows = _OutcomeRows()
+    for chunk in read_slice(piece):
+        if chunk.header.timestamp not in settings.timestamps:
+            continue
+        rows.add(chunk, piece.stream, offsets)
+        if rows.count >= settings.batch_rows:
+            yield rows.batch().select(list(settings.columns))
+    if rows.count:
+        yield rows.batch().select(list(settings.columns))
+
+
+def _column_option(options: Any) -> list[str] | None:
+    value = options.get("columns")
+    if value is None or not str(value).strip():
+        return None
+    return [name.strip() for name in str(value).split(",") if name.strip()]
+
+
+def _columns(kind: str, schema: StructType | None, options: Any) -> tuple[str, ...]:
+    """The columns a scan produces: its schema's (checked against the kind's), else all."""
+    types = _COLUMN_TYPES[kind]
+    if schema is None:
+        wanted = _column_option(options)
+        return tuple(types) if wanted is None else tuple(wanted)
+    for field in schema.fields:
+        expected = types.get(field.name)
+        if expected is None:
+            raise ValueError(
+                f"msggateway data source: no column {field.name!r} in {kind} rows;"
+                f" columns: {', '.join(types)}"
+            )
+        if field.dataType.simpleString() != expected:
+            raise ValueError(
+                f"msggateway data source: column {field.name!r} is {expected},"
+                f" not {field.dataType.simpleString()}"
+            )
+    return tuple(schema.fieldNames())
 
 
 def _kind(options: Any) -> str:
@@ -238,97 +395,24 @@ def _micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-class _MessageRows:
-    """Columns of message rows, turned into a record batch when full."""
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.route = (
-            stream[len(ROUTE_STREAM_PREFIX) :] if stream.startswith(ROUTE_STREAM_PREFIX) else None
-        )
-        self.from_to = self.route is not None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.count = 0
-        self.offsets: list[int] = []
-        self.chunk_times: list[int] = []
-        self.publishers: list[str | None] = []
-        self.ids: list[str] = []
-        self.addresses: list[str] = []
-        self.senders: list[str | None] = []
-        self.recipients: list[list[str]] = []
-        self.times: list[int] = []
-        self.headers: list[list[tuple[str, str]]] = []
-        self.bodies: list[bytes] = []
-
-    def add(self, chunk: ChunkRecords, stream: str, offsets: Range) -> None:
-        header = chunk.header
-        seconds = header.timestamp / 1000
-        chunk_time = header.timestamp * 1000
-        publisher = chunk.publishers[0] if len(chunk.publishers) == 1 else None
-        for offset, entry in enumerate(chunk.records, header.first_offset):
-            if offset not in offsets:
-                continue
-            message = message_from_entry(
-                entry, stream=stream, timestamp=seconds, offset=offset, address_from_to=self.from_to
-            )
-            self.offsets.append(offset)
-            self.chunk_times.append(chunk_time)
-            self.publishers.append(publisher)
-            self.ids.append(message.id)
-            self.addresses.append(message.address)
-            self.senders.append(message.sender)
-            self.recipients.append(list(message.recipients))
-            self.times.append(_micros(message.timestamp))
-            self.headers.append([(key, _text(value)) for key, value in message.headers.items()])
-            self.bodies.append(message.body)
-            self.count += 1
-
-    def batch(self) -> pa.RecordBatch:
-        count = self.count
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array([self.stream] * count, pa.string()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.chunk_times, _TIMESTAMP),
-                pa.array(self.publishers, pa.string()),
-                pa.array(self.ids, pa.string()),
-                pa.array([self.route] * count, pa.string()),
-                pa.array(self.addresses, pa.string()),
-                pa.array(self.senders, pa.string()),
-                pa.array(self.recipients, _STRINGS),
-                pa.array(self.times, _TIMESTAMP),
-                pa.array(self.headers, _HEADERS),
-                pa.array(self.bodies, pa.binary()),
-                pa.array([len(b) for b in self.bodies], pa.int32()),
-            ],
-            names=[
-                "stream",
-                "offset",
-                "chunk_timestamp",
-                "publisher",
-                "message_id",
-                "route",
-                "address",
-                "sender",
-                "recipients",
-                "timestamp",
-                "headers",
-                "body",
-                "size",
-            ],
-        )
-        self._reset()
-        return batch
+def _simple(kind: pa.DataType) -> str:
+    """Spark's simple string of the type Spark hands over as ``kind``."""
+    if pa.types.is_timestamp(kind):
+        return "timestamp"
+    if pa.types.is_map(kind):
+        return f"map<{_simple(kind.key_type)},{_simple(kind.item_type)}>"
+    if pa.types.is_list(kind):
+        return f"array<{_simple(kind.value_type)}>"
+    if pa.types.is_struct(kind):
+        fields = ",".join(f"{f.name}:{_simple(f.type)}" for f in kind)
+        return f"struct<{fields}>"
+    return {
+        pa.string(): "string",
+        pa.int64(): "bigint",
+        pa.int32(): "int",
+        pa.float64(): "double",
+        pa.binary(): "binary",
+    }[kind]
 
 
 _OUTCOME_COLUMNS: Final = (
@@ -369,6 +453,13 @@ _OUTCOME_COLUMNS: Final = (
         ),
     ),
 )
+
+
+_COLUMN_TYPES: Final = {
+    "messages": {name: _simple(kind) for name, kind in MESSAGE_COLUMNS},
+    "outcomes": {name: _simple(kind) for name, kind in _OUTCOME_COLUMNS},
+}
+"""Each kind's columns and Spark's simple string (also DDL) of their types."""
 
 
 class _OutcomeRows:
