@@ -43,6 +43,7 @@ import numpy as np
 from gateway.codecs.osiris import (
     COMPRESSION_NONE,
     FILE_HEADER_BYTES,
+    HEADER_BYTES,
     SUB_BATCH_HEADER_BYTES,
     USER,
     ChunkHeader,
@@ -64,11 +65,14 @@ __all__ = [
     "LogReadError",
     "Range",
     "RecordBlock",
+    "SegmentGoneError",
     "Slice",
+    "StreamBounds",
     "list_streams",
     "plan_slices",
     "read_blocks",
     "read_slice",
+    "stream_bounds",
 ]
 
 DEFAULT_SLICE_BYTES: Final = 64 * 1024 * 1024
@@ -85,6 +89,24 @@ _SUB_BATCH: Final = struct.Struct(">BHII")
 
 class LogReadError(Exception):
     """The log's files cannot be read as a log: a message naming the file and byte."""
+
+
+class SegmentGoneError(LogReadError):
+    """A segment planned for reading was deleted (retention) before it was read."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """The offsets a stream's files hold now.
+
+    Attributes:
+        first: The first offset still kept: the oldest segment's first chunk id.
+        next: The offset after the last chunk the index lists (``first``
+            when it lists none).
+    """
+
+    first: int
+    next: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +244,47 @@ def list_streams(root: Path | str) -> dict[str, Path]:
     return streams
 
 
+def stream_bounds(directory: Path | str) -> StreamBounds:
+    """The first offset a stream's directory still holds, and the next one to come.
+
+    From the index files and the header of the last chunk they list (the
+    gateway writes a chunk before its index record): what a reader planning
+    now would find, whatever the gateway appends meanwhile.
+
+    Raises:
+        LogReadError: The last chunk listed cannot be read.
+    """
+    directory = Path(directory)
+    segment_ids, index_ids = segment_file_ids(directory)
+    ids = sorted(segment_ids & index_ids)
+    if not ids:
+        return StreamBounds(0, 0)
+    for number in range(len(ids) - 1, -1, -1):
+        following = ids[number + 1] if number + 1 < len(ids) else None
+        records, _complete = read_index(directory / index_file_name(ids[number]))
+        if following is not None:
+            records = [r for r in records if r.chunk_id < following]
+        if not records:
+            continue
+        last = records[-1]
+        segment = directory / segment_file_name(ids[number])
+        try:
+            with open(segment, "rb") as handle:
+                handle.seek(last.position)
+                header = ChunkHeader.unpack(handle.read(HEADER_BYTES))
+        except FileNotFoundError:
+            continue  # retention removed it meanwhile: an older one is older still
+        except (OSError, OsirisError) as exc:
+            raise LogReadError(f"{segment}: chunk at byte {last.position}: {exc}") from None
+        if header.first_offset != last.chunk_id:
+            raise LogReadError(
+                f"{segment}: byte {last.position} holds chunk {header.first_offset},"
+                f" the index says {last.chunk_id}"
+            )
+        return StreamBounds(ids[0], header.next_offset)
+    return StreamBounds(ids[0], ids[-1])
+
+
 def plan_slices(
     root: Path | str,
     *,
@@ -331,19 +394,25 @@ def read_blocks(
     offsets: Range = Range(),
     timestamps: Range = Range(),
     max_records: int = 8192,
+    missing_ok: bool = True,
 ) -> Iterator[RecordBlock]:
     """Yield the records of a slice's user chunks as blocks of whole chunks.
 
     A block holds the chunks read until it has at least ``max_records``
     records (so one chunk can make it larger). Only records whose offset is
     in ``offsets``, of chunks whose timestamp is in ``timestamps``, are in
-    a block; chunks are checked as `read_slice` checks them.
+    a block; chunks are checked as `read_slice` checks them. A segment that
+    retention removed since planning reads as nothing, unless not
+    ``missing_ok``.
 
     Raises:
+        SegmentGoneError: The segment file is gone and not ``missing_ok``.
         LogReadError: As `read_slice`.
     """
     buf = _mapped(piece)
     if buf is None:
+        if not missing_ok and not os.path.exists(piece.segment):
+            raise SegmentGoneError(f"{piece.segment}: deleted before it was read (retention)")
         return
     try:
         pending: list[tuple[int, ChunkHeader]] = []
