@@ -18,24 +18,19 @@ Nothing here imports txzmq or a reactor: test modules choose their reactor.
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.rabbitmq import RabbitMQNode, RabbitMQStartError, RabbitMQUnavailable
+from tests.integration.harness import start_rabbitmq
+from tests.rabbitmq import RabbitMQNode
 
 __all__ = ["rabbitmq", "stream_name"]
 
 MAX_TEST_NAME_CHARS = 60
 """How much of the test's name goes into a stream name (RabbitMQ allows 255 bytes)."""
-
-
-def _under_ci() -> bool:
-    """Whether this is a CI run (``CI=true``), where RabbitMQ must be usable."""
-    return os.environ.get("CI", "").lower() == "true"
 
 
 @pytest.fixture(scope="session")
@@ -48,22 +43,7 @@ def rabbitmq() -> Iterator[RabbitMQNode]:
     use `stream_name` for names of your own.
     """
     node = RabbitMQNode()
-    unavailable = failed = None
-    try:
-        node.start()
-    except RabbitMQUnavailable as exc:
-        unavailable = str(exc)
-    except RabbitMQStartError as exc:
-        failed = str(exc)
-    # Outside the except clauses, so the report is the reason, not a chain of tracebacks.
-    if unavailable is not None and _under_ci():
-        pytest.fail(
-            f"RabbitMQ is required under CI=true but cannot run: {unavailable}", pytrace=False
-        )
-    if unavailable is not None:
-        pytest.skip(f"RabbitMQ cannot run on this machine: {unavailable}")
-    if failed is not None:
-        pytest.fail(f"RabbitMQ is installed but did not start: {failed}", pytrace=False)
+    start_rabbitmq(node.start, "RabbitMQ", "RabbitMQ is installed but did not start")
     try:
         yield node
     finally:

@@ -7,10 +7,20 @@ event-driven: blocking reads with deadlines, never sleeps.
 
 `LineClient` is a blocking line-oriented socket client (optionally TLS) with a
 deadline on every read.
+
+For streams, with rstream (imported only when called; ``./dev test``
+installs it): `stream_connection` gives its connection arguments for a
+gateway's stream listener, `subscribed` runs a consumer from the first
+offset, and `read_stream_until` reads until a test has what it wants.
+
+`start_rabbitmq` starts a RabbitMQ node or cluster under the integration
+tests' policy: skipped where RabbitMQ cannot run, except under ``CI=true``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import selectors
@@ -21,10 +31,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["GatewayProcess", "GatewayStartError", "LineClient", "twistd_path"]
+from tests.rabbitmq import RabbitMQStartError, RabbitMQUnavailable
+
+__all__ = [
+    "GatewayProcess",
+    "GatewayStartError",
+    "LineClient",
+    "read_stream_until",
+    "start_rabbitmq",
+    "stream_connection",
+    "subscribed",
+    "twistd_path",
+    "under_ci",
+]
 
 START_TIMEOUT_SECONDS: Final = 30.0
 READ_TIMEOUT_SECONDS: Final = 10.0
@@ -337,3 +360,127 @@ class LineClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --- streams, read with rstream ---------------------------------------------------------------
+
+
+def stream_connection(process: GatewayProcess, listener: str = "streams") -> dict[str, Any]:
+    """Rstream's connection arguments (as guest) for a gateway's stream listener."""
+    host, port = process.address(listener)
+    return {"host": host, "port": port, "username": "guest", "password": "guest"}
+
+
+@contextlib.asynccontextmanager
+async def subscribed(
+    connection: Mapping[str, Any],
+    stream: str,
+    on_message: Callable[[Any, Any], Awaitable[None]],
+    *,
+    amqp: bool = True,
+    offset: Any = None,
+) -> AsyncIterator[None]:
+    """An rstream consumer of ``stream`` running while the block runs; closed after it.
+
+    Args:
+        connection: Rstream's connection arguments.
+        stream: The stream.
+        on_message: Called with each message and its context.
+        amqp: Decode messages as AMQP 1.0 (else they are the stored bytes).
+        offset: Where to start, an rstream ``ConsumerOffsetSpecification``
+            (None: the first offset).
+    """
+    import rstream
+
+    consumer = rstream.Consumer(**connection)
+    await consumer.start()
+    runner: asyncio.Task[None] | None = None
+    try:
+        await consumer.subscribe(
+            stream,
+            on_message,
+            decoder=rstream.amqp_decoder if amqp else None,
+            offset_specification=offset,
+        )
+        runner = asyncio.create_task(consumer.run())
+        yield
+    finally:
+        await consumer.close()
+        if runner is not None:
+            runner.cancel()
+
+
+async def read_stream_until(
+    connection: Mapping[str, Any],
+    stream: str,
+    take: Callable[[Any, Any], bool],
+    *,
+    create: bool = False,
+    amqp: bool = True,
+    offset: Any = None,
+) -> None:
+    """Read ``stream`` until ``take(message, context)`` returns True (see `subscribed`).
+
+    Args:
+        connection: Rstream's connection arguments.
+        stream: The stream.
+        take: Keeps what the test wants of each message; True when it has enough.
+        create: Create the stream first, in case the gateway has not yet.
+        amqp: Decode messages as AMQP 1.0 (else they are the stored bytes).
+        offset: Where to start (None: the first offset).
+    """
+    import rstream
+
+    if create:
+        async with rstream.Producer(**connection) as producer:
+            await producer.create_stream(stream, exists_ok=True)
+    done = asyncio.Event()
+
+    async def on_message(message: Any, context: Any) -> None:
+        if take(message, context):
+            done.set()
+
+    async with subscribed(connection, stream, on_message, amqp=amqp, offset=offset):
+        await done.wait()
+
+
+# --- RabbitMQ ------------------------------------------------------------------------------------
+
+
+def under_ci() -> bool:
+    """Whether this is a CI run (``CI=true``), where RabbitMQ must be usable."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def start_rabbitmq(start: Callable[[], object], what: str, failed: str) -> None:
+    """Call ``start``, or end the test as RabbitMQ's availability says.
+
+    Where RabbitMQ cannot run at all (`RabbitMQUnavailable`: not installed
+    and not installable) the test is skipped with the reason, except under
+    ``CI=true``, where a skip would hide that it never ran: there it fails.
+    One that is installed but does not start (`RabbitMQStartError`) always
+    fails, with the reason (the nodes' logs).
+
+    Args:
+        start: Starts the node or the cluster.
+        what: What it starts, for the reports (``RabbitMQ``, ``a RabbitMQ cluster``).
+        failed: What a start error means (``the RabbitMQ cluster did not form``).
+    """
+    import pytest  # here, not above: the benches use this module without pytest
+
+    unavailable = error = None
+    try:
+        start()
+    except RabbitMQUnavailable as exc:
+        unavailable = str(exc)
+    except RabbitMQStartError as exc:
+        error = str(exc)
+    # Outside the except clauses, so the report is the reason, not a chain of tracebacks.
+    if unavailable is not None and under_ci():
+        pytest.fail(
+            f"{what} is required under CI=true but cannot run: {unavailable}", pytrace=False
+        )
+    if unavailable is not None:
+        pytest.skip(f"{what} cannot run on this machine: {unavailable}")
+    if error is not None:
+        pytest.fail(f"{failed}: {error}", pytrace=False)

@@ -44,13 +44,11 @@ from typing import Any, Final
 import pytest
 
 from gateway.codecs import qmqp
-from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.harness import GatewayProcess, LineClient, start_rabbitmq, subscribed
 from tests.integration.test_qmqp import mail
 from tests.rabbitmq import (
     RabbitMQCluster,
     RabbitMQNode,
-    RabbitMQStartError,
-    RabbitMQUnavailable,
 )
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -358,24 +356,12 @@ async def _read_all(connection: dict[str, Any], stream: str, expected: set[str])
 
     if not missing:
         all_in.set()
-    consumer = rstream.Consumer(**connection)
-    await consumer.start()
-    runner: asyncio.Task[None] | None = None
-    try:
-        first = rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST, None)
-        await consumer.subscribe(
-            stream, on_message, offset_specification=first, decoder=rstream.amqp_decoder
-        )
-        runner = asyncio.create_task(consumer.run())
+    async with subscribed(connection, stream, on_message):
         await all_in.wait()
         # Anything the gateway published twice by now comes before the sentinel.
         async with rstream.Producer(**connection) as producer:
             await producer.send_wait(stream, rstream.AMQPMessage(body=sentinel.encode()))
         await ended.wait()
-    finally:
-        await consumer.close()
-        if runner is not None:
-            runner.cancel()
     return got
 
 
@@ -549,11 +535,6 @@ def test_restart_under_load(
 # --- (b) a cluster's stream leader lost mid-publish ------------------------------------------
 
 
-def _under_ci() -> bool:
-    """Whether this is a CI run (``CI=true``), where RabbitMQ must be usable."""
-    return os.environ.get("CI", "").lower() == "true"
-
-
 class Clusters:
     """This module's three-node cluster: formed when a test first asks, shared after that.
 
@@ -576,22 +557,8 @@ class Clusters:
             self._cluster.start_stopped()
             return self._cluster
         cluster = RabbitMQCluster(3)
-        unavailable = failed = None
         started = time.monotonic()
-        try:
-            cluster.start()
-        except RabbitMQUnavailable as exc:
-            unavailable = str(exc)
-        except RabbitMQStartError as exc:
-            failed = str(exc)
-        if unavailable is not None and _under_ci():
-            pytest.fail(
-                f"a RabbitMQ cluster cannot run under CI=true: {unavailable}", pytrace=False
-            )
-        if unavailable is not None:
-            pytest.skip(f"a RabbitMQ cluster cannot run on this machine: {unavailable}")
-        if failed is not None:
-            pytest.fail(f"the RabbitMQ cluster did not form: {failed}", pytrace=False)
+        start_rabbitmq(cluster.start, "a RabbitMQ cluster", "the RabbitMQ cluster did not form")
         _log.info("cluster of 3 formed in %.1f s", time.monotonic() - started)
         self._cluster = cluster
         return cluster
