@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gateway.codecs import qmqp
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, stream_connection
 
 SCENARIOS: Final = ("qmqp-local", "qmqp-rabbitmq", "rstream-dedup")
 KILLS: Final = {
@@ -298,12 +298,6 @@ def count(run: Run, acknowledged: list[bytes], stored: list[bytes], extra: set[b
 
 
 # --- the scenarios --------------------------------------------------------------------------
-
-
-def stream_connection(process: GatewayProcess) -> dict[str, Any]:
-    """Rstream's connection arguments for the gateway's stream listener."""
-    host, port = process.address("streams")
-    return {"host": host, "port": port, "username": "guest", "password": "guest"}
 
 
 def qmqp_run(

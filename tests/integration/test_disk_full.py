@@ -33,7 +33,12 @@ from gateway.codecs import osiris, qmqp
 from gateway.core.log.directory import directory_name
 from gateway.core.log.recovery import read_index
 from gateway.protocols.stream.mapping import message_from_entry
-from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.harness import (
+    GatewayProcess,
+    LineClient,
+    read_stream_until,
+    stream_connection,
+)
 from tests.integration.test_qmqp import QMQPSession, mail
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -136,12 +141,6 @@ def send_one(session: QMQPSession, ident: str, recipient: str) -> qmqp.ReplyBloc
     return reply
 
 
-def stream_connection(process: GatewayProcess) -> dict[str, Any]:
-    """Rstream's connection arguments for the gateway's stream listener."""
-    host, port = process.address("streams")
-    return {"host": host, "port": port, "username": "guest", "password": "guest"}
-
-
 async def publish(process: GatewayProcess, body: bytes) -> int:
     """Publish one message to `STREAM` and wait for its answer: 0 if confirmed, else the code.
 
@@ -163,24 +162,13 @@ async def publish(process: GatewayProcess, body: bytes) -> int:
 async def read(process: GatewayProcess, stream: str, count: int) -> list[bytes]:
     """The bodies of the first ``count`` messages of a stream, read with rstream."""
     got: list[bytes] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         got.append(bytes(message.body))
-        if len(got) >= count:
-            done.set()
+        return len(got) >= count
 
-    async with rstream.Producer(**stream_connection(process)) as producer:
-        await producer.create_stream(stream, exists_ok=True)  # the forwarder may be later
-    consumer = rstream.Consumer(**stream_connection(process))
-    await consumer.start()
-    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    # Created first: the forwarder may be later.
+    await read_stream_until(stream_connection(process), stream, take, create=True)
     return got[:count]
 
 

@@ -24,7 +24,12 @@ from typing import Any
 import pytest
 
 from gateway.codecs import qmqp
-from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.harness import (
+    GatewayProcess,
+    LineClient,
+    read_stream_until,
+    stream_connection,
+)
 from tests.integration.test_qmqp import QMQPSession, mail
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -96,55 +101,28 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def stream_connection(process: GatewayProcess) -> dict[str, Any]:
-    """Rstream's connection arguments for a gateway's stream listener."""
-    host, port = process.address("streams")
-    return {"host": host, "port": port, "username": "guest", "password": "guest"}
-
-
 async def read_stream(process: GatewayProcess, stream: str, count: int) -> list[Any]:
     """Read ``count`` messages of a stream from the first offset (AMQP decoded)."""
     got: list[Any] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         got.append(message)
-        if len(got) >= count:
-            done.set()
+        return len(got) >= count
 
-    async with rstream.Producer(**stream_connection(process)) as producer:
-        await producer.create_stream(stream, exists_ok=True)  # routes may not have made it yet
-    consumer = rstream.Consumer(**stream_connection(process))
-    await consumer.start()
-    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    # Created first: routes may not have made it yet.
+    await read_stream_until(stream_connection(process), stream, take, create=True)
     return got
 
 
 async def read_until(process: GatewayProcess, stream: str, wanted: set[bytes]) -> set[bytes]:
     """Read a stream from the first offset until every body in ``wanted`` came; return all."""
     got: set[bytes] = set()
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         got.add(bytes(message.body))
-        if wanted <= got:
-            done.set()
+        return wanted <= got
 
-    consumer = rstream.Consumer(**stream_connection(process))
-    await consumer.start()
-    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    await read_stream_until(stream_connection(process), stream, take)
     return got
 
 

@@ -35,7 +35,12 @@ import pytest
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
 from tests.certs import Pki, make_pki, mtls_endpoint
-from tests.integration.harness import READ_TIMEOUT_SECONDS, GatewayProcess, LineClient
+from tests.integration.harness import (
+    READ_TIMEOUT_SECONDS,
+    GatewayProcess,
+    LineClient,
+    read_stream_until,
+)
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
 
@@ -601,26 +606,12 @@ async def _rstream_round_trip(port: int, ctx: ssl.SSLContext) -> list[bytes]:
             await producer.send("through-front", f"m{i}".encode(), on_publish_confirm=on_confirm)
         await confirmed.wait()
     got: list[bytes] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, _context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         got.append(bytes(message))
-        if len(got) == 20:
-            done.set()
+        return len(got) == 20
 
-    consumer = rstream.Consumer(**connection)
-    await consumer.start()
-    await consumer.subscribe(
-        "through-front",
-        on_message,
-        offset_specification=rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST),
-    )
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    await read_stream_until(connection, "through-front", take, amqp=False)
     return got
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gateway.codecs import qmqp
-from tests.integration.harness import GatewayProcess, LineClient
+from tests.integration.harness import GatewayProcess, LineClient, read_stream_until
 from tests.integration.test_qmqp import QMQPSession, mail
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -88,24 +88,13 @@ def run(coroutine: Any, seconds: float = 90) -> Any:
 async def read(rabbitmq: Any, stream: str, until: Callable[[list[Any]], bool]) -> list[Any]:
     """Read a RabbitMQ stream from the first offset with rstream until ``until(got)``."""
     got: list[Any] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         got.append(message)
-        if until(got):
-            done.set()
+        return until(got)
 
-    async with rstream.Producer(**rabbitmq.stream_connection()) as producer:
-        await producer.create_stream(stream, exists_ok=True)  # the gateway may not have yet
-    consumer = rstream.Consumer(**rabbitmq.stream_connection())
-    await consumer.start()
-    await consumer.subscribe(stream, on_message, decoder=rstream.amqp_decoder)
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    # Created first: the gateway may not have yet.
+    await read_stream_until(rabbitmq.stream_connection(), stream, take, create=True)
     return got
 
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.integration.harness import read_stream_until
 from tests.rabbitmq import RabbitMQNode
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
@@ -57,27 +58,12 @@ async def publish(node: RabbitMQNode, stream: str, bodies: list[bytes]) -> int:
 async def consume(node: RabbitMQNode, stream: str, count: int) -> list[bytes]:
     """Read ``count`` message bodies from the first offset."""
     received: list[bytes] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, _context: Any) -> bool:
         received.append(bytes(message.body))
-        if len(received) >= count:
-            done.set()
+        return len(received) >= count
 
-    consumer = rstream.Consumer(**node.stream_connection())
-    await consumer.start()
-    runner: asyncio.Task[None] | None = None
-    try:
-        first = rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST, None)
-        await consumer.subscribe(
-            stream, on_message, offset_specification=first, decoder=rstream.amqp_decoder
-        )
-        runner = asyncio.create_task(consumer.run())
-        await done.wait()
-    finally:
-        await consumer.close()
-        if runner is not None:
-            runner.cancel()
+    await read_stream_until(node.stream_connection(), stream, take)
     return received
 
 

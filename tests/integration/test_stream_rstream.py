@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, read_stream_until, stream_connection
 
 rstream = pytest.importorskip("rstream", reason="rstream is installed by ./dev test")
 
@@ -57,12 +57,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     process.stop()
 
 
-def connection(gateway: GatewayProcess) -> dict[str, Any]:
-    """Rstream's connection arguments for the gateway."""
-    host, port = gateway.address("streams")
-    return {"host": host, "port": port, "username": "guest", "password": "guest"}
-
-
 async def publish(gateway: GatewayProcess, stream: str, bodies: list[bytes], **send: Any) -> int:
     """Publish bodies in batches; return how many were confirmed."""
     confirmed = 0
@@ -75,7 +69,7 @@ async def publish(gateway: GatewayProcess, stream: str, bodies: list[bytes], **s
         if confirmed >= len(bodies):
             done.set()
 
-    async with rstream.Producer(**connection(gateway)) as producer:
+    async with rstream.Producer(**stream_connection(gateway)) as producer:
         await producer.create_stream(stream, exists_ok=True)
         for start in range(0, len(bodies), BATCH):
             messages = [rstream.AMQPMessage(body=body) for body in bodies[start : start + BATCH]]
@@ -92,24 +86,12 @@ async def consume(
 ) -> list[tuple[int, int, bytes]]:
     """Subscribe with an offset specification; collect (offset, timestamp, body) until done."""
     received: list[tuple[int, int, bytes]] = []
-    done = asyncio.Event()
 
-    async def on_message(message: Any, context: Any) -> None:
+    def take(message: Any, context: Any) -> bool:
         received.append((context.offset, context.timestamp, bytes(message.body)))
-        if until(received):
-            done.set()
+        return until(received)
 
-    consumer = rstream.Consumer(**connection(gateway))
-    await consumer.start()
-    await consumer.subscribe(
-        stream, on_message, offset_specification=spec, decoder=rstream.amqp_decoder
-    )
-    runner = asyncio.create_task(consumer.run())
-    try:
-        await done.wait()
-    finally:
-        await consumer.close()
-        runner.cancel()
+    await read_stream_until(stream_connection(gateway), stream, take, offset=spec)
     return received
 
 
@@ -158,10 +140,10 @@ def test_store_and_query_offset(gateway: GatewayProcess) -> None:
     """An offset stored under a name is returned by query_offset, also on a new connection."""
 
     async def scenario() -> tuple[int, bool]:
-        async with rstream.Producer(**connection(gateway)) as producer:
+        async with rstream.Producer(**stream_connection(gateway)) as producer:
             await producer.create_stream("tracked", exists_ok=True)
             await producer.send_wait("tracked", rstream.AMQPMessage(body=b"x"))
-        consumer = rstream.Consumer(**connection(gateway))
+        consumer = rstream.Consumer(**stream_connection(gateway))
         await consumer.start()
         missing = False
         try:
@@ -171,7 +153,7 @@ def test_store_and_query_offset(gateway: GatewayProcess) -> None:
         await consumer.store_offset("tracked", "reader-1", 42)
         await consumer.close()
         # StoreOffset has no answer: a query on a new connection shows it arrived.
-        again = rstream.Consumer(**connection(gateway))
+        again = rstream.Consumer(**stream_connection(gateway))
         await again.start()
         try:
             return await again.query_offset("tracked", "reader-1"), missing
@@ -188,7 +170,7 @@ def test_deduplication_by_publisher_name(gateway: GatewayProcess) -> None:
 
     async def send_twice() -> None:
         for _ in range(2):
-            async with rstream.Producer(**connection(gateway)) as producer:
+            async with rstream.Producer(**stream_connection(gateway)) as producer:
                 await producer.create_stream("dedup", exists_ok=True)
                 messages = [message(b"d%d" % i, i) for i in range(1, 101)]
                 await producer.send_batch("dedup", messages, publisher_name="p1")
@@ -199,7 +181,7 @@ def test_deduplication_by_publisher_name(gateway: GatewayProcess) -> None:
     assert [body for _, _, body in got] == [b"d%d" % i for i in range(1, 101)]
 
     async def sequence() -> int:
-        async with rstream.Producer(**connection(gateway)) as producer:
+        async with rstream.Producer(**stream_connection(gateway)) as producer:
             await producer.create_stream("dedup", exists_ok=True)
             await producer.send_wait(
                 "dedup", rstream.AMQPMessage(body=b"d101"), publisher_name="p1"
@@ -230,7 +212,7 @@ def test_sub_entry_batches(gateway: GatewayProcess) -> None:
             if confirmed == len(batches):
                 done.set()
 
-        async with rstream.Producer(**connection(gateway)) as producer:
+        async with rstream.Producer(**stream_connection(gateway)) as producer:
             await producer.create_stream(stream, exists_ok=True)
             for bodies, compression in batches:
                 await producer.send_sub_entry(
