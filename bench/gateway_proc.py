@@ -2,8 +2,8 @@
 
 * `rss_kib` and `open_fds` read a process's resident memory
   (``/proc/PID/status`` VmRSS) and open file descriptors (``/proc/PID/fd``).
-* `admin_metrics` reads the gateway's admin ``/metrics``; `scrape` keeps the
-  route, error and slow-consumer figures of it, `metric` one sample.
+* `scrape` keeps the route, error and slow-consumer figures of the gateway's
+  admin ``/metrics`` (`GatewayProcess.metrics`), `metric` one sample of it.
 * `stop_on_signals` makes SIGTERM and SIGHUP unwind like Ctrl-C, so that a
   bench stops its gateway (and other children) on the way out.
 * `raise_open_file_limit` lifts this process's soft limit on open files to the
@@ -30,7 +30,6 @@ import resource
 import signal
 import socket
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -47,7 +46,6 @@ __all__ = [
     "LOG_PROBLEM",
     "MTLSession",
     "StreamClient",
-    "admin_metrics",
     "log_problems",
     "metric",
     "open_fds",
@@ -109,16 +107,9 @@ def wait_until(condition: Callable[[], bool], timeout: float, step: float = 0.05
     return True
 
 
-def admin_metrics(gateway: GatewayProcess, timeout: float = 10.0) -> str:
-    """The text of the gateway's admin ``/metrics`` (its admin endpoint is ``admin``)."""
-    host, port = gateway.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
-        return str(response.read().decode())
-
-
 def scrape(gateway: GatewayProcess) -> dict[str, float]:
     """The gateway's route, error and slow-consumer figures from its admin ``/metrics``."""
-    text = admin_metrics(gateway, timeout=5)
+    text = gateway.metrics(timeout=5)
     wanted = ("msggateway_route_", "msggateway_protocol_errors", "msggateway_slow_consumer")
     figures = {}
     for line in text.splitlines():

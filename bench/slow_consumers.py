@@ -60,7 +60,6 @@ sys.path.insert(0, str(ROOT))
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
     StreamClient,
-    admin_metrics,
     metric,
     rss_kib,
     wait_until,
@@ -286,7 +285,7 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
     sampler.phase = "after"
     row.acked = acked.value
     publisher.close()
-    row.metrics_before_read = admin_metrics(gateway)
+    row.metrics_before_read = gateway.metrics()
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -297,7 +296,7 @@ def run_ssmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row:
         drain(consumer, count)
         consumer.close()
         row.delivered = got.value
-    text = admin_metrics(gateway)
+    text = gateway.metrics()
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="hub")
     row.answer = f"disconnect x{disconnects:.0f}" if disconnects else "-"
 
@@ -371,7 +370,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
     if granter is not None:
         granter.join()
     publisher.sock.close()
-    row.metrics_before_read = admin_metrics(gateway)
+    row.metrics_before_read = gateway.metrics()
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -388,7 +387,7 @@ def run_stream(gateway: GatewayProcess, messages: int, size: int, slow: bool, ro
         before = metric(row.metrics_before_read, sent, endpoint="streams")
         if before < messages:  # the rest waited in the log until the consumer read
             row.answer = f"paused at {before:,.0f}"
-    text = admin_metrics(gateway)
+    text = gateway.metrics()
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="streams")
     if disconnects:
         row.answer = f"disconnect x{disconnects:.0f}"
@@ -406,7 +405,7 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
     send_in_batches(messages, 1000, sampler, row, lambda _, n: writer.sendall(one * n))
 
     def settled() -> bool:
-        text = admin_metrics(gateway)
+        text = gateway.metrics()
         done = sum(
             metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome=outcome)
             for outcome in ("accepted", "retry", "rejected")
@@ -416,12 +415,12 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
     if not wait_until(settled, 300, 0.2):
         row.notes.append("not every message had its outcome in 300 s")
     sampler.phase = "after"
-    text = admin_metrics(gateway)
+    text = gateway.metrics()
     row.refused = int(
         metric(text, "msggateway_route_outcomes_total", route="dmp-loop", outcome="retry")
     )
     writer.close()
-    row.metrics_before_read = admin_metrics(gateway)
+    row.metrics_before_read = gateway.metrics()
     sampler.phase = "reading"
     if consumer is not None:
         got = Counted()
@@ -434,7 +433,7 @@ def run_dmp(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         drain(consumer, count)
         consumer.close()
         row.delivered = got.value
-    text = admin_metrics(gateway)
+    text = gateway.metrics()
     disconnects = metric(text, "msggateway_slow_consumer_disconnects_total", endpoint="dmp")
     answers = []
     if row.refused:
@@ -485,7 +484,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         sampler.phase = "after"
         row.sent, row.acked, row.refused = sent, confirmed, rejected
         writer.close(linger=0)
-        row.metrics_before_read = admin_metrics(gateway)
+        row.metrics_before_read = gateway.metrics()
         sampler.phase = "reading"
         if consumer is not None:
             got = 0
@@ -494,7 +493,7 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
                 got += header[0] == 0x05
             consumer.close(linger=0)
             row.delivered = got
-        text = admin_metrics(gateway)
+        text = gateway.metrics()
         dead = metric(text, "msggateway_protocol_errors_total", endpoint="mtl2", kind="dead-peer")
         answers = ["reject"] if rejected else []
         if dead:
@@ -546,7 +545,7 @@ def measure(
         started = time.monotonic()
         with RSSSampler(gateway.pid) as sampler:
             RUNS[protocol](gateway, messages, size, slow, row, sampler)
-        row.metrics_end = admin_metrics(gateway)
+        row.metrics_end = gateway.metrics()
         row.seconds = time.monotonic() - started
     publishing = [rss for phase, rss in sampler.samples if phase != "reading" and phase != "end"]
     row.rss_start = publishing[0]

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -190,6 +191,12 @@ class GatewayProcess:
         with self._lock:
             self._ended = True
             self._lock.notify_all()
+
+    def metrics(self, timeout: float = READ_TIMEOUT_SECONDS) -> str:
+        """The text of the admin endpoint's ``/metrics`` (the listener named ``admin``)."""
+        host, port = self.address("admin")
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
+            return str(response.read().decode())
 
     def address(self, name: str) -> tuple[str, int]:
         """Where a listener listens."""

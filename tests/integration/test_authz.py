@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -118,9 +117,7 @@ def _alice(gateway: GatewayProcess, pki: Pki, listener: str) -> ssl.SSLSocket:
 
 
 def _errors(gateway: GatewayProcess, listener: str, kind: str) -> float:
-    host, port = gateway.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = gateway.metrics()
     wanted = f'msggateway_protocol_errors_total{{endpoint="{listener}",kind="{kind}"}} '
     for line in text.splitlines():
         if line.startswith(wanted):

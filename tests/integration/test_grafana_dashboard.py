@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -248,13 +247,6 @@ def refusing_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def _scrape(process: GatewayProcess) -> str:
-    host, port = process.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        text: str = response.read().decode("utf-8")
-    return text
-
-
 def _exported(text: str) -> tuple[set[str], set[str]]:
     """Metric names a scrape declares (with their suffixes), and those with samples."""
     declared: set[str] = set()
@@ -297,7 +289,7 @@ def test_every_metric_the_dashboard_uses_is_exported(tmp_path: Path, refusing_po
             client.send("NOT-A-REQUEST")  # one protocol error
             client.expect_code(400)
             client.expect_closed()
-        exported, sampled = _exported(_scrape(gateway))
+        exported, sampled = _exported(gateway.metrics())
     finally:
         gateway.stop()
     used = dashboard_metrics()

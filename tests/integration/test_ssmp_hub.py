@@ -301,8 +301,7 @@ def test_admin_health_and_metrics(gateway: GatewayProcess) -> None:
             health = json.load(response)
         assert health["status"] == "ok"
         assert health["listeners"]["hub"] == {"listening": True}
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-            text = response.read().decode()
+        text = gateway.metrics()
     assert 'msggateway_connections{endpoint="hub",protocol="ssmp"}' in text
     assert 'msggateway_protocol_errors_total{endpoint="hub",kind="unauthorized"}' in text
 
@@ -344,9 +343,8 @@ def test_slow_subscriber_is_disconnected(tmp_path: Path) -> None:
             for _ in range(40):  # at most 40 x 250 x 900 B = 9 MB
                 flooder.send(*(f"MCAST flood {payload}" for _ in range(250)))
                 assert flooder.read_lines(250) == [b"200"] * 250
-                if 'msggateway_slow_consumer_disconnects_total{endpoint="hub"} 1.0' in _metrics(
-                    process
-                ):
+                gone = 'msggateway_slow_consumer_disconnects_total{endpoint="hub"} 1.0'
+                if gone in process.metrics():
                     disconnected = True
                     break
             assert disconnected, "the slow subscriber is still connected after 10,000 messages"
@@ -361,9 +359,3 @@ def test_slow_subscriber_is_disconnected(tmp_path: Path) -> None:
         process.wait_for_log("slow consumer")
     finally:
         process.stop()
-
-
-def _metrics(process: GatewayProcess) -> str:
-    host, port = process.address("admin")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-        return str(response.read().decode())
