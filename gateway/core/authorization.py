@@ -13,7 +13,7 @@ authenticated identity (``None``) is granted nothing: only a login (a
 secret, a certificate, SASL, a lease principal) gives an identity.
 
 What an address is, and which requests publish or consume, is each
-protocol's business (the README has the table); the protocols all ask the
+protocol's business (docs/tls.rst has the table); the protocols all ask the
 same two questions here, `Authorization.may_publish` and
 `Authorization.may_consume`.
 """

@@ -78,7 +78,7 @@ def test_star_anywhere(pattern: str, address: str, captures: tuple[str, ...] | N
     ],
 )
 def test_hash_at_the_end(address: str, captures: tuple[str, ...]) -> None:
-    """``weather.#`` matches weather itself and anything below it (README example)."""
+    """``weather.#`` matches weather itself and anything below it (the routes guide's example)."""
     assert AddressPattern("weather.#").match(address) == captures
 
 

@@ -7,7 +7,7 @@ Time is a `MemoryReactorClock`; the upstream's `ClientService` is never
 started, so each test makes (and loses) connections itself. The last test
 pairs our client with our own `QMQPServerProtocol` through
 `twisted.test.iosim`. The behaviour checked is the module's docstring, the
-settings' and the README's "QMQP streaming" section.
+settings' and docs/protocols/qmqp.rst.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a real `Router` to small destinations: one answers at once by the
 recipient's domain, the other holds each outcome until the test fires it.
 What the server wrote is decoded with the client-role codec. The behaviour
 checked is the spec's (../shared/specs/qmqp-streaming.txt), the module's
-docstring and the README's "QMQP streaming" section.
+docstring and docs/protocols/qmqp.rst.
 """
 
 from __future__ import annotations

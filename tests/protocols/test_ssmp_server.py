@@ -4,8 +4,8 @@ Every connection is an `SSMPServerProtocol` built by one `SSMPServerFactory`
 and attached to a `StringTransport`; time is a `Clock`; routes go through a
 real `Router` to a small destination whose outcomes the test fires when it
 wants. Peers going away are simulated by calling ``connectionLost``. The
-behaviour checked is the spec's (../shared/specs/ssmp.txt) and the README's
-("SSMP" and "Flow control").
+behaviour checked is the spec's (../shared/specs/ssmp.txt) and
+docs/protocols/ssmp.rst's (with "Flow control").
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ test plays the stream node with the sans-IO codec in the server role: it
 decodes what the client wrote and answers with encoded frames, so every
 await of the client's handshake resumes synchronously. Chunks delivered to
 subscriptions are built with `gateway.codecs.osiris`. The behaviour checked
-is the module's docstring, the settings' and the README's "RabbitMQ Stream
-upstream" section. One test pairs the upstream with the gateway's own
+is the module's docstring, the settings' and docs/protocols/stream.rst
+("RabbitMQ Stream upstream"). One test pairs the upstream with the gateway's own
 stream listener over a real log in a temporary directory through
 `twisted.test.iosim`.
 """

@@ -127,7 +127,7 @@ def zmq_bind_address(description: str) -> tuple[str, int]:
 
     Raises:
         ValueError: Not a ``tcp:`` endpoint with a port (ZeroMQ sockets
-            cannot use ``mtls:``: TLS for MTL is not built, see the README).
+            cannot use ``mtls:``: TLS for MTL is not built, see docs/protocols/mtl.rst).
     """
     kind, _, rest = description.partition(":")
     if kind != "tcp":

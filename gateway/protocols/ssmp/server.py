@@ -7,7 +7,7 @@ forwarding to the `Hub` and the requests that routes take to the `Router`
 as ``!ucast.<peer>``: `gateway.protocols.ssmp.mapping`), one batch per read,
 and keeps responses in request order even when a route answers later.
 
-Flow control (README, "Flow control"): each connection is a push producer on
+Flow control (docs/protocols/ssmp.rst, "Flow control"): each connection is a push producer on
 its own transport. When the transport's buffer fills (the peer reads slower
 than we write), we stop reading the peer's requests and start counting what
 we still queue for it; past ``max_backlog_bytes`` the peer is disconnected as

@@ -17,7 +17,7 @@ LOGIN_SCHEMES: Final = frozenset({"open", "secret", "cert"})
 """Login schemes the hub implements (spec, "Authentication schemes")."""
 
 DEFAULT_MAX_BACKLOG_BYTES: Final = 4 * 1024 * 1024
-"""A subscriber that falls this far behind is disconnected (README, "Flow control")."""
+"""A subscriber this far behind is disconnected (docs/protocols/ssmp.rst, "Flow control")."""
 
 
 @attrs.frozen(kw_only=True)
