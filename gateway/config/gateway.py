@@ -1,0 +1,194 @@
+"""The main file's own tables: ``[gateway]`` (paths), ``[log]`` and ``[admin]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from gateway.config.base import (
+    Section,
+    TableSchema,
+    boolean,
+    choice,
+    integer,
+    number,
+    optional_string,
+    positive,
+    string,
+)
+from gateway.config.endpoints import check_server_endpoint
+
+__all__ = [
+    "ADMIN",
+    "GATEWAY",
+    "LOG",
+    "AdminConfig",
+    "LogSettings",
+    "read_admin",
+    "read_log",
+    "read_paths",
+]
+
+
+# --- [gateway] ------------------------------------------------------------------
+
+DATA_DIR: Final = string(
+    "data_dir", "var", doc="Where the gateway keeps state: the durable log lives in data_dir/log."
+)
+ROUTES_DIR: Final = optional_string(
+    "routes",
+    doc="A directory of route files, one route per ``*.toml`` file (reloaded on SIGHUP).",
+    shown="none: routes are only ``[routes.NAME]`` tables",
+)
+SECRETS_FILE: Final = optional_string(
+    "secrets", doc="The secrets file (reloaded on SIGHUP).", shown="none: no secrets"
+)
+
+GATEWAY: Final = TableSchema(
+    "Paths",
+    "[gateway]",
+    (DATA_DIR, ROUTES_DIR, SECRETS_FILE),
+    doc="Where things are. Relative paths are relative to the main file's directory.",
+)
+
+
+def read_paths(section: Section, base: Path) -> tuple[Path, Path | None, Path | None]:
+    """The data directory, the routes directory and the secrets file, relative to ``base``."""
+    data_dir = base / section.read(DATA_DIR)
+    routes = section.read(ROUTES_DIR)
+    secrets = section.read(SECRETS_FILE)
+    section.done()
+    return (
+        data_dir,
+        base / routes if routes is not None else None,
+        base / secrets if secrets is not None else None,
+    )
+
+
+# --- [log] ----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LogSettings:
+    """The embedded durable log (``[log]`` in the main file).
+
+    Attributes:
+        fsync: ``always`` (every commit is fsynced before it is acknowledged),
+            ``interval`` (acknowledged after the write, fsynced at most every
+            ``fsync_interval_seconds``) or ``never`` (left to the OS, as a
+            single RabbitMQ node does).
+        fsync_interval_seconds: See ``fsync``.
+        segment_bytes: A stream's segment file is rolled past this size.
+        max_bytes: Default retention by size of each stream (None: keep all).
+        max_age_seconds: Default retention by age (None: keep all).
+        record_outcomes: Keep each message's route, source, arrival, outcome
+            and its time in the ``msggateway.outcomes`` stream, for the
+            Spark report (`gateway.core.outcomes`).
+    """
+
+    fsync: str = "always"
+    fsync_interval_seconds: float = 0.2
+    segment_bytes: int = 64 * 1024 * 1024
+    max_bytes: int | None = None
+    max_age_seconds: float | None = None
+    record_outcomes: bool = True
+
+
+FSYNC: Final = choice(
+    "fsync",
+    frozenset({"always", "interval", "never"}),
+    "always",
+    doc="``always``: every commit is fsynced before anything is acknowledged; ``interval``:"
+    " acknowledged after the write, fsynced every fsync_interval_seconds; ``never``: left to"
+    " the operating system, as a single RabbitMQ node does.",
+)
+FSYNC_INTERVAL_SECONDS: Final = positive(
+    "fsync_interval_seconds", 0.2, doc='How often the log is fsynced under fsync = "interval".'
+)
+SEGMENT_BYTES: Final = integer(
+    "segment_bytes",
+    LogSettings().segment_bytes,
+    minimum=4096,
+    doc="A stream's segment file is rolled past this size.",
+)
+MAX_BYTES: Final = integer(
+    "max_bytes",
+    0,
+    doc="Default retention of each stream by size: whole segments past it are dropped.",
+    shown="0 (keep all)",
+)
+MAX_AGE_SECONDS: Final = number(
+    "max_age_seconds",
+    0.0,
+    doc="Default retention of each stream by age: whole segments older are dropped.",
+    shown="0 (keep all)",
+)
+RECORD_OUTCOMES: Final = boolean(
+    "record_outcomes",
+    True,
+    doc="Keep each message's route, source, arrival and outcome in the msggateway.outcomes"
+    " stream, for the Spark report.",
+)
+
+LOG: Final = TableSchema(
+    "Durable log",
+    "[log]",
+    (FSYNC, FSYNC_INTERVAL_SECONDS, SEGMENT_BYTES, MAX_BYTES, MAX_AGE_SECONDS, RECORD_OUTCOMES),
+    doc="The embedded durable log, opened when a stream listener or a durable route needs it.",
+)
+
+
+def read_log(section: Section) -> LogSettings:
+    """The ``[log]`` table."""
+    max_bytes = section.read(MAX_BYTES)
+    max_age = section.read(MAX_AGE_SECONDS)
+    settings = LogSettings(
+        fsync=section.read(FSYNC),
+        fsync_interval_seconds=section.read(FSYNC_INTERVAL_SECONDS),
+        segment_bytes=section.read(SEGMENT_BYTES),
+        max_bytes=max_bytes or None,
+        max_age_seconds=max_age or None,
+        record_outcomes=section.read(RECORD_OUTCOMES),
+    )
+    section.done()
+    return settings
+
+
+# --- [admin] --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AdminConfig:
+    """The admin HTTP endpoint; ``endpoint`` None disables it."""
+
+    endpoint: str | None = "tcp:8790:interface=127.0.0.1"
+
+
+ADMIN_ENDPOINT: Final = string(
+    "endpoint",
+    "tcp:8790:interface=127.0.0.1",
+    doc="A Twisted server endpoint string for /healthz, /metrics, /routes, /leases and /tap.",
+)
+ENABLED: Final = boolean("enabled", True, doc="false: no admin endpoint.")
+
+ADMIN: Final = TableSchema(
+    "Admin endpoint",
+    "[admin]",
+    (ADMIN_ENDPOINT, ENABLED),
+    doc="The admin HTTP endpoint. Its token is the secret of ``admin`` in the secrets file's"
+    " ``[logins]``.",
+)
+
+
+def read_admin(section: Section) -> AdminConfig:
+    """The ``[admin]`` table."""
+    endpoint = section.read(ADMIN_ENDPOINT)
+    if section.read(ENABLED):
+        check_server_endpoint(section, ADMIN_ENDPOINT, endpoint)
+        admin = AdminConfig(endpoint)
+    else:
+        admin = AdminConfig(None)
+    section.done()
+    return admin

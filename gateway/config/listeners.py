@@ -1,0 +1,222 @@
+"""Listeners (``[listeners.NAME]``): the keys every listener has, and its protocol's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from gateway.config import dmp, frontend, mtl, qmqp, ssmp, stream
+from gateway.config.base import (
+    Section,
+    TableSchema,
+    integer,
+    number,
+    required_choice,
+    required_string,
+    strings,
+    tables,
+)
+from gateway.config.endpoints import (
+    TLS_SERVER_PREFIXES,
+    check_name,
+    check_server_endpoint,
+    endpoint_with_backlog,
+    has_backlog_parameter,
+)
+from gateway.core.addressing import AddressPattern, PatternError
+from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
+from gateway.protocols.listener import (
+    DEFAULT_FRAME_TIMEOUT_SECONDS,
+    DEFAULT_LISTEN_BACKLOG,
+    DEFAULT_MAX_CONNECTIONS,
+)
+
+__all__ = ["AUTHORIZE", "LISTENER", "PROTOCOLS", "ListenerConfig", "read_listener"]
+
+
+@attrs.frozen
+class ListenerConfig:
+    """A listener: a protocol served on an endpoint.
+
+    Attributes:
+        name: Its name, used by routes.
+        protocol: ``ssmp``, ``qmqp``, ``stream``, ``dmp``, ``mtl`` or ``frontend``.
+        endpoint: A Twisted server endpoint string (``tcp:``, ``mtls:``...).
+        settings: The protocol's own settings object.
+        max_connections: Open connections at most (past it, new ones are
+            closed at once).
+        max_connections_per_identity: Open connections one authenticated
+            identity may hold (0: no limit); past it the login is refused.
+        authorization: Its ``authorize`` allow-lists (unrestricted without).
+        backlog: The listen queue: connections the kernel holds before they
+            are accepted (the endpoint's own ``backlog=`` if it has one).
+        frame_timeout_seconds: How long a frame (line, block, envelope) may
+            stay incomplete from the read that began it; past it the peer is
+            aborted. 0: for ever. MTL has no partial frames of its own to
+            time out (ZeroMQ hands over whole messages).
+    """
+
+    name: str
+    protocol: str
+    endpoint: str
+    settings: Any
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_identity: int = 0
+    authorization: Authorization = UNRESTRICTED
+    backlog: int = DEFAULT_LISTEN_BACKLOG
+    frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
+
+    @property
+    def listen_endpoint(self) -> str:
+        """The endpoint string to listen on: `endpoint` with the backlog, where it takes one."""
+        return endpoint_with_backlog(self.endpoint, self.backlog)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the endpoint terminates TLS."""
+        return self.endpoint.startswith(TLS_SERVER_PREFIXES)
+
+
+PROTOCOLS: Final[dict[str, tuple[TableSchema, Callable[[Section, bool], Any]]]] = {
+    "ssmp": (ssmp.LISTENER, ssmp.read_listener),
+    "qmqp": (qmqp.LISTENER, qmqp.read_listener),
+    "stream": (stream.LISTENER, stream.read_listener),
+    "dmp": (dmp.LISTENER, dmp.read_listener),
+    "mtl": (mtl.LISTENER, mtl.read_listener),
+    "frontend": (frontend.LISTENER, frontend.read_listener),
+}
+"""Each listener protocol: its own keys, and the function that reads them (and checks
+the endpoint, whose ``tls`` it is told) into its settings object."""
+
+
+# --- authorize ---------------------------------------------------------------------
+
+PUBLISH: Final = strings(
+    "publish", doc="Address patterns the identity may publish to (send, write)."
+)
+CONSUME: Final = strings(
+    "consume", doc="Address patterns the identity may consume from (subscribe, read)."
+)
+AUTHORIZE: Final = TableSchema(
+    "Allow-lists",
+    "[listeners.NAME.authorize.IDENTITY]",
+    (PUBLISH, CONSUME),
+    doc='What one identity may do on the listener; ``IDENTITY`` ``"*"`` adds its patterns to'
+    " every authenticated identity. A listener with any authorize table refuses what is not"
+    " granted, and grants a connection without an identity nothing.",
+)
+
+
+# --- every listener --------------------------------------------------------------------
+
+PROTOCOL: Final = required_choice(
+    "protocol", frozenset(PROTOCOLS), doc="The protocol served (its keys are below)."
+)
+ENDPOINT: Final = required_string(
+    "endpoint",
+    doc="A Twisted server endpoint string: ``tcp:PORT:interface=ADDR``, or ``mtls:...`` for"
+    " TLS with client certificates.",
+)
+MAX_CONNECTIONS: Final = integer(
+    "max_connections",
+    DEFAULT_MAX_CONNECTIONS,
+    minimum=1,
+    doc="Open connections at most; past it a new connection is closed at once"
+    " (too-many-connections).",
+)
+MAX_CONNECTIONS_PER_IDENTITY: Final = integer(
+    "max_connections_per_identity",
+    0,
+    doc="Open connections one authenticated identity may hold; past it the login is refused.",
+    shown="0 (no limit)",
+)
+BACKLOG: Final = integer(
+    "backlog",
+    DEFAULT_LISTEN_BACKLOG,
+    minimum=1,
+    doc="Connections the kernel queues before they are accepted (or the endpoint's own"
+    " ``backlog=``, not both); MTL: ZMQ_BACKLOG of both sockets.",
+)
+FRAME_TIMEOUT_SECONDS: Final = number(
+    "frame_timeout_seconds",
+    DEFAULT_FRAME_TIMEOUT_SECONDS,
+    doc="A frame still incomplete this long after the read that began it aborts the peer"
+    " (frame-timeout); 0: off.",
+)
+AUTHORIZE_KEY: Final = tables(
+    "authorize", AUTHORIZE, doc="Allow-lists by identity (below); without: unrestricted."
+)
+
+LISTENER: Final = TableSchema(
+    "Every listener",
+    "[listeners.NAME]",
+    (
+        PROTOCOL,
+        ENDPOINT,
+        MAX_CONNECTIONS,
+        MAX_CONNECTIONS_PER_IDENTITY,
+        BACKLOG,
+        FRAME_TIMEOUT_SECONDS,
+        AUTHORIZE_KEY,
+    ),
+    doc="A protocol served on an endpoint. NAME is what routes refer to: letters, digits,"
+    " ``_``, ``.`` and ``-``, shared with upstreams.",
+)
+
+
+def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfig | None:
+    """One ``[listeners.NAME]`` table; None when it is too broken to use."""
+    check_name(section, name, names)
+    protocol = section.read(PROTOCOL)
+    endpoint = section.read(ENDPOINT)
+    if protocol is None or endpoint is None:
+        # No section.done(): without protocol and endpoint the protocol's own
+        # settings were never read, and calling them unknown keys would mislead.
+        return None
+    check_server_endpoint(section, ENDPOINT, endpoint)
+    schema, read_settings = PROTOCOLS[protocol]
+    section = section.including(schema)
+    settings = read_settings(section, endpoint.startswith(TLS_SERVER_PREFIXES))
+    max_connections = section.read(MAX_CONNECTIONS)
+    per_identity = section.read(MAX_CONNECTIONS_PER_IDENTITY)
+    backlog = section.read(BACKLOG)
+    frame_timeout = section.read(FRAME_TIMEOUT_SECONDS)
+    if BACKLOG.name in section.table and has_backlog_parameter(endpoint):
+        section.problem(
+            BACKLOG, "the endpoint sets backlog= too: give the listen queue in one place"
+        )
+    authorization = _authorization(section)
+    section.done()
+    return ListenerConfig(
+        name=name,
+        protocol=protocol,
+        endpoint=endpoint,
+        settings=settings,
+        max_connections=max_connections,
+        max_connections_per_identity=per_identity,
+        authorization=authorization,
+        backlog=backlog,
+        frame_timeout_seconds=frame_timeout,
+    )
+
+
+def _authorization(section: Section) -> Authorization:
+    """Read ``[listeners.NAME.authorize.IDENTITY]`` tables of publish and consume patterns."""
+    present = AUTHORIZE_KEY.name in section.table
+    grants: dict[str, Grant] = {}
+    for identity, table in section.table_items(AUTHORIZE_KEY):
+        lists: dict[str, tuple[AddressPattern, ...]] = {}
+        for key in (PUBLISH, CONSUME):
+            patterns = []
+            for text in table.read(key):
+                try:
+                    patterns.append(AddressPattern(text))
+                except PatternError as exc:
+                    table.problem(key, str(exc))
+            lists[key.name] = tuple(patterns)
+        table.done()
+        grants[identity] = Grant(publish=lists["publish"], consume=lists["consume"])
+    # An empty table is restrictive too: nothing granted, everything refused.
+    return Authorization(grants) if present else UNRESTRICTED

@@ -1,0 +1,77 @@
+"""Upstreams (``[upstreams.NAME]``): the keys every upstream has, and its protocol's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from gateway.config import dmp, mtl, qmqp, ssmp, stream
+from gateway.config.base import Section, TableSchema, required_choice, required_string
+from gateway.config.endpoints import check_client_endpoint, check_name
+
+__all__ = ["PROTOCOLS", "UPSTREAM", "UpstreamConfig", "read_upstream"]
+
+
+@attrs.frozen
+class UpstreamConfig:
+    """An upstream: a server the gateway connects to.
+
+    Attributes:
+        name: Its name, used by routes.
+        protocol: ``ssmp``, ``qmqp``, ``stream``, ``dmp`` or ``mtl``.
+        endpoint: A Twisted client endpoint string (``tcp:``, ``tls:``...).
+        settings: The protocol's own settings object.
+    """
+
+    name: str
+    protocol: str
+    endpoint: str
+    settings: Any
+
+
+PROTOCOLS: Final[dict[str, tuple[TableSchema, Callable[[Section], Any]]]] = {
+    "ssmp": (ssmp.UPSTREAM, ssmp.read_upstream),
+    "qmqp": (qmqp.UPSTREAM, qmqp.read_upstream),
+    "stream": (stream.UPSTREAM, stream.read_upstream),
+    "dmp": (dmp.UPSTREAM, dmp.read_upstream),
+    "mtl": (mtl.UPSTREAM, mtl.read_upstream),
+}
+"""Each upstream protocol: its own keys, and the function that reads them."""
+
+PROTOCOL: Final = required_choice(
+    "protocol", frozenset(PROTOCOLS), doc="The protocol spoken (its keys are below)."
+)
+ENDPOINT: Final = required_string(
+    "endpoint",
+    doc="A Twisted client endpoint string: ``tcp:host=H:port=P``, or"
+    " ``tls:host=H:port=P:trustRoots=CA:certificate=C:privateKey=K``, which verifies the"
+    " server's certificate and host name.",
+)
+
+UPSTREAM: Final = TableSchema(
+    "Every upstream",
+    "[upstreams.NAME]",
+    (PROTOCOL, ENDPOINT),
+    doc="A server the gateway connects to. It reconnects with back-off: the first wait 0.5 s,"
+    " growing to 30 s, counted from the last connection that finished its handshake. An"
+    " upstream that logs in takes its secret from the secrets file's ``[upstreams]``.",
+)
+
+
+def read_upstream(name: str, section: Section, names: set[str]) -> UpstreamConfig | None:
+    """One ``[upstreams.NAME]`` table; None when it is too broken to use."""
+    check_name(section, name, names)
+    protocol = section.read(PROTOCOL)
+    endpoint = section.read(ENDPOINT)
+    if protocol is None or endpoint is None:
+        # No section.done(): without protocol and endpoint the protocol's own
+        # settings were never read, and calling them unknown keys would mislead.
+        return None
+    check_client_endpoint(section, ENDPOINT, endpoint)
+    schema, read_settings = PROTOCOLS[protocol]
+    section = section.including(schema)
+    settings = read_settings(section)
+    section.done()
+    return UpstreamConfig(name=name, protocol=protocol, endpoint=endpoint, settings=settings)
