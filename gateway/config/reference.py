@@ -187,8 +187,8 @@ def _default(key: Key[Any]) -> str:
 
 
 def _bytes_suffix(name: str, value: int) -> str:
-    """`` (4 MiB)`` for a byte count that is a whole number of KiB or MiB."""
-    if not name.endswith("_bytes") or value < 1024:
+    """`` (4 MiB)`` for a byte count that is a whole number of KiB, MiB or GiB."""
+    if not name.endswith(("_bytes", "frame_max")) or value < 1024:
         return ""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if value % size == 0:

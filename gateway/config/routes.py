@@ -77,7 +77,7 @@ TIMEOUT_SECONDS: Final = positive(
 
 ROUTE: Final = TableSchema(
     "Route",
-    "routes/NAME.toml or [routes.NAME]",
+    "routes/NAME.toml",
     (
         DESCRIPTION,
         FROM,

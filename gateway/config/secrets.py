@@ -36,10 +36,11 @@ FRONTENDS: Final = string_maps(
 
 SECRETS: Final = TableSchema(
     "Secrets file",
-    "the file [gateway] secrets names",
+    "secrets.toml",
     (LOGINS, UPSTREAMS, FRONTENDS),
-    doc="Three tables of strings, whose keys are names of your choosing. SIGHUP re-reads the"
-    " file; new logins are checked against the new secrets.",
+    doc="The file that ``secrets`` in ``[gateway]`` names, kept out of the main file: tables of"
+    " strings whose keys are names of your choosing. SIGHUP re-reads it; new logins are"
+    " checked against the new secrets.",
 )
 
 
