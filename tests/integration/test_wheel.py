@@ -171,3 +171,29 @@ def test_the_console_script_checks_a_config(venv: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout
+
+
+def test_the_sdist_carries_the_plugins_and_the_default(tmp_path: Path) -> None:
+    """The source distribution holds what the wheel is built from: both plugins, default.toml."""
+    import tarfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from setuptools import build_meta; build_meta.build_sdist({str(tmp_path)!r})",
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=INSTALL_SECONDS,
+    )
+    [sdist] = tmp_path.glob("msggateway-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {
+        "twisted/plugins/msggateway_plugin.py",
+        "twisted/plugins/msggateway_endpoints.py",
+        "gateway/default.toml",
+    } <= names
+    assert "twisted/plugins/dropin.cache" not in names
