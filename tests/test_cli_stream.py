@@ -16,13 +16,13 @@ import pytest
 
 from gateway.cli.common import Output
 from gateway.cli.stream import SUBSCRIPTION_ID, _Publisher, _Reader, parse_offset
-from gateway.cli.stream.session import StreamSession
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.codecs.amqp import AMQPMessage, Properties, encode_message
+from gateway.protocols.stream.blocking import BlockingStreamClient
 
 
-class FakeSession(StreamSession):
+class FakeSession(BlockingStreamClient):
     """A session without a socket: `send` records, `next` answers from a queue or a rule.
 
     Args:

@@ -1,7 +1,9 @@
 """``msggateway stream publish|consume``: the RabbitMQ stream protocol by hand.
 
-Against the gateway's stream listener or RabbitMQ's, on a blocking
-`StreamSession` (`gateway.cli.stream.session`, the gateway's own codec).
+Against the gateway's stream listener or RabbitMQ's, on a
+`BlockingStreamClient` (`gateway.protocols.stream.blocking`, the gateway's
+own codec on a blocking socket); its failures end the command
+(`CommandError`) with their reason.
 
 ``publish [BODY...] --stream S`` declares a publisher and publishes each
 body as an AMQP 1.0 message with one data section (``--raw``: the bytes as
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final, TextIO
 
@@ -55,10 +58,17 @@ from gateway.cli.common import (
     reporting,
     secret_from_env,
 )
-from gateway.cli.stream.session import StreamSession, code_name
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.codecs.amqp import AMQPEncodeError, AMQPMessage, encode_message
+from gateway.protocols.stream.blocking import (
+    ENTRY_OVERHEAD_BYTES,
+    PUBLISH_OVERHEAD_BYTES,
+    REJECTING_CODES,
+    BlockingStreamClient,
+    StreamClientError,
+    code_name,
+)
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_WINDOW", "add_commands", "parse_offset"]
 
@@ -73,15 +83,6 @@ CREDIT: Final = 4
 
 PUBLISHER_ID: Final = 1
 SUBSCRIPTION_ID: Final = 1
-
-_PUBLISH_OVERHEAD_BYTES: Final = 13
-"""Size, key, version, publisher id and count of a Publish frame (notes, section 5 0x0002)."""
-_ENTRY_OVERHEAD_BYTES: Final = 12
-"""Publishing id and length of each message in a Publish frame."""
-
-REJECTING_CODES: Final = frozenset({2, 16, 17})
-"""PublishError codes no retry fixes: stream missing, access refused, precondition
-failed; the others are retry later (as `gateway.protocols.stream.publishing` reads them)."""
 
 
 def parse_offset(text: str) -> sp.OffsetSpec:
@@ -201,7 +202,7 @@ def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     add_tls_arguments(parser)
 
 
-def _open(args: argparse.Namespace, timeout: float) -> StreamSession:
+def _open(args: argparse.Namespace, timeout: float) -> BlockingStreamClient:
     """Connect and open the session as the flags say."""
     if args.password_env:
         password = secret_from_env(args.password_env)
@@ -210,18 +211,40 @@ def _open(args: argparse.Namespace, timeout: float) -> StreamSession:
     else:
         password = ""
     sock = open_connection(args.address, args, timeout)
-    session = StreamSession(sock, timeout=timeout)
+    session = BlockingStreamClient(sock, timeout=timeout)
     try:
-        session.open(username=args.username, password=password, virtual_host=args.vhost)
+        session.open(
+            username=args.username,
+            password=password,
+            virtual_host=args.vhost,
+            properties={"connection_name": "msggateway command line"},
+        )
     except BaseException:
         session.close()
         raise
     return session
 
 
+_Run = Callable[[argparse.Namespace, TextIO, TextIO, IO[bytes]], int]
+
+
+def _failures_end_the_command(run: _Run) -> _Run:
+    """``run``, a session's failure (`StreamClientError`) ending it as a `CommandError`."""
+
+    @functools.wraps(run)
+    def wrapped(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
+        try:
+            return run(args, out, err, stdin)
+        except StreamClientError as exc:
+            raise CommandError(str(exc)) from None
+
+    return wrapped
+
+
 # --- publish ---------------------------------------------------------------------------
 
 
+@_failures_end_the_command
 def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
     """``stream publish``: declare, publish with a window, print outcomes in order."""
     bodies = message_bodies(args, stdin)
@@ -238,7 +261,7 @@ def _publish(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
     return int(failed)
 
 
-def _declare(session: StreamSession, args: argparse.Namespace) -> int:
+def _declare(session: BlockingStreamClient, args: argparse.Namespace) -> int:
     """Create the stream if asked, declare the publisher; return the first publishing id."""
     stream: str = args.stream
     if args.create:
@@ -284,7 +307,7 @@ class _Publisher:
 
     def __init__(
         self,
-        session: StreamSession,
+        session: BlockingStreamClient,
         stream: str,
         output: Output,
         advance: Callable[[int], object],
@@ -309,7 +332,7 @@ class _Publisher:
         """Send one Publish frame of what the window allows; True once the input is done."""
         ids: list[int] = []
         messages: list[bytes] = []
-        size = _PUBLISH_OVERHEAD_BYTES
+        size = PUBLISH_OVERHEAD_BYTES
         limit = self._session.frame_max or None
         while len(ids) < batch and self._outcomes.waiting < window:
             entry = next(source, None)
@@ -320,14 +343,14 @@ class _Publisher:
             if isinstance(entry, str):
                 self._record(publishing_id, "error", None, entry)
                 continue
-            needed = _ENTRY_OVERHEAD_BYTES + len(entry)
-            if limit is not None and _PUBLISH_OVERHEAD_BYTES + needed > limit:
+            needed = ENTRY_OVERHEAD_BYTES + len(entry)
+            if limit is not None and PUBLISH_OVERHEAD_BYTES + needed > limit:
                 reason = f"{len(entry)} bytes do not fit the frame max of {limit}"
                 self._record(publishing_id, "error", None, reason)
                 continue
             if limit is not None and size + needed > limit:
                 self._flush(ids, messages)
-                ids, messages, size = [], [], _PUBLISH_OVERHEAD_BYTES
+                ids, messages, size = [], [], PUBLISH_OVERHEAD_BYTES
             ids.append(publishing_id)
             messages.append(entry)
             size += needed
@@ -336,9 +359,7 @@ class _Publisher:
 
     def _flush(self, ids: list[int], messages: list[bytes]) -> None:
         if ids:
-            self._session.send(
-                sp.Publish(publisher_id=PUBLISHER_ID, publishing_ids=ids, messages=messages)
-            )
+            self._session.publish(PUBLISHER_ID, ids, messages)
 
     def _settle(self, event: sp.Event) -> None:
         """Record what a PublishConfirm or PublishError says about our ids."""
@@ -370,6 +391,7 @@ class _Publisher:
 # --- consume ---------------------------------------------------------------------------
 
 
+@_failures_end_the_command
 def _consume(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
     """``stream consume``: subscribe, print messages, grant credit chunk by chunk."""
     session = _open(args, args.timeout or DEFAULT_TIMEOUT_SECONDS)
@@ -399,7 +421,7 @@ def _consume(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes
 
 
 def _plan(
-    session: StreamSession, stream: str, spec: sp.OffsetSpec, *, follow: bool
+    session: BlockingStreamClient, stream: str, spec: sp.OffsetSpec, *, follow: bool
 ) -> tuple[sp.OffsetSpec, int, int | None] | None:
     """Where to subscribe, the first offset to print, and the chunk to stop after.
 
@@ -446,13 +468,15 @@ class _Reader:
         self._output = output
         self._advance = advance
 
-    def read(self, session: StreamSession, *, skip_below: int, end: int | None, count: int) -> None:
+    def read(
+        self, session: BlockingStreamClient, *, skip_below: int, end: int | None, count: int
+    ) -> None:
         """Read chunks until the one at ``end`` (None: for ever) or ``count`` messages (0: all)."""
         messages = self._messages(session, skip_below=skip_below, end=end)
         print_messages(self._output, self._advance, messages, count)
 
     def _messages(
-        self, session: StreamSession, *, skip_below: int, end: int | None
+        self, session: BlockingStreamClient, *, skip_below: int, end: int | None
     ) -> Iterator[tuple[str, dict[str, object]]]:
         """Each message's line and record, granting credit after each chunk up to ``end``."""
         while True:
