@@ -9,9 +9,9 @@ r"""The sink of the data source ``msggateway``: DataFrame rows published into a 
         .option("checkpointLocation", path).start()
 
 Each partition publishes over one connection of the RabbitMQ stream protocol
-(`gateway.codecs.stream`, through a blocking socket: no reactor runs in an
-executor) to a gateway's stream listener or to RabbitMQ 3.10+, which confirms
-what it stored.
+(`gateway.protocols.stream.blocking`: the gateway's codec on a blocking
+socket, as no reactor runs in an executor) to a gateway's stream listener or
+to RabbitMQ 3.10+, which confirms what it stored.
 
 Rows: ``body`` (binary or string; ``value`` is taken when there is no
 ``body``), and optionally ``headers`` or ``properties`` (a map; both when
@@ -64,13 +64,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import select
-import socket
-import ssl
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -95,35 +91,28 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from gateway import __version__
 from gateway.codecs import stream as sp
 from gateway.core.message import HeaderValue, Message
+from gateway.protocols.stream.blocking import (
+    ENTRY_OVERHEAD_BYTES,
+    PUBLISH_OVERHEAD_BYTES,
+    REJECTING_CODES,
+    BlockingStreamClient,
+    Endpoint,
+    connect,
+    parse_endpoint,
+)
 from gateway.protocols.stream.mapping import entry_from_message
 
-__all__ = [
-    "Endpoint",
-    "LogSinkMixin",
-    "SinkCommitMessage",
-    "SinkSettings",
-    "StreamPublisher",
-    "parse_endpoint",
-    "sink_settings",
-]
+__all__ = ["LogSinkMixin", "SinkCommitMessage", "SinkSettings", "sink_settings"]
 
 DEFAULT_BATCH_SIZE: Final = 1000
 DEFAULT_MAX_UNCONFIRMED: Final = 20_000
 DEFAULT_TIMEOUT_SECONDS: Final = 60.0
-CONNECT_TIMEOUT_SECONDS: Final = 30.0
-"""Twisted's default ``timeout`` for a client endpoint."""
-RECEIVE_BYTES: Final = 262_144
-PUBLISH_OVERHEAD_BYTES: Final = 13
-"""Size, key, version, publisher id and count of a Publish frame."""
-ENTRY_OVERHEAD_BYTES: Final = 12
-"""Publishing id and length of each entry in a Publish frame."""
+CLOSE_TIMEOUT_SECONDS: Final = 5.0
+"""At most this long (and at most ``timeout``) for the server's answer to our Close."""
 MAX_POSITION: Final = 2**32 - 1
 """Rows per partition and micro-batch: the low half of a stream query's publishing ids."""
-_REJECTING_CODES: Final = frozenset({2, 16, 17})
-"""Stream missing, access refused, precondition failed (as the stream upstream reads them)."""
 _NOT_STORED: Final = ("rejected", "retry", "too-large", "error")
 _EXAMPLES: Final = 5
 _TRUE: Final = frozenset({"true", "1", "yes", "on"})
@@ -131,106 +120,6 @@ _FALSE: Final = frozenset({"false", "0", "no", "off"})
 
 
 # --- options ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where to connect: a ``tcp:`` or ``tls:`` client endpoint string, parsed."""
-
-    host: str
-    port: int
-    tls: bool = False
-    timeout: float = CONNECT_TIMEOUT_SECONDS
-    trust_roots: str | None = None
-    certificate: str | None = None
-    private_key: str | None = None
-
-    def __str__(self) -> str:
-        return f"{'tls' if self.tls else 'tcp'}:{self.host}:{self.port}"
-
-
-def _tokens(description: str) -> list[tuple[str | None, str]]:
-    r"""Twisted's endpoint string fields: ``(key or None, value)``, ``\\`` escaping one char."""
-    fields: list[tuple[str | None, str]] = []
-    key: str | None = None
-    current: list[str] = []
-    chars = iter(description)
-    for char in chars:
-        if char == "\\":
-            current.append(next(chars, ""))
-        elif char == ":":
-            fields.append((key, "".join(current)))
-            key, current = None, []
-        elif char == "=" and key is None:
-            key, current = "".join(current), []
-        else:
-            current.append(char)
-    fields.append((key, "".join(current)))
-    return fields
-
-
-def parse_endpoint(description: str) -> Endpoint:
-    """Parse ``tcp:host=H:port=P`` or ``tls:host=H:port=P[:trustRoots=...]...``.
-
-    Host and port may also be positional (``tcp:H:P``). ``timeout`` is the
-    connection's (seconds). A ``tls:`` endpoint verifies the server's
-    certificate and name against ``trustRoots`` (else the system's CAs) and
-    presents ``certificate`` with ``privateKey`` (the certificate file's own
-    key when that is not given).
-
-    Raises:
-        ValueError: Another kind of endpoint, a key it does not take, or a
-            missing or malformed host or port.
-    """
-    (_, kind), *fields = _tokens(description.strip())
-    if kind not in ("tcp", "tls"):
-        raise ValueError(f"endpoint {description!r}: only tcp: and tls: endpoints can publish")
-    allowed = {"host", "port", "timeout"}
-    if kind == "tls":
-        allowed |= {"trustRoots", "certificate", "privateKey"}
-    positional = [value for key, value in fields if key is None]
-    named = {key: value for key, value in fields if key is not None}
-    unknown = sorted(set(named) - allowed)
-    if unknown or len(positional) > 2:
-        what = ", ".join(unknown) if unknown else "more than a host and a port"
-        raise ValueError(f"endpoint {description!r}: {kind}: does not take {what} here")
-    for name, value in zip(("host", "port"), positional, strict=False):
-        named.setdefault(name, value)
-    if not named.get("host"):
-        raise ValueError(f"endpoint {description!r}: no host")
-    try:
-        port = int(named.get("port", ""))
-        timeout = float(named.get("timeout", CONNECT_TIMEOUT_SECONDS))
-    except ValueError:
-        raise ValueError(f"endpoint {description!r}: port and timeout are numbers") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"endpoint {description!r}: port {port} is not a TCP port")
-    return Endpoint(
-        host=named["host"],
-        port=port,
-        tls=kind == "tls",
-        timeout=timeout,
-        trust_roots=named.get("trustRoots"),
-        certificate=named.get("certificate"),
-        private_key=named.get("privateKey"),
-    )
-
-
-def _tls_context(endpoint: Endpoint) -> ssl.SSLContext:
-    """The client context a ``tls:`` endpoint describes (Twisted's reading of its keys)."""
-    context = ssl.create_default_context()
-    roots = endpoint.trust_roots
-    if roots is not None:
-        context = ssl.create_default_context(cafile=roots if os.path.isfile(roots) else None)
-        if os.path.isdir(roots):  # every *.pem in it, as Twisted loads trustRoots
-            pems = sorted(Path(roots).glob("*.pem")) + sorted(Path(roots).glob("*.PEM"))
-            certificates = "".join(p.read_text("ascii", "replace") for p in pems)
-            if not certificates:
-                raise ValueError(f"trustRoots {roots}: no .pem certificate there")
-            context = ssl.create_default_context(cadata=certificates)
-    if endpoint.certificate is not None:
-        context.load_cert_chain(endpoint.certificate, endpoint.private_key)
-    return context
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -336,145 +225,6 @@ def sink_settings(options: Mapping[str, str], schema: StructType) -> SinkSetting
         outcomes=options.get("outcomes") or None,
         run=time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8],
     )
-
-
-# --- the connection ----------------------------------------------------------------------------
-
-
-class StreamPublisher:
-    """A blocking stream-protocol client that publishes: one socket, the gateway's codec.
-
-    Confirms and errors go to ``on_confirm(ids)`` and ``on_error(ids, codes)``
-    whenever frames are read (`poll`, `wait`, and while a request waits).
-
-    Raises:
-        OSError: Connecting, TLS, a lost connection, or ``timeout`` seconds
-            without an awaited frame (`TimeoutError`).
-        ConnectionError: A refused login or virtual host, or the server
-            closed the connection.
-        gateway.codecs.stream.StreamError: The server sent a malformed frame.
-    """
-
-    def __init__(
-        self,
-        endpoint: Endpoint,
-        *,
-        timeout: float,
-        on_confirm: Callable[[Iterable[int]], None],
-        on_error: Callable[[Iterable[int], Iterable[int]], None],
-    ) -> None:
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self._on_confirm = on_confirm
-        self._on_error = on_error
-        self._codec = sp.StreamCodec(sp.Role.CLIENT, frame_max=sp.DEFAULT_FRAME_MAX_BYTES)
-        self._answers: dict[int, Any] = {}
-        self._tune: sp.Tune | None = None
-        self._correlation = 0
-        self.frame_max = sp.DEFAULT_FRAME_MAX_BYTES
-        raw = socket.create_connection((endpoint.host, endpoint.port), timeout=endpoint.timeout)
-        try:
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if endpoint.tls:
-                raw = _tls_context(endpoint).wrap_socket(raw, server_hostname=endpoint.host)
-            raw.settimeout(timeout)
-        except BaseException:
-            raw.close()
-            raise
-        self._sock = raw
-
-    def open(self, username: str, password: str, virtual_host: str) -> None:
-        """Peer properties, SASL PLAIN, tune (no heartbeats), open the virtual host."""
-        self.request(
-            sp.PeerProperties,
-            properties={"product": "msggateway spark sink", "version": __version__},
-        )
-        mechanisms = self.request(sp.SaslHandshake).mechanisms
-        if "PLAIN" not in mechanisms:
-            raise ConnectionError(f"{self.endpoint} offers no PLAIN login ({mechanisms})")
-        plain = f"\0{username}\0{password}".encode()
-        answer = self.request(sp.SaslAuthenticate, mechanism="PLAIN", data=plain)
-        if answer.code != sp.ResponseCode.OK:
-            raise ConnectionError(
-                f"{self.endpoint} refused the login as {username!r} (code {answer.code})"
-            )
-        while self._tune is None:
-            self._receive(self.timeout)
-        theirs = self._tune.frame_max
-        self.frame_max = min(theirs, sp.DEFAULT_FRAME_MAX_BYTES) if theirs else self.frame_max
-        self._send(sp.Tune(frame_max=self.frame_max, heartbeat=0))
-        opened = self.request(sp.Open, virtual_host=virtual_host)
-        if opened.code != sp.ResponseCode.OK:
-            raise ConnectionError(
-                f"{self.endpoint} refused the virtual host {virtual_host!r} (code {opened.code})"
-            )
-
-    def request(self, kind: Callable[..., sp.Event], **fields: Any) -> Any:
-        """Send ``kind(correlation_id=..., **fields)``; return its response."""
-        self._correlation += 1
-        correlation = self._correlation
-        self._send(kind(correlation_id=correlation, **fields))
-        while correlation not in self._answers:
-            self._receive(self.timeout)
-        return self._answers.pop(correlation)
-
-    def publish(self, publisher_id: int, ids: list[int], entries: list[bytes]) -> None:
-        """Send one Publish frame."""
-        self._send(sp.Publish(publisher_id=publisher_id, publishing_ids=ids, messages=entries))
-
-    def poll(self) -> None:
-        """Handle what has arrived, without waiting."""
-        sock = self._sock
-        pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
-        while pending or select.select([sock], [], [], 0)[0]:
-            self._receive(self.timeout)
-            pending = isinstance(sock, ssl.SSLSocket) and sock.pending()
-
-    def wait(self) -> None:
-        """Wait (at most ``timeout``) for frames and handle them."""
-        self._receive(self.timeout)
-
-    def close(self) -> None:
-        """Close politely when possible (Close, its answer), then the socket."""
-        try:
-            self._sock.settimeout(min(self.timeout, 5.0))
-            self.request(sp.Close, code=sp.ResponseCode.OK, reason="done")
-        except (OSError, sp.StreamError):
-            pass  # closing anyway
-        finally:
-            self._sock.close()
-
-    def abandon(self) -> None:
-        """Close the socket at once."""
-        self._sock.close()
-
-    def _send(self, event: sp.Event) -> None:
-        self._sock.sendall(self._codec.send(event))
-
-    def _receive(self, timeout: float) -> None:
-        self._sock.settimeout(timeout)
-        try:
-            data = self._sock.recv(RECEIVE_BYTES)
-        except TimeoutError:
-            raise TimeoutError(f"{self.endpoint} sent nothing in {timeout:g} s") from None
-        if not data:
-            raise ConnectionError(f"{self.endpoint} closed the connection")
-        for event in self._codec.receive_data(data):
-            if isinstance(event, sp.PublishConfirm):
-                self._on_confirm(event.publishing_ids)
-            elif isinstance(event, sp.PublishError):
-                self._on_error(event.publishing_ids, event.codes)
-            elif isinstance(event, sp.Tune):
-                self._tune = event
-            elif isinstance(event, sp.Close):
-                self._send(sp.CloseResponse(correlation_id=event.correlation_id, code=1))
-                raise ConnectionError(
-                    f"{self.endpoint} closed the connection: {event.code} {event.reason}"
-                )
-            elif isinstance(event, sp.MetadataUpdate):
-                raise ConnectionError(f"stream {event.stream} changed (code {event.code})")
-            elif (correlation := getattr(event, "correlation_id", None)) is not None:
-                self._answers[correlation] = event
 
 
 # --- one partition ----------------------------------------------------------------------------
@@ -622,16 +372,17 @@ class _PartitionWrite:
 
     # -- confirms
 
-    def confirmed(self, ids: Iterable[int]) -> None:
+    def confirmed(self, confirm: sp.PublishConfirm) -> None:
         take, base = self.in_flight.pop, self.base
+        ids = confirm.publishing_ids
         settled = [(i - base, i, take(i)) for i in ids if i in self.in_flight]
         self.outcomes.add("accepted", settled)
 
-    def failed(self, ids: Iterable[int], codes: Iterable[int]) -> None:
+    def failed(self, error: sp.PublishError) -> None:
         take, base = self.in_flight.pop, self.base
-        for ident, code in zip(ids, codes, strict=True):
+        for ident, code in zip(error.publishing_ids, error.codes, strict=True):
             if ident in self.in_flight:
-                status = "rejected" if code in _REJECTING_CODES else "retry"
+                status = "rejected" if code in REJECTING_CODES else "retry"
                 reason = f"{self.where} refused the message (code {code})"
                 self.outcomes.add(status, [(ident - base, ident, take(ident))], code, reason)
 
@@ -658,32 +409,45 @@ class _PartitionWrite:
         settings = self.settings
         remaining = _chain(first, rows)
         try:
-            client = StreamPublisher(
-                settings.endpoint,
-                timeout=settings.timeout,
-                on_confirm=self.confirmed,
-                on_error=self.failed,
-            )
+            sock = connect(settings.endpoint)
         except OSError as exc:
             self._fail(remaining, f"cannot connect to {settings.endpoint}: {exc}")
+        client = BlockingStreamClient(
+            sock,
+            timeout=settings.timeout,
+            on_confirm=self.confirmed,
+            on_error=self.failed,
+            max_frame_bytes=sp.DEFAULT_FRAME_MAX_BYTES,
+        )
         try:
             self._session(client, remaining)
-        except (OSError, sp.StreamError) as exc:
+        except OSError as exc:  # StreamClientError is one
             client.abandon()
             self._fail(remaining, f"{self.where}: {exc}")
         else:
-            client.close()
+            client.close(min(settings.timeout, CLOSE_TIMEOUT_SECONDS))
 
-    def _session(self, client: StreamPublisher, rows: Iterator[tuple[int, str, Message]]) -> None:
+    def _session(
+        self, client: BlockingStreamClient, rows: Iterator[tuple[int, str, Message]]
+    ) -> None:
         settings = self.settings
-        client.open(settings.username, settings.password, settings.virtual_host)
+        client.open(
+            username=settings.username,
+            password=settings.password,
+            virtual_host=settings.virtual_host,
+            properties={"product": "msggateway spark sink"},
+            heartbeats=False,  # the rows come at Spark's pace: we may be silent for long
+        )
+        stream, reference = settings.stream, self.reference
         if settings.create_stream:
-            client.request(sp.Create, stream=settings.stream, arguments={})
+            client.request(lambda c: sp.Create(correlation_id=c, stream=stream, arguments={}))
         declared = client.request(
-            sp.DeclarePublisher, publisher_id=0, reference=self.reference, stream=settings.stream
+            lambda c: sp.DeclarePublisher(
+                correlation_id=c, publisher_id=0, reference=reference, stream=stream
+            )
         )
         if declared.code != sp.ResponseCode.OK:
-            status = "rejected" if declared.code in _REJECTING_CODES else "retry"
+            status = "rejected" if declared.code in REJECTING_CODES else "retry"
             reason = f"{self.where} refused the publisher (code {declared.code})"
             self.outcomes.add(
                 status, ((i - self.base, i, m) for i, m, _ in rows), declared.code, reason
@@ -692,7 +456,9 @@ class _PartitionWrite:
         sequence = 0
         if self.reference:
             answer = client.request(
-                sp.QueryPublisherSequence, reference=self.reference, stream=settings.stream
+                lambda c: sp.QueryPublisherSequence(
+                    correlation_id=c, reference=reference, stream=stream
+                )
             )
             sequence = answer.sequence if answer.code == sp.ResponseCode.OK else 0
         budget = client.frame_max - PUBLISH_OVERHEAD_BYTES
@@ -720,14 +486,14 @@ class _PartitionWrite:
         if ids:
             self._send(client, ids, entries)
         while self.in_flight:
-            client.wait()
+            client.wait("publish confirms")
             self.outcomes.flush()
 
-    def _send(self, client: StreamPublisher, ids: list[int], entries: list[bytes]) -> None:
+    def _send(self, client: BlockingStreamClient, ids: list[int], entries: list[bytes]) -> None:
         # Its rows are in_flight already; a frame is never larger than the window.
         limit = self.settings.max_unconfirmed
         while len(self.in_flight) > limit:
-            client.wait()
+            client.wait("publish confirms")
         client.publish(0, ids, entries)
         client.poll()
         self.outcomes.flush()

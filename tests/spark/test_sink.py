@@ -33,7 +33,8 @@ from typing import Any, TypeVar
 import pytest
 from pyspark.sql import functions as F  # noqa: N812
 
-from gateway.spark.sink import Endpoint, LogSinkMixin, parse_endpoint
+from gateway.protocols.stream.blocking import Endpoint, parse_endpoint
+from gateway.spark.sink import LogSinkMixin
 from tests.certs import Pki, make_pki, mtls_endpoint
 from tests.integration.conftest import rabbitmq  # noqa: F401 (the fixture)
 from tests.integration.harness import GatewayProcess
