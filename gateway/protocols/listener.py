@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Generic, NotRequired, TypedDict, TypeVar, cast
 
+from OpenSSL import SSL
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
@@ -315,8 +316,22 @@ class ListenerConnection(Protocol, Generic[F]):
         self._timers.clear()
         self._frame_call = None
         self._out.clear()
+        if reason.check(SSL.Error):
+            self._tls_failed(reason)
         self._connection_ended(reason)
         self.factory.connection_closed(self)
+
+    def _tls_failed(self, reason: Failure) -> None:
+        """Say why TLS with the peer failed, and what usually fixes it; counted."""
+        self.factory.count_error("tls-failed")
+        self._log.warn(
+            "{listener}: TLS with {peer} failed: {reason}. If the peer was refused, it must"
+            " present a certificate issued by a CA of this listener's caCerts; if the peer"
+            " refused us, it must trust the CA of this listener's certKey (and use its name)",
+            listener=self.factory.name,
+            peer=self._who(),
+            reason=_tls_reason(reason.value) if reason.value is not None else "unknown",
+        )
 
     def _call_later(self, seconds: float, call: Callable[..., object], *args: Any) -> IDelayedCall:
         """Call ``call(*args)`` in ``seconds`` on the factory's clock unless the connection ends."""
@@ -470,3 +485,13 @@ class ListenerConnection(Protocol, Generic[F]):
             held=self._partial_frame_bytes(),
         )
         self._abort()
+
+
+def _tls_reason(error: BaseException) -> str:
+    """OpenSSL's reasons, as words (``certificate verify failed``), not nested tuples."""
+    reasons = [
+        str(detail[2])
+        for detail in (error.args[0] if error.args and isinstance(error.args[0], list) else [])
+        if isinstance(detail, tuple) and len(detail) == 3
+    ]
+    return "; ".join(reasons) or str(error) or type(error).__name__

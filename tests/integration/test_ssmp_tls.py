@@ -119,6 +119,9 @@ def test_wrong_ca_refused(gateway: GatewayProcess, pki: Pki) -> None:
         )
         client.send("LOGIN mallory cert")
         client.read_line()
+    # The gateway says why, and what fixes it.
+    line = gateway.wait_for_log(r"required: TLS with 127\.0\.0\.1\S* failed: ")
+    assert "certificate" in line and "caCerts" in line, line
 
 
 def test_optional_certificate(gateway: GatewayProcess, pki: Pki) -> None:
