@@ -102,9 +102,12 @@ from gateway.codecs.stream.fastpath import (
 )
 from gateway.codecs.stream.values import (
     DEFAULT_FRAME_MAX_BYTES,
+    ENTRY_OVERHEAD_BYTES,
     NO_LEADER,
     OFFSET_TYPE_NONE,
     PRE_OPEN_FRAME_MAX_BYTES,
+    PUBLISH_OVERHEAD_BYTES,
+    REJECTING_CODES,
     RESPONSE_BIT,
     Broker,
     CommandVersion,
@@ -120,10 +123,13 @@ from gateway.codecs.stream.values import (
 
 __all__ = [
     "DEFAULT_FRAME_MAX_BYTES",
+    "ENTRY_OVERHEAD_BYTES",
     "HEARTBEAT",
     "NO_LEADER",
     "OFFSET_TYPE_NONE",
     "PRE_OPEN_FRAME_MAX_BYTES",
+    "PUBLISH_OVERHEAD_BYTES",
+    "REJECTING_CODES",
     "RESPONSE_BIT",
     "Broker",
     "Close",

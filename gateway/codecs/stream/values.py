@@ -10,9 +10,12 @@ from gateway.codecs.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "DEFAULT_FRAME_MAX_BYTES",
+    "ENTRY_OVERHEAD_BYTES",
     "NO_LEADER",
     "OFFSET_TYPE_NONE",
     "PRE_OPEN_FRAME_MAX_BYTES",
+    "PUBLISH_OVERHEAD_BYTES",
+    "REJECTING_CODES",
     "RESPONSE_BIT",
     "Broker",
     "CommandVersion",
@@ -28,6 +31,17 @@ __all__ = [
 
 DEFAULT_FRAME_MAX_BYTES: Final = 1_048_576
 """The reference server's configured frame max, 1 MiB (notes, section 3: HRL defaults)."""
+
+PUBLISH_OVERHEAD_BYTES: Final = 13
+"""Size, key, version, publisher id and count of a Publish frame (notes, section 5 0x0002)."""
+
+ENTRY_OVERHEAD_BYTES: Final = 12
+"""Publishing id and length of each entry in a Publish frame."""
+
+REJECTING_CODES: Final = frozenset({2, 16, 17})
+"""PublishError codes no retry fixes: stream missing, access refused, precondition
+failed. Every other code (not available, internal error, publisher unknown after a
+broker restart...) is worth retrying."""
 
 PRE_OPEN_FRAME_MAX_BYTES: Final = 8192
 """The reference server's ceiling until Open succeeds (notes, 1.13 and section 6).

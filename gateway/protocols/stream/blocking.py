@@ -47,6 +47,7 @@ from typing import Any, Final
 from gateway import __version__
 from gateway.codecs import stream as sp
 from gateway.codecs.errors import ProtocolError
+from gateway.codecs.stream import ENTRY_OVERHEAD_BYTES, PUBLISH_OVERHEAD_BYTES, REJECTING_CODES
 
 __all__ = [
     "CLOSE_TIMEOUT_SECONDS",
@@ -71,16 +72,6 @@ CLOSE_TIMEOUT_SECONDS: Final = 2.0
 
 RECEIVE_BYTES: Final = 262_144
 """Bytes asked of one ``recv``: a Deliver chunk or a run of confirms in a few reads."""
-
-PUBLISH_OVERHEAD_BYTES: Final = 13
-"""Size, key, version, publisher id and count of a Publish frame (notes, section 5 0x0002)."""
-
-ENTRY_OVERHEAD_BYTES: Final = 12
-"""Publishing id and length of each entry in a Publish frame."""
-
-REJECTING_CODES: Final = frozenset({2, 16, 17})
-"""PublishError codes no retry fixes: stream missing, access refused, precondition
-failed; the others are retry later (as `gateway.protocols.stream.publishing` reads them)."""
 
 
 def code_name(code: int) -> str:

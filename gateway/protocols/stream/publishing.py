@@ -39,6 +39,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from gateway.codecs import stream as sp
+from gateway.codecs.stream import ENTRY_OVERHEAD_BYTES, PUBLISH_OVERHEAD_BYTES, REJECTING_CODES
 from gateway.core.batch import Answers, all_same
 from gateway.core.durable import producer_reference
 from gateway.core.message import Message, Outcome
@@ -52,19 +53,10 @@ __all__ = [
     "Publishers",
 ]
 
-PUBLISH_OVERHEAD_BYTES: Final = 13
-"""Size, key, version, publisher id and count of a Publish frame."""
-ENTRY_OVERHEAD_BYTES: Final = 12
-"""Publishing id and length of each message in a Publish frame."""
 MAX_PUBLISHER_ID: Final = 255
 """Publisher ids are a uint8 on the wire."""
 
 _ACCEPTED: Final = Outcome.accepted()
-
-_REJECTING_CODES: Final = frozenset({2, 16, 17})
-"""PublishError codes that no retry will fix: stream missing, access refused,
-precondition failed. Everything else (not available, internal error,
-publisher unknown after a broker restart...) is worth retrying."""
 
 
 class _Job:
@@ -317,7 +309,7 @@ class Publishers:
         """Answer what waits for a publisher that could not be declared; forget it."""
         if reason is None:
             reason = f"{self._name} refused a publisher on {publisher.stream} (code {code})"
-        outcome = Outcome.rejected(reason) if code in _REJECTING_CODES else Outcome.retry(reason)
+        outcome = Outcome.rejected(reason) if code in REJECTING_CODES else Outcome.retry(reason)
         # Gone before anyone is answered: an answer may lead to a delivery to
         # the same stream at once, which then declares a publisher afresh.
         del self._publishers[publisher.stream, publisher.reference]
@@ -433,7 +425,7 @@ class Publishers:
             job.answers.settle(
                 job.index,
                 Outcome.rejected(reason, code=str(code))
-                if code in _REJECTING_CODES
+                if code in REJECTING_CODES
                 else Outcome.retry(reason, code=str(code)),
             )
         self.pump()
