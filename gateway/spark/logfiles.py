@@ -29,6 +29,7 @@ publishers whose messages it holds.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from gateway.codecs.osiris import (
     COMPRESSION_NONE,
@@ -75,14 +77,17 @@ __all__ = [
     "stream_bounds",
 ]
 
-DEFAULT_SLICE_BYTES: Final = 64 * 1024 * 1024
-"""Most bytes of chunks in one slice (one Spark partition): a default segment."""
+DEFAULT_SLICE_BYTES: Final = 16 * 1024 * 1024
+"""Most bytes of chunks in one slice (one Spark partition): a quarter of a default
+segment, so that a few segments still make enough tasks for every core."""
 
 BLOCK_PADDING_BYTES: Final = 64
 """Zero bytes after the last record of a `RecordBlock`: a fixed-width read at
 any record byte stays inside the buffer."""
 
 _UNBOUNDED: Final = 2**63 - 1
+_MAX_POSITION: Final = 2**31 - BLOCK_PADDING_BYTES
+"""Records past this in a file are read from a copy: positions stay within 31 bits."""
 _U32: Final = struct.Struct(">I")
 _SUB_BATCH: Final = struct.Struct(">BHII")
 
@@ -196,20 +201,23 @@ class RecordBlock:
 
     Record ``i`` is ``buffer[starts[i]:ends[i]]``; records are in offset
     order, chunk after chunk (``chunks`` says which records are whose), and
-    their ranges ascend without overlapping. ``buffer`` holds the chunks'
-    bytes as the segment has them (records of a gzip sub-batch: inflated,
-    after them), then `BLOCK_PADDING_BYTES` zero bytes.
+    their ranges ascend without overlapping. ``buffer`` is the mapped
+    segment file itself, or, for the end of a file and for gzip
+    sub-batches, a copy of the chunks' bytes with the inflated records
+    after them. Either way at least `BLOCK_PADDING_BYTES` bytes follow the
+    last record, and positions fit in 31 bits.
 
     Attributes:
-        buffer: The bytes.
-        starts: Where each record starts (machine integers of 64 bits: typecode "q").
-        ends: Where each record ends.
+        buffer: The bytes (read them only while the block is being read:
+            a mapped file is unmapped once the slice is read).
+        starts: Where each record starts (int64).
+        ends: Where each record ends (int64).
         chunks: The chunks, in order.
     """
 
-    buffer: bytearray
-    starts: array[int]
-    ends: array[int]
+    buffer: bytearray | mmap.mmap
+    starts: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
     chunks: tuple[BlockChunk, ...]
 
     @property
@@ -430,61 +438,80 @@ def read_blocks(
         if pending:
             yield _block(piece, buf, pending, offsets)
     finally:
-        buf.close()
+        with contextlib.suppress(BufferError):  # still viewed: unmapped when collected
+            buf.close()
 
 
 def _block(
     piece: Slice, buf: mmap.mmap, chunks: list[tuple[int, ChunkHeader]], offsets: Range
 ) -> RecordBlock:
-    """The chunks' bytes, copied once (first one's data to last one's), and their records."""
+    """The chunks' records, in the mapped file where it can be, else in a copy.
+
+    A copy (first chunk's data to last chunk's) is made for the end of a
+    file, where no padding follows, and for chunks with sub-batches, whose
+    gzip records must be inflated after it.
+    """
     first = chunks[0][0] + chunks[0][1].data_start
     last_position, last_header = chunks[-1]
-    size = last_position + last_header.data_start + last_header.data_length - first
-    buffer = bytearray(size + BLOCK_PADDING_BYTES)
-    with memoryview(buf) as view:
-        buffer[:size] = view[first : first + size]
-    starts = array("q")
-    ends = array("q")
+    end = last_position + last_header.data_start + last_header.data_length
+    plain = all(h.num_entries == h.num_records for _, h in chunks)
+    buffer: bytearray | mmap.mmap
+    if plain and end + BLOCK_PADDING_BYTES <= len(buf) and end < _MAX_POSITION:
+        buffer, base = buf, 0
+    else:
+        size = end - first
+        buffer, base = bytearray(size + BLOCK_PADDING_BYTES), first
+        with memoryview(buf) as view:
+            buffer[:size] = view[first:end]
+    starts: list[npt.NDArray[np.int64]] = []
+    ends: list[npt.NDArray[np.int64]] = []
     inflated: list[bytes | memoryview] = []
     described: list[BlockChunk] = []
     for position, header in chunks:
-        begin = len(starts)
-        data_start = position + header.data_start - first
+        data_start = position + header.data_start - base
         data_end = data_start + header.data_length
-        if header.num_entries != header.num_records or not _simple_entries(
-            buffer, data_start, data_end, header.num_entries, starts, ends
-        ):
-            del starts[begin:], ends[begin:]
-            _other_entries(piece, position, buffer, data_start, data_end, starts, ends, inflated)
+        spans = None
+        if header.num_entries == header.num_records:
+            spans = _simple_entries(buffer, data_start, data_end, header.num_entries)
+        if spans is None:
+            assert isinstance(buffer, bytearray)  # a chunk with sub-batches: a copy
+            spans = _other_entries(piece, position, buffer, data_start, data_end, inflated)
         # Keep only the records in range: a run of consecutive offsets.
-        count = len(starts) - begin
+        count = len(spans[0])
         first_offset = header.first_offset
         keep_from = 0 if offsets.low is None else min(max(offsets.low - first_offset, 0), count)
         keep_to = count if offsets.high is None else min(max(offsets.high - first_offset, 0), count)
-        keep_to = max(keep_to, keep_from)
-        del starts[begin + keep_to :], ends[begin + keep_to :]
-        del starts[begin : begin + keep_from], ends[begin : begin + keep_from]
-        if len(starts) > begin:
-            trailer_at = position + header.data_start + header.data_length
-            try:
-                publishers = _publishers(buf[trailer_at : trailer_at + header.trailer_length])
-            except OsirisError as exc:
-                raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
-            described.append(
-                BlockChunk(
-                    first_offset + keep_from, len(starts) - begin, header.timestamp, publishers
-                )
-            )
+        if keep_to <= keep_from:
+            continue
+        starts.append(spans[0][keep_from:keep_to])
+        ends.append(spans[1][keep_from:keep_to])
+        trailer_at = position + header.data_start + header.data_length
+        try:
+            publishers = _publishers(buf[trailer_at : trailer_at + header.trailer_length])
+        except OsirisError as exc:
+            raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
+        described.append(
+            BlockChunk(first_offset + keep_from, keep_to - keep_from, header.timestamp, publishers)
+        )
     if inflated:
         # Records that are not in the file as they are: after the chunks' bytes.
-        buffer[size:] = b"".join(inflated) + bytes(BLOCK_PADDING_BYTES)
-    return RecordBlock(buffer=buffer, starts=starts, ends=ends, chunks=tuple(described))
+        assert isinstance(buffer, bytearray)
+        buffer[len(buffer) - BLOCK_PADDING_BYTES :] = b"".join(inflated) + bytes(
+            BLOCK_PADDING_BYTES
+        )
+    empty = np.zeros(0, np.int64)
+    return RecordBlock(
+        buffer=buffer,
+        starts=np.concatenate(starts) if starts else empty,
+        ends=np.concatenate(ends) if ends else empty,
+        chunks=tuple(described),
+    )
 
 
 def _simple_entries(
-    buffer: bytearray, pos: int, end: int, count: int, starts: array[int], ends: array[int]
-) -> bool:
-    """Append the positions of ``count`` simple entries from ``pos``; False if they are not.
+    buffer: bytearray | mmap.mmap, pos: int, end: int, count: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """The positions of ``count`` simple entries from ``pos``; None if they are not.
 
     Entries of one length (a producer's fixed-size messages) are checked
     with one strided comparison; others are walked one by one. A
@@ -498,22 +525,23 @@ def _simple_entries(
         if step * count == end - pos:
             lengths = np.ndarray((count,), ">u4", buffer, pos, (step,))
             if bool((lengths == length).all()):
-                starts.extend(range(pos + 4, end, step))
-                ends.extend(range(pos + step, end + 1, step))
-                return True
+                starts = np.arange(pos + 4, end, step, dtype=np.int64)
+                return starts, starts + length
+    found = array("q")
     unpack = _U32.unpack_from
-    add_start = starts.append
-    add_end = ends.append
+    add = found.append
     try:
         for _ in range(count):
             (length,) = unpack(buffer, pos)
-            pos += 4
-            add_start(pos)
-            pos += length
-            add_end(pos)
+            add(pos + 4)
+            add(pos + 4 + length)
+            pos += 4 + length
     except struct.error:
-        return False
-    return pos == end
+        return None
+    if pos != end:
+        return None
+    both = np.frombuffer(found, np.int64)
+    return both[0::2].copy(), both[1::2].copy()
 
 
 def _other_entries(
@@ -522,11 +550,9 @@ def _other_entries(
     buffer: bytearray,
     data_start: int,
     data_end: int,
-    starts: array[int],
-    ends: array[int],
     inflated: list[bytes | memoryview],
-) -> None:
-    """Append the records of a chunk with sub-batches (or a malformed one, which raises).
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The records of a chunk with sub-batches (or a malformed one, which raises).
 
     The chunk is first read by `iter_entries`, which checks it. Records of
     uncompressed sub-batches are where the chunk has them; a gzip
@@ -539,6 +565,8 @@ def _other_entries(
             pass
     except OsirisError as exc:
         raise LogReadError(f"{piece.segment}: chunk at byte {position}: {exc}") from None
+    starts: list[int] = []
+    ends: list[int] = []
     tail_at = len(buffer) - BLOCK_PADDING_BYTES + sum(map(len, inflated))
     pos = 0
     while pos < len(data):
@@ -564,6 +592,7 @@ def _other_entries(
                 ends.append(tail_at)
                 inflated.append(record)
         pos = body + length
+    return np.array(starts, np.int64), np.array(ends, np.int64)
 
 
 def _mapped(piece: Slice) -> mmap.mmap | None:

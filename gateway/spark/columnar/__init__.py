@@ -220,8 +220,8 @@ class _Block:
             return
         block = self.block
         self._views = Views(block.buffer)
-        starts = np.frombuffer(block.starts, np.int64)
-        ends = np.frombuffer(block.ends, np.int64)
+        starts = np.asarray(block.starts, np.int64)
+        ends = np.asarray(block.ends, np.int64)
         self._parsed = parsed = parse(self._views, starts, ends)
         classify_pairs(self._views, parsed)
         texts = self._texts
@@ -390,7 +390,7 @@ class _Block:
         values: dict[str, list[Any]] = {name: [] for name in wanted}
         block = self.block
         for row in rows.tolist():
-            entry = bytes(block.buffer[block.starts[row] : block.ends[row]])
+            entry = bytes(block.buffer[int(block.starts[row]) : int(block.ends[row])])
             message = message_from_entry(
                 entry,
                 stream=self.stream,

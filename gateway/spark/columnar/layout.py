@@ -26,6 +26,7 @@ slow: the decoder decides.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -138,7 +139,7 @@ _FP_MIX: Final = np.uint64(0x9E3779B97F4A7C15)
 class Views:
     """A buffer as unsigned bytes and big-endian numbers of each width, at any position."""
 
-    def __init__(self, buffer: bytearray) -> None:
+    def __init__(self, buffer: bytearray | mmap.mmap) -> None:
         size = len(buffer)
         self.u8 = np.frombuffer(buffer, np.uint8)
         self.i8 = self.u8.view(np.int8)
@@ -217,7 +218,7 @@ def parse(views: Views, starts: I64, ends: I64) -> Parsed:
     u8 = views.u8
     count = starts.size
     length = ends - starts
-    first, second, third = u8[starts], u8[starts + 1], u8[starts + 2]
+    first, second, third = u8.take(starts), u8.take(starts + 1), u8.take(starts + 2)
     described = (length >= 3) & (first == 0)
     standard = described & (second == 0x53) & (third >= 0x70) & (third <= 0x78)
     # Other descriptor forms (`looks_like_amqp`): the decoder decides, row by row.
@@ -243,8 +244,8 @@ def parse(views: Views, starts: I64, ends: I64) -> Parsed:
             live, position, seen, end = live[more], position[more], seen[more], end[more]
         if not live.size:
             break
-        ok = (position + 3 < end) & (u8[position] == 0) & (u8[position + 1] == 0x53)
-        code = u8[position + 2]
+        ok = (position + 3 < end) & (u8.take(position) == 0) & (u8.take(position + 1) == 0x53)
+        code = u8.take(position + 2)
         bit = np.select(
             [code == _PROPERTIES, code == _APPLICATION_PROPERTIES, code == _DATA], [1, 2, 4], 0
         )
@@ -279,38 +280,50 @@ def parse(views: Views, starts: I64, ends: I64) -> Parsed:
     return parsed
 
 
-def _item(views: Views, at: I64) -> tuple[npt.NDArray[np.uint8], I64, I64]:
-    """The value whose constructor is at ``at``: (code, data start, data end)."""
-    code = views.u8[at]
-    start = at + 1 + _HEAD[code]
-    end = start + _WIDTH[code]
-    short = _SHORT[code]
+def _item(views: Views, at: I64) -> tuple[I64, I64, I64]:
+    """The value whose constructor is at ``at``: (code, data start, data end).
+
+    Codes come back as machine integers, ready to index the tables with.
+    """
+    code = views.u8.take(at).astype(np.intp)
+    start = at + 1 + _HEAD.take(code)
+    end = start + _WIDTH.take(code)
+    short = _SHORT.take(code)
     if short.any():
-        end += np.where(short, views.u8[at + 1], 0)
-    wide = _WIDE[code]
+        end += np.where(short, views.u8.take(at + 1), 0)
+    wide = _WIDE.take(code)
     if wide.any():
-        end += np.where(wide, views.u32[at + 1], 0).astype(np.int64)
+        end += np.where(wide, views.u32[np.where(wide, at + 1, 0)], 0).astype(np.int64)
     return code, start, end
 
 
-def _booleans_ok(views: Views, code: npt.NDArray[np.uint8], start: I64) -> Bool:
+def _str8_or_item(views: Views, at: I64) -> tuple[I64, I64, I64]:
+    """`_item`, with the commonest case (every value a str8) in three operations."""
+    code = views.u8.take(at).astype(np.intp)
+    if (code == _STR8).all():
+        start = at + 2
+        return code, start, start + views.u8.take(at + 1)
+    return _item(views, at)
+
+
+def _booleans_ok(views: Views, code: I64, start: I64) -> Bool:
     """A boolean's octet is 0 or 1 (`_d_boolean`); True for every other value."""
     boolean = code == BOOLEAN
     if not boolean.any():
         return np.ones(code.size, np.bool_)
-    result: Bool = ~boolean | (views.u8[np.where(boolean, start, 0)] <= 1)
+    result: Bool = ~boolean | (views.u8.take(np.where(boolean, start, 0)) <= 1)
     return result
 
 
 def _compound(views: Views, at: I64, end: I64, short: int, wide: int) -> tuple[Bool, I64, I64, I64]:
     """A list or map at ``at``: (well-formed bounds, item count, first item, stop)."""
     u8 = views.u8
-    code = u8[at]
+    code = u8.take(at)
     is_short = code == short
     if is_short.all():
         ok = at + 3 <= end
-        size = u8[at + 1].astype(np.int64)
-        items = u8[at + 2].astype(np.int64)
+        size = u8.take(at + 1).astype(np.int64)
+        items = u8.take(at + 2).astype(np.int64)
         first = at + 3
         stop = at + 2 + size
         ok &= (size >= 1) & (stop <= end) & (items <= stop - first)
@@ -318,8 +331,8 @@ def _compound(views: Views, at: I64, end: I64, short: int, wide: int) -> tuple[B
     is_wide = code == wide
     ok = (is_short & (at + 3 <= end)) | (is_wide & (at + 9 <= end))
     safe = np.where(ok, at, 0)
-    size = np.where(is_short, u8[safe + 1], views.u32[safe + 1]).astype(np.int64)
-    items = np.where(is_short, u8[safe + 2], views.u32[safe + 5]).astype(np.int64)
+    size = np.where(is_short, u8.take(safe + 1), views.u32[safe + 1]).astype(np.int64)
+    items = np.where(is_short, u8.take(safe + 2), views.u32[safe + 5]).astype(np.int64)
     first = np.where(is_short, at + 3, at + 9)
     stop = np.where(is_short, at + 2 + size, at + 5 + size)
     ok &= np.where(is_short, size >= 1, size >= 4) & (stop <= end) & (items <= stop - first)
@@ -338,7 +351,7 @@ def _properties(
     """
     u8 = views.u8
     ok, items, first, stop = _compound(views, at, end, _LIST8, _LIST32)
-    empty = u8[at] == _LIST0
+    empty = u8.take(at) == _LIST0
     if empty.any():
         ok |= empty
         items = np.where(empty, 0, items)
@@ -346,14 +359,14 @@ def _properties(
         first = np.where(empty, stop, first)
     ok &= items <= len(_PROPERTY_CODES)
     position = np.where(ok, first, 0)
-    code, id_start, id_end = _item(views, position)
-    quick = ok & (items >= 3) & _PROPERTY_CODES[0][code] & (id_end < stop)
-    is_id = IS_STRING[code]
+    code, id_start, id_end = _str8_or_item(views, position)
+    quick = ok & (items >= 3) & _PROPERTY_CODES[0].take(code) & (id_end < stop)
+    is_id = IS_STRING.take(code)
     position = np.where(quick, id_end, 0)
-    quick &= u8[position] == NULL  # user-id
-    code, to_start, to_end = _item(views, position + 1)
-    quick &= _PROPERTY_CODES[2][code] & (to_end <= stop)
-    is_to = IS_STRING[code]
+    quick &= u8.take(position) == NULL  # user-id
+    code, to_start, to_end = _str8_or_item(views, position + 1)
+    quick &= _PROPERTY_CODES[2].take(code) & (to_end <= stop)
+    is_to = IS_STRING.take(code)
     tail = np.where(quick, to_end, 0)
     left = stop - tail
     head = views.u64[tail]
@@ -395,18 +408,19 @@ def _walk_properties(
         if not act.size:
             break
         code, start, end = _item(views, position[act])
-        good = _PROPERTY_CODES[number][code] & (end <= stop[act]) & _booleans_ok(views, code, start)
+        good = _PROPERTY_CODES[number].take(code) & (end <= stop[act])
+        good &= _booleans_ok(views, code, start)
         ok[act[~good]] = False
         act, code, start, end = act[good], code[good], start[good], end[good]
         position[act] = end
-        text = IS_STRING[code]
+        text = IS_STRING.take(code)
         if number in (0, 2):
             which = rows[act[text]]
             (parsed.id_start if number == 0 else parsed.to_start)[which] = start[text]
             (parsed.id_end if number == 0 else parsed.to_end)[which] = end[text]
         elif text.any():
             parsed.strings.append((rows[act[text]], start[text], end[text]))
-        symbol = _IS_SYMBOL[code]
+        symbol = _IS_SYMBOL.take(code)
         if symbol.any():
             parsed.symbols.append((rows[act[symbol]], start[symbol], end[symbol]))
     ok &= position == stop
@@ -436,10 +450,10 @@ def _application_properties(
         act: Any = slice(None) if every else np.flatnonzero(active)
         at_key = position if every else position[act]
         limit = stop if every else stop[act]
-        code, k_start, k_end = _item(views, at_key)
-        good = _KEY_CODES[code] & (k_end < limit)
+        code, k_start, k_end = _str8_or_item(views, at_key)
+        good = _KEY_CODES.take(code) & (k_end < limit)
         code, v_start, v_end = _item(views, np.where(good, k_end, 0))
-        good &= _VALUE_CODES[code] & (v_end <= limit) & _booleans_ok(views, code, v_start)
+        good &= _VALUE_CODES.take(code) & (v_end <= limit) & _booleans_ok(views, code, v_start)
         key_start[act, number] = np.where(good, k_start, -1)
         key_end[act, number] = k_end
         codes[act, number] = code
@@ -508,11 +522,116 @@ def _merge(found: list[Pairs]) -> Pairs | None:
 # --- keys ---------------------------------------------------------------------------
 
 
-def _key_parts(views: Views, starts: I64, lengths: I64) -> tuple[U64, U64, U64]:
-    """Bytes 0-8, 8-12 and the last 8 of each key, zero past its end.
+def _words(key: bytes) -> tuple[tuple[int, np.uint64], ...]:
+    """A key as big-endian 8-byte words at offsets 0, 8, ... and a last one ending at its end."""
+    offsets = sorted({*range(0, len(key) - 7, 8), len(key) - 8})
+    return tuple((at, np.uint64(int.from_bytes(key[at : at + 8], "big"))) for at in offsets)
 
-    With the length, they are exactly the key for keys of up to 20 bytes.
+
+_RESERVED_KEYS: Final = tuple(
+    (number, len(name), _words(name.encode()))
+    for number, name in (
+        (RESERVED_SENDER, SENDER_HEADER),
+        (RESERVED_RECIPIENTS, RECIPIENTS_HEADER),
+        (RESERVED_TIMESTAMP, TIMESTAMP_HEADER),
+    )
+)
+"""The reserved keys (all at least 8 bytes) as their length and words."""
+
+_GROUPS: Final = (
+    ((0x50, 0x52, 0x53), "u8"),
+    ((0x51, 0x54, 0x55), "i8"),
+    ((0x60,), "u16"),
+    ((0x61,), "i16"),
+    ((0x70,), "u32"),
+    ((0x71,), "i32"),
+    ((0x81, TIMESTAMP), "i64"),
+)
+"""Whole-number codes by the width and sign of their data (uint0/ulong0 are 0)."""
+
+
+def classify_pairs(views: Views, parsed: Parsed) -> None:
+    """Name the reserved properties; send entries the fast path cannot map row by row.
+
+    An entry goes slow when a key appears twice (the decoder refuses the
+    map: the entry then reads as raw), when a sender or recipients value is
+    not a string, a header's value is a double (its text is Python's own)
+    or a ulong past 2**63, or a timestamp in milliseconds is too large to
+    become seconds exactly.
     """
+    pairs = parsed.pairs
+    if pairs is None:
+        return
+    present2 = pairs.key_start >= 0
+    row, column = np.nonzero(present2)
+    start = pairs.key_start[row, column]
+    length = pairs.key_end[row, column] - start
+    code = pairs.code[row, column]
+    reserved = np.zeros(row.size, np.int64)
+    for number, size, words in _RESERVED_KEYS:
+        candidates = np.flatnonzero(length == size)
+        if not candidates.size:
+            continue
+        at = start[candidates]
+        hit = np.ones(candidates.size, np.bool_)
+        for offset, word in words:
+            hit &= views.u64[at + offset] == word
+        reserved[candidates[hit]] = number
+    integer = np.flatnonzero(IS_INTEGER.take(code))
+    values = np.zeros(row.size, np.int64)
+    bad_cells = np.zeros(row.size, np.bool_)
+    if integer.size:
+        values[integer], bad_cells[integer] = _integers(
+            views, code[integer], pairs.value_start[row[integer], column[integer]]
+        )
+    is_string = IS_STRING.take(code)
+    text = (reserved == RESERVED_SENDER) | (reserved == RESERVED_RECIPIENTS)
+    bad_cells |= text & ~is_string
+    bad_cells |= (reserved == 0) & (code == DOUBLE)
+    bad_cells |= (reserved == RESERVED_TIMESTAMP) & (code == TIMESTAMP) & (np.abs(values) >= 2**53)
+    bad = np.zeros(pairs.rows.size, np.bool_)
+    bad[row[bad_cells]] = True
+    bad |= _duplicates(views, pairs, present2)
+    parsed.slow[pairs.rows[bad]] = True
+    pairs.reserved = np.zeros(present2.shape, np.int64)
+    pairs.reserved[row, column] = reserved
+    pairs.integers = np.zeros(present2.shape, np.int64)
+    pairs.integers[row, column] = values
+
+
+def _duplicates(views: Views, pairs: Pairs, present: Bool) -> Bool:
+    """Rows of `Pairs` where a key appears twice.
+
+    Only keys of equal length can be equal: rows with two such are compared
+    by a digest of the key (equal keys, equal digests; a collision between
+    unequal ones only sends a row the slow way).
+    """
+    columns = present.shape[1]
+    suspect = np.zeros(present.shape[0], np.bool_)
+    if columns < 2:
+        return suspect
+    lengths = np.where(present, pairs.key_end - pairs.key_start, -1)
+    for one in range(columns):
+        for other in range(one + 1, columns):
+            suspect |= (lengths[:, one] == lengths[:, other]) & (lengths[:, one] >= 0)
+    rows = np.flatnonzero(suspect)
+    if not rows.size:
+        return suspect
+    here = present[rows]
+    first, middle, last = _key_parts(
+        views, np.where(here, pairs.key_start[rows], 0), np.where(here, lengths[rows], 0)
+    )
+    digest: U64 = np.multiply(first, _FP_MIX)
+    digest ^= (middle + lengths[rows].astype(np.uint64)) * np.uint64(0xBF58476D1CE4E5B9)
+    digest ^= (last ^ np.uint64(0x94D049BB133111EB)) * np.uint64(0xD6E8FEB86659FD93)
+    spare = np.uint64(2**64 - 1) - np.arange(columns, dtype=np.uint64)
+    ordered = np.sort(np.where(here, digest, spare), axis=1)
+    suspect[rows] = (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
+    return suspect
+
+
+def _key_parts(views: Views, starts: I64, lengths: I64) -> tuple[U64, U64, U64]:
+    """Bytes 0-8, 8-12 and the last 8 of each key, zero past its end."""
     first = _leading(views, starts, np.minimum(lengths, 8))
     middle = _leading(views, starts + 8, np.clip(lengths - 8, 0, 4))
     last = np.where(lengths > 12, views.u64[np.maximum(starts + lengths - 8, starts)], 0)
@@ -528,88 +647,17 @@ def _leading(views: Views, starts: I64, counts: I64) -> U64:
     )
 
 
-def _key_of(name: str) -> tuple[int, np.uint64, np.uint64, np.uint64]:
-    key = name.encode()
-    views = Views(bytearray(key + bytes(16)))
-    first, middle, last = _key_parts(views, np.array([0]), np.array([len(key)]))
-    return len(key), first[0], middle[0], last[0]
-
-
-_RESERVED_KEYS: Final = (
-    (RESERVED_SENDER, _key_of(SENDER_HEADER)),
-    (RESERVED_RECIPIENTS, _key_of(RECIPIENTS_HEADER)),
-    (RESERVED_TIMESTAMP, _key_of(TIMESTAMP_HEADER)),
-)
-
-
-def classify_pairs(views: Views, parsed: Parsed) -> None:
-    """Name the reserved properties; send entries the fast path cannot map row by row.
-
-    An entry goes slow when a key appears twice (the decoder refuses the
-    map: the entry then reads as raw), when a sender or recipients value is
-    not a string, a header's value is a double (its text is Python's own)
-    or a ulong past 2**63, or a timestamp in milliseconds is too large to
-    become seconds exactly.
-    """
-    pairs = parsed.pairs
-    if pairs is None:
-        return
-    present = pairs.key_start >= 0
-    length = np.where(present, pairs.key_end - pairs.key_start, 0)
-    parts = _key_parts(views, np.where(present, pairs.key_start, 0), length)
-    reserved = np.zeros(length.shape, np.int64)
-    for number, (size, head, mid, tail) in _RESERVED_KEYS:
-        hit = present & (length == size) & (parts[0] == head)
-        hit &= (parts[1] == mid) & (parts[2] == tail)
-        reserved[hit] = number
-    code = np.maximum(pairs.code, 0)
-    integers, big = _integers(views, code, pairs.value_start, present)
-    bad = (big & present).any(axis=1)
-    text = (reserved == RESERVED_SENDER) | (reserved == RESERVED_RECIPIENTS)
-    bad |= (text & ~IS_STRING[code]).any(axis=1)
-    bad |= ((reserved == 0) & present & (code == DOUBLE)).any(axis=1)
-    bad |= (
-        (reserved == RESERVED_TIMESTAMP) & (code == TIMESTAMP) & (np.abs(integers) >= 2**53)
-    ).any(axis=1)
-    columns = length.shape[1]
-    if columns > 1:
-        first, middle, last = parts
-        digest: U64 = np.multiply(first, _FP_MIX)
-        digest ^= (middle + length.astype(np.uint64)) * np.uint64(0xBF58476D1CE4E5B9)
-        digest ^= (last ^ np.uint64(0x94D049BB133111EB)) * np.uint64(0xD6E8FEB86659FD93)
-        # Absent pairs get distinct values no digest is likely to take; a
-        # collision only sends an entry the slow way.
-        spare = np.uint64(2**64 - 1) - np.arange(columns, dtype=np.uint64)
-        ordered = np.sort(np.where(present, digest, spare), axis=1)
-        bad |= (ordered[:, 1:] == ordered[:, :-1]).any(axis=1)
-    parsed.slow[pairs.rows[bad]] = True
-    pairs.reserved = reserved
-    pairs.integers = integers
-
-
-def _integers(views: Views, code: I64, start: I64, present: Bool) -> tuple[I64, Bool]:
+def _integers(views: Views, code: I64, start: I64) -> tuple[I64, Bool]:
     """Whole-number values as int64, and where they do not fit (ulongs past 2**63)."""
-    integer = IS_INTEGER[code] & present
-    result = np.zeros(code.shape, np.int64)
-    big = np.zeros(code.shape, np.bool_)
-    if not integer.any():
-        return result, big
-    at = np.where(integer, start, 0)
-    for codes, array in (
-        ((0x50, 0x52, 0x53), views.u8),
-        ((0x51, 0x54, 0x55), views.i8),
-        ((0x60,), views.u16),
-        ((0x61,), views.i16),
-        ((0x70,), views.u32),
-        ((0x71,), views.i32),
-        ((0x81, TIMESTAMP), views.i64),
-    ):
-        where = np.isin(code, codes) & present
+    result = np.zeros(code.size, np.int64)
+    big = np.zeros(code.size, np.bool_)
+    for codes, width in _GROUPS:
+        where = np.isin(code, codes)
         if where.any():
-            result[where] = array[at[where]]
-    where = (code == _ULONG) & present
+            result[where] = getattr(views, width)[start[where]]
+    where = code == _ULONG
     if where.any():
-        unsigned = views.u64[at[where]].astype(np.uint64)
+        unsigned = views.u64[start[where]].astype(np.uint64)
         big[where] = unsigned >= np.uint64(2**63)
         result[where] = unsigned.astype(np.int64)
     return result, big
