@@ -28,14 +28,21 @@ stream's next offset is the one after the last chunk its index lists
 (`gateway.spark.logfiles.stream_bounds`). Streams that appear later are
 read from their first offset. The log is never changed: ``commit`` has
 nothing to do.
+
+`copy_to_parquet` runs such a query into a Parquet directory, and
+``python -m gateway.spark.streaming LOG OUT --checkpoint DIR`` runs it from
+the command line (``--available-now`` to stop when caught up; otherwise
+``--seconds`` bounds it), printing one JSON line of what it did.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import sys
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import IO, Any, Final
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -50,7 +57,7 @@ from pyspark.sql.types import StructType
 from gateway.spark.logfiles import Range, SegmentGoneError, list_streams, plan_slices, stream_bounds
 from gateway.spark.source import ReadOptions, SlicePartition, read_piece
 
-__all__ = ["DataLossError", "LogStreamReader"]
+__all__ = ["DataLossError", "LogStreamReader", "copy_to_parquet", "main"]
 
 _log = logging.getLogger(__name__)
 
@@ -226,3 +233,112 @@ def _flag(options: dict[str, str], key: str, default: bool) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise ValueError(f"msggateway stream: {key} is true or false, not {value!r}")
+
+
+def copy_to_parquet(
+    spark: Any,
+    log: str,
+    out: str,
+    checkpoint: str,
+    *,
+    options: dict[str, str] | None = None,
+    available_now: bool = True,
+    trigger_seconds: float = 1.0,
+    seconds: float | None = None,
+) -> dict[str, Any]:
+    """Copy the log's messages into Parquet under ``out`` with a streaming query.
+
+    Args:
+        spark: A session with the data source registered.
+        log: The log directory.
+        out: The Parquet directory (the file sink's, with its ``_spark_metadata``).
+        checkpoint: The query's checkpoint: a rerun continues from it.
+        options: Reader options (module documentation, `gateway.spark.source`).
+        available_now: Stop once caught up (Trigger.AvailableNow); else run
+            micro-batches every ``trigger_seconds`` for ``seconds``.
+        trigger_seconds: The processing-time trigger's interval.
+        seconds: How long a query that is not ``available_now`` runs.
+
+    Returns:
+        ``batches`` (micro-batches that read rows), ``rows`` and ``offsets``
+        (the end offsets of the last batch).
+
+    Raises:
+        pyspark.errors.StreamingQueryException: The query failed (a
+            `DataLossError` among others).
+    """
+    reader = spark.readStream.format("msggateway")
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
+    writer = (
+        reader.load(log)
+        .writeStream.format("parquet")
+        .option("path", out)
+        .option("checkpointLocation", checkpoint)
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    query = writer.start()
+    try:
+        if available_now:
+            query.awaitTermination()  # until caught up, or failed (raises)
+        else:
+            query.awaitTermination(seconds)
+    finally:
+        query.stop()
+    batches = {p["batchId"]: p for p in query.recentProgress if p["numInputRows"]}
+    last = batches[max(batches)] if batches else None
+    return {
+        "batches": len(batches),
+        "rows": sum(p["numInputRows"] for p in batches.values()),
+        "offsets": json.loads(last["sources"][0]["endOffset"]) if last else None,
+    }
+
+
+def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
+    """``python -m gateway.spark.streaming LOG OUT --checkpoint DIR [...]``: see the module docs."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.spark.streaming",
+        description="Copy the log's messages into Parquet with a Spark streaming query.",
+    )
+    parser.add_argument("log", help="the gateway's log directory (data_dir/log)")
+    parser.add_argument("out", help="the Parquet directory")
+    parser.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument("--streams", help="only these streams (comma separated)")
+    parser.add_argument("--columns", help="only these columns (comma separated)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--available-now", action="store_true", help="stop once caught up")
+    parser.add_argument("--trigger-seconds", type=float, default=1.0)
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="run this long (no --available-now)"
+    )
+    args = parser.parse_args(argv)
+    from gateway.spark.jobs import spark_session
+
+    options = dict(item.split("=", 1) for item in args.option)
+    for key in ("streams", "columns"):
+        if getattr(args, key):
+            options[key] = getattr(args, key)
+    spark = spark_session(args.master, app="msggateway stream to parquet")
+    try:
+        summary = copy_to_parquet(
+            spark,
+            args.log,
+            args.out,
+            args.checkpoint,
+            options=options,
+            available_now=args.available_now,
+            trigger_seconds=args.trigger_seconds,
+            seconds=args.seconds,
+        )
+    finally:
+        spark.stop()
+    out.write(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,10 @@
   SIGKILL (the whole process group: driver, JVM, workers) and run again:
   exactly one accepted outcome per id, and every id in the gateway's log.
 * archive and report on a Spark standalone master and worker (started from
-  the pyspark package's scripts), not only in-process.
+  the pyspark package's scripts), not only in-process; and there the
+  streaming source too: ``python -m gateway.spark.streaming`` copies the log
+  into Parquet (AvailableNow), and again after the log grew, each message
+  once.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +234,20 @@ def test_send_killed_half_way_and_run_again(spark: Any, tmp_path: Path) -> None:
     assert stored.select("message_id").distinct().count() == total  # at least once in the log
 
 
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A Spark master and worker on loopback, for this module's cluster tests."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.mark.timeout(600)
-def test_archive_and_report_on_a_standalone_cluster(tmp_path: Path) -> None:
+def test_archive_and_report_on_a_standalone_cluster(
+    standalone: StandaloneCluster, tmp_path: Path
+) -> None:
     """A real master and worker: the jobs run as an operator would run them."""
     log = make_log(
         tmp_path / "log",
@@ -242,18 +258,57 @@ def test_archive_and_report_on_a_standalone_cluster(tmp_path: Path) -> None:
             * 20,
         },
     )
-    cluster = StandaloneCluster(tmp_path / "cluster").start()
-    try:
-        archived = _run_cli("archive", str(log), str(tmp_path / "archive"), "--master", cluster.url)
-        assert archived["rows"] == 3000
-        reported = _run_cli("report", str(log), str(tmp_path / "report"), "--master", cluster.url)
-        assert reported["messages"] == 20
-    finally:
-        cluster.stop()
+    master = standalone.url
+    archived = _run_cli("archive", str(log), str(tmp_path / "archive"), "--master", master)
+    assert archived["rows"] == 3000
+    reported = _run_cli("report", str(log), str(tmp_path / "report"), "--master", master)
+    assert reported["messages"] == 20
     document = json.loads((tmp_path / "report" / "report.json").read_text())
     assert document["streams"][0]["messages"] == 3000
     # The work ran on the worker's executors, not in the driver.
-    assert any((tmp_path / "cluster" / "work").iterdir())
+    assert any((standalone.directory / "work").iterdir())
+
+
+def _run_streaming(*arguments: str, timeout: float = 300) -> dict[str, Any]:
+    """``python -m gateway.spark.streaming ...`` in its own process group; its JSON line."""
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway.spark.streaming", *arguments],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(process.pid)
+        raise
+    assert process.returncode == 0, err.decode()[-3000:]
+    return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+
+@pytest.mark.timeout(900)
+def test_a_streaming_query_on_a_standalone_cluster(
+    spark: Any, standalone: StandaloneCluster, tmp_path: Path
+) -> None:
+    """The streaming source on a master and worker: the log into Parquet, then what it gained."""
+    spec: dict[str, Any] = {"segment_bytes": 100_000, "streams": {"orders": {"count": 3000}}}
+    log = make_log(tmp_path / "log", {**spec, "streams": {"orders": {"count": 3000, "batch": 200}}})
+    out, checkpoint = tmp_path / "parquet", tmp_path / "checkpoint"
+    arguments = [str(log), str(out), "--checkpoint", str(checkpoint), "--available-now"]
+    arguments += ["--master", standalone.url, "--option", "max_records_per_trigger=2000"]
+    first = _run_streaming(*arguments)
+    assert (first["rows"], first["batches"]) == (3000, 2)
+    make_log(log, {**spec, "streams": {"orders": {"count": 1500, "batch": 150, "first": 3000}}})
+    again = _run_streaming(*arguments)
+    assert again["rows"] == 1500
+    assert again["offsets"]["orders"] > first["offsets"]["orders"]
+    found = [r.message_id for r in spark.read.parquet(str(out)).select("message_id").collect()]
+    assert sorted(found) == sorted(f"orders-{i}" for i in range(4500))
+    applications = [p.name for p in (standalone.directory / "work").iterdir()]
+    assert len(applications) >= 2  # each run was an application on the worker
 
 
 def test_send_json_lines_and_rfc822_files(spark: Any, tmp_path: Path) -> None:
