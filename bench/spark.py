@@ -187,6 +187,7 @@ class _SinkWatch(threading.Thread):
 
 def _lag(spark: Any, scratch: Path, rate: int, seconds: float) -> dict[str, Any]:
     """Commit-to-sink lag of a streaming query while a writer appends at ``rate``."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     log, sink = scratch / "lag-log", scratch / "lag-sink"
@@ -234,7 +235,9 @@ def _lag(spark: Any, scratch: Path, rate: int, seconds: float) -> dict[str, Any]
     lags: list[float] = []
     for path, visible in watch.visible.items():
         stamps = pq.read_table(path.removeprefix("file://"), columns=["chunk_timestamp"])
-        for stamp in stamps.column(0).cast("int64").to_pylist():
+        # Spark may store timestamps as INT96 (nanoseconds): microseconds first.
+        micros = stamps.column(0).cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        for stamp in micros.to_pylist():
             if stamp / 1e6 >= begin + LAG_WARM_UP_SECONDS:
                 lags.append(visible - stamp / 1e6)
     lags.sort()
