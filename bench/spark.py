@@ -88,17 +88,20 @@ class _Rates:
 
 def _reads(spark: Any, log: Path, parquet: Path, messages: int, rounds: int) -> dict[str, Any]:
     """The read measurements (module docstring), medians of ``rounds``."""
-    source = spark.read.format("msggateway")
+
+    def source() -> Any:
+        return spark.read.format("msggateway")  # a reader's options stick: a new one each
+
     low = messages * 9 // 10
     narrow_options = {"path": str(log), "streams": "orders", "start_offset": str(low)}
     frames = {
-        "all": source.load(str(log)),
-        "all rows": source.option("decode", "rows").load(str(log)),
+        "all": source().load(str(log)),
+        "all rows": source().option("decode", "rows").load(str(log)),
         "all parquet": spark.read.parquet(str(parquet)),
-        "slim": source.option("columns", SLIM).load(str(log)),
+        "slim": source().option("columns", SLIM).load(str(log)),
         "slim parquet": spark.read.parquet(str(parquet)).select(*SLIM.split(",")),
-        "narrow": source.option("streams", "orders").option("start_offset", low).load(str(log)),
-        "where": source.load(str(log)).where(f"stream = 'orders' and offset >= {low}"),
+        "narrow": source().option("streams", "orders").option("start_offset", low).load(str(log)),
+        "where": source().load(str(log)).where(f"stream = 'orders' and offset >= {low}"),
         "where parquet": spark.read.parquet(str(parquet)).where(
             f"stream = 'orders' and offset >= {low}"
         ),

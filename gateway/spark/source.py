@@ -130,7 +130,7 @@ OUTCOME_SCHEMA: Final = (
 
 _KINDS: Final = frozenset({"messages", "outcomes"})
 _DECODERS: Final = frozenset({"columnar", "rows"})
-_DEFAULT_BATCH_ROWS: Final = 8192
+_DEFAULT_BATCH_ROWS: Final = 32768  # fewer, larger Arrow batches cross to the JVM faster
 _TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 _STRINGS: Final = pa.list_(pa.string())
 

@@ -467,7 +467,9 @@ def _application_properties(
             position[act] = np.where(good, v_end, 0)
     ok &= position == stop
     keep = np.flatnonzero(ok & (count > 0))
-    if keep.size:
+    if keep.size == rows.size:
+        found.append(Pairs(rows, key_start, key_end, codes, value_start, value_end))
+    elif keep.size:
         found.append(
             Pairs(
                 rows=rows[keep],
@@ -563,10 +565,12 @@ def classify_pairs(views: Views, parsed: Parsed) -> None:
     if pairs is None:
         return
     present2 = pairs.key_start >= 0
-    row, column = np.nonzero(present2)
-    start = pairs.key_start[row, column]
-    length = pairs.key_end[row, column] - start
-    code = pairs.code[row, column]
+    width = present2.shape[1]
+    cells = np.flatnonzero(present2)  # row-major: (row, column) order
+    row = cells // width
+    start = pairs.key_start.ravel().take(cells)
+    length = pairs.key_end.ravel().take(cells) - start
+    code = pairs.code.ravel().take(cells)
     reserved = np.zeros(row.size, np.int64)
     for number, size, words in _RESERVED_KEYS:
         candidates = np.flatnonzero(length == size)
@@ -582,7 +586,7 @@ def classify_pairs(views: Views, parsed: Parsed) -> None:
     bad_cells = np.zeros(row.size, np.bool_)
     if integer.size:
         values[integer], bad_cells[integer] = _integers(
-            views, code[integer], pairs.value_start[row[integer], column[integer]]
+            views, code[integer], pairs.value_start.ravel().take(cells[integer])
         )
     is_string = IS_STRING.take(code)
     text = (reserved == RESERVED_SENDER) | (reserved == RESERVED_RECIPIENTS)
@@ -594,9 +598,9 @@ def classify_pairs(views: Views, parsed: Parsed) -> None:
     bad |= _duplicates(views, pairs, present2)
     parsed.slow[pairs.rows[bad]] = True
     pairs.reserved = np.zeros(present2.shape, np.int64)
-    pairs.reserved[row, column] = reserved
+    pairs.reserved.ravel()[cells] = reserved
     pairs.integers = np.zeros(present2.shape, np.int64)
-    pairs.integers[row, column] = values
+    pairs.integers.ravel()[cells] = values
 
 
 def _duplicates(views: Views, pairs: Pairs, present: Bool) -> Bool:
