@@ -10,7 +10,8 @@ own LogStore, 64 MiB segments) is written once. Then, in one Spark session
   also the row-by-row decode (``decode = rows``: what the reader did before
   issue 16) for comparison;
 * read without body and headers: the ``columns`` option against Parquet
-  reading the same columns;
+  reading the same columns; and the offset alone, which decodes nothing:
+  what reading through a Python data source costs at least;
 * filtered read, ``stream = 'orders' and offset >= 90%``: narrowed by the
   options (``streams``, ``start_offset``: only the slices that can hold
   such rows are planned; the table says how many of how many), and by a
@@ -100,6 +101,8 @@ def _reads(spark: Any, log: Path, parquet: Path, messages: int, rounds: int) -> 
         "all parquet": spark.read.parquet(str(parquet)),
         "slim": source().option("columns", SLIM).load(str(log)),
         "slim parquet": spark.read.parquet(str(parquet)).select(*SLIM.split(",")),
+        "offset": source().option("columns", "offset").load(str(log)),
+        "offset parquet": spark.read.parquet(str(parquet)).select("offset"),
         "narrow": source().option("streams", "orders").option("start_offset", low).load(str(log)),
         "where": source().load(str(log)).where(f"stream = 'orders' and offset >= {low}"),
         "where parquet": spark.read.parquet(str(parquet)).where(
@@ -373,6 +376,13 @@ def _read_rows(reads: dict[str, Any], messages: int) -> list[tuple[str, str, str
             f"Parquet {rate('slim parquet')}",
             ratio("slim", "slim parquet"),
             ">= 0.8x",
+        ),
+        (
+            "read offset only (a Python source's floor)",
+            rate("offset"),
+            f"Parquet {rate('offset parquet')}",
+            ratio("offset", "offset parquet"),
+            "-",
         ),
         (
             f"filtered: {matching:,} rows, options",
