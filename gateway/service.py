@@ -460,6 +460,7 @@ def _mtl_listener(
     )
     server.authorization = config.authorization
     server.backlog = config.backlog
+    server.flow = config.flow
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 
@@ -624,6 +625,7 @@ def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
             factory.max_connections_per_identity = listener.max_connections_per_identity
             factory.authorization = listener.authorization
             factory.frame_timeout_seconds = listener.frame_timeout_seconds
+            factory.flow = listener.flow
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

@@ -29,6 +29,7 @@ from gateway.config import (
 )
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
+from gateway.core.flow import FlowPolicy
 from gateway.core.router import Route
 from gateway.protocols.ssmp.settings import SSMPListenerSettings, SSMPUpstreamSettings
 
@@ -136,6 +137,8 @@ def _full_tree(directory: Path) -> Path:
         ping_interval_seconds = 20.5
         pong_timeout_seconds = 10
         max_backlog_bytes = 65536
+        slow_consumer_policy = "disconnect"
+        slow_consumer_seconds = 2.5
         max_pending_replies = 10
 
         [listeners.side]
@@ -173,8 +176,10 @@ def test_full_config_loads_into_frozen_objects(tmp_path: Path) -> None:
                 login_timeout_seconds=5.0,
                 ping_interval_seconds=20.5,
                 pong_timeout_seconds=10.0,
-                max_backlog_bytes=65536,
                 max_pending_replies=10,
+            ),
+            flow=FlowPolicy(
+                policy="disconnect", slow_consumer_seconds=2.5, max_backlog_bytes=65536
             ),
         ),
         ListenerConfig(
@@ -384,6 +389,7 @@ def test_unknown_key_suggests_the_known_one(tmp_path: Path, text: str, key: str,
         ("max_backlog_bytes = true", "max_backlog_bytes", "must be a whole number, not a boolean"),
         ('max_backlog_bytes = "4MiB"', "max_backlog_bytes", "must be a whole number, not a string"),
         ("max_pending_replies = 1.5", "max_pending_replies", "must be a whole number"),
+        ("slow_consumer_seconds = true", "slow_consumer_seconds", "must be a number"),
         ('anonymous = "yes"', "anonymous", "must be true or false, not a string ('yes')"),
         ('schemes = "open"', "schemes", "must be a list of strings, not a string"),
         ("schemes = [1]", "schemes", "must hold only strings, not a number (1)"),
@@ -409,6 +415,12 @@ def test_wrong_types(tmp_path: Path, setting: str, key: str, reason: str) -> Non
         ("pong_timeout_seconds = 0.0", "pong_timeout_seconds", "must be greater than 0"),
         ("max_backlog_bytes = 1024", "max_backlog_bytes", "must be at least 65536, not 1024"),
         ("max_pending_replies = 0", "max_pending_replies", "must be at least 1, not 0"),
+        ("slow_consumer_seconds = -1", "slow_consumer_seconds", "must be at least 0, not -1"),
+        (
+            'slow_consumer_policy = "drop"',
+            "slow_consumer_policy",
+            "must be one of disconnect, pause-producers, not 'drop'",
+        ),
     ],
 )
 def test_out_of_range_numbers(tmp_path: Path, setting: str, key: str, reason: str) -> None:

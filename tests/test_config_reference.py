@@ -120,6 +120,8 @@ def _everything(directory: Path) -> Path:
         ping_interval_seconds = 20
         pong_timeout_seconds = 20
         max_backlog_bytes = 65536
+        slow_consumer_policy = "disconnect"
+        slow_consumer_seconds = 5
         max_pending_replies = 10
 
         [listeners.hub.authorize.alice]
@@ -158,7 +160,6 @@ def _everything(directory: Path) -> Path:
         handshake_timeout_seconds = 5
         max_envelope_bytes = 65536
         max_in_flight = 10
-        max_feed_backlog_bytes = 65536
         principals = ["app"]
         principal_lease_seconds = 30
 
@@ -430,8 +431,8 @@ def test_reference_rows_show_type_default_and_description() -> None:
     assert (
         "   * - ``max_backlog_bytes``\n"
         "     - integer ≥ 65536\n"
-        "     - ``4194304`` (4 MiB)\n"
-        "     - A slow subscriber is disconnected"
+        "     - ``67108864`` (64 MiB)\n"
+        "     - Bytes written to a congested consumer past which it is disconnected"
     ) in text
     assert "   * - ``protocol``\n     - one of ``dmp``, ``frontend``, ``mtl``" in text
     assert "     - *required*\n" in text

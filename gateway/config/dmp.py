@@ -59,8 +59,8 @@ HEARTBEAT_SECONDS: Final = number(
 IDLE_TIMEOUT_SECONDS: Final = number(
     "idle_timeout_seconds",
     0.0,
-    doc="A silent sink writer, or a feed reader that reads nothing this long, is closed"
-    " (0: never).",
+    doc="A sink writer silent this long is closed (0: never); a feed reader that reads"
+    " nothing is cut after ``slow_consumer_seconds``.",
 )
 HANDSHAKE_TIMEOUT_SECONDS: Final = positive(
     "handshake_timeout_seconds", 10.0, doc="Time for the protocol header and the lease."
@@ -77,12 +77,6 @@ MAX_IN_FLIGHT: Final = integer(
     minimum=1,
     doc="Sink messages awaiting their route outcome, per connection, before the listener"
     " stops reading it.",
-)
-MAX_FEED_BACKLOG_BYTES: Final = integer(
-    "max_feed_backlog_bytes",
-    4 * 1024 * 1024,
-    minimum=65536,
-    doc="Bytes waiting for a slow feed reader beyond which deliveries to it are retry later.",
 )
 PRINCIPALS: Final = strings(
     "principals",
@@ -105,7 +99,6 @@ LISTENER: Final = TableSchema(
         HANDSHAKE_TIMEOUT_SECONDS,
         MAX_ENVELOPE_BYTES,
         MAX_IN_FLIGHT,
-        MAX_FEED_BACKLOG_BYTES,
         PRINCIPALS,
         PRINCIPAL_LEASE_SECONDS,
     ),
@@ -133,7 +126,6 @@ def read_listener(section: Section, tls: bool) -> DMPListenerSettings:
         handshake_timeout_seconds=section.read(HANDSHAKE_TIMEOUT_SECONDS),
         max_envelope_bytes=section.read(MAX_ENVELOPE_BYTES),
         max_in_flight=section.read(MAX_IN_FLIGHT),
-        max_feed_backlog_bytes=section.read(MAX_FEED_BACKLOG_BYTES),
         principals=frozenset(section.read(PRINCIPALS)),
         principal_lease_seconds=section.read(PRINCIPAL_LEASE_SECONDS),
     )

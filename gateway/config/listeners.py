@@ -11,6 +11,7 @@ from gateway.config import dmp, frontend, mtl, qmqp, ssmp, stream
 from gateway.config.base import (
     Section,
     TableSchema,
+    choice,
     integer,
     number,
     required_choice,
@@ -27,6 +28,14 @@ from gateway.config.endpoints import (
 )
 from gateway.core.addressing import AddressPattern, PatternError
 from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
+from gateway.core.flow import (
+    DEFAULT_FLOW,
+    DEFAULT_MAX_BACKLOG_BYTES,
+    DEFAULT_SLOW_CONSUMER_SECONDS,
+    PAUSE_PRODUCERS,
+    POLICIES,
+    FlowPolicy,
+)
 from gateway.protocols.listener import (
     DEFAULT_FRAME_TIMEOUT_SECONDS,
     DEFAULT_LISTEN_BACKLOG,
@@ -56,6 +65,9 @@ class ListenerConfig:
             stay incomplete from the read that began it; past it the peer is
             aborted. 0: for ever. MTL has no partial frames of its own to
             time out (ZeroMQ hands over whole messages).
+        flow: What a consumer that reads more slowly than its producers
+            write costs them, and when it is cut (``slow_consumer_policy``,
+            ``slow_consumer_seconds``, ``max_backlog_bytes``).
     """
 
     name: str
@@ -67,6 +79,7 @@ class ListenerConfig:
     authorization: Authorization = UNRESTRICTED
     backlog: int = DEFAULT_LISTEN_BACKLOG
     frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
+    flow: FlowPolicy = DEFAULT_FLOW
 
     @property
     def listen_endpoint(self) -> str:
@@ -145,6 +158,30 @@ FRAME_TIMEOUT_SECONDS: Final = number(
     doc="A frame still incomplete this long after the read that began it aborts the peer"
     " (frame-timeout); 0: off.",
 )
+SLOW_CONSUMER_POLICY: Final = choice(
+    "slow_consumer_policy",
+    POLICIES,
+    PAUSE_PRODUCERS,
+    doc="What a consumer (SSMP subscriber, DMP feed reader, MTL reader) that reads more"
+    " slowly than its producers write costs them: ``pause-producers`` stops reading the"
+    " producers whose messages wait on it, and answers a route's delivery once it drained,"
+    " cutting only a stuck consumer; ``disconnect`` never slows a producer and cuts the"
+    " consumer once its backlog passes ``max_backlog_bytes``.",
+)
+SLOW_CONSUMER_SECONDS: Final = number(
+    "slow_consumer_seconds",
+    DEFAULT_SLOW_CONSUMER_SECONDS,
+    doc="A consumer whose connection stays congested (its buffer not emptied) this long is"
+    " stuck: it is disconnected as a slow consumer and its producers read again. It is also"
+    " the longest a stuck consumer stalls its producers. 0: never for that reason.",
+)
+MAX_BACKLOG_BYTES: Final = integer(
+    "max_backlog_bytes",
+    DEFAULT_MAX_BACKLOG_BYTES,
+    minimum=65536,
+    doc="Bytes written to a congested consumer past which it is disconnected as a slow"
+    " consumer, whatever the policy (the hard cap).",
+)
 AUTHORIZE_KEY: Final = tables(
     "authorize", AUTHORIZE, doc="Allow-lists by identity (below); without: unrestricted."
 )
@@ -159,6 +196,9 @@ LISTENER: Final = TableSchema(
         MAX_CONNECTIONS_PER_IDENTITY,
         BACKLOG,
         FRAME_TIMEOUT_SECONDS,
+        SLOW_CONSUMER_POLICY,
+        SLOW_CONSUMER_SECONDS,
+        MAX_BACKLOG_BYTES,
         AUTHORIZE_KEY,
     ),
     doc="A protocol served on an endpoint. NAME is what routes refer to: letters, digits,"
@@ -183,6 +223,11 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
     per_identity = section.read(MAX_CONNECTIONS_PER_IDENTITY)
     backlog = section.read(BACKLOG)
     frame_timeout = section.read(FRAME_TIMEOUT_SECONDS)
+    flow = FlowPolicy(
+        policy=section.read(SLOW_CONSUMER_POLICY),
+        slow_consumer_seconds=section.read(SLOW_CONSUMER_SECONDS),
+        max_backlog_bytes=section.read(MAX_BACKLOG_BYTES),
+    )
     if BACKLOG.name in section.table and has_backlog_parameter(endpoint):
         section.problem(
             BACKLOG, "the endpoint sets backlog= too: give the listen queue in one place"
@@ -199,6 +244,7 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         authorization=authorization,
         backlog=backlog,
         frame_timeout_seconds=frame_timeout,
+        flow=flow,
     )
 
 

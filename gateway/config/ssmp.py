@@ -15,7 +15,6 @@ from gateway.config.base import (
     strings,
 )
 from gateway.protocols.ssmp.settings import (
-    DEFAULT_MAX_BACKLOG_BYTES,
     LOGIN_SCHEMES,
     SSMPListenerSettings,
     SSMPUpstreamSettings,
@@ -48,13 +47,6 @@ PONG_TIMEOUT_SECONDS: Final = positive(
     30.0,
     doc="How long the hub waits for the PONG before aborting the connection.",
 )
-MAX_BACKLOG_BYTES: Final = integer(
-    "max_backlog_bytes",
-    DEFAULT_MAX_BACKLOG_BYTES,
-    minimum=65536,
-    doc="A slow subscriber is disconnected once this much was written to it while its"
-    " connection stayed congested.",
-)
 MAX_PENDING_REPLIES: Final = integer(
     "max_pending_replies",
     1000,
@@ -71,7 +63,6 @@ LISTENER: Final = TableSchema(
         LOGIN_TIMEOUT_SECONDS,
         PING_INTERVAL_SECONDS,
         PONG_TIMEOUT_SECONDS,
-        MAX_BACKLOG_BYTES,
         MAX_PENDING_REPLIES,
     ),
     doc="The SSMP hub: peers log in, subscribe to topics and MCAST, UCAST and BCAST.",
@@ -96,7 +87,6 @@ def read_listener(section: Section, tls: bool) -> SSMPListenerSettings:
         login_timeout_seconds=section.read(LOGIN_TIMEOUT_SECONDS),
         ping_interval_seconds=section.read(PING_INTERVAL_SECONDS),
         pong_timeout_seconds=section.read(PONG_TIMEOUT_SECONDS),
-        max_backlog_bytes=section.read(MAX_BACKLOG_BYTES),
         max_pending_replies=section.read(MAX_PENDING_REPLIES),
     )
 

@@ -37,6 +37,7 @@ from zope.interface import implementer
 
 from gateway.core.auth import Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
+from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.tcp import disable_nagle
 
@@ -101,6 +102,9 @@ class ListenerFactory(Factory[P], Generic[P, S]):
     """Open connections one authenticated identity may hold (0: no limit)."""
     frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
     """How long a frame may stay incomplete (0: for ever); the assembly sets it."""
+    flow: FlowPolicy = DEFAULT_FLOW
+    """What a consumer that reads more slowly than its producers write costs them, and when
+    it is cut (`gateway.core.flow`); the assembly sets it."""
 
     def __init__(
         self,
@@ -210,7 +214,7 @@ class ListenerFactory(Factory[P], Generic[P, S]):
             self._metrics.protocol_errors.labels(self.name, kind).inc()
 
     def count_slow_consumer(self) -> None:
-        """Count a connection aborted as a slow consumer (its backlog passed its limit)."""
+        """Count a connection aborted as a slow consumer (stuck, or past the hard byte cap)."""
         if self._metrics is not None:
             self._metrics.slow_consumers.labels(self.name).inc()
 
@@ -235,13 +239,21 @@ class ListenerConnection(Protocol, Generic[F]):
     one write at `flush`, counted in the listener's traffic; `_write`
     queues and flushes at once.
 
-    Back-pressure: when the transport's buffer fills (the peer reads slower
-    than we write) it calls `pauseProducing`: the connection is congested,
-    reading stops, and what is still written is counted as backlog until
-    the transport calls `resumeProducing` (Twisted calls `pauseProducing`
-    on every write while its buffer is full: the backlog counts from the
-    first). Past ``_max_backlog_bytes`` (0: no limit) the peer is aborted
-    as a slow consumer. Reading resumes when the peer caught up, the
+    Back-pressure (`gateway.core.flow`, the factory's ``flow``): when the
+    transport's buffer fills (the peer reads slower than we write) it calls
+    `pauseProducing`: the connection is congested and reading it stops.
+    As a consumer, it then holds the producers whose messages wait on it
+    (its ``congestion``: the hub holds a publisher's ``throttle``, a
+    route's answer waits) until the transport calls `resumeProducing`
+    (emptied), which releases them. What is still written to it meanwhile
+    is counted as backlog (Twisted calls `pauseProducing` on every write
+    while its buffer is full: the backlog counts from the first). A
+    consumer that stays congested for ``slow_consumer_seconds``, or whose
+    backlog passes ``max_backlog_bytes``, is stuck: aborted as a slow
+    consumer, counted and logged, which releases its producers. Under the
+    ``disconnect`` policy nobody is held: only the cap and the time apply.
+    As a producer, a connection held by any consumer reads nothing.
+    Reading resumes when the peer caught up, no consumer holds it, the
     connection is not finishing or closing, and `_may_read` says the
     protocol's own limits allow it.
 
@@ -257,8 +269,6 @@ class ListenerConnection(Protocol, Generic[F]):
     """
 
     _log = Logger()
-    _max_backlog_bytes = 0
-    """Bytes written to a congested peer past which it is aborted (0: no limit)."""
     factory: F
 
     def __init__(self, factory: F) -> None:
@@ -270,7 +280,13 @@ class ListenerConnection(Protocol, Generic[F]):
         self._aborted = False
         self._reading_paused = False
         self._congested = False
+        self._congested_since = 0.0
+        self._stuck_call: IDelayedCall | None = None
         self._backlog = 0
+        self.congestion = Congestion()
+        """As a consumer: the producers it holds and the answers waiting for it to drain."""
+        self.throttle = Throttle(self._pause_reading, self._resume_reading)
+        """As a producer: the consumers holding it (it reads nothing while any does)."""
         self._out: list[bytes] = []
         self._out_count = 0
         self._timers: list[IDelayedCall] = []
@@ -314,8 +330,10 @@ class ListenerConnection(Protocol, Generic[F]):
             if call.active():
                 call.cancel()
         self._timers.clear()
-        self._frame_call = None
+        self._frame_call = self._stuck_call = None
         self._out.clear()
+        self.congestion.gone()  # its producers read again, its waiting answers are given
+        self.throttle.forget()
         if reason.check(SSL.Error):
             self._tls_failed(reason)
         self._connection_ended(reason)
@@ -360,6 +378,7 @@ class ListenerConnection(Protocol, Generic[F]):
             return
         self._closing = self._aborted = True
         self._out.clear()
+        self.congestion.gone()  # given up on: its producers need not wait for connectionLost
         cast(ITCPTransport, self.transport).abortConnection()
 
     def _peer(self) -> object:
@@ -381,9 +400,12 @@ class ListenerConnection(Protocol, Generic[F]):
         self._out_count = 0
         if self._congested:
             self._backlog += len(data)
-            limit = self._max_backlog_bytes
+            limit = self.factory.flow.max_backlog_bytes
             if limit and self._backlog > limit:
-                self._slow_consumer()
+                self._slow_consumer(
+                    f"{self._backlog} bytes written to it since its transport's buffer filled,"
+                    f" and not emptied since (max_backlog_bytes {limit})"
+                )
                 return
         self.transport.write(data)
 
@@ -393,14 +415,13 @@ class ListenerConnection(Protocol, Generic[F]):
         self._out_count += messages
         self.flush()
 
-    def _slow_consumer(self) -> None:
+    def _slow_consumer(self, why: str) -> None:
+        """Abort a consumer given up on (stuck, or past the cap), counted and logged."""
         self._log.warn(
-            "{listener}: disconnecting {identity}, a slow consumer: {backlog} bytes written to it"
-            " since its transport's buffer filled, and not emptied since (limit {limit})",
+            "{listener}: disconnecting {identity}, a slow consumer: {why}",
             listener=self.factory.name,
             identity=self._who(),
-            backlog=self._backlog,
-            limit=self._max_backlog_bytes,
+            why=why,
         )
         self.factory.count_slow_consumer()
         self._abort()
@@ -408,16 +429,26 @@ class ListenerConnection(Protocol, Generic[F]):
     # --- IPushProducer: the transport tells us when the peer is slow ----------------------
 
     def pauseProducing(self) -> None:
-        """The peer does not keep up: stop reading it, count the backlog from now."""
+        """The peer does not keep up: stop reading it, hold its producers, count the backlog."""
         if not self._congested:
             self._congested = True
             self._backlog = 0
+            flow = self.factory.flow
+            if flow.pauses_producers:
+                self.congestion.begin()
+            if flow.slow_consumer_seconds > 0:
+                self._congested_since = self.factory.clock.seconds()
+                if self._stuck_call is None and not self._closing:
+                    self._stuck_call = self._call_later(
+                        flow.slow_consumer_seconds, self._stuck_check
+                    )
         self._pause_reading()
 
     def resumeProducing(self) -> None:
-        """The peer caught up: no backlog; read it again if nothing else holds reading."""
+        """The peer caught up: no backlog; release its producers; read it again if we may."""
         self._congested = False
         self._backlog = 0
+        self.congestion.drained()
         self._resume_reading()
 
     def stopProducing(self) -> None:
@@ -434,6 +465,7 @@ class ListenerConnection(Protocol, Generic[F]):
             and not self._congested
             and not self._closing
             and not self._finishing
+            and not self.throttle.held
             and self.transport is not None
             and self._may_read()
         ):
@@ -441,6 +473,25 @@ class ListenerConnection(Protocol, Generic[F]):
             if self._partial_since is not None:
                 self._partial_since = self.factory.clock.seconds()  # our pause is not its delay
             self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def _stuck_check(self) -> None:
+        """Cut a consumer congested without a drain for ``slow_consumer_seconds``.
+
+        One timer per connection, re-armed for the time left: a consumer
+        that drains and fills again many times a second costs no timer churn.
+        """
+        self._stuck_call = None
+        if not self._congested or self._closing:
+            return
+        seconds = self.factory.flow.slow_consumer_seconds
+        left = self._congested_since + seconds - self.factory.clock.seconds()
+        if left > 0:
+            self._stuck_call = self._call_later(left, self._stuck_check)
+            return
+        self._slow_consumer(
+            f"its transport's buffer has not emptied for {seconds:g} s"
+            f" (slow_consumer_seconds; {self.congestion.held_count} producer(s) held)"
+        )
 
     # --- frame time-out -------------------------------------------------------------------
 

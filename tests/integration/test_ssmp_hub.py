@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.gateway_proc import metric
 from tests.integration.harness import GatewayProcess, LineClient
 
 pytestmark = pytest.mark.integration
@@ -323,9 +325,85 @@ def test_server_pings_and_closes_without_pong(tmp_path: Path) -> None:
         process.stop()
 
 
+BURST_MESSAGES = 40_000
+"""Per publisher: two of them, unpaced, 100-byte payloads (8 MB through one subscriber)."""
+
+
+def _publish(gateway: GatewayProcess, name: str, count: int, answers: list[int]) -> None:
+    """MCAST ``count`` 100-byte messages on ``burst`` unpaced, then count the 200s."""
+    client = login(gateway, name)
+    sender = threading.Thread(
+        target=client.send_raw, args=((b"MCAST burst " + b"p" * 100 + b"\n") * count,)
+    )
+    sender.start()
+    answers.append(sum(line == b"200" for line in client.read_lines(count)))
+    sender.join()
+    client.sock.close()
+
+
+def test_a_healthy_subscriber_misses_nothing_of_a_burst(tmp_path: Path) -> None:
+    """Two unpaced publishers, one subscriber reading as fast as it can: every 200 is delivered.
+
+    The publishers are faster than the subscriber; the hub holds them while
+    it is congested instead of cutting it off (the loss of the slow-consumer
+    cap: issue 22 measured 3% delivered).
+    """
+    process = GatewayProcess(tmp_path, CONFIG, secrets=SECRETS).start()
+    try:
+        subscriber = login(process, "sub")
+        subscriber.send("SUBSCRIBE burst")
+        subscriber.expect("200")
+        answers: list[int] = []
+        publishers = [
+            threading.Thread(target=_publish, args=(process, f"pub{n}", BURST_MESSAGES, answers))
+            for n in range(2)
+        ]
+        for publisher in publishers:
+            publisher.start()
+        received = 0
+        while received < 2 * BURST_MESSAGES:
+            line = subscriber.read_line()
+            assert line.startswith((b"000 pub0 MCAST burst ", b"000 pub1 MCAST burst ")), line
+            received += 1
+        for publisher in publishers:
+            publisher.join(60)
+        assert answers == [BURST_MESSAGES, BURST_MESSAGES]
+        disconnects = "msggateway_slow_consumer_disconnects_total"
+        assert metric(process.metrics(), disconnects, endpoint="hub") == 0
+    finally:
+        process.stop()
+
+
+def test_a_stuck_subscriber_holds_its_publisher_briefly_then_is_cut(tmp_path: Path) -> None:
+    """A subscriber that never reads: its publisher waits about ``slow_consumer_seconds``."""
+    config = CONFIG.replace("login_timeout_seconds = 1", "slow_consumer_seconds = 1")
+    process = GatewayProcess(tmp_path, config, secrets=SECRETS).start()
+    try:
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect(process.address("hub"))
+        stuck.sendall(b"LOGIN stuck open\nSUBSCRIBE burst\n")
+        publisher = login(process, "pub")
+        publisher.send("SUBSCRIBE sync")  # its 200 comes after the stuck one's SUBSCRIBE
+        publisher.expect("200")
+        answers: list[int] = []
+        _publish(process, "pub2", 20_000, answers)  # 2 MB: far past every buffer on the way
+        assert answers == [20_000]
+        process.wait_for_log("slow consumer")
+        disconnects = "msggateway_slow_consumer_disconnects_total"
+        assert metric(process.metrics(), disconnects, endpoint="hub") == 1
+        publisher.sock.close()
+        stuck.close()
+    finally:
+        process.stop()
+
+
 def test_slow_subscriber_is_disconnected(tmp_path: Path) -> None:
-    """A subscriber that stops reading is cut off; the publisher is unaffected."""
-    config = CONFIG.replace("login_timeout_seconds = 1", "max_backlog_bytes = 65536")
+    """``disconnect``: a subscriber that stops reading is cut off; the publisher is unaffected."""
+    config = CONFIG.replace(
+        "login_timeout_seconds = 1",
+        'max_backlog_bytes = 65536\nslow_consumer_policy = "disconnect"',
+    )
     process = GatewayProcess(tmp_path, config, secrets=SECRETS).start()
     try:
         with login(process, "watcher") as watcher, login(process, "flooder") as flooder:

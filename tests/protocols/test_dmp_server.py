@@ -19,11 +19,11 @@ from zope.interface import implementer
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
+from gateway.core.flow import DISCONNECT, FlowPolicy
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Result, Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.dmp.mapping import envelope_from_message
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from tests.protocols.test_dmp_principal import Listener as PrincipalListener
@@ -152,6 +152,11 @@ class Listener:
         )
         return value or 0.0
 
+    def sample(self, name: str) -> float:
+        """A metric of this listener (0 when never set)."""
+        value = self.metrics.registry.get_sample_value(name, {"endpoint": "dmp"})
+        return value or 0.0
+
 
 def read(transport: StringTransport) -> list[object]:
     """Decode (client role) what the listener wrote since the last read."""
@@ -254,11 +259,12 @@ def test_one_reader_per_feed_and_delivery() -> None:
 
 
 def test_feed_heartbeats_and_backpressure() -> None:
-    """Null messages every heartbeat; a reader that does not read holds messages, then refuses.
+    """Null messages every heartbeat; a batch for a congested reader is answered once it drained.
 
-    One batch of 80 large messages: those written before the held backlog
-    passed ``max_feed_backlog_bytes`` are accepted (held), the rest refused
-    (retry later), as if each had been delivered alone.
+    DMP has no acknowledgement: a message refused for the reader's backlog
+    would be lost to a sink writer. The batch is written (the transport
+    holds it) and its outcomes wait, so that the route's sources stop; no
+    null message is written while the reader is behind.
     """
     listener = Listener()
     reader, transport, _ = listener.opened(b"R-1")
@@ -267,16 +273,57 @@ def test_feed_heartbeats_and_backpressure() -> None:
     transport.clear()
     reader.pauseProducing()
     big = Message(address="alerts", body=b"x" * 60_000)
-    outcomes = reader.deliver([big] * 80)
-    assert transport.value() == b""
-    accepted = sum(o.is_accepted for o in outcomes)
-    limit = SETTINGS.max_feed_backlog_bytes
-    assert accepted == limit // len(dmp.encode_envelope(envelope_from_message(big, "alerts"))) + 1
-    assert all(o.is_accepted for o in outcomes[:accepted])
-    refused = outcomes[accepted:]
-    assert refused and all(o.status is Status.RETRY and "behind" in o.reason for o in refused)
+    outcomes: list[Outcome] = []
+    listener.factory.deliver([big] * 80).addCallback(outcomes.extend)
+    assert transport.value().count(b"x" * 60_000) == 80  # written, held by the transport
+    assert outcomes == []
+    transport.clear()
+    listener.clock.advance(5)
+    assert transport.value() == b""  # no heartbeat while it is behind
     reader.resumeProducing()
-    assert transport.value().count(b"x" * 60_000) == accepted
+    assert outcomes == [Outcome.accepted()] * 80
+    listener.clock.advance(5)
+    assert transport.value() == dmp.HEARTBEAT_BYTES
+
+
+def test_a_sink_writer_feeding_a_congested_reader_is_not_read_until_it_drained() -> None:
+    """Sink to feed through a route: the writer runs out of in-flight room and is paused."""
+    settings = attrs.evolve(SETTINGS, max_in_flight=4)
+    listener = Listener(settings)
+    route = Route(
+        name="relay",
+        source="dmp",
+        pattern=AddressPattern("orders.#"),
+        destination="dmp",
+        target=AddressTemplate("alerts"),
+    )
+    listener.router.replace_table(bind_routes([route], {"dmp": listener.factory}))  # type: ignore[dict-item]
+    reader, reader_transport, _ = listener.opened(b"R-1")
+    reader_transport.clear()
+    writer, writer_transport, _ = listener.opened(b"W-1")
+    reader.pauseProducing()
+    writer.dataReceived(
+        b"".join(dmp.encode_envelope(dmp.Envelope(body=b"%d" % n)) for n in range(4))
+    )
+    assert writer_transport.producerState == "paused"
+    reader.resumeProducing()
+    assert writer_transport.producerState == "producing"
+    assert reader_transport.value().count(b"\x01") >= 4
+
+
+def test_the_bad_feed_checks_still_apply_while_a_reader_is_congested() -> None:
+    """What DMP cannot carry is rejected at once, the rest waits for the drain."""
+    listener = Listener()
+    reader, _transport, _ = listener.opened(b"R-1")
+    reader.pauseProducing()
+    outcomes: list[Outcome] = []
+    too_big = Message(address="alerts", body=b"x", headers={"k" * 300: "v"})
+    listener.factory.deliver([Message(address="alerts", body=b"ok"), too_big]).addCallback(
+        outcomes.extend
+    )
+    assert outcomes == []
+    reader.resumeProducing()
+    assert [o.status for o in outcomes] == [Status.ACCEPTED, Status.REJECTED]
 
 
 def test_bad_input_gets_its_answer() -> None:
@@ -318,9 +365,14 @@ def test_unknown_feed_is_rejected() -> None:
     assert results[0].status is Status.REJECTED
 
 
-def test_a_stalled_reader_is_closed_after_the_idle_timeout() -> None:
-    """A feed reader reading nothing for idle_timeout_seconds is closed; one that resumes is not."""
+def test_a_stalled_reader_is_cut_after_slow_consumer_seconds() -> None:
+    """A feed reader that drains nothing for slow_consumer_seconds is cut; one that drains is not.
+
+    What waited for it is answered retry later (a durable route keeps it),
+    and the feed is free for the next reader at once.
+    """
     listener = Listener()
+    listener.factory.flow = FlowPolicy(slow_consumer_seconds=30)
     reader, transport, _ = listener.opened(b"R-1")
     reader.pauseProducing()
     listener.clock.advance(25)
@@ -328,13 +380,31 @@ def test_a_stalled_reader_is_closed_after_the_idle_timeout() -> None:
     listener.clock.advance(5)
     assert not transport.disconnecting
     reader.pauseProducing()
-    for _ in range(5):
-        listener.clock.advance(5)
-    assert not transport.disconnecting
-    listener.clock.advance(5)  # 30 s without reading
-    assert transport.disconnecting and listener.errors("reader-stalled") == 1
+    outcomes: list[Outcome] = []
+    listener.factory.deliver([Message(address="alerts", body=b"x")]).addCallback(outcomes.extend)
+    listener.clock.advance(29.5)
+    assert not transport.disconnecting and outcomes == []
+    listener.clock.advance(0.5)  # 30 s without draining
     assert transport.disconnected  # aborted: given up on, it keeps nothing unwritten
+    assert listener.sample("msggateway_slow_consumer_disconnects_total") == 1
     assert "alerts" not in listener.factory.readers
+    [outcome] = outcomes
+    assert outcome.status is Status.RETRY and "before it read" in outcome.reason
+
+
+def test_the_disconnect_policy_cuts_a_reader_past_the_cap_and_waits_for_nothing() -> None:
+    """``disconnect``: answered at once; a reader past ``max_backlog_bytes`` is cut."""
+    listener = Listener()
+    listener.factory.flow = FlowPolicy(policy=DISCONNECT, max_backlog_bytes=100_000)
+    reader, transport, _ = listener.opened(b"R-1")
+    reader.pauseProducing()
+    outcomes: list[Outcome] = []
+    big = Message(address="alerts", body=b"x" * 60_000)
+    listener.factory.deliver([big]).addCallback(outcomes.extend)
+    assert outcomes == [Outcome.accepted()] and not transport.disconnected
+    listener.factory.deliver([big, big]).addCallback(outcomes.extend)
+    assert transport.disconnected
+    assert listener.sample("msggateway_slow_consumer_disconnects_total") == 1
 
 
 # --- half-sent frames (issue 18) ----------------------------------------------------------
@@ -538,7 +608,7 @@ def test_a_feed_batch_with_partial_refusals() -> None:
 
 
 def test_a_feed_reader_that_leaves_mid_batch_gets_nothing_more() -> None:
-    """A reader gone while its writes were held: the next batch is retry later (no reader)."""
+    """A reader gone before it drained: its batch is retry later, and so is the next (no reader)."""
     listener = Listener()
     reader, _transport, _ = listener.opened(b"R-1")
     reader.pauseProducing()
@@ -546,8 +616,9 @@ def test_a_feed_reader_that_leaves_mid_batch_gets_nothing_more() -> None:
     listener.factory.deliver([Message(address="alerts", body=b"x")] * 3).addCallback(
         outcomes.extend
     )
-    assert outcomes == [Outcome.accepted()] * 3  # held for the reader: written, as DMP counts
+    assert outcomes == []  # waiting for the reader to drain
     reader.connectionLost()
+    assert [o.status for o in outcomes] == [Status.RETRY] * 3
     listener.factory.deliver([Message(address="alerts", body=b"y")] * 2).addCallback(
         outcomes.extend
     )

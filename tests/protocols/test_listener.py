@@ -24,6 +24,7 @@ from zope.interface.verify import verifyObject
 
 from gateway.codecs.framing import LineSplitter
 from gateway.core.auth import Secrets
+from gateway.core.flow import FlowPolicy
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import (
     DEFAULT_FRAME_TIMEOUT_SECONDS,
@@ -304,8 +305,8 @@ def test_the_backlog_counts_from_the_first_pause() -> None:
     """
     world = _World()
     transport = BufferingTransport(high_water=100)
+    world.factory.flow = FlowPolicy(max_backlog_bytes=1000)
     connection, _ = world.connect(transport)
-    connection._max_backlog_bytes = 1000
     with capturedLogs() as events:
         # Two writes of 100 bytes fill the buffer past 100: paused, and on every write after;
         # ten more are a backlog of 1,000 bytes, at the limit but not past it.
@@ -319,16 +320,18 @@ def test_the_backlog_counts_from_the_first_pause() -> None:
         connection.flush()
     assert transport.disconnected  # aborted: it keeps nothing it did not read
     assert _sample(world.metrics, "msggateway_slow_consumer_disconnects_total", endpoint="l") == 1
-    [warning] = [event for event in events if "backlog" in event]
-    assert warning["limit"] == 1000 and warning["backlog"] > 1000
+    [warning] = [event for event in events if "slow consumer" in event["log_format"]]
+    assert "(max_backlog_bytes 1000)" in warning["why"]
+    backlog = int(warning["why"].split()[0])
+    assert backlog > 1000
 
 
 def test_a_peer_that_catches_up_starts_from_no_backlog() -> None:
     """Draining the transport resumes us and forgets the backlog."""
     world = _World()
     transport = BufferingTransport(high_water=100)
+    world.factory.flow = FlowPolicy(max_backlog_bytes=1000)
     connection, _ = world.connect(transport)
-    connection._max_backlog_bytes = 1000
     for _ in range(20):  # 20 x 800 bytes, read by the peer after each
         for _ in range(4):
             connection.queue(b"x" * 199 + b"\n")
@@ -336,6 +339,52 @@ def test_a_peer_that_catches_up_starts_from_no_backlog() -> None:
         assert len(transport.drain()) == 800
     assert not transport.disconnected
     assert transport.producerState == "producing"
+
+
+def test_a_held_producer_reads_nothing_until_every_holder_released_it() -> None:
+    """A connection held by consumers is paused; it resumes when the last lets go, if it may."""
+    world = _World()
+    consumers = [world.connect()[0] for _ in range(2)]
+    producer, transport = world.connect()
+    for consumer in consumers:
+        consumer.pauseProducing()
+        consumer.congestion.hold(producer.throttle)
+    assert transport.producerState == "paused"
+    consumers[0].resumeProducing()
+    assert transport.producerState == "paused"
+    producer.dataReceived(b"hold 1\nhold 2\n")  # its own limit is reached too
+    consumers[1].resumeProducing()
+    assert transport.producerState == "paused"
+    producer.release()
+    assert transport.producerState == "producing"
+
+
+def test_a_congested_consumer_is_cut_after_slow_consumer_seconds_unless_it_drains() -> None:
+    """One timer per connection, re-armed for the time left after drains in between."""
+    world = _World()
+    world.factory.flow = FlowPolicy(slow_consumer_seconds=10)
+    consumer, transport = world.connect()
+    consumer.pauseProducing()
+    world.clock.advance(6)
+    consumer.resumeProducing()
+    world.clock.advance(1)
+    consumer.pauseProducing()  # congested again at 7 s: cut at 17 s, not 10 s
+    world.clock.advance(9.9)
+    assert not transport.disconnected
+    world.clock.advance(0.1)
+    assert transport.disconnected
+    assert _sample(world.metrics, "msggateway_slow_consumer_disconnects_total", endpoint="l") == 1
+
+
+def test_slow_consumer_seconds_zero_never_cuts_for_time() -> None:
+    """0 turns the stuck check off: only the byte cap remains."""
+    world = _World()
+    world.factory.flow = FlowPolicy(slow_consumer_seconds=0)
+    consumer, transport = world.connect()
+    consumer.pauseProducing()
+    world.clock.advance(3600)
+    assert not transport.disconnected
+    assert not world.clock.getDelayedCalls()
 
 
 # --- the frame time-out --------------------------------------------------------------------

@@ -23,18 +23,19 @@ import zmq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import LogLevel, capturedLogs
+from twisted.logger import capturedLogs
 
 from gateway.codecs import dmp, mtl, osiris
 from gateway.codecs import stream as sp
 from gateway.config import ConfigError, load_config
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
+from gateway.core.flow import DEFAULT_FLOW
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.dmp.flow import LOG_EVERY_SECONDS, LogTally
+from gateway.protocols.dmp.flow import LogTally
 from gateway.protocols.dmp.server import DMPServerProtocol
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
@@ -209,39 +210,40 @@ def open_reader(listener: DMPListener) -> tuple[DMPServerProtocol, CongestingTra
     return protocol, transport
 
 
-def test_a_dmp_feed_reader_that_stops_reading_holds_a_bounded_backlog() -> None:
-    """Past max_feed_backlog_bytes: retry later, counted per message, logged once in a while.
+def test_a_dmp_feed_reader_that_stops_reading_stalls_its_routes_then_is_cut() -> None:
+    """A reader that never reads: nothing is answered (its sources wait), then it is cut.
 
-    Two hundred batches of 50 messages of 1 kB (10 MB) to a reader that
-    never reads: the gateway holds at most the limit and what its transport
-    took before it filled; every other message is retry later with the
-    reason, ``feed-behind`` counts each, and the log has one line per ten
-    seconds with how many. When the reader reads, what was held arrives.
+    Twenty batches of 50 messages of 1 kB to a reader that never reads:
+    each is written (the transport holds it); those written before its
+    buffer filled are accepted, the others are not answered, so a route's
+    sources run out of in-flight room and stop. After
+    ``slow_consumer_seconds`` without a drain the reader is cut, counted
+    and logged, and every waiting message is answered retry later: nothing
+    was told accepted that the reader did not take.
     """
     listener = DMPListener()
-    reader, transport = open_reader(listener)
-    limit = listener.factory.settings.max_feed_backlog_bytes
+    _reader, transport = open_reader(listener)
     body = b"m" * 1000
     outcomes: list[Outcome] = []
     with capturedLogs() as events:
-        for batch in range(200):
-            outcomes += reader.deliver([Message(address="alerts", body=body)] * 50)
-            if batch == 99:
-                listener.clock.advance(LOG_EVERY_SECONDS)
-    accepted = sum(outcome.is_accepted for outcome in outcomes)
-    refused = [outcome for outcome in outcomes if not outcome.is_accepted]
-    assert len(refused) == 10_000 - accepted > 5000
-    assert all(o.status is Status.RETRY and "max_feed_backlog_bytes" in o.reason for o in refused)
-    assert listener.errors("feed-behind") == len(refused)
-    held = reader._writes.held_bytes + len(transport.value())
-    assert held <= limit + BUFFER_BYTES + 50 * 1100
-    warnings = [e for e in events if e["log_level"] == LogLevel.warn and "feed" in e["log_format"]]
-    assert len(warnings) == 2  # the first refusal, and the first one ten seconds later
-    assert warnings[0]["count"] <= 50  # the refusals of the first batch that had any
-    assert sum(event["count"] for event in warnings) < len(refused)  # the rest: counted only
-    delivered = transport.drain()  # what the transport held; then what waited for it
-    delivered += transport.drain()
-    assert delivered.count(body) == accepted
+        for _ in range(20):
+            waiting = listener.factory.deliver([Message(address="alerts", body=body)] * 50)
+            waiting.addCallback(outcomes.extend)
+        written = len(outcomes)
+        assert 0 < written * 1000 <= BUFFER_BYTES + 50 * 1100
+        assert all(o.is_accepted for o in outcomes)
+        listener.clock.advance(DEFAULT_FLOW.slow_consumer_seconds)
+    assert transport.disconnected
+    assert len(outcomes) == 1000
+    cut = outcomes[written:]
+    assert all(o.status is Status.RETRY and "went away" in o.reason for o in cut)
+    sample = listener.metrics.registry.get_sample_value(
+        "msggateway_slow_consumer_disconnects_total", {"endpoint": "dmp"}
+    )
+    assert sample == 1
+    [warning] = [e for e in events if "slow consumer" in e["log_format"]]
+    assert "has not emptied for 10 s" in warning["why"]
+    assert "alerts" not in listener.factory.readers
 
 
 def test_a_dmp_sink_whose_messages_find_no_reader_logs_once_in_a_while() -> None:

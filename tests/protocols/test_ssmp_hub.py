@@ -116,15 +116,21 @@ def test_empty_batch(world: HubWorld) -> None:
     assert world.clock.getDelayedCalls() == []
 
 
-def test_batches_of_one_turn_share_the_flush(world: HubWorld) -> None:
-    """Two batches delivered in one reactor turn still give each subscriber one write."""
+def test_a_batch_is_written_when_delivered(world: HubWorld) -> None:
+    """Each batch is one write per subscriber, made before its outcomes are given.
+
+    The hub must know whether the write congested a subscriber before it
+    answers (a congested one delays the answer until it drained).
+    """
     bob = counted_subscriber(world, "bob", "news")
     before = writes(bob)
-    fired(world.hub.deliver([news(b"1")]))
-    fired(world.hub.deliver([news(b"2")]))
-    world.clock.advance(0)
+    fired(world.hub.deliver([news(b"1"), news(b"2")]))
     assert writes(bob) == before + 1
-    assert bob.received() == b"000 remote MCAST news 1\n000 remote MCAST news 2\n"
+    fired(world.hub.deliver([news(b"3")]))
+    assert writes(bob) == before + 2
+    assert bob.received() == (
+        b"000 remote MCAST news 1\n000 remote MCAST news 2\n000 remote MCAST news 3\n"
+    )
 
 
 # --- !ucast.<peer> and !bcast ----------------------------------------------------------------

@@ -10,6 +10,8 @@ docs/protocols/ssmp.rst's (with "Flow control").
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
@@ -22,7 +24,7 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import LogLevel, capturedLogs
+from twisted.logger import LogLevel, capturedLogs, textFileLogObserver
 from twisted.python.failure import Failure
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
@@ -31,9 +33,11 @@ from gateway.codecs import ssmp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
 from gateway.core.batch import Answers
+from gateway.core.flow import DEFAULT_FLOW, DISCONNECT, FlowPolicy
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
+from gateway.logformat import EscapingObserver, event_as_json
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.server import (
@@ -197,7 +201,10 @@ class HubWorld:
     """One SSMP listener with its hub, router, secrets, clock and metrics."""
 
     def __init__(
-        self, settings: SSMPListenerSettings = SETTINGS, routes: Iterable[Route] = ()
+        self,
+        settings: SSMPListenerSettings = SETTINGS,
+        routes: Iterable[Route] = (),
+        flow: FlowPolicy = DEFAULT_FLOW,
     ) -> None:
         self.clock = Clock()
         self.metrics = GatewayMetrics()
@@ -214,6 +221,7 @@ class HubWorld:
             clock=self.clock,
             metrics=self.metrics,
         )
+        self.factory.flow = flow
 
     def connect(self, transport: StringTransport | None = None) -> Peer:
         """Open a connection (no LOGIN yet)."""
@@ -800,6 +808,28 @@ def test_malformed_requests(world: HubWorld, data: bytes, kind: str) -> None:
     assert bob.received() == b"000 . PONG\n"
 
 
+def test_a_hostile_verb_is_answered_and_logged_escaped(world: HubWorld) -> None:
+    """A verb of terminal escapes ending in CR: one clean 400 line, one clean log line each way."""
+    alice = world.login("alice")
+    with capturedLogs() as events:
+        alice.send(b"\x1b[2J\x1b[31mroot\r\nFORGED 200 all is well\n")
+    quoted = "'\\x1b[2J\\x1b[31mroot\\r'"
+    assert alice.received() == f"400 verb {quoted} is not upper-case letters\n".encode()
+    assert alice.transport.disconnecting
+    [warning] = [event for event in events if event["log_level"] == LogLevel.warn]
+
+    out = io.StringIO()
+    EscapingObserver(textFileLogObserver(out))(warning)
+    text = out.getvalue()
+    assert text.count("\n") == 1
+    assert not any(ord(char) < 0x20 or ord(char) == 0x7F for char in text.rstrip("\n"))
+    assert f"hub: bad input from alice: verb {quoted} is not upper-case letters;" in text
+    record = json.loads(event_as_json(warning))
+    assert record["reason"] == f"verb {quoted} is not upper-case letters"
+    assert record["message"].endswith("answering 400 and closing")
+    assert "FORGED" not in text + record["message"]  # the codec is dead after the bad line
+
+
 def test_metrics_count_connections_lines_and_bytes(world: HubWorld) -> None:
     """Connections, received and sent lines and bytes are counted per listener."""
     bob = world.subscriber("bob", "news")
@@ -1025,16 +1055,139 @@ def test_a_slow_but_whole_line_is_served() -> None:
 # --- flow control ----------------------------------------------------------------------------
 
 
-def _slow_world() -> tuple[HubWorld, Peer, Peer]:
-    """A hub with a 1,000-byte backlog limit, a subscriber ``slow`` and a publisher."""
-    world = HubWorld(settings=attrs.evolve(SETTINGS, max_backlog_bytes=1000))
+_CUT_AT_1000 = FlowPolicy(policy=DISCONNECT, max_backlog_bytes=1000)
+"""NATS's policy: publishers never slowed, a subscriber 1,000 bytes behind cut."""
+
+
+def _slow_world(flow: FlowPolicy = _CUT_AT_1000) -> tuple[HubWorld, Peer, Peer]:
+    """A hub with a subscriber ``slow`` of ``news`` and a publisher."""
+    world = HubWorld(flow=flow)
     slow = world.subscriber("slow", "news")
     publisher = world.login("pub")
     return world, slow, publisher
 
 
-def test_slow_consumer_is_disconnected() -> None:
-    """A paused peer past ``max_backlog_bytes`` is aborted and counted; publishers go on."""
+def _congesting_world(
+    flow: FlowPolicy = DEFAULT_FLOW, high_water: int = 1000
+) -> tuple[HubWorld, Peer, BufferingTransport]:
+    """A hub whose subscriber ``sub`` of ``news`` reads only when the test drains it."""
+    world = HubWorld(flow=flow)
+    transport = BufferingTransport(high_water=high_water)
+    sub = world.login("sub", transport=transport)
+    sub.send(b"SUBSCRIBE news\n")
+    transport.drain()
+    return world, sub, transport
+
+
+_LINE = b"MCAST news " + b"x" * 200 + b"\n"
+_EVENT_BYTES = len(b"000 pub MCAST news \n") + 200
+
+
+def test_a_congested_subscriber_holds_its_publishers_until_it_drains() -> None:
+    """Back-pressure before loss: the publishers whose reads fill a subscriber stop being read.
+
+    What they sent is answered 200 and delivered; once the subscriber read
+    its buffer, they are read again. Nobody is cut, nothing is lost.
+    """
+    world, _, transport = _congesting_world()
+    first, second = world.login("pub"), world.login("pub2")
+    first.send(_LINE * 5)  # 5 events of 220 bytes: past the 1,000-byte buffer
+    assert first.received() == b"200\n" * 5
+    assert first.transport.producerState == "paused"  # held: not read from
+    second.send(_LINE)
+    assert second.received() == b"200\n"
+    assert second.transport.producerState == "paused"
+    delivered = transport.drain()
+    assert delivered.count(b"\n") == 6
+    assert first.transport.producerState == "producing"
+    assert second.transport.producerState == "producing"
+    assert world.sample("msggateway_slow_consumer_disconnects_total") == 0
+
+
+def test_a_publisher_held_by_two_subscribers_reads_once_both_drained() -> None:
+    """A publisher is read again only when every subscriber holding it has drained."""
+    world = HubWorld()
+    transports = [BufferingTransport(high_water=500) for _ in range(2)]
+    for index, transport in enumerate(transports):
+        peer = world.login(f"sub{index}", transport=transport)
+        peer.send(b"SUBSCRIBE news\n")
+        transport.drain()
+    publisher = world.login("pub")
+    publisher.send(_LINE * 3)
+    assert publisher.transport.producerState == "paused"
+    transports[0].drain()
+    assert publisher.transport.producerState == "paused"
+    transports[1].drain()
+    assert publisher.transport.producerState == "producing"
+
+
+def test_a_publisher_is_not_held_by_its_own_replies_nor_a_subscriber_that_kept_up() -> None:
+    """Only a recipient congested by the read holds its publisher."""
+    world, _, transport = _congesting_world(high_water=100_000)
+    publisher = world.login("pub")
+    publisher.send(_LINE * 5)
+    assert publisher.transport.producerState == "producing"
+    assert transport.drain().count(b"\n") == 5
+
+
+def test_a_stuck_subscriber_is_cut_after_slow_consumer_seconds_and_releases_its_publishers() -> (
+    None
+):
+    """No drain for ``slow_consumer_seconds``: aborted, counted, logged; publishers read again."""
+    world, _sub, transport = _congesting_world(FlowPolicy(slow_consumer_seconds=10))
+    publisher = world.login("pub")
+    publisher.send(_LINE * 5)
+    assert publisher.transport.producerState == "paused"
+    world.clock.advance(9.5)
+    assert not transport.disconnected
+    with capturedLogs() as events:
+        world.clock.advance(0.5)
+    assert transport.disconnected  # aborted: it keeps nothing it did not read
+    assert publisher.transport.producerState == "producing"
+    assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
+    [warning] = [event for event in events if "slow consumer" in event["log_format"]]
+    assert warning["identity"] == "sub"
+    assert "has not emptied for 10 s" in warning["why"]
+    assert "1 producer(s) held" in warning["why"]
+
+
+def test_a_subscriber_that_drains_now_and_then_is_never_cut() -> None:
+    """Each drain restarts the clock: congested often, but never 10 s in a row, is healthy."""
+    world, _sub, transport = _congesting_world(FlowPolicy(slow_consumer_seconds=10))
+    publisher = world.login("pub")
+    for _ in range(12):  # 48 s: congested 4 s of every 4, under the PONG time-out
+        publisher.send(_LINE * 5)
+        publisher.received()
+        world.clock.advance(4)
+        transport.drain()
+    assert not transport.disconnected
+    assert world.sample("msggateway_slow_consumer_disconnects_total") == 0
+
+
+def test_a_held_publisher_that_leaves_is_forgotten() -> None:
+    """A publisher that closes while held leaves nothing behind to release."""
+    world, sub, transport = _congesting_world()
+    publisher = world.login("pub")
+    publisher.send(_LINE * 5)
+    assert sub.protocol.congestion.held_count == 1
+    publisher.lose()
+    assert sub.protocol.congestion.held_count == 0
+    transport.drain()
+
+
+def test_the_hard_cap_cuts_a_subscriber_many_publishers_fill() -> None:
+    """Past ``max_backlog_bytes`` written while congested, even under pause-producers: cut."""
+    world, _sub, transport = _congesting_world(FlowPolicy(max_backlog_bytes=2000), high_water=500)
+    publishers = [world.login(f"pub{index}") for index in range(15)]
+    for publisher in publishers:
+        publisher.send(_LINE)
+    assert transport.disconnected
+    assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
+    assert all(p.transport.producerState == "producing" for p in publishers)
+
+
+def test_slow_consumer_is_disconnected_under_the_disconnect_policy() -> None:
+    """``disconnect``: a paused peer past ``max_backlog_bytes`` is aborted; publishers go on."""
     world, slow, publisher = _slow_world()
     slow.protocol.pauseProducing()  # the transport's buffer is full
     assert slow.transport.producerState == "paused"  # we stop reading the slow peer
@@ -1050,18 +1203,19 @@ def test_slow_consumer_is_disconnected() -> None:
         assert publisher.received() == b"200\n"
     assert slow.transport.disconnected  # abortConnection
     assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
-    [warning] = [event for event in events if "backlog" in event]
+    [warning] = [event for event in events if "slow consumer" in event["log_format"]]
     assert warning["identity"] == "slow"
-    assert warning["limit"] == 1000
+    assert "max_backlog_bytes 1000" in warning["why"]
 
     publisher.send(b"MCAST news more\n")  # the publisher is never slowed down
     assert publisher.received() == b"200\n"
+    assert publisher.transport.producerState == "producing"
     assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
 
 
 def test_slow_consumer_gets_unsubscribe_events() -> None:
     """A slow consumer's topics get UNSUBSCRIBE events once its connection ends."""
-    world = HubWorld(settings=attrs.evolve(SETTINGS, max_backlog_bytes=100))
+    world = HubWorld(flow=FlowPolicy(policy=DISCONNECT, max_backlog_bytes=100))
     watcher = world.subscriber("watcher", "news", presence=True)
     slow = world.subscriber("slow", "news")
     publisher = world.login("pub")
@@ -1092,29 +1246,28 @@ def test_resume_producing_resets_the_backlog() -> None:
 
 
 def test_a_subscriber_that_never_reads_is_aborted_past_its_backlog() -> None:
-    """Issue 18: Twisted pauses us on every write while its buffer is full; the backlog adds up.
+    """Twisted pauses us on every write while its buffer is full; the backlog adds up.
 
-    One subscriber that never reads, one publisher sending MCASTs of 200
-    bytes: the subscriber is aborted once more than ``max_backlog_bytes``
-    were written after its transport first asked us to pause, and counted.
+    Under ``disconnect``, one subscriber that never reads and one publisher
+    sending MCASTs of 200 bytes: the subscriber is aborted once more than
+    ``max_backlog_bytes`` were written after its transport first asked us
+    to pause, and counted.
     """
-    world = HubWorld(settings=attrs.evolve(SETTINGS, max_backlog_bytes=65536))
+    world = HubWorld(flow=FlowPolicy(policy=DISCONNECT, max_backlog_bytes=65536))
     transport = BufferingTransport(high_water=16384)
     slow = world.login("slow", transport=transport)
     slow.send(b"SUBSCRIBE news\n")
     publisher = world.login("pub")
-    line = b"MCAST news " + b"x" * 200 + b"\n"
-    event_size = len(b"000 pub MCAST news \n") + 200
     sent = 0
     while not transport.disconnected and sent < 2000:
-        publisher.send(line * 10)
+        publisher.send(_LINE * 10)
         assert publisher.received() == b"200\n" * 10  # the publisher is never slowed down
         sent += 10
     assert transport.disconnected  # aborted
     assert transport.producerState == "paused"  # and not read from since the first pause
-    assert sent * event_size <= 16384 + 65536 + 10 * event_size + 4096
+    assert sent * _EVENT_BYTES <= 16384 + 65536 + 10 * _EVENT_BYTES + 4096
     assert world.sample("msggateway_slow_consumer_disconnects_total") == 1
-    publisher.send(line)
+    publisher.send(_LINE)
     assert publisher.received() == b"200\n"
 
 
@@ -1127,17 +1280,50 @@ def test_unpaused_peer_has_no_backlog_limit() -> None:
     assert slow.received().count(b"\n") == 10
 
 
+def test_a_route_delivery_into_a_congested_subscriber_is_answered_once_it_drained() -> None:
+    """The hub's outcome (a QMQP sender's K) waits until the batch was written under the limit."""
+    world, _, transport = _congesting_world()
+    batch = [Message(body=b"y" * 300, address="news", sender="remote") for _ in range(5)]
+    outcomes = world.hub.deliver(batch)
+    assert not outcomes.called
+    assert transport.drain().count(b"\n") == 5
+    assert fired(outcomes) == [Outcome.accepted()] * 5
+
+
+def test_a_route_delivery_waiting_on_a_subscriber_cut_as_stuck_is_answered() -> None:
+    """A subscriber cut as stuck frees what waited on it: the hub took it (best effort)."""
+    world, _, transport = _congesting_world()
+    outcomes = world.hub.deliver([Message(body=b"y" * 900, address="news", sender="r")] * 2)
+    assert not outcomes.called
+    world.clock.advance(DEFAULT_FLOW.slow_consumer_seconds)
+    assert transport.disconnected
+    assert fired(outcomes) == [Outcome.accepted()] * 2
+
+
+def test_a_route_delivery_waiting_at_the_route_deadline_is_answered_as_written() -> None:
+    """The router cancels at the route's deadline: what was written stands."""
+    world, _, _ = _congesting_world()
+    outcomes = world.hub.deliver([Message(body=b"y" * 900, address="news", sender="r")] * 2)
+    outcomes.cancel()
+    assert fired(outcomes) == [Outcome.accepted()] * 2
+
+
+def test_a_route_delivery_under_the_disconnect_policy_is_answered_at_once() -> None:
+    """``disconnect``: nothing waits for a congested subscriber."""
+    world, _, _ = _congesting_world(FlowPolicy(policy=DISCONNECT))
+    outcomes = world.hub.deliver([Message(body=b"y" * 900, address="news", sender="r")] * 2)
+    assert fired(outcomes) == [Outcome.accepted()] * 2
+
+
 # --- Hub.deliver: the listener as a route destination -------------------------------------------
 
 
 def test_hub_deliver_to_subscribers(world: HubWorld) -> None:
-    """A routed message reaches the topic's subscribers as an MCAST event on the next turn."""
+    """A routed message reaches the topic's subscribers as an MCAST event, written at once."""
     bob = world.subscriber("bob", "news")
     carol = world.subscriber("carol", "news")
     outcomes = world.hub.deliver([Message(body=b"from afar", address="news", sender="remote")])
     assert fired(outcomes) == [Outcome.accepted()]
-    assert bob.received() == b""
-    world.clock.advance(0)
     assert bob.received() == b"000 remote MCAST news from afar\n"
     assert carol.received() == b"000 remote MCAST news from afar\n"
 

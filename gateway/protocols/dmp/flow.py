@@ -19,7 +19,14 @@ from gateway.codecs import dmp
 from gateway.core.message import Message, Outcome
 from gateway.protocols.dmp.mapping import encode_message
 
-__all__ = ["LOG_EVERY_SECONDS", "HeldWrites", "InFlight", "LogTally", "write_envelopes"]
+__all__ = [
+    "LOG_EVERY_SECONDS",
+    "HeldWrites",
+    "InFlight",
+    "LogTally",
+    "encode_envelopes",
+    "write_envelopes",
+]
 
 LOG_EVERY_SECONDS: Final = 10.0
 """A fact that recurs per message is logged at most once in this long (issue 18: a
@@ -66,6 +73,48 @@ class HeldWrites:
             self._write(data)
 
 
+def encode_envelopes(
+    messages: Sequence[Message],
+    exchange: str,
+    cannot_carry: Callable[[str], Outcome],
+    held: int | None = None,
+    max_held_bytes: int = 0,
+    behind: Callable[[int], Outcome] | None = None,
+) -> tuple[list[Outcome], list[bytes]]:
+    """Encode a batch's envelopes and answer each message as written.
+
+    Args:
+        messages: The batch.
+        exchange: The envelopes' exchange (`encode_message`).
+        cannot_carry: The outcome of a message DMP cannot carry, given why.
+        held: Bytes held for a peer that does not read, counting what this
+            batch adds (None: nothing is held back, no limit applies).
+        max_held_bytes: With ``held``: a message that finds more than this
+            held is refused with ``behind(held)`` and not encoded.
+        behind: The outcome of a message refused for the backlog.
+
+    Returns:
+        One outcome per message, in order (accepted: encoded), and the
+        encoded envelopes.
+    """
+    outcomes = [_ACCEPTED] * len(messages)
+    parts: list[bytes] = []
+    for index, message in enumerate(messages):
+        if held is not None and held > max_held_bytes:
+            assert behind is not None
+            outcomes[index] = behind(held)
+            continue
+        try:
+            data = encode_message(message, exchange)
+        except dmp.DMPLocalError as exc:
+            outcomes[index] = cannot_carry(exc.reason)
+            continue
+        parts.append(data)
+        if held is not None:
+            held += len(data)
+    return outcomes, parts
+
+
 def write_envelopes(
     writes: HeldWrites,
     messages: Sequence[Message],
@@ -93,22 +142,14 @@ def write_envelopes(
     Returns:
         One outcome per message, in order, and how many were written.
     """
-    outcomes = [_ACCEPTED] * len(messages)
-    parts: list[bytes] = []
-    paused = writes.paused
-    held = writes.held_bytes
-    for index, message in enumerate(messages):
-        if held > max_held_bytes:
-            outcomes[index] = behind(held)
-            continue
-        try:
-            data = encode_message(message, exchange)
-        except dmp.DMPLocalError as exc:
-            outcomes[index] = cannot_carry(exc.reason)
-            continue
-        parts.append(data)
-        if paused:
-            held += len(data)
+    outcomes, parts = encode_envelopes(
+        messages,
+        exchange,
+        cannot_carry,
+        writes.held_bytes if writes.paused else None,
+        max_held_bytes,
+        behind,
+    )
     if parts:
         writes.write(b"".join(parts) if len(parts) > 1 else parts[0])
     return outcomes, len(parts)

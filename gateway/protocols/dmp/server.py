@@ -31,23 +31,23 @@ logged at most once in ten seconds per connection, with how many
 Feeds (one reader): the listener is the route destination for them; a
 batch's messages routed to feed ``F`` are written to F's reader at once, in
 one write, and the route told *accepted* for each (written to the reader's
-connection: DMP has nothing more), *retry later* when F has no reader or
-its unwritten backlog passed ``max_feed_backlog_bytes`` (counting what the
-batch adds), *rejected* when no feed F exists or DMP cannot carry the
-message. Null messages go to readers every ``heartbeat_seconds``; a reader
-that is gone shows as the write failing and the connection closing. A
-reader that writes envelopes is closed.
+connection: DMP has nothing more), *retry later* when F has no reader,
+*rejected* when no feed F exists or DMP cannot carry the message. Null
+messages go to readers every ``heartbeat_seconds`` while they keep up; a
+reader that is gone shows as the write failing and the connection closing.
+A reader that writes envelopes is closed.
 
-Slow feed readers (issue 18): DMP has no acknowledgement and the gateway no
-queue for a feed (the spec: "no internal queueing for outgoing messages"),
-so a reader that stops reading costs at most ``max_feed_backlog_bytes``
-held for it (plus what its transport holds: 64 KiB and the write that
-filled it): past that each message is answered retry later, so the route's
-sender learns it was not delivered (a QMQP sender gets Z, an MTL writer
-Reject with recycle, a durable route keeps it and retries), counted per
-message (``feed-behind``) and logged at most once in ten seconds. With
-``idle_timeout_seconds`` set, a reader that takes nothing that long is
-aborted, freeing the feed.
+Slow feed readers (DESIGN.md, "Back-pressure before loss";
+`gateway.core.flow`): DMP has no acknowledgement, so a message refused for a
+reader's backlog would be lost to a sink writer. Instead, a batch written
+while the reader's transport is full is answered only once it drained: the
+route's sources run out of in-flight room (a sink writer's
+``max_in_flight``, a QMQP sender's) and are not read until then. A reader
+that does not drain for ``slow_consumer_seconds``, or whose backlog passes
+``max_backlog_bytes``, is cut as a slow consumer, counted and logged, which
+frees the feed; what waited for it is answered retry later (a durable route
+keeps it). Under ``slow_consumer_policy = "disconnect"`` nothing waits: a
+reader past the cap is cut.
 """
 
 from __future__ import annotations
@@ -63,11 +63,12 @@ from zope.interface import implementer
 
 from gateway.codecs import amqp091, dmp
 from gateway.core.authorization import Action
+from gateway.core.flow import Congestion, answer_when_drained
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.protocols.dmp.flow import HeldWrites, InFlight, LogTally, write_envelopes
+from gateway.protocols.dmp.flow import InFlight, LogTally, encode_envelopes
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
@@ -97,15 +98,12 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             factory.settings.max_in_flight, self._too_many_in_flight, self._few_in_flight
         )
         self._in_flight_full = False
-        self._writes = HeldWrites(self._write)
         self._heard = True
-        self._stalled_seconds = 0.0  # a feed reader not draining, counted at heartbeats
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
         self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
         self._unrouted = LogTally(factory.clock)
         self._not_delivered = LogTally(factory.clock)
-        self._behind = LogTally(factory.clock)
 
     # --- connection life -------------------------------------------------------------------
 
@@ -123,7 +121,6 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         for tally, what in (
             (self._unrouted, "unrouted"),
             (self._not_delivered, "not delivered"),
-            (self._behind, "refused for the reader's backlog"),
         ):
             if tally.count:
                 self._log.warn(
@@ -135,6 +132,11 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
                     count=tally.count,
                     what=what,
                 )
+
+    def _abort(self) -> None:
+        """Abort, the feed free for its next reader at once (a reader cut as slow, too)."""
+        self._leave_feed()
+        super()._abort()
 
     def _leave_feed(self) -> None:
         if self.kind == "feed" and self.factory.readers.get(self.target) is self:
@@ -428,83 +430,29 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """Write a batch to this feed reader in one write; say for each message why not, if not.
 
         Returns:
-            One outcome per message, in order: accepted when written (or
-            held for the reader), retry later past the backlog limit.
+            One outcome per message, in order: accepted when written to the
+            connection (the caller waits for a congested reader to drain,
+            `DMPServerFactory.deliver`), rejected when DMP cannot carry it.
         """
         if self._closing:
             return [Outcome.retry(f"the reader of feed {self.target!r} is leaving")] * len(messages)
         target = self.target
-        limit = self.factory.settings.max_feed_backlog_bytes
-        refused: Outcome | None = None
-        count = 0
-
-        def behind(held: int) -> Outcome:
-            # Past the limit nothing more is held in this batch: one outcome does for all.
-            nonlocal refused, count
-            count += 1
-            if refused is None:
-                refused = Outcome.retry(
-                    f"the reader of feed {target!r} is {held} bytes behind"
-                    f" (max_feed_backlog_bytes {limit})"
-                )
-            return refused
-
-        outcomes, written = write_envelopes(
-            self._writes,
+        outcomes, parts = encode_envelopes(
             messages,
             target,
-            limit,
-            behind,
             lambda why: Outcome.rejected(f"feed {target!r} cannot carry the message: {why}"),
         )
-        self.factory.traffic.messages_out += written
-        if refused is not None:
-            self._refused(count, refused)
+        if parts:
+            self._write(b"".join(parts) if len(parts) > 1 else parts[0], len(parts))
         return outcomes
-
-    def _refused(self, count: int, outcome: Outcome) -> None:
-        """``count`` messages were answered retry later for the reader's backlog."""
-        self.factory.count_feed_behind(count)
-        logged = self._behind.add(count)
-        if logged:
-            self._log.warn(
-                "{listener}: feed {feed}: {count} message(s) answered retry later since the"
-                " last such line: {reason}",
-                listener=self.factory.name,
-                feed=self.target,
-                count=logged,
-                reason=outcome.reason,
-            )
-
-    def pauseProducing(self) -> None:
-        """The reader's socket buffer is full: hold further messages here."""
-        super().pauseProducing()
-        self._writes.pause()
-
-    def resumeProducing(self) -> None:
-        """The reader caught up: write what waited."""
-        super().resumeProducing()
-        self._writes.resume()
 
     def _beat(self) -> None:
         self._timer = None
         if self._closing:
             return
-        settings = self.factory.settings
-        if not self._writes.paused:
-            self._stalled_seconds = 0.0
+        if not self._congested:  # a reader behind has data to read: no null message needed
             self._write(dmp.HEARTBEAT_BYTES)
-        else:
-            # A reader that takes nothing (its socket stays full) for the idle
-            # time-out is hung or gone without a FIN: free the feed for another.
-            self._stalled_seconds += settings.heartbeat_seconds
-            limit = settings.idle_timeout_seconds
-            if limit > 0 and self._stalled_seconds >= limit:
-                self.factory.count_error("reader-stalled")
-                why = f"the reader of feed {self.target!r} read nothing for {limit:g} s"
-                self._close_with(why, abort=True)  # given up on: it keeps nothing held
-                return
-        self._schedule(settings.heartbeat_seconds, self._beat)
+        self._schedule(self.factory.settings.heartbeat_seconds, self._beat)
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -534,18 +482,13 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
     ) -> None:
         super().__init__(**common)
         self.router = router
-        metrics = common.get("metrics")
-        self._m_behind = (
-            metrics.protocol_errors.labels(self.name, "feed-behind") if metrics else None
-        )
         self.readers: dict[str, DMPServerProtocol] = {}
+        self._reader_cut = Outcome.retry(
+            f"the feed reader of {self.name} went away before it read this"
+            " (cut as a slow consumer, or gone)"
+        )
         self.granted: dict[str, LeaseGrant] = {}
         """Leases made at run time (admin API): lease text to grant."""
-
-    def count_feed_behind(self, count: int) -> None:
-        """Count messages answered retry later because a feed's reader is too far behind."""
-        if self._m_behind is not None:
-            self._m_behind.inc(count)
 
     def grant_for(self, lease: str) -> LeaseGrant | None:
         """The grant a lease text opens, if it is known and not expired."""
@@ -576,32 +519,41 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
         The messages for one feed are written to its reader in one write.
 
         Returns:
-            A Deferred, already fired, with one outcome per message, in order.
+            A Deferred with one outcome per message, in order: fired at once,
+            or once every reader the batch congested drained (retry later
+            for what was written to a reader cut before it drained).
         """
         if not messages:
             return succeed([])
         feed = messages[0].address
+        readers: list[Congestion] = []
         for message in messages:
             if message.address != feed:
-                return succeed(self._to_feeds(messages))
-        return succeed(self._to_feed(feed, messages))
+                outcomes = self._to_feeds(messages, readers)
+                break
+        else:
+            outcomes = self._to_feed(feed, messages, readers)
+        return answer_when_drained(readers, outcomes, self._reader_cut)
 
-    def _to_feeds(self, messages: Sequence[Message]) -> list[Outcome]:
+    def _to_feeds(self, messages: Sequence[Message], readers: list[Congestion]) -> list[Outcome]:
         """A batch for several feeds: each feed's share as one batch, answered in order."""
         by_feed: dict[str, list[int]] = {}
         for index, message in enumerate(messages):
             by_feed.setdefault(message.address, []).append(index)
         outcomes: list[Outcome] = [Outcome.accepted()] * len(messages)
         for feed, indices in by_feed.items():
-            answered = self._to_feed(feed, [messages[index] for index in indices])
+            answered = self._to_feed(feed, [messages[index] for index in indices], readers)
             for index, outcome in zip(indices, answered, strict=True):
                 outcomes[index] = outcome
         return outcomes
 
-    def _to_feed(self, feed: str, messages: Sequence[Message]) -> list[Outcome]:
+    def _to_feed(
+        self, feed: str, messages: Sequence[Message], readers: list[Congestion]
+    ) -> list[Outcome]:
         if feed not in self.settings.feeds:
             return [Outcome.rejected(f"{self.name} has no feed named {feed!r}")] * len(messages)
         reader = self.readers.get(feed)
         if reader is None:
             return [Outcome.retry(f"feed {feed!r} of {self.name} has no reader")] * len(messages)
+        readers.append(reader.congestion)
         return reader.deliver(messages)

@@ -65,8 +65,6 @@ class DMPListenerSettings:
         max_envelope_bytes: Largest envelope taken (its size field).
         max_in_flight: Sink messages awaiting their route outcome, per
             connection, before the listener stops reading from it.
-        max_feed_backlog_bytes: Bytes waiting for a slow feed reader beyond
-            which deliveries are answered retry later.
         principals: Identities (secrets file ``[logins]``) that may log in
             on a principal AMQP 0-9-1 connection and get leases with
             Direct.Put / Direct.Get (empty: no principal connections).
@@ -81,7 +79,6 @@ class DMPListenerSettings:
     handshake_timeout_seconds: float = 10.0
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
     max_in_flight: int = 1000
-    max_feed_backlog_bytes: int = 4 * 1024 * 1024
     principals: frozenset[str] = frozenset()
     principal_lease_seconds: float = 60.0
 

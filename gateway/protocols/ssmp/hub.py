@@ -9,9 +9,19 @@ forms ``!ucast.<peer>`` and ``!bcast``.
 Output is batched: forwarding only queues bytes on each recipient
 (`HubPeer.queue`); the hub then writes each recipient's batch with one
 transport write (`Hub.flush`). The server protocol flushes at the end of each
-``dataReceived``; anything else that queues (route deliveries, outcomes
-arriving later) calls `Hub.schedule_flush`, which flushes once on the next
-reactor turn.
+``dataReceived``; a route's delivery flushes when it has queued its batch;
+anything else that queues (outcomes arriving later, presence events of a
+connection that ended) calls `Hub.schedule_flush`, which flushes once on the
+next reactor turn.
+
+Back-pressure (DESIGN.md, "Back-pressure before loss"; `gateway.core.flow`):
+a recipient whose transport is full after its write is congested. The
+publisher whose read queued to it is then held (it reads nothing more until
+every recipient it is held by drained, as lipwig's publisher blocks on a
+subscriber's write), and a route's delivery is answered once its congested
+recipients drained, so that its sources run out of in-flight room too. A
+healthy subscriber that is briefly slower than its publishers thereby
+misses nothing; only a stuck one is cut (`gateway.protocols.listener`).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from gateway.codecs import ssmp
+from gateway.core.flow import Congestion, Throttle, answer_when_drained
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.protocols.ssmp.mapping import (
@@ -43,6 +54,10 @@ class HubPeer(Protocol):
     identity: bytes
     topics: dict[bytes, bool]
     """Topics the peer subscribes to, with its PRESENCE flag."""
+    congestion: Congestion
+    """As a recipient: whether it is congested, whom it holds and who waits for it."""
+    throttle: Throttle
+    """As a publisher: the recipients holding it."""
 
     def queue(self, data: bytes, lines: int = 1) -> None:
         """Queue bytes (``lines`` SSMP lines) for the peer; they are written at the next flush."""
@@ -77,18 +92,34 @@ class Hub:
         """Remember that ``peer`` has queued output (called once per batch)."""
         self._dirty.append(peer)
 
-    def flush(self) -> None:
-        """Write every peer's queued output, one write per peer."""
+    def flush(self, producer: HubPeer | None = None) -> list[HubPeer]:
+        """Write every peer's queued output, one write per peer.
+
+        Args:
+            producer: The peer whose read queued the output, if one did:
+                every recipient congested after its write holds it.
+
+        Returns:
+            The peers written to that are congested now.
+        """
         if self._flush_call is not None:
             if self._flush_call.active():
                 self._flush_call.cancel()
             self._flush_call = None
+        congested: list[HubPeer] = []
         dirty = self._dirty
         while dirty:
             self._dirty = []
             for peer in dirty:
                 peer.flush()
+                if peer.congestion.congested:
+                    congested.append(peer)
             dirty = self._dirty  # a flush may disconnect a peer and queue presence events
+        if producer is not None:
+            for peer in congested:
+                if peer is not producer:
+                    peer.congestion.hold(producer.throttle)
+        return congested
 
     def schedule_flush(self) -> None:
         """Flush on the next reactor turn, once however often it is asked."""
@@ -202,9 +233,10 @@ class Hub:
         UCAST to a peer that is not connected is rejected with code ``404``;
         a rejected message is delivered to none of its addresses.
 
-        Events are only queued: consecutive MCASTs to one topic are queued
-        on each subscriber as one buffer, and each peer gets one write for
-        the whole batch on the next reactor turn (`schedule_flush`).
+        Consecutive MCASTs to one topic are queued on each subscriber as
+        one buffer, and each peer gets one write for the whole batch. The
+        outcomes are given once every recipient congested by it drained
+        (or was cut as a slow consumer: what the hub took stays accepted).
         """
         outcomes: list[Outcome] = []
         run_topic = b""
@@ -237,9 +269,12 @@ class Hub:
             outcomes.append(_ACCEPTED)
         if run:
             self._queue_run(run_topic, run)
-        if self._dirty:
-            self.schedule_flush()
-        return succeed(outcomes)
+        if not self._dirty:
+            return succeed(outcomes)
+        congested = self.flush()
+        if not congested:
+            return succeed(outcomes)
+        return answer_when_drained([peer.congestion for peer in congested], outcomes)
 
     def _events(self, message: Message) -> list[tuple[_Target, bytes]] | Outcome:
         """A message's events, each with whom it goes to (see `_Target`).

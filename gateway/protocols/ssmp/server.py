@@ -7,12 +7,16 @@ forwarding to the `Hub` and the requests that routes take to the `Router`
 as ``!ucast.<peer>``: `gateway.protocols.ssmp.mapping`), one batch per read,
 and keeps responses in request order even when a route answers later.
 
-Flow control (docs/protocols/ssmp.rst, "Flow control"): each connection is a push producer on
-its own transport. When the transport's buffer fills (the peer reads slower
-than we write), we stop reading the peer's requests and start counting what
-we still queue for it; past ``max_backlog_bytes`` the peer is disconnected as
-a slow consumer, counted and logged. Publishers are never slowed down by a
-slow subscriber, and order and at-most-once delivery hold for everyone else.
+Flow control (docs/protocols/ssmp.rst, "Flow control"; `gateway.core.flow`):
+each connection is a push producer on its own transport. When a subscriber's
+transport fills (it reads slower than its publishers write), the publishers
+whose reads queued to it are held: we stop reading their requests until it
+drained, as lipwig's publisher blocks on a subscriber's write, so a healthy
+subscriber misses nothing. A subscriber that does not drain for
+``slow_consumer_seconds``, or whose backlog passes ``max_backlog_bytes``, is
+disconnected as a slow consumer, counted and logged, and its publishers read
+again. Under ``slow_consumer_policy = "disconnect"`` publishers are never
+held and only the cap and the time apply.
 """
 
 from __future__ import annotations
@@ -126,7 +130,6 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         """The authenticated identity allow-lists are checked against (None: anonymous, open)."""
         self.topics: dict[bytes, bool] = {}
         self._codec = ssmp.SSMPCodec(ssmp.Role.SERVER)
-        self._max_backlog_bytes = factory.settings.max_backlog_bytes
         self._pending: deque[bytes | _Pending] = deque()
         self._logged_in = False
         self._last_heard = 0.0
@@ -217,7 +220,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         held = self._codec.pending_bytes
         if held or self._partial_since is not None:
             self._frame_read(bool(lines), held)
-        self.hub.flush()
+        self.hub.flush(self)
 
     def _protocol_error(self, error: ssmp.SSMPError) -> None:
         self.factory.count_error(error.kind)

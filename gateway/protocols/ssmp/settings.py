@@ -7,7 +7,6 @@ from typing import Final
 import attrs
 
 __all__ = [
-    "DEFAULT_MAX_BACKLOG_BYTES",
     "LOGIN_SCHEMES",
     "SSMPListenerSettings",
     "SSMPUpstreamSettings",
@@ -15,9 +14,6 @@ __all__ = [
 
 LOGIN_SCHEMES: Final = frozenset({"open", "secret", "cert"})
 """Login schemes the hub implements (spec, "Authentication schemes")."""
-
-DEFAULT_MAX_BACKLOG_BYTES: Final = 4 * 1024 * 1024
-"""A subscriber this far behind is disconnected (docs/protocols/ssmp.rst, "Flow control")."""
 
 
 @attrs.frozen(kw_only=True)
@@ -35,8 +31,6 @@ class SSMPListenerSettings:
         ping_interval_seconds: Idle time after which the hub sends ``000 . PING``.
         pong_timeout_seconds: How long the hub waits for the answer before
             closing the connection.
-        max_backlog_bytes: Undelivered bytes a slow peer may accumulate before
-            it is disconnected.
         max_pending_replies: Requests awaiting a route outcome, per
             connection, before the hub stops reading from it.
     """
@@ -46,7 +40,6 @@ class SSMPListenerSettings:
     login_timeout_seconds: float = 10.0
     ping_interval_seconds: float = 30.0
     pong_timeout_seconds: float = 30.0
-    max_backlog_bytes: int = DEFAULT_MAX_BACKLOG_BYTES
     max_pending_replies: int = 1000
 
 
