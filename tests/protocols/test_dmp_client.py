@@ -14,6 +14,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -162,6 +163,23 @@ def test_get_routes_what_the_feed_sends_and_notices_a_dead_feed() -> None:
     assert not server.transport.disconnecting  # 4 s of silence
     clock.advance(4)
     assert server.transport.disconnecting  # 8 s of silence
+
+
+def test_a_dead_feed_is_closed_at_dead_after_seconds_not_at_the_next_beat() -> None:
+    """Heard at 3 s, dead after 30 s: open at 32.5 s, closed at 33 s (not at the 35 s beat)."""
+    up, _recorder, clock = upstream(mode="get", dead_after_seconds=30.0)
+    server = Server(up)
+    server.dialog()
+    clock.advance(3)
+    server.say(dmp.Heartbeat())
+    with capturedLogs() as events:
+        clock.advance(29.5)
+        assert not server.transport.disconnecting
+        clock.advance(0.5)
+    assert server.transport.disconnecting
+    assert [event["why"] for event in events if "why" in event] == [
+        "the feed sent nothing for 30 s"
+    ]
 
 
 def test_a_sink_that_sends_is_closed() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 from zope.interface.verify import verifyObject
 
 from gateway.codecs import mtl
@@ -286,3 +287,21 @@ def test_a_flow_ending_mid_burst_still_routes_what_it_read() -> None:
     assert not up.connected
     assert [c.body for c in contents(listener_sent, b"r")] == [b"x"]
     assert up._outbox.reading is False  # the next flow's answers are not held back
+
+
+def test_a_silent_data_flow_starts_over_at_dead_after_seconds() -> None:
+    """Heard at 3 s, dead after 30 s: still up at 32.5 s, started over at 33 s (not at 40 s)."""
+    up, clock, _router = upstream("reader")
+    peer = open_flow(up)
+    up._watch_flow()  # as `_open_data` does, minus the socket
+    clock.advance(3)
+    burst(up, [mtl.Pong()])
+    with capturedLogs() as events:
+        clock.advance(29.5)
+        assert up.connected
+        clock.advance(0.5)
+    assert not up.connected
+    assert next(event["why"] for event in events if "why" in event) == (
+        "the data flow was silent for 30 s"
+    )
+    assert mtl.Ping() in peer.commands()  # pings went out every ping_interval_seconds

@@ -862,15 +862,76 @@ def test_idle_and_byte_a_second_clients_are_closed() -> None:
     waiting = world.connect()
     waiting.send(mail("w", "ops@held.example"))
     data = mail("d", "ops@ok.example")
-    timeout = ROUTE_TIMEOUT_SECONDS / 4  # the held message's route has not timed out yet
-    for second in range(int(timeout) - 1):
+    # The held message's route times out at 10 s, after all of this.
+    for second in range(3):
         dribbling.send(data[second : second + 1])
-        world.clock.advance(1)
-    assert not silent.transport.disconnecting
-    # Checked every timeout / 2: closed by 1.5 x the time-out at the latest.
-    for second in range(int(timeout) - 1, int(timeout * 1.5) + 1):
-        dribbling.send(data[second : second + 1])
-        world.clock.advance(1)
+        world.clock.advance(0.4 if second == 2 else 1)
+    assert not silent.transport.disconnecting and not dribbling.transport.disconnecting
+    world.clock.advance(0.1)  # 2.5 s: the time-out itself, not the next periodic check
     assert silent.transport.disconnecting and dribbling.transport.disconnecting
+    world.clock.advance(ROUTE_TIMEOUT_SECONDS / 4)
     assert not waiting.transport.disconnecting
     assert world.sample("msggateway_protocol_errors_total", kind="idle-timeout") == 2
+
+
+def test_the_idle_time_out_is_kept_to_the_second() -> None:
+    """idle_timeout_seconds = 120: still open at 119.5 s, closed at 120 s, the log says 120."""
+    world = ListenerWorld(attrs.evolve(SETTINGS, idle_timeout_seconds=120))
+    client = world.connect()
+    with capturedLogs() as events:
+        world.clock.advance(119.5)
+        assert not client.transport.disconnecting
+        world.clock.advance(0.5)
+    assert client.transport.disconnecting
+    assert [event["seconds"] for event in events if "seconds" in event] == [120]
+
+
+def test_the_idle_time_out_counts_from_the_last_block() -> None:
+    """A block at 5 s moves the close to 125 s: not to the next check, 175 s."""
+    world = ListenerWorld(attrs.evolve(SETTINGS, idle_timeout_seconds=120))
+    client = world.connect()
+    world.clock.advance(5)
+    client.send(mail("m", "ops@ok.example"))
+    assert client.replies() == [(b"m", b"K", 0)]
+    with capturedLogs() as events:
+        world.clock.advance(119.5)
+        assert not client.transport.disconnecting
+        world.clock.advance(0.5)
+    assert client.transport.disconnecting
+    assert [event["seconds"] for event in events if "seconds" in event] == [120]
+
+
+def test_the_idle_time_out_counts_from_the_last_reply_owed() -> None:
+    """Time a message awaits its outcome is not idle: the count starts at its reply.
+
+    The held message is answered at 50 s, past the 20 s time-out: the
+    connection is closed 20 s after that reply, not at once and not later.
+    """
+    routes = (attrs.evolve(ROUTES[-1], timeout_seconds=100),)
+    world = ListenerWorld(attrs.evolve(SETTINGS, idle_timeout_seconds=20), routes=routes)
+    client = world.connect()
+    client.send(mail("h", "ops@held.example"))
+    world.clock.advance(50)
+    assert not client.transport.disconnecting
+    world.held.outcomes[0].callback(Outcome.accepted())
+    world.clock.advance(0)  # the reply's flush
+    assert client.replies() == [(b"h", b"K", 0)]
+    world.clock.advance(19.5)
+    assert not client.transport.disconnecting
+    world.clock.advance(0.5)
+    assert client.transport.disconnecting
+
+
+def test_replies_within_a_read_restart_a_stopped_idle_timer() -> None:
+    """A read answered at once after the timer stopped for an outcome: still timed out."""
+    routes = (attrs.evolve(ROUTES[-1], timeout_seconds=100), ROUTES[1])
+    world = ListenerWorld(attrs.evolve(SETTINGS, idle_timeout_seconds=20), routes=routes)
+    client = world.connect()
+    client.send(mail("h", "ops@held.example"))
+    world.clock.advance(30)  # the timer found a message owed and stopped
+    world.held.outcomes[0].callback(Outcome.accepted())
+    client.send(mail("k", "ops@ok.example"))  # answered within the read
+    world.clock.advance(19.5)
+    assert not client.transport.disconnecting
+    world.clock.advance(0.5)
+    assert client.transport.disconnecting

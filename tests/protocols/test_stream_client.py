@@ -874,7 +874,7 @@ def test_bad_chunk_closes() -> None:
 
 
 def test_heartbeats_sent_and_silence_closes() -> None:
-    """A heartbeat goes out every period; two silent periods close the connection."""
+    """A heartbeat goes out every period; two periods without a frame close the connection."""
     world = World(attrs.evolve(SETTINGS, stream=None, heartbeat_seconds=10))
     world.upstream.start()
     node = world.accept()
@@ -886,10 +886,27 @@ def test_heartbeats_sent_and_silence_closes() -> None:
     world.reactor.advance(10)
     assert node.of(sp.Heartbeat) == [sp.Heartbeat()]
     assert not node.transport.disconnecting
-    world.reactor.advance(10)
+    world.reactor.advance(9.5)
     assert not node.transport.disconnecting
-    world.reactor.advance(10)
+    world.reactor.advance(0.5)  # 30 s: 20 s since the server's Heartbeat at 10 s
     assert node.transport.disconnecting
+
+
+def test_silence_closes_when_the_log_says() -> None:
+    """Tuned to 60 s, a server silent after Open is left at 120 s, not at a later check."""
+    world = World(attrs.evolve(SETTINGS, stream=None, heartbeat_seconds=60))
+    world.upstream.start()
+    node = world.accept()
+    node.login()
+    with capturedLogs() as events:
+        node.tune(heartbeat=60)
+        world.reactor.advance(119.5)
+        assert not node.transport.disconnecting
+        world.reactor.advance(0.5)
+    assert node.transport.disconnecting
+    assert [event["why"] for event in events if "why" in event] == [
+        "no frame from the server for 120 s"
+    ]
 
 
 def test_server_close_is_answered() -> None:

@@ -681,21 +681,62 @@ def test_client_close(listener: Listener) -> None:
 
 
 def test_heartbeats_sent_when_idle_and_silence_closes(listener: Listener) -> None:
-    """With a tuned heartbeat, idle servers send Heartbeats; two silent intervals close."""
+    """With a tuned heartbeat, idle servers send Heartbeats; two silent intervals abort."""
     peer = listener.connect(listener.factory(StreamListenerSettings(guest=True)))
     response = peer.open(heartbeat=10)
     assert isinstance(response, sp.OpenResponse)
     heartbeats = 0
-    for _ in range(5):  # up to 25 s
+    for _ in range(3):  # up to 15 s
         listener.clock.advance(5)
         heartbeats += sum(isinstance(e, sp.Heartbeat) for e in peer.frames())
     assert heartbeats >= 2
     assert not peer.closed
     listener.clock.advance(4.9)
     assert not peer.closed
-    listener.clock.advance(0.1)  # 30 s: the checks at 20 and 30 heard nothing
+    listener.clock.advance(0.1)  # 20 s without a frame from the client
     assert peer.closed
     assert peer.transport.disconnected  # aborted: a peer given up on keeps nothing unwritten
+
+
+def test_a_client_sending_no_heartbeats_is_aborted_when_the_log_says(listener: Listener) -> None:
+    """Tuned to 60 s, then silent after Open: open at 119.5 s, aborted at 120 s, logged as 120 s.
+
+    Not at the next once-an-interval check (180 s), as RabbitMQ would.
+    """
+    peer = listener.connect(listener.factory(StreamListenerSettings(guest=True)))
+    peer.open(heartbeat=60)
+    with capturedLogs() as events:
+        listener.clock.advance(119.5)
+        assert not peer.closed
+        listener.clock.advance(0.5)
+    assert peer.transport.disconnected
+    (logged,) = [event for event in events if "heartbeat" in event]
+    assert (logged["seconds"], logged["heartbeat"]) == (120, 60)
+
+
+def test_silence_counts_from_the_last_read(listener: Listener) -> None:
+    """A Heartbeat at 45 s moves the abort to 165 s exactly."""
+    peer = listener.connect(listener.factory(StreamListenerSettings(guest=True)))
+    peer.open(heartbeat=60)
+    listener.clock.advance(45)
+    peer.send(sp.HEARTBEAT)
+    listener.clock.advance(119.5)
+    assert not peer.closed
+    listener.clock.advance(0.5)
+    assert peer.transport.disconnected
+
+
+def test_a_second_tune_replaces_the_heartbeat_timers(listener: Listener) -> None:
+    """Tune again: its interval applies, and the first one's timers are gone."""
+    peer = listener.connect(listener.factory(StreamListenerSettings(guest=True)))
+    peer.open(heartbeat=10)
+    timers = len(listener.clock.getDelayedCalls())
+    peer.send(sp.Tune(frame_max=0, heartbeat=30))
+    assert len(listener.clock.getDelayedCalls()) == timers
+    listener.clock.advance(59.5)
+    assert not peer.closed
+    listener.clock.advance(0.5)
+    assert peer.transport.disconnected
 
 
 def test_client_heartbeats_keep_the_connection(listener: Listener) -> None:

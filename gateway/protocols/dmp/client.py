@@ -69,6 +69,9 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
         self._answers = 0
         self.ready = False
         self._timer: IDelayedCall | None = None
+        """The next null message."""
+        self._dead_timer: IDelayedCall | None = None
+        """The next look at the feed's silence (mode get, ``dead_after_seconds``)."""
         self._last_heard = upstream.clock.seconds()
         self._lease: str | None = None  # from a principal connection, once granted
         self._lease_request: Deferred[str] | None = None
@@ -85,9 +88,11 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
             request.addCallbacks(self._leased, self._not_leased)
 
     def connection_stopped(self) -> None:
-        """Stop the heartbeat timer and a lease request still on its way."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
+        """Stop the timers and a lease request still on its way."""
+        for timer in (self._timer, self._dead_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._dead_timer = None
         if self._lease_request is not None:
             self._lease_request.cancel()
 
@@ -154,7 +159,7 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
                 # else: sent when the principal connection grants it
             else:
                 self.ready = True
-                self._schedule_beat()
+                self._start_timers()
                 self.upstream.connection_ready(self, f"connected ({self.upstream.settings.mode})")
         elif isinstance(event, dmp.Envelope):
             if self.upstream.settings.mode != "get":
@@ -186,26 +191,43 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
         if not self._closing and self.transport is not None:
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
-    def _schedule_beat(self) -> None:
+    def _start_timers(self) -> None:
+        """Null messages every ``heartbeat_seconds``; in mode get, watch the feed's silence."""
         settings = self.upstream.settings
-        watching = settings.dead_after_seconds if settings.mode == "get" else 0.0
-        periods = [p for p in (settings.heartbeat_seconds, watching / 2) if p > 0]
-        if periods:
-            self._timer = self.upstream.clock.callLater(min(periods), self._beat)
+        clock = self.upstream.clock
+        if settings.heartbeat_seconds > 0:
+            self._timer = clock.callLater(settings.heartbeat_seconds, self._beat)
+        if settings.mode == "get" and settings.dead_after_seconds > 0:
+            self._dead_timer = clock.callLater(settings.dead_after_seconds, self._check_dead)
 
     def _beat(self) -> None:
         self._timer = None
         if self._closing:
             return
-        settings = self.upstream.settings
-        silent = self.upstream.clock.seconds() - self._last_heard
-        if settings.mode == "get" and 0 < settings.dead_after_seconds <= silent:
-            self.upstream.count_error("dead-peer")
-            self.close(f"the feed sent nothing for {silent:g} s")
-            return
-        if settings.heartbeat_seconds > 0 and not self.writes.paused:
+        if not self.writes.paused:
             self.write(dmp.HEARTBEAT_BYTES)
-        self._schedule_beat()
+        self._timer = self.upstream.clock.callLater(
+            self.upstream.settings.heartbeat_seconds, self._beat
+        )
+
+    def _check_dead(self) -> None:
+        """Close the connection once the feed has sent nothing for ``dead_after_seconds``.
+
+        The timer is armed for the deadline as it stood (last read plus the
+        limit); reads only note their time, so the timer may fire early: it
+        is then armed again for exactly the time left.
+        """
+        self._dead_timer = None
+        if self._closing:
+            return
+        clock = self.upstream.clock
+        limit = self.upstream.settings.dead_after_seconds
+        silent = clock.seconds() - self._last_heard
+        if silent < limit:
+            self._dead_timer = clock.callLater(limit - silent, self._check_dead)
+            return
+        self.upstream.count_error("dead-peer")
+        self.close(f"the feed sent nothing for {silent:g} s")
 
     def write(self, data: bytes) -> None:
         """Write (or hold while the server is not reading)."""

@@ -86,6 +86,8 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         self._attempt = 0
         self._timer: IDelayedCall | None = None
         self._ping: IDelayedCall | None = None
+        self._dead: IDelayedCall | None = None
+        """The next look at the data flow's silence (``dead_after_seconds``)."""
         self._heard = 0.0
         self._sequence = itertools.count(1)
         self._unconfirmed: Unconfirmed = {}
@@ -147,10 +149,10 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
 
     def _teardown(self, why: str) -> None:
-        for call in (self._timer, self._ping):
+        for call in (self._timer, self._ping, self._dead):
             if call is not None and call.active():
                 call.cancel()
-        self._timer = self._ping = None
+        self._timer = self._ping = self._dead = None
         if self._ready:
             self._log.info("upstream {upstream}: closed: {why}", upstream=self.name, why=why)
         self._ready = False
@@ -268,10 +270,15 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         self._data = ZmqSocket(self._zmq, zmq.DEALER, self._on_data, self._new_flow())
         self._curve(self._data)
         self._data.connect(f"tcp://{self.host}:{port}")
-        self._heard = self.clock.seconds()
         self._send(mtl.Lease(next(self._sequence), lease))
         self._outbox.flush()
+        self._watch_flow()
+
+    def _watch_flow(self) -> None:
+        """Ping the new data flow every ``ping_interval_seconds``; watch its silence."""
+        self._heard = self.clock.seconds()
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+        self._dead = self.clock.callLater(self.settings.dead_after_seconds, self._check_dead)
 
     def _new_flow(self) -> Callable[[], None]:
         """Give a new data flow its inbox; return what ends one of its read bursts.
@@ -348,15 +355,25 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
             self._send(mtl.Reject(sequence, False, result.status is Status.RETRY))
 
     def _tick(self) -> None:
-        silent = self.clock.seconds() - self._heard
-        if silent >= self.settings.dead_after_seconds:
-            self.count_error("dead-peer")
-            self._ping = None
-            self._start_over(f"the data flow was silent for {silent:g} s")
-            return
         self._send(mtl.Ping())
         self._outbox.flush()
         self._ping = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def _check_dead(self) -> None:
+        """Start over once the data flow has been silent for ``dead_after_seconds``.
+
+        The timer is armed for the deadline as it stood (last heard plus the
+        limit); what arrives only notes its time, so the timer may fire
+        early: it is then armed again for exactly the time left.
+        """
+        self._dead = None
+        limit = self.settings.dead_after_seconds
+        silent = self.clock.seconds() - self._heard
+        if silent < limit:
+            self._dead = self.clock.callLater(limit - silent, self._check_dead)
+            return
+        self.count_error("dead-peer")
+        self._start_over(f"the data flow was silent for {silent:g} s")
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Send a batch to the server as Contents on their addresses, all in one go.

@@ -64,34 +64,46 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         self._in_batch = False
         self._flush_call: IDelayedCall | None = None
         self._done = False
-        self._last_block = factory.clock.seconds()
+        self._idle_since = factory.clock.seconds()
+        """When the connection last stopped being busy: its last complete block, or the
+        reply to its last outstanding message, whichever came later."""
+        self._idle_call: IDelayedCall | None = None
         self._inbox: Inbox[tuple[bytes, int]] = Inbox(factory.router, factory.name, self._answer)
 
     # --- connection life -------------------------------------------------------
 
     def _connection_started(self) -> None:
-        self._watch_idle()
+        self._watch_idle(self.factory.settings.idle_timeout_seconds)
 
-    def _watch_idle(self) -> None:
-        self._call_later(self.factory.settings.idle_timeout_seconds / 2, self._check_idle)
+    def _watch_idle(self, seconds: float) -> None:
+        self._idle_call = self._call_later(seconds, self._check_idle)
 
     def _check_idle(self) -> None:
-        if self._closing:
+        """Close the connection once it has been idle for ``idle_timeout_seconds``.
+
+        The timer is armed for the deadline as it stood (idle since plus the
+        time-out). Blocks and replies only move ``_idle_since``, once per read
+        or per reply that leaves nothing outstanding, so the timer may fire
+        early: it is then armed again for exactly the time left. While
+        messages await outcomes it stops; the reply to the last one restarts it.
+        """
+        self._idle_call = None
+        if self._closing or self._outstanding:
             return
-        quiet = self.factory.clock.seconds() - self._last_block
-        if self._outstanding == 0 and quiet >= self.factory.settings.idle_timeout_seconds:
-            self.factory.count_error("idle-timeout")
-            self._log.info(
-                "{listener}: closing the connection of {peer}: it completed no block in"
-                " {seconds:g} s",
-                listener=self.factory.name,
-                peer=self._who(),
-                identity=self.identity,
-                seconds=quiet,
-            )
-            self._close()
+        timeout = self.factory.settings.idle_timeout_seconds
+        quiet = self.factory.clock.seconds() - self._idle_since
+        if quiet < timeout:
+            self._watch_idle(timeout - quiet)
             return
-        self._watch_idle()
+        self.factory.count_error("idle-timeout")
+        self._log.info(
+            "{listener}: closing the connection of {peer}: it completed no block in {seconds:g} s",
+            listener=self.factory.name,
+            peer=self._who(),
+            identity=self.identity,
+            seconds=quiet,
+        )
+        self._close()
 
     def _connection_ended(self, reason: Failure) -> None:
         """Outcomes still on their way are dropped."""
@@ -139,6 +151,12 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         )
         self._send(qmqp.encode(reply))
         self.factory.count_reply(status)
+        if not self._outstanding:
+            # Nothing owed any more: idle from now (a read has noted its own time).
+            if not self._in_batch:
+                self._idle_since = self.factory.clock.seconds()
+            if self._idle_call is None and not self._closing:
+                self._watch_idle(self.factory.settings.idle_timeout_seconds)
         self._maybe_finished()
 
     # --- flow control: in-flight messages hold reading too ----------------------------
@@ -170,7 +188,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             error = exc
             blocks = cast(list[qmqp.Block], exc.events)
         if blocks:
-            self._last_block = self.factory.clock.seconds()
+            self._idle_since = self.factory.clock.seconds()  # once per read, not per block
         traffic = self.factory.traffic
         traffic.messages_in += len(blocks)
         traffic.bytes_in += len(data)

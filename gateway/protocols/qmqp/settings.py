@@ -25,7 +25,9 @@ class QMQPListenerSettings:
         max_in_flight_bytes: The same, counted in message bytes.
         idle_timeout_seconds: A connection that completes no block for this
             long, while none of its messages awaits an outcome, is closed:
-            silent clients and clients sending a byte at a time.
+            silent clients and clients sending a byte at a time. The time
+            counts from the last complete block, or from the reply to the
+            last outstanding message if that came later.
     """
 
     require_auth: bool = False

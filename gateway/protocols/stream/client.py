@@ -117,8 +117,8 @@ class StreamClientProtocol(UpstreamConnection["StreamUpstream"]):
         self._tune: Deferred[sp.Tune] = Deferred()
         self.frame_max = upstream.settings.frame_max
         self.heartbeat = 0
-        self._heard = True
-        self._silent = 0
+        self._heard_at = upstream.clock.seconds()
+        """When the last read from the server arrived (noted per read, not per frame)."""
         self._timers: list[IDelayedCall] = []
         # Looked up once: the frames of the hot path go straight there.
         self._delivered = upstream.subscriptions.delivered
@@ -183,7 +183,7 @@ class StreamClientProtocol(UpstreamConnection["StreamUpstream"]):
         """Dispatch responses and server frames."""
         if self._closing:
             return
-        self._heard = True
+        self._heard_at = self.upstream.clock.seconds()
         self.upstream.traffic.bytes_in += len(data)
         try:
             events = self._codec.receive_data(data)
@@ -226,25 +226,39 @@ class StreamClientProtocol(UpstreamConnection["StreamUpstream"]):
     # --- heartbeats -----------------------------------------------------------
 
     def start_heartbeats(self, seconds: int) -> None:
-        """Send heartbeats every ``seconds`` and close after two silent periods."""
+        """Send heartbeats every ``seconds``; close after two intervals without a frame."""
         self.heartbeat = seconds
         if seconds:
-            self._timers.append(self.upstream.clock.callLater(seconds, self._beat))
+            self._later(seconds, self._beat)
+            self._later(2 * seconds, self._check_silence)
+
+    def _later(self, seconds: float, call: Callable[[], None]) -> None:
+        timers = self._timers
+        if len(timers) > 4:
+            timers[:] = [timer for timer in timers if timer.active()]
+        timers.append(self.upstream.clock.callLater(seconds, call))
 
     def _beat(self) -> None:
         if self._closing:
             return
         self.send(sp.Heartbeat())
-        if self._heard:
-            self._silent = 0
-        else:
-            self._silent += 1
-            if self._silent >= 2:
-                self.close(f"no frame from the server for {2 * self.heartbeat} s")
-                return
-        self._heard = False
-        self._timers = [t for t in self._timers if t.active()]
-        self._timers.append(self.upstream.clock.callLater(self.heartbeat, self._beat))
+        self._later(self.heartbeat, self._beat)
+
+    def _check_silence(self) -> None:
+        """Close the connection once the server has sent nothing for two intervals.
+
+        The timer is armed for the deadline as it stood (last read plus two
+        intervals); reads only note their time, so the timer may fire early:
+        it is then armed again for exactly the time left.
+        """
+        if self._closing:
+            return
+        limit = 2 * self.heartbeat
+        silent = self.upstream.clock.seconds() - self._heard_at
+        if silent < limit:
+            self._later(limit - silent, self._check_silence)
+            return
+        self.close(f"no frame from the server for {silent:g} s")
 
 
 def _smaller(theirs: int, ours: int) -> int:

@@ -34,7 +34,7 @@ import ipaddress
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Unpack, cast
 
-from twisted.internet.interfaces import IAddress
+from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.python.failure import Failure
 
 from gateway import __version__
@@ -172,8 +172,10 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         self._heartbeat = 0
         self._frame_max = factory.settings.frame_max
         self._sent_since = False
-        self._heard_since = False
-        self._silent_checks = 0
+        self._heard_at = factory.clock.seconds()
+        """When the last read from the client arrived (noted per read, not per frame)."""
+        self._beat_call: IDelayedCall | None = None
+        self._silence_call: IDelayedCall | None = None
 
     # --- connection life ------------------------------------------------------------
 
@@ -236,7 +238,7 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         """Decode frames and handle each, then write what they produced."""
         if self._closing:
             return
-        self._heard_since = True
+        self._heard_at = self.factory.clock.seconds()
         self.factory.traffic.bytes_in += len(data)
         if self._state == "closing":
             # We sent Close after a bad frame, so the codec is dead: whatever
@@ -378,10 +380,16 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         server = self.factory.settings.frame_max
         client = event.frame_max
         self._frame_max = min(server, client) if server and client else (server or client)
+        # As RabbitMQ does, the client's value as it is: it may lengthen or turn
+        # off what we proposed (docs/stream-protocol-notes.md, "0x0014 Tune").
         self._heartbeat = event.heartbeat
+        for call in (self._beat_call, self._silence_call):
+            if call is not None and call.active():
+                call.cancel()  # a second Tune replaces the first one's timers
+        self._beat_call = self._silence_call = None
         if self._heartbeat:
-            self._call_later(self._heartbeat / 2, self._heartbeat_send)
-            self._call_later(self._heartbeat, self._heartbeat_check)
+            self._beat_call = self._call_later(self._heartbeat / 2, self._heartbeat_send)
+            self._silence_call = self._call_later(2 * self._heartbeat, self._heartbeat_check)
 
     def _on_open(self, event: sp.Open) -> None:
         if self.identity is None:
@@ -421,32 +429,40 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     # --- heartbeats -------------------------------------------------------------------------------
 
     def _heartbeat_send(self) -> None:
+        self._beat_call = None
         if self._closing:
             return
         if not self._sent_since:
             self._send(sp.Heartbeat())
         self._sent_since = False
-        self._call_later(self._heartbeat / 2, self._heartbeat_send)
+        self._beat_call = self._call_later(self._heartbeat / 2, self._heartbeat_send)
 
     def _heartbeat_check(self) -> None:
+        """Abort a client from which nothing came for twice the tuned heartbeat.
+
+        The timer is armed for the deadline as it stood (last read plus two
+        intervals); reads only note their time, so the timer may fire early:
+        it is then armed again for exactly the time left. RabbitMQ checks
+        once per interval instead, which lets a silent client stay two to
+        three intervals.
+        """
+        self._silence_call = None
         if self._closing:
             return
-        if self._heard_since:
-            self._silent_checks = 0
-        else:
-            self._silent_checks += 1
-        self._heard_since = False
-        if self._silent_checks >= 2:
-            self._log.info(
-                "{listener}: no heartbeat from {user} for {seconds} s; aborting",
-                listener=self.factory.name,
-                user=self.identity,
-                seconds=2 * self._heartbeat,
-            )
-            self.factory.count_error("heartbeat-timeout")
-            self._abort()  # given up on: it keeps nothing we wrote
+        limit = 2 * self._heartbeat
+        silent = self.factory.clock.seconds() - self._heard_at
+        if silent < limit:
+            self._silence_call = self._call_later(limit - silent, self._heartbeat_check)
             return
-        self._call_later(self._heartbeat, self._heartbeat_check)
+        self._log.info(
+            "{listener}: no heartbeat from {user} for {seconds:g} s; aborting",
+            listener=self.factory.name,
+            user=self.identity,
+            seconds=silent,
+            heartbeat=self._heartbeat,
+        )
+        self.factory.count_error("heartbeat-timeout")
+        self._abort()  # given up on: it keeps nothing we wrote
 
     # --- allow-lists ---------------------------------------------------------------------------
 
