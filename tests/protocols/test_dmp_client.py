@@ -131,10 +131,12 @@ def test_a_refusal_closes_and_reconnects_later() -> None:
 
 
 def test_heartbeats_and_backlog() -> None:
-    """Null messages every heartbeat; a server that does not read: retry later past the limit.
+    """Null messages every heartbeat; a server that does not read: answers wait, retry past the cap.
 
     In one batch as one at a time: each message counts what the ones
-    before it added to the backlog.
+    before it added to the backlog. What was written is answered once the
+    server reads again (DMP has no acknowledgement: accepted would be a
+    guess while it does not read).
     """
     up, _recorder, clock = upstream(max_backlog_bytes=65536)
     server = Server(up)
@@ -144,10 +146,24 @@ def test_heartbeats_and_backlog() -> None:
     server.protocol.pauseProducing()
     results: list[Outcome] = []
     up.deliver([Message(address="x", body=b"y" * 30_000)] * 4).addCallback(results.extend)
-    assert [r.status for r in results] == [Status.ACCEPTED] * 3 + [Status.RETRY]
+    assert results == []
     assert server.read() == []
     server.protocol.resumeProducing()
+    assert [r.status for r in results] == [Status.ACCEPTED] * 3 + [Status.RETRY]
     assert len(server.read()) == 3
+
+
+def test_deliveries_waiting_when_the_connection_ends_are_retry_later() -> None:
+    """Written but held for a server that did not read, then the connection is lost: retry."""
+    up, _recorder, _clock = upstream()
+    server = Server(up)
+    server.dialog()
+    server.protocol.pauseProducing()
+    results: list[Outcome] = []
+    up.deliver([Message(address="x", body=b"y")] * 2).addCallback(results.extend)
+    server.protocol.connectionLost()
+    assert [r.status for r in results] == [Status.RETRY] * 2
+    assert "before the server read this" in results[0].reason
 
 
 def test_get_routes_what_the_feed_sends_and_notices_a_dead_feed() -> None:

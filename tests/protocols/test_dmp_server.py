@@ -349,11 +349,23 @@ def test_timeouts() -> None:
     listener.clock.advance(10)
     assert transport.disconnecting and listener.errors("handshake-timeout") == 1
     writer, transport, _ = listener.opened(b"W-1")
-    listener.clock.advance(30)
-    assert not transport.disconnecting  # it was heard in the last period
-    listener.clock.advance(30)
+    listener.clock.advance(29.9)
+    assert not transport.disconnecting
+    listener.clock.advance(0.1)  # 30 s after the lease, to the second
     assert transport.disconnecting and listener.errors("idle-timeout") == 1
     del writer
+
+
+def test_a_sink_writer_heard_is_closed_idle_timeout_seconds_after_it_was_heard() -> None:
+    """The idle time counts from the last read, not from the last check (no overshoot)."""
+    listener = Listener()
+    writer, transport, _ = listener.opened(b"W-1")
+    listener.clock.advance(20)
+    writer.dataReceived(dmp.HEARTBEAT_BYTES)
+    listener.clock.advance(29.9)  # 49.9 s: the check at 30 s re-armed for the 20 s left
+    assert not transport.disconnecting
+    listener.clock.advance(0.1)
+    assert transport.disconnecting
 
 
 def test_unknown_feed_is_rejected() -> None:

@@ -10,9 +10,13 @@ service tries again later).
 written to the sink as one envelope (`gateway.protocols.dmp.mapping`), a
 batch's envelopes in one write, and the route told *accepted*: DMP has no
 acknowledgement, so that means "written to the connection" (a durable route
-answers its sender after the local commit and is the safe choice). While
-not connected, or when more than ``max_backlog_bytes`` wait for a slow
-server (counting what the batch adds), *retry later*.
+answers its sender after the local commit and is the safe choice). A batch
+written while the server does not read (its transport paused us) is
+answered once it reads again (DESIGN.md, "Back-pressure before loss"): the
+route's sources run out of in-flight room and stop, instead of being told
+accepted for what may never leave. While not connected, or when more than
+``max_backlog_bytes`` wait for a slow server (counting what the batch adds),
+*retry later*; what waited when the connection ends is retry later too.
 
 ``mode = "get"``: every envelope the feed sends is routed from the
 upstream, the envelopes of one read as one batch (`gateway.core.inbox`);
@@ -28,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import (
     IDelayedCall,
     IProtocol,
@@ -41,6 +45,7 @@ from zope.interface import implementer
 from gateway.codecs import dmp
 from gateway.core.auth import Secrets
 from gateway.core.batch import all_same
+from gateway.core.flow import Congestion, answer_when_drained
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
@@ -77,6 +82,8 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
         self._lease_request: Deferred[str] | None = None
         self._in_flight = InFlight(MAX_IN_FLIGHT, self._stop_reading, self._read)
         self.writes = HeldWrites(self._write)
+        self.congestion = Congestion()
+        """Put deliveries waiting for the server to read again."""
         self._inbox: Inbox[None] = Inbox(upstream.router, upstream.name, self._answer)
 
     def connection_started(self) -> None:
@@ -88,7 +95,8 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
             request.addCallbacks(self._leased, self._not_leased)
 
     def connection_stopped(self) -> None:
-        """Stop the timers and a lease request still on its way."""
+        """Stop the timers and a lease request still on its way; answer what waited."""
+        self.congestion.gone()
         for timer in (self._timer, self._dead_timer):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -237,12 +245,14 @@ class DMPClientProtocol(UpstreamConnection["DMPUpstream"]):
         super().write(data)
 
     def pauseProducing(self) -> None:
-        """The server is not reading: hold what we write."""
+        """The server is not reading: hold what we write; deliveries wait."""
         self.writes.pause()
+        self.congestion.begin()
 
     def resumeProducing(self) -> None:
-        """The server reads again."""
+        """The server reads again: write what waited, answer the deliveries."""
         self.writes.resume()
+        self.congestion.drained()
 
     def stopProducing(self) -> None:
         """The connection is going away."""
@@ -282,6 +292,9 @@ class DMPUpstream(Upstream[DMPClientProtocol]):
         self.settings = settings
         self.router = router
         self.secrets = secrets
+        self._unread = Outcome.retry(
+            f"upstream {self.name}: the connection ended before the server read this"
+        )
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Write a batch into the remote sink, in one write.
@@ -305,7 +318,7 @@ class DMPUpstream(Upstream[DMPClientProtocol]):
             lambda why: Outcome.rejected(f"upstream {name}: {why}"),
         )
         self.traffic.messages_out += written
-        return succeed(outcomes)
+        return answer_when_drained((connection.congestion,), outcomes, self._unread)
 
     def request_lease(self) -> Deferred[str]:
         """Ask the server for a lease over a principal connection (``principal`` set)."""

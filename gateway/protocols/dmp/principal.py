@@ -90,9 +90,11 @@ class PrincipalConnection:
         self._closing_channels: set[int] = set()
         self._done = False
         self._heartbeat_seconds = 0
-        self._heard = False
-        self._silent_beats = 0
+        self._heard_at = factory.clock.seconds()
         self._timer: IDelayedCall | None = None
+        """The next heartbeat we send."""
+        self._silence: IDelayedCall | None = None
+        """The next look at the peer's silence (two heartbeat intervals allowed)."""
 
     def start(self) -> None:
         """Answer the protocol header with Connection.Start."""
@@ -119,7 +121,7 @@ class PrincipalConnection:
         """Handle what the peer sent."""
         if self._done:
             return
-        self._heard = True
+        self._heard_at = self._factory.clock.seconds()
         try:
             events = self._codec.receive_data(data)
         except amqp091.AMQPError as exc:
@@ -192,7 +194,9 @@ class PrincipalConnection:
             self._stage = "open-wait"
             self._heartbeat_seconds = method.arguments["heartbeat"]
             if self._heartbeat_seconds:
-                self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
+                clock = self._factory.clock
+                self._timer = clock.callLater(self._heartbeat_seconds, self._beat)
+                self._silence = clock.callLater(2 * self._heartbeat_seconds, self._check_silence)
         else:  # connection.open
             self._stage = "open"
             self._send(0, "connection.open-ok", reserved_1="")
@@ -305,21 +309,29 @@ class PrincipalConnection:
         self._timer = None
         if self._done:
             return
-        self._silent_beats = 0 if self._heard else self._silent_beats + 1
-        self._heard = False
-        if self._silent_beats >= 2:
-            self._factory.count_error("heartbeat-timeout")
-            self._finish(f"principal connection silent for {2 * self._heartbeat_seconds} s")
-            return
         self._write(amqp091.encode_heartbeat())
         self._timer = self._factory.clock.callLater(self._heartbeat_seconds, self._beat)
+
+    def _check_silence(self) -> None:
+        """Close a peer silent for two heartbeat intervals (AMQP 0-9-1, 4.2.7), to the second."""
+        self._silence = None
+        if self._done:
+            return
+        allowed = 2 * self._heartbeat_seconds
+        silent = self._factory.clock.seconds() - self._heard_at
+        if silent < allowed:
+            self._silence = self._factory.clock.callLater(allowed - silent, self._check_silence)
+            return
+        self._factory.count_error("heartbeat-timeout")
+        self._finish(f"principal connection silent for {silent:g} s (heartbeat {allowed // 2} s)")
 
     def stop(self) -> None:
         """The connection is gone: no more timers."""
         self._done = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        for timer in (self._timer, self._silence):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._silence = None
 
     def _finish(self, why: str) -> None:
         self.stop()

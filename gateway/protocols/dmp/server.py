@@ -98,7 +98,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             factory.settings.max_in_flight, self._too_many_in_flight, self._few_in_flight
         )
         self._in_flight_full = False
-        self._heard = True
+        self._last_heard = factory.clock.seconds()
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
         self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
@@ -179,7 +179,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """Decode and handle what arrived."""
         if self._closing:
             return
-        self._heard = True
+        self._last_heard = self.factory.clock.seconds()
         self.factory.traffic.bytes_in += len(data)
         principal = self._principal
         if principal is not None:
@@ -370,6 +370,8 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
     def _answer(self, message: Message, result: Result) -> None:
         """One sink message's routes answered: DMP has no acknowledgement, so count and log."""
         self._in_flight.done()
+        if not self._in_flight.count:  # the idle time counts from the last outcome owed
+            self._last_heard = self.factory.clock.seconds()
         if type(result) is Outcome and result.is_accepted:
             return
         factory = self.factory
@@ -412,17 +414,24 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         return not self._in_flight_full
 
     def _check_idle(self) -> None:
+        """Close a sink writer silent for ``idle_timeout_seconds``, to the second.
+
+        One timer, re-armed for the time left when the writer was heard
+        since (or while its messages await outcomes).
+        """
         self._timer = None
         if self._closing:
             return
-        if not self._heard and self._in_flight.count == 0:
-            self.factory.count_error("idle-timeout")
-            self._close_with(
-                f"sink writer silent for {self.factory.settings.idle_timeout_seconds:g} s"
-            )
+        limit = self.factory.settings.idle_timeout_seconds
+        if self._in_flight.count:  # busy: the last outcome restarts the count
+            self._schedule(limit, self._check_idle)
             return
-        self._heard = False
-        self._schedule(self.factory.settings.idle_timeout_seconds, self._check_idle)
+        silent = self.factory.clock.seconds() - self._last_heard
+        if silent < limit:
+            self._schedule(limit - silent, self._check_idle)
+            return
+        self.factory.count_error("idle-timeout")
+        self._close_with(f"sink writer silent for {silent:g} s")
 
     # --- feeds ---------------------------------------------------------------------------
 
