@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gateway.codecs.errors import LocalProtocolError, RemoteProtocolError
+from gateway.codecs.escaping import escape_controls, quote_bytes
 from gateway.codecs.framing import LineSplitter, LineTooLongError
 
 __all__ = [
@@ -231,9 +232,8 @@ class _MalformedError(Exception):
 
 
 def _show(value: bytes, limit: int = 64) -> str:
-    """Quote peer bytes for a reason text: ASCII, escaped, cut to ``limit``."""
-    text = value[:limit].decode("ascii", "backslashreplace")
-    return f"'{text}'" + ("..." if len(value) > limit else "")
+    """Quote peer bytes for a reason text: ASCII, control bytes escaped, cut to ``limit``."""
+    return quote_bytes(value, limit)
 
 
 def _id(value: bytes, what: str) -> bytes:
@@ -479,14 +479,16 @@ def mcast_event(source: bytes, topic: bytes, payload: bytes) -> bytes:
 
 
 def response_line(code: int, reason: str | None = None) -> bytes:
-    """Encode a response with an optional human-readable payload.
+    r"""Encode a response with an optional human-readable payload.
 
-    The reason is cut to fit the line limit and stripped of LF, so any text
-    can be passed.
+    The reason is cut to fit the line limit, its LFs become spaces and its
+    other control characters visible escapes (``\r``, ``\x1b``), so any
+    text can be passed: the reply is one line a terminal shows as it is.
     """
     if not reason:
         return b"%03d\n" % code
-    text = reason.replace("\n", " ").encode("utf-8", "replace")[: MAX_LINE_BYTES - 6]
+    text = escape_controls(reason.replace("\n", " ")).encode("utf-8", "replace")
+    text = text[: MAX_LINE_BYTES - 6]
     return b"%03d %s\n" % (code, text)
 
 

@@ -350,6 +350,43 @@ def test_bad_request_reply_is_a_decodable_response() -> None:
     assert b"PRESENCE" in reply.payload
 
 
+def _controls(data: bytes) -> set[int]:
+    """The control bytes in ``data`` (C0 and DEL), LF aside."""
+    return {byte for byte in data if (byte < 0x20 and byte != 0x0A) or byte == 0x7F}
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"\x1b[2J\x1b[31mroot\r hello\n",  # a verb that clears the screen and ends in CR
+        b"SUBSCRIBE news\x07\x00\n",  # a topic with BEL and NUL
+        b"SUBSCRIBE news \x1b[0m\n",  # an option
+        b"PING\r\n",
+    ],
+)
+def test_bad_request_reason_escapes_the_peers_control_bytes(wire: bytes) -> None:
+    """The reason quotes the peer's bytes with visible escapes: the 400 line is clean."""
+    error = request_error(wire)
+    assert error.reply is not None
+    assert not _controls(error.reply)
+    assert error.reply.count(b"\n") == 1 and error.reply.endswith(b"\n")
+    assert not any(ord(char) < 0x20 or ord(char) == 0x7F for char in error.reason)
+    assert "\\x" in error.reason or "\\r" in error.reason
+
+
+def test_a_hostile_verb_is_quoted_escaped() -> None:
+    r"""``ESC[2J ESC[31m root CR`` as a verb: the reason and the reply show ``\x1b`` and ``\r``."""
+    error = request_error(b"\x1b[2J\x1b[31mroot\r\n")
+    assert error.reason == "verb '\\x1b[2J\\x1b[31mroot\\r' is not upper-case letters"
+    assert error.reply == b"400 verb '\\x1b[2J\\x1b[31mroot\\r' is not upper-case letters\n"
+
+
+def test_a_hostile_response_code_is_quoted_escaped() -> None:
+    """Client role: a server line with control bytes in its code is reported escaped."""
+    error = incoming_error(b"2\x1b0\n")
+    assert error.reason == "'2\\x1b0' is neither a response code nor 000"
+
+
 # --- grammar: responses and events (client role) ---------------------------------------
 
 VALID_SERVER_LINES: list[tuple[bytes, Response | Event]] = [
@@ -646,11 +683,12 @@ def test_encode_at_the_limit() -> None:
 
 
 def test_response_line_fits_the_limit() -> None:
-    """`response_line` cuts a long reason and drops LFs, so any text gives one valid line."""
+    """`response_line` cuts a long reason, drops LFs, escapes controls: any text, one clean line."""
     wire = ssmp.response_line(400, "x" * 5000)
     assert len(wire) <= LIMIT
     assert client().receive_data(wire) == [Response(code=400, payload=wire[4:-1])]
     assert ssmp.response_line(400, "two\nlines") == b"400 two lines\n"
+    assert ssmp.response_line(400, "cr\r esc\x1b nel\x85") == b"400 cr\\r esc\\x1b nel\\x85\n"
     assert ssmp.response_line(200) == b"200\n"
     assert ssmp.response_line(200, "") == b"200\n"
 
