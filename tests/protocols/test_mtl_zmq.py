@@ -61,6 +61,25 @@ class World:
         self.peers.append(socket)
         return socket
 
+    def narrow_router(self) -> ZmqSocket:
+        """Another ROUTER, on ``inproc://narrow``, queueing 2 messages per peer (SNDHWM)."""
+        router = ZmqSocket(self.factory, zmq.ROUTER, self.seen.message, self.seen.drained)
+        router.set_option(zmq.ROUTER_MANDATORY, 1)
+        router.set_option(zmq.SNDHWM, 2)  # before bind: inproc peers take it at connect
+        router.bind("inproc://narrow")
+        return router
+
+    def narrow_peer(self, identity: bytes) -> zmq.Socket[bytes]:
+        """A DEALER receiving at most one message, connected to `narrow_router` and known to it."""
+        socket: zmq.Socket[bytes] = self.factory.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, identity)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RCVHWM, 1)
+        socket.connect("inproc://narrow")
+        self.peers.append(socket)
+        socket.send_multipart([b"hello"])
+        return socket
+
     def wake(self) -> None:
         """What the reactor does when the socket's descriptor is readable."""
         self.router._connection.doRead()
@@ -123,6 +142,81 @@ def test_send_many_says_which_were_refused(world: World) -> None:
     assert failed == [1]
     assert [dealer.recv_multipart() for _ in range(2)] == [[b"1", b""], [b"3", b""]]
     assert world.router.send([b"nobody", b"4", b""]) is False
+
+
+def test_send_routed_tells_full_from_gone(world: World) -> None:
+    """A peer with no connection is "gone" (EHOSTUNREACH), a full queue "full" (EAGAIN).
+
+    Once a peer refused one, its later messages in the call are refused
+    alike without being tried, so what it gets keeps its order.
+    """
+    router = world.narrow_router()
+    slow = world.narrow_peer(b"slow")
+    router._connection.doRead()  # the ROUTER knows "slow" now
+    messages = [[b"slow", b"%d" % n] for n in range(20)]
+    messages.insert(5, [b"nobody", b"x"])
+    messages.append([b"nobody", b"y"])
+    full, gone = router.send_routed(messages)
+    assert gone == [5, len(messages) - 1]
+    taken = [position for position in range(len(messages)) if position not in (*full, *gone)]
+    assert taken and full and max(taken) < min(full)
+    assert full == [p for p in range(min(full), len(messages) - 1) if p != 5]
+    got = []
+    while slow.poll(0):
+        got.append(slow.recv_multipart()[0])
+    assert got == [messages[p][1] for p in taken]
+
+
+def test_send_in_order_stops_at_the_first_refusal(world: World) -> None:
+    """One peer's messages go until ZeroMQ refuses one: how many, and whether it is gone."""
+    router = world.narrow_router()
+    slow = world.narrow_peer(b"slow")
+    router._connection.doRead()
+    taken, gone = router.send_in_order([b"slow", b"%d" % n] for n in range(50))
+    assert 0 < taken < 50 and not gone
+    got = []
+    while slow.poll(0):
+        got.append(slow.recv_multipart()[0])
+    assert got == [b"%d" % n for n in range(taken)]
+    assert router.send_in_order(iter([[b"nobody", b"x"]])) == (0, True)
+    assert router.send_in_order([]) == (0, False)
+
+
+def test_a_paused_socket_reads_nothing_until_resumed(world: World) -> None:
+    """Paused, a wake-up reads nothing; resumed, what waited is read on the next turn."""
+    dealer = world.peer(b"a")
+    world.router.pause_reading()
+    assert world.router.reading_paused
+    for number in range(3):
+        dealer.send_multipart([b"%d" % number])
+    world.wake()
+    world.reactor.advance(0)
+    assert world.seen.messages == []
+    world.router.resume_reading()
+    assert not world.router.reading_paused
+    world.reactor.advance(0)
+    assert world.seen.messages == [[b"a", b"%d" % n] for n in range(3)]
+    assert world.seen.bursts == [3]
+
+
+def test_a_pause_within_a_burst_stops_it(world: World) -> None:
+    """A handler that pauses reading ends the burst there; the rest waits for the resume."""
+    dealer = world.peer(b"a")
+    for number in range(5):
+        dealer.send_multipart([b"%d" % number])
+
+    def handle(frames: list[bytes]) -> None:
+        world.seen.message(frames)
+        if frames[1] == b"1":
+            world.router.pause_reading()
+
+    world.router._connection._on_message = handle
+    world.wake()
+    world.reactor.advance(0)
+    assert world.seen.bursts == [2]
+    world.router.resume_reading()
+    world.reactor.advance(0)
+    assert world.seen.bursts == [2, 3]
 
 
 def test_a_failing_handler_does_not_lose_the_burst(world: World) -> None:

@@ -29,7 +29,7 @@ while our queue of its messages is full.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any, Final
 
@@ -66,6 +66,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
     last = int(zmq.NOBLOCK)
     again = zmq.Again
     events = int(zmq.EVENTS)
+    unroutable = int(zmq.EHOSTUNREACH)
 
     class _Socket(ZmqConnection):  # type: ignore[misc]
         """A txzmq connection that reads in bursts and schedules on its factory's reactor."""
@@ -106,6 +107,64 @@ def _classes() -> tuple[Any, Any, Any, Any]:
             self._read_soon()
             return failed
 
+        def send_routed(self, messages: Sequence[list[bytes]]) -> tuple[list[int], list[int]]:
+            """Send each message (identity frame first); the positions refused, full and gone.
+
+            Once a peer refused one, its later ones are not tried: its queue
+            may have room again a moment later, and what it gets must keep
+            its order.
+            """
+            send = self.socket.send
+            full: list[int] = []
+            gone: list[int] = []
+            refused: dict[bytes, list[int]] = {}
+            for position, message in enumerate(messages):
+                if refused:
+                    same = refused.get(message[0])
+                    if same is not None:
+                        same.append(position)
+                        continue
+                try:
+                    for part in message[:-1]:
+                        send(part, more)
+                    send(message[-1], last)
+                except zmq.ZMQError as exc:
+                    # ROUTER_MANDATORY refuses the identity frame, so nothing of it went out.
+                    why = gone if exc.errno == unroutable else full
+                    why.append(position)
+                    refused[message[0]] = why
+            self._read_soon()
+            return full, gone
+
+        def send_in_order(self, messages: Iterable[list[bytes]]) -> tuple[int, bool]:
+            """Send messages for one peer until one is refused; how many went, and if it is gone."""
+            send = self.socket.send
+            taken = 0
+            gone = False
+            try:
+                for message in messages:
+                    for part in message[:-1]:
+                        send(part, more)
+                    send(message[-1], last)
+                    taken += 1
+            except zmq.ZMQError as exc:
+                gone = exc.errno == unroutable
+            self._read_soon()
+            return taken, gone
+
+        reading_paused = False
+
+        def pause_reading(self) -> None:
+            """Read nothing until `resume_reading`."""
+            self.reading_paused = True
+
+        def resume_reading(self) -> None:
+            """Read again, from the next reactor turn."""
+            if self.reading_paused:
+                self.reading_paused = False
+                # ZeroMQ's descriptor says nothing of what waited meanwhile: look now.
+                self._read_soon()
+
         def _read_soon(self) -> None:
             # A send may take the wake-up meant for incoming messages (ZeroMQ's
             # descriptor is edge-triggered): read once more on the next turn.
@@ -121,11 +180,16 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                 self.read_scheduled = None
             if self.factory is None:  # closed
                 return
+            if self.reading_paused:
+                # Have ZeroMQ process its commands all the same, so that its
+                # descriptor goes quiet instead of waking the reactor again.
+                self.socket.get(events)
+                return
             read = self._read
             on_message = self._on_message
             count = 0
             try:
-                while count < MAX_READ_BURST:
+                while count < MAX_READ_BURST and not self.reading_paused:
                     try:
                         frames = read()
                     except again:
@@ -147,7 +211,8 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     if self.factory is None:  # a handler closed the socket
                         return
                 else:
-                    self._read_soon()  # more may be waiting: after the reactor's other work
+                    if count == MAX_READ_BURST:
+                        self._read_soon()  # more may be waiting: after the reactor's other work
             finally:
                 if count and self._on_drained is not None and self.factory is not None:
                     self._on_drained()
@@ -238,6 +303,43 @@ class ZmqSocket:
         """
         failed: list[int] = self._connection.send_many(messages)
         return failed
+
+    def send_routed(self, messages: Sequence[list[bytes]]) -> tuple[list[int], list[int]]:
+        """Send several messages of a ROUTER (identity frame first); the positions refused.
+
+        Returns:
+            The positions ZeroMQ did not take because their peer's queue is
+            full (``EAGAIN``), and those whose peer is gone (``EHOSTUNREACH``:
+            ZeroMQ has no connection with that identity any more), each in
+            order. Once a peer refused one, its later ones are refused
+            alike without being tried, so that what it gets keeps its order.
+        """
+        refused: tuple[list[int], list[int]] = self._connection.send_routed(messages)
+        return refused
+
+    def send_in_order(self, messages: Iterable[list[bytes]]) -> tuple[int, bool]:
+        """Send one peer's messages, in order, until ZeroMQ refuses one.
+
+        Returns:
+            How many it took, and whether the refusal (if any) was because
+            the peer is gone rather than its queue full.
+        """
+        result: tuple[int, bool] = self._connection.send_in_order(messages)
+        return result
+
+    def pause_reading(self) -> None:
+        """Read nothing until `resume_reading`: the peers' own queues fill and they wait."""
+        self._connection.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read again, starting with what waited meanwhile (on the next reactor turn)."""
+        self._connection.resume_reading()
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether reading is paused."""
+        paused: bool = self._connection.reading_paused
+        return paused
 
     def track_user_id(self) -> None:
         """Read each message's ZAP User-Id (`user_id`); a little slower, for control sockets."""
