@@ -830,3 +830,101 @@ def test_our_client_on_the_test_profile(
             watcher.expect("000 . MCAST relay.test hello through the test profile")
     finally:
         client.stop()
+
+
+LOOP = """
+[gateway]
+routes = "routes"
+
+[admin]
+enabled = false
+
+[listeners.mtl]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+max_backlog_messages = {backlog}
+dead_after_seconds = 60
+
+[listeners.out]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+max_backlog_messages = {backlog}
+dead_after_seconds = 60
+"""
+LOOP_ROUTES = {
+    # Gateway-profile writers of "mtl" on "relay.in" reach the readers of "relay.out" on "out".
+    "relay": 'from = "mtl"\nmatch = "relay.in"\nto = "out"\naddress = "relay.out"\n',
+}
+
+
+@pytest.fixture(scope="module")
+def loop_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A gateway with two MTL listeners (no login): writers of one reach readers of the other."""
+    process = GatewayProcess(
+        tmp_path_factory.mktemp("loop"), LOOP.format(backlog=10_000), routes=LOOP_ROUTES
+    ).start()
+    yield process
+    process.stop()
+
+
+def open_flow(
+    context: zmq.Context[zmq.Socket[bytes]],
+    port: int,
+    profile: str,
+    kind: str,
+    resource: str,
+    confirm: str = "none",
+) -> Data:
+    """A data peer with a lease of ``resource`` on a listener without login; readers summon it."""
+    control = Control(context, port)
+    assert control.ask("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})[0] == 201
+    assert control.ask("Connection.Profile", {"profile": profile})[0] == 200
+    status, reply = control.ask(f"Connection.{kind}", {"resources": [resource], "confirm": confirm})
+    assert status == 202, reply
+    peer = Data(context, int(reply["port"]))  # type: ignore[call-overload]
+    assert peer.lease(str(reply["lease"])) == 200
+    if kind == "Reader":
+        peer.command(b"\x03" + u64(2) + short(resource))
+        assert peer.response(2) == 200
+    return peer
+
+
+def test_a_reader_gone_without_dismiss_does_not_refuse_for_the_next(
+    loop_gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """Reader 1 closes without Dismiss; reader 2 gets every message and the writer every Confirm.
+
+    ZeroMQ cannot route to reader 1 any more: that reader is forgotten at
+    once, and its copy does not make the message "retry later" when reader
+    2, the one reader left, confirmed it.
+    """
+    readers = loop_gateway.address("out")[1]
+    first = open_flow(context, readers, "gateway", "Reader", "relay.out")
+    first.socket.close(linger=0)
+    second = open_flow(context, readers, "gateway", "Reader", "relay.out", confirm="full")
+    writers = loop_gateway.address("mtl")[1]
+    writer = open_flow(context, writers, "gateway", "Writer", "relay.in", confirm="full")
+    count = 5000
+    for sequence in range(1, count + 1):
+        writer.content(sequence, "relay.in", b"%d" % sequence)
+    received: list[bytes] = []
+    answers: dict[int, int] = {}
+    poller = zmq.Poller()
+    poller.register(second.socket, zmq.POLLIN)
+    poller.register(writer.socket, zmq.POLLIN)
+    deadline = time.monotonic() + 30
+    while len(answers) < count:
+        assert time.monotonic() < deadline, (len(received), len(answers))
+        ready = dict(poller.poll(1000))
+        if second.socket in ready:
+            kind, fields, body = second.next()
+            if kind == 0x05:
+                received.append(body)
+                second.command(b"\x06" + fields[:8] + b"\x00")  # Confirm it
+        if writer.socket in ready:
+            kind, fields, _ = writer.next()
+            if kind in (0x06, 0x07):
+                answers[struct.unpack(">Q", fields[:8])[0]] = kind
+    assert received == [b"%d" % sequence for sequence in range(1, count + 1)]
+    rejected = sorted(sequence for sequence, kind in answers.items() if kind != 0x06)
+    assert rejected == [], f"{len(rejected)} Rejects, the first {rejected[:5]}"

@@ -10,9 +10,11 @@ frame first, and the end of a read burst as the socket would say it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import attrs
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 from zope.interface.verify import verifyObject
 
 from gateway.codecs import mtl
@@ -28,16 +30,42 @@ from gateway.protocols.mtl.settings import MTLListenerSettings
 
 @attrs.define
 class Sent:
-    """Records what the listener sends on one socket, and which sends went out together."""
+    """Records what the listener sends on one socket, and which sends went out together.
+
+    It refuses as a ROUTER_MANDATORY socket does: a peer whose queue is
+    full (``refuse``, or no ``room`` left), a peer it has no connection with
+    (``gone``).
+    """
 
     messages: list[list[bytes]] = attrs.Factory(list)
     batches: list[list[list[bytes]]] = attrs.Factory(list)
     refuse: set[bytes] = attrs.Factory(set)
-    """Identities ZeroMQ will not take a message for (gone, queue full)."""
+    """Identities whose queue is full (ZeroMQ: EAGAIN)."""
+    gone: set[bytes] = attrs.Factory(set)
+    """Identities ZeroMQ has no connection with (EHOSTUNREACH)."""
+    room: dict[bytes, int] = attrs.Factory(dict)
+    """Messages an identity's queue takes before it is full (absent: no limit)."""
+    paused: bool = False
+    """Whether the listener paused reading this socket."""
+    read_soon: int = 0
+    """How many times reading resumed (each looks for what waited meanwhile)."""
+
+    def _refusal(self, frames: list[bytes]) -> str | None:
+        identity = frames[0]
+        if identity in self.gone:
+            return "gone"
+        if identity in self.refuse:
+            return "full"
+        room = self.room.get(identity)
+        if room is not None:
+            if room <= 0:
+                return "full"
+            self.room[identity] = room - 1
+        return None
 
     def send(self, frames: list[bytes]) -> bool:
-        """Record; ZeroMQ took it unless it is for a refused identity."""
-        if frames[0] in self.refuse:
+        """Record; ZeroMQ took it unless it is refused."""
+        if self._refusal(frames) is not None:
             return False
         self.messages.append(frames)
         return True
@@ -46,6 +74,48 @@ class Sent:
         """Record each, and the group; the positions refused."""
         self.batches.append(messages)
         return [position for position, frames in enumerate(messages) if not self.send(frames)]
+
+    def send_routed(self, messages: list[list[bytes]]) -> tuple[list[int], list[int]]:
+        """Record each, and the group; the positions refused, full and gone.
+
+        A peer refused once is not tried again in the same call, as the socket does.
+        """
+        self.batches.append(messages)
+        full: list[int] = []
+        gone: list[int] = []
+        refused: dict[bytes, list[int]] = {}
+        for position, frames in enumerate(messages):
+            same = refused.get(frames[0])
+            if same is not None:
+                same.append(position)
+                continue
+            why = self._refusal(frames)
+            if why is None:
+                self.messages.append(frames)
+            else:
+                refused[frames[0]] = full if why == "full" else gone
+                refused[frames[0]].append(position)
+        return full, gone
+
+    def send_in_order(self, messages: Iterable[list[bytes]]) -> tuple[int, bool]:
+        """Record until one is refused; how many were taken, and whether its peer is gone."""
+        taken = 0
+        for frames in messages:
+            why = self._refusal(frames)
+            if why is not None:
+                return taken, why == "gone"
+            self.messages.append(frames)
+            taken += 1
+        return taken, False
+
+    def pause_reading(self) -> None:
+        """The listener stops reading."""
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        """The listener reads again."""
+        self.paused = False
+        self.read_soon += 1
 
     def commands(self, identity: bytes) -> list[mtl.DataCommand]:
         """Every data command sent to one peer, in order."""
@@ -94,8 +164,8 @@ class Bridge:
     readers_sent: Sent
 
 
-def bridge(metrics: GatewayMetrics | None = None) -> Bridge:
-    """Two recorded listeners and the route between them."""
+def bridge(metrics: GatewayMetrics | None = None, reader_confirms: str = "full") -> Bridge:
+    """Two recorded listeners and the route between them; the reader confirms or not."""
     clock = Clock()
     router = Router(bind_routes([], {}), clock, metrics)
     writers, _, writers_control, writers_sent = server("mtl", router, clock)
@@ -111,7 +181,8 @@ def bridge(metrics: GatewayMetrics | None = None) -> Bridge:
     router.replace_table(bind_routes([route], {"mtl": writers, "mtl2": readers}))
     writer_lease = lease(writers, writers_control, "Writer", "full", ["in", "nowhere"])
     data(writers, b"w", mtl.Lease(1, writer_lease))
-    data(readers, b"r", mtl.Lease(1, lease(readers, readers_control, "Reader", "full", ["out"])))
+    reader_lease = lease(readers, readers_control, "Reader", reader_confirms, ["out"])
+    data(readers, b"r", mtl.Lease(1, reader_lease))
     data(readers, b"r", mtl.Summon(2, "out"))
     return Bridge(router, clock, writers, writers_sent, readers, readers_sent)
 
@@ -122,11 +193,12 @@ def lease(
     kind: str,
     confirm: str,
     resources: list[str] | None = None,
+    profile: str = "gateway",
 ) -> str:
     """Walk a REQ peer through Open, Profile and Reader/Writer; the lease."""
     for command, body in (
         ("Connection.Open", {"protocol": {"name": "MTL", "version": 1}}),
-        ("Connection.Profile", {"profile": "gateway"}),
+        ("Connection.Profile", {"profile": profile}),
         (f"Connection.{kind}", {"resources": resources or ["news"], "confirm": confirm}),
     ):
         listener._on_control([b"peer", b"", *mtl.request(command, body)])
@@ -245,26 +317,89 @@ def test_several_readers_answer_the_worst() -> None:
     assert [o.status for o in outcomes] == [Status.ACCEPTED, Status.RETRY]
 
 
-def test_readers_without_confirmations_and_readers_not_reading() -> None:
-    """Written to a confirm=none reader is accepted; one ZeroMQ refuses is retry; no reader too."""
+def test_readers_without_confirmations_and_readers_gone() -> None:
+    """Written to a confirm=none reader is accepted; one ZeroMQ cannot route to is retry; none too.
+
+    The reader ZeroMQ has no connection with any more is forgotten at once
+    (counted as ``gone-peer``) and what it left unconfirmed is retried.
+    """
     listener, _clock, control, sent = server()
+    metrics = listener._metrics = GatewayMetrics()
     data(listener, b"quiet", mtl.Lease(1, lease(listener, control, "Reader", "none")))
     data(listener, b"quiet", mtl.Summon(2, "news"))
     data(listener, b"gone", mtl.Lease(1, lease(listener, control, "Reader", "full", ["gone"])))
     data(listener, b"gone", mtl.Summon(2, "gone"))
-    sent.refuse.add(b"gone")
+    earlier: list[list[Outcome]] = []
+    listener.deliver([Message(address="gone", body=b"before")]).addCallback(earlier.append)
+    sent.gone.add(b"gone")
     results: list[list[Outcome]] = []
     batch = [
         Message(address="news", body=b"a"),
         Message(address="gone", body=b"b"),
         Message(address="nobody", body=b"c"),
     ]
-    listener.deliver(batch).addCallback(results.append)
+    with capturedLogs() as events:
+        listener.deliver(batch).addCallback(results.append)
     [[accepted, refused, unread]] = results
     assert accepted.status is Status.ACCEPTED
-    assert refused.status is Status.RETRY and "not reading" in refused.reason
+    assert refused.status is Status.RETRY and "went away" in refused.reason
     assert unread.status is Status.RETRY and "no MTL reader" in unread.reason
-    assert listener._peers[b"gone"].unconfirmed == {}
+    assert b"gone" not in listener._peers
+    [[before]] = earlier
+    assert before.status is Status.RETRY and "went away" in before.reason
+    assert [e["log_format"] for e in events if "gone" in e["log_format"]] == [
+        "MTL listener {listener}: forgot a data peer that is gone (ZeroMQ has no connection"
+        " with it any more)"
+    ]
+    gone = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "gone-peer"}
+    )
+    assert gone == 1
+
+
+def test_a_gone_reader_does_not_count_against_the_live_one() -> None:
+    """Two readers, one gone without Dismiss: the other's Confirms answer, never a recycle.
+
+    ZeroMQ refuses to route to the gone one (ROUTER_MANDATORY:
+    EHOSTUNREACH); it is forgotten at once, its copy withdrawn, and the
+    next batch goes to the live reader alone.
+    """
+    world = bridge()
+    readers, control = world.readers, world.readers._control
+    data(readers, b"dead", mtl.Lease(1, lease(readers, control, "Reader", "none", ["out"])))
+    data(readers, b"dead", mtl.Summon(2, "out"))
+    world.readers_sent.gone.add(b"dead")
+    tried = len(world.readers_sent.batches)
+    for first in (1, 4):
+        burst(
+            world.writers,
+            [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (first, first + 1, first + 2)],
+        )
+        delivered = contents(world.readers_sent, b"r")[-3:]
+        burst(readers, [(b"r", mtl.Confirm(c.sequence, False)) for c in delivered])
+    assert answers(world.writers_sent, b"w") == {n: mtl.Confirm(n, False) for n in range(1, 7)}
+    assert b"dead" not in readers._peers
+    to_dead = [
+        frames
+        for batch in world.readers_sent.batches[tried:]
+        for frames in batch
+        if frames[0] == b"dead"
+    ]
+    assert len(to_dead) == 3  # the first batch's, refused; none after
+
+
+def test_a_ping_finds_a_gone_peer() -> None:
+    """The ping round forgets a peer ZeroMQ cannot route to, long before dead_after_seconds."""
+    listener, clock, control, sent = server()
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
+    data(listener, b"r", mtl.Summon(2, "news"))
+    results: list[list[Outcome]] = []
+    listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
+    sent.gone.add(b"r")
+    clock.advance(5)  # the ping round
+    assert b"r" not in listener._peers
+    [[outcome]] = results
+    assert outcome.status is Status.RETRY and "went away" in outcome.reason
 
 
 def test_a_message_mtl_cannot_carry_is_rejected_alone() -> None:

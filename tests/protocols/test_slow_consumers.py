@@ -13,37 +13,39 @@ in test_ssmp_server.py and test_listener.py.
 from __future__ import annotations
 
 import textwrap
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import pytest_twisted
 import zmq
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import capturedLogs
+from twisted.logger import LogLevel, capturedLogs
 
 from gateway.codecs import dmp, mtl, osiris
 from gateway.codecs import stream as sp
 from gateway.config import ConfigError, load_config
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
-from gateway.core.flow import DEFAULT_FLOW
+from gateway.core.flow import DEFAULT_FLOW, DISCONNECT, FlowPolicy
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import LogTally
 from gateway.protocols.dmp.server import DMPServerProtocol
-from gateway.protocols.mtl.server import MTLServer
+from gateway.protocols.mtl.server import HELD_RETRY_SECONDS, MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
 from gateway.protocols.mtl.zmq import DEFAULT_HIGH_WATER_MARK, ZmqSocket, zmq_factory
 from gateway.protocols.stream.server import StreamServerFactory, StreamServerProtocol
 from gateway.protocols.stream.settings import StreamListenerSettings
 from tests.protocols.test_dmp_server import Listener as DMPListener
-from tests.protocols.test_mtl_server import Sent, data, lease
+from tests.protocols.test_mtl_server import Sent, answers, bridge, burst, data, lease
 
 BUFFER_BYTES = 65536
 """What a Twisted TCP transport holds unsent before it pauses its producer."""
@@ -290,6 +292,8 @@ def test_log_tally() -> None:
 
 def metered_mtl(
     max_backlog_messages: int = 10_000,
+    flow: FlowPolicy = DEFAULT_FLOW,
+    dead_after_seconds: float = 60.0,
 ) -> tuple[MTLServer, Clock, Sent, Sent, GatewayMetrics]:
     """An MTL listener with recorded sockets and metrics, pinging every 5 s."""
     clock = Clock()
@@ -299,7 +303,7 @@ def metered_mtl(
         name="mtl",
         settings=MTLListenerSettings(
             ping_interval_seconds=5.0,
-            dead_after_seconds=60.0,
+            dead_after_seconds=dead_after_seconds,
             max_backlog_messages=max_backlog_messages,
         ),
         host="127.0.0.1",
@@ -310,6 +314,7 @@ def metered_mtl(
         reactor=clock,
         metrics=metrics,
     )
+    listener.flow = flow
     control, sent = Sent(), Sent()
     listener._control, listener._data = control, sent
     listener._timer = clock.callLater(5.0, listener._tick)
@@ -324,12 +329,13 @@ def not_sent(metrics: GatewayMetrics) -> float:
     return value or 0.0
 
 
-def test_an_mtl_reader_whose_queue_is_full_gets_nothing_more_and_it_is_retry_later() -> None:
-    """Contents ZeroMQ refuses (the reader's queue is full) are retry later, counted, logged.
+def test_disconnect_policy_an_mtl_reader_whose_queue_is_full_gets_retry_later() -> None:
+    """Under ``disconnect``: Contents ZeroMQ refuses (the reader's queue is full) are retry later.
 
-    The log line comes with the next ping round, with how many, once.
+    Counted and logged: the log line comes with the next ping round, with
+    how many, once. Nobody is held: the data socket is read on.
     """
-    listener, clock, control, sent, metrics = metered_mtl()
+    listener, clock, control, sent, metrics = metered_mtl(flow=FlowPolicy(policy=DISCONNECT))
     data(listener, b"slow", mtl_lease(listener, control))
     data(listener, b"slow", summon("news"))
     sent.refuse.add(b"slow")
@@ -340,6 +346,7 @@ def test_an_mtl_reader_whose_queue_is_full_gets_nothing_more_and_it_is_retry_lat
     [outcomes] = results
     assert all(o.status is Status.RETRY and "not reading" in o.reason for o in outcomes)
     assert not_sent(metrics) == 5
+    assert not sent.paused and listener._peers[b"slow"].held == deque()
     with capturedLogs() as events:
         clock.advance(5)  # the ping round; the ping itself is refused too
         clock.advance(5)
@@ -369,6 +376,250 @@ def test_an_mtl_reader_that_reads_but_never_confirms_gets_max_backlog_messages()
     assert "unconfirmed" in outcomes[-1].reason
     listener.deliver(batch[:3])
     assert [c.sequence for c in contents(sent, b"r")][5:] == [6, 7, 8]
+
+
+def test_disconnect_policy_drops_a_test_profile_copy_for_a_full_queue() -> None:
+    """Under ``disconnect``, a test-profile copy ZeroMQ refuses is dropped and counted."""
+    listener, _clock, control, sent, metrics = metered_mtl(flow=FlowPolicy(policy=DISCONNECT))
+    reader, writer = leased_test_profile_peers(listener, control)
+    sent.room[reader] = 3
+    burst(listener, [(writer, mtl.Content(n, "", {}, b"%d" % n)) for n in range(10)])
+    assert [c.body for c in contents(sent, reader)] == [b"0", b"1", b"2"]
+    assert not_sent(metrics) == 7
+    assert not sent.paused
+
+
+def leased_test_profile_peers(listener: MTLServer, control: Sent) -> tuple[bytes, bytes]:
+    """A test-profile reader (summoned) and writer, leased; their identities."""
+    reader, writer = b"r", b"w"
+    data(
+        listener,
+        reader,
+        mtl.Lease(1, lease(listener, control, "Reader", "none", ["resource"], "test")),
+    )
+    data(listener, reader, summon("resource"))
+    data(
+        listener,
+        writer,
+        mtl.Lease(1, lease(listener, control, "Writer", "none", ["resource"], "test")),
+    )
+    return reader, writer
+
+
+def test_a_full_mtl_reader_holds_the_test_profile_writers_and_loses_nothing() -> None:
+    """A burst past the reader's queue is held for it, in order; the data socket is not read.
+
+    The reader's ZeroMQ queue takes 3; a writer bursts 10. The 7 refused
+    wait in the listener (not counted as not sent) and reading stops; while
+    the reader reads nothing they are offered again on a short timer, and
+    once it has room they all go, in order, and reading resumes.
+    """
+    listener, clock, control, sent, metrics = metered_mtl()
+    reader, writer = leased_test_profile_peers(listener, control)
+    sent.room[reader] = 3
+    burst(listener, [(writer, mtl.Content(n, "", {}, b"%d" % n)) for n in range(10)])
+    assert [c.body for c in contents(sent, reader)] == [b"0", b"1", b"2"]
+    assert sent.paused and len(listener._peers[reader].held) == 7
+    clock.pump([HELD_RETRY_SECONDS] * 50)  # a second: the reader reads nothing
+    assert sent.paused and len(contents(sent, reader)) == 3
+    sent.room[reader] = 4  # it read some
+    clock.advance(HELD_RETRY_SECONDS)
+    assert len(contents(sent, reader)) == 7 and sent.paused
+    sent.room[reader] = 100  # it read the rest
+    clock.advance(HELD_RETRY_SECONDS)
+    assert [c.body for c in contents(sent, reader)] == [b"%d" % n for n in range(10)]
+    assert [c.sequence for c in contents(sent, reader)] == list(range(1, 11))
+    assert not sent.paused and sent.read_soon == 1
+    assert not_sent(metrics) == 0
+    assert retry_timers(listener, clock) == []  # the retry timer stops once nothing is held
+
+
+def retry_timers(listener: MTLServer, clock: Clock) -> list[object]:
+    """The listener's pending timers that offer held commands again."""
+    return [call for call in clock.getDelayedCalls() if call.func == listener._retry_held]
+
+
+def test_a_congested_readers_answers_and_pings_keep_their_place() -> None:
+    """What else a congested reader is sent (a Ping) goes after what it holds, in order."""
+    listener, clock, control, sent, _metrics = metered_mtl()
+    reader, writer = leased_test_profile_peers(listener, control)
+    sent.room[reader] = 1
+    burst(listener, [(writer, mtl.Content(n, "", {}, b"%d" % n)) for n in range(3)])
+    clock.advance(5)  # the ping round
+    sent.room[reader] = 100
+    clock.advance(HELD_RETRY_SECONDS)
+    kinds = [type(c).__name__ for c in sent.commands(reader)][-4:]
+    assert kinds == ["Content", "Content", "Content", "Ping"]
+
+
+def test_a_route_to_a_full_mtl_reader_is_answered_once_zeromq_took_it() -> None:
+    """A confirm=none reader's copies ZeroMQ refused are accepted when taken, not before."""
+    listener, clock, control, sent, _metrics = metered_mtl()
+    data(listener, b"r", mtl_lease(listener, control))
+    data(listener, b"r", summon("news"))
+    sent.room[b"r"] = 2
+    results: list[list[Outcome]] = []
+    batch = [Message(address="news", body=b"%d" % n) for n in range(5)]
+    listener.deliver(batch).addCallback(results.append)
+    assert results == [] and sent.paused
+    later: list[list[Outcome]] = []
+    listener.deliver(batch[:1]).addCallback(later.append)  # goes after what is held
+    sent.room[b"r"] = 3
+    clock.advance(HELD_RETRY_SECONDS)
+    [outcomes] = results
+    assert [o.status for o in outcomes] == [Status.ACCEPTED] * 5
+    assert later == [] and sent.paused
+    sent.room[b"r"] = 1
+    clock.advance(HELD_RETRY_SECONDS)
+    assert [[o.status for o in outcomes] for outcomes in later] == [[Status.ACCEPTED]]
+    assert [c.body for c in contents(sent, b"r")] == [b"0", b"1", b"2", b"3", b"4", b"0"]
+    assert not sent.paused
+
+
+def test_a_confirm_full_reader_held_copies_answer_by_confirm() -> None:
+    """A confirm=full reader's held copies go out later and are answered by its Confirms."""
+    listener, clock, control, sent, _metrics = metered_mtl()
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
+    data(listener, b"r", summon("news"))
+    sent.room[b"r"] = 1
+    results: list[list[Outcome]] = []
+    listener.deliver([Message(address="news", body=b"%d" % n) for n in range(3)]).addCallback(
+        results.append
+    )
+    sent.room[b"r"] = 10
+    clock.advance(HELD_RETRY_SECONDS)
+    assert [c.sequence for c in contents(sent, b"r")] == [1, 2, 3] and not sent.paused
+    assert results == []
+    data(listener, b"r", mtl.Confirm(3, True))
+    [outcomes] = results
+    assert [o.status for o in outcomes] == [Status.ACCEPTED] * 3
+
+
+def slow_consumers(metrics: GatewayMetrics) -> float:
+    """The MTL listener's slow-consumer count."""
+    value = metrics.registry.get_sample_value(
+        "msggateway_slow_consumer_disconnects_total", {"endpoint": "mtl"}
+    )
+    return value or 0.0
+
+
+def test_a_stuck_mtl_reader_is_forgotten_and_reading_resumes() -> None:
+    """A reader ZeroMQ takes nothing more for during slow_consumer_seconds is cut.
+
+    It is forgotten (as a dead peer is), counted as a slow consumer and
+    logged once; what waited for it is retry later and the data socket is
+    read again. Progress restarts the count.
+    """
+    flow = FlowPolicy(slow_consumer_seconds=2.0)
+    listener, clock, control, sent, metrics = metered_mtl(flow=flow)
+    data(listener, b"r", mtl_lease(listener, control))
+    data(listener, b"r", summon("news"))
+    sent.room[b"r"] = 1
+    results: list[list[Outcome]] = []
+    batch = [Message(address="news", body=b"%d" % n) for n in range(4)]
+    listener.deliver(batch).addCallback(results.append)
+    clock.pump([HELD_RETRY_SECONDS] * 75)  # 1.5 s without progress
+    sent.room[b"r"] = 1  # some progress
+    clock.pump([HELD_RETRY_SECONDS] * 75)  # 1.5 s since
+    assert b"r" in listener._peers and sent.paused
+    with capturedLogs() as events:
+        clock.pump([HELD_RETRY_SECONDS] * 50)  # 2.5 s without progress: stuck
+        clock.pump([HELD_RETRY_SECONDS] * 50)
+    assert b"r" not in listener._peers
+    assert not sent.paused and sent.read_soon == 1
+    [outcomes] = results
+    assert [o.status for o in outcomes[:2]] == [Status.ACCEPTED] * 2
+    assert all(o.status is Status.RETRY and "went away" in o.reason for o in outcomes[2:])
+    assert slow_consumers(metrics) == 1
+    [line] = [e for e in events if "slow consumer" in e["log_format"]]
+    assert line["log_level"] is LogLevel.warn and "slow_consumer_seconds" in line["why"]
+    assert retry_timers(listener, clock) == []  # nothing is held: no retry timer
+
+
+def test_an_mtl_reader_past_max_backlog_bytes_is_cut_at_once() -> None:
+    """Held bytes past max_backlog_bytes cut the reader at once: forgotten, counted, logged."""
+    listener, _clock, control, sent, metrics = metered_mtl(flow=FlowPolicy(max_backlog_bytes=1000))
+    reader, writer = leased_test_profile_peers(listener, control)
+    sent.refuse.add(reader)
+    with capturedLogs() as events:
+        burst(listener, [(writer, mtl.Content(n, "", {}, b"x" * 300)) for n in range(5)])
+    assert reader not in listener._peers and not sent.paused
+    assert slow_consumers(metrics) == 1
+    [line] = [e for e in events if "slow consumer" in e["log_format"]]
+    assert "max_backlog_bytes 1000" in line["why"]
+
+
+def test_silence_while_the_data_socket_is_not_read_is_not_death() -> None:
+    """Peers are not declared dead for time the listener did not read them (it was paused).
+
+    Dead after 12 s; a reader congested for 30 s (making progress) keeps the
+    writer and itself alive; 12 s of silence after reading resumes does not.
+    """
+    flow = FlowPolicy(slow_consumer_seconds=0)  # never stuck for time alone
+    listener, clock, control, sent, _metrics = metered_mtl(flow=flow, dead_after_seconds=12.0)
+    reader, writer = leased_test_profile_peers(listener, control)
+    sent.refuse.add(reader)
+    burst(listener, [(writer, mtl.Content(n, "", {}, b"x")) for n in range(3)])
+    clock.pump([1.0] * 30)
+    assert sent.paused and {reader, writer} <= set(listener._peers)
+    sent.refuse.clear()
+    clock.advance(HELD_RETRY_SECONDS)
+    assert not sent.paused
+    clock.pump([1.0] * 11)
+    assert {reader, writer} <= set(listener._peers)
+    clock.pump([1.0] * 5)
+    assert not {reader, writer} & set(listener._peers)
+
+
+def test_mtl_writers_wait_while_max_in_flight_are_unanswered() -> None:
+    """Past max_in_flight routed Contents unanswered, the writers' listener reads nothing.
+
+    Their route's destination (another listener's confirm=full reader)
+    answers when it confirms; at half the limit reading resumes.
+    """
+    world = bridge()
+    writers = world.writers
+    writers.settings = attrs.evolve(writers.settings, max_in_flight=4)
+    burst(writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (1, 2, 3)])
+    assert not world.writers_sent.paused
+    burst(writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (4, 5)])
+    assert world.writers_sent.paused
+    data(world.readers, b"r", mtl.Confirm(2, True))
+    assert world.writers_sent.paused  # 3 unanswered: more than half
+    data(world.readers, b"r", mtl.Confirm(3, False))
+    assert not world.writers_sent.paused and world.writers_sent.read_soon == 1
+
+
+def test_mtl_writers_wait_for_a_congested_reader_on_another_listener() -> None:
+    """Writers routed to a full reader of another listener wait; all is delivered, in order.
+
+    The reader's listener holds what ZeroMQ refused and answers each copy
+    once ZeroMQ took it; the writers' listener stops reading at
+    max_in_flight, and reads again as the reader catches up.
+    """
+    world = bridge(reader_confirms="none")
+    writers = world.writers
+    writers.settings = attrs.evolve(writers.settings, max_in_flight=10)
+    world.readers_sent.room[b"r"] = 2
+    sequence = 0
+    while not world.writers_sent.paused:
+        burst(
+            writers,
+            [
+                (b"w", mtl.Content(sequence + n, "in", {}, b"%d" % (sequence + n)))
+                for n in range(1, 4)
+            ],
+        )
+        sequence += 3
+    assert sequence == 12 and world.readers_sent.paused
+    assert answers(world.writers_sent, b"w") == {}
+    world.readers_sent.room[b"r"] = 100
+    world.clock.advance(HELD_RETRY_SECONDS)
+    assert not world.writers_sent.paused and not world.readers_sent.paused
+    assert [c.body for c in contents(world.readers_sent, b"r")] == [
+        b"%d" % n for n in range(1, sequence + 1)
+    ]
+    assert answers(world.writers_sent, b"w") == {n: mtl.Confirm(n, False) for n in range(1, 13)}
 
 
 def contents(sent: Sent, identity: bytes) -> list[mtl.Content]:

@@ -13,7 +13,7 @@ later), with no Deferred or timer per message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import TypeAlias
 
 from twisted.internet.defer import Deferred
@@ -118,7 +118,32 @@ class PendingBatch:
             self._known.pop(index, None)
         self.answers.settle(index, outcome)
 
-    def sent(self, copies: Sequence[Copy], failed: Sequence[int], not_taken: Outcome) -> None:
+    def withdraw(self, index: int, outcome: Outcome) -> None:
+        """One copy of message ``index`` will never be answered: its reader is gone.
+
+        The message answers the worst of its other copies' answers, as if
+        that reader had never been among its readers; ``outcome`` when it
+        had no other.
+        """
+        copies = self._copies
+        if copies and index in copies:
+            left = copies[index] - 1
+            if left:
+                copies[index] = left
+                return
+            del copies[index]
+            known = self._known.pop(index, None)
+            if known is not None:
+                outcome = known
+        self.answers.settle(index, outcome)
+
+    def sent(
+        self,
+        copies: Sequence[Copy],
+        failed: Sequence[int],
+        not_taken: Outcome,
+        elsewhere: Container[int] = (),
+    ) -> None:
         """The Contents went out: wait for the confirmations they need.
 
         Args:
@@ -127,9 +152,13 @@ class PendingBatch:
                 accepted), its sequence and the index of its message.
             failed: The positions in ``copies`` ZeroMQ did not take.
             not_taken: Their outcome.
+            elsewhere: Positions in ``copies`` the caller answers itself
+                (`settle`, `withdraw`): nothing is done for them here.
         """
         refused = set(failed)
         for position, (unconfirmed, sequence, index) in enumerate(copies):
+            if elsewhere and position in elsewhere:
+                continue
             if refused and position in refused:
                 self.settle(index, not_taken)
             elif unconfirmed is None:

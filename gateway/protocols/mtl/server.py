@@ -69,9 +69,9 @@ import base64
 import binascii
 import itertools
 import secrets as random_texts
-from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any, Final, Unpack
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, TypeAlias, Unpack
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -82,6 +82,7 @@ from zope.interface import implementer
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
+from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
@@ -102,6 +103,14 @@ from gateway.protocols.mtl.settings import MTLListenerSettings
 __all__ = ["MTLServer"]
 
 TEST_RESOURCE: Final = "resource"
+HELD_RETRY_SECONDS: Final = 0.02
+"""How often what ZeroMQ refused for congested peers is offered again, while there is any.
+
+ZeroMQ says nothing when a peer's queue has room again; 20 ms is a fraction
+of what a queue of ``max_backlog_messages`` takes to drain at any useful
+rate, and costs a few sends per congested peer, never one per message.
+"""
+_ACCEPTED: Final = Outcome.accepted()
 
 
 @attrs.define
@@ -129,6 +138,12 @@ class _Lease:
     """The session's authenticated identity when the lease was granted."""
 
 
+_Held: TypeAlias = tuple[list[bytes], PendingBatch | None, int]
+"""A command ZeroMQ refused for a congested peer: its frames, and the batch and index of
+the message whose outcome waits for ZeroMQ to take it (a route's copy for a reader
+without confirmations), if any."""
+
+
 @attrs.define(eq=False)
 class _DataPeer:
     """One data peer (a DEALER socket) and what it holds."""
@@ -137,8 +152,16 @@ class _DataPeer:
     lease: _Lease | None = None
     summoned: set[str] = attrs.Factory(set)
     heard: float = 0.0
+    """When it was last heard from, in the listener's listening time (`MTLServer._listened`)."""
     sequence: Any = attrs.Factory(lambda: itertools.count(1))
     unconfirmed: Unconfirmed = attrs.Factory(dict)
+    held: deque[_Held] = attrs.Factory(deque)
+    """What ZeroMQ refused for it (its queue full), in order, waiting to be offered again."""
+    held_bytes: int = 0
+    progress_at: float = 0.0
+    """When ZeroMQ last took some of ``held`` (or ``held`` began)."""
+    congestion: Congestion = attrs.Factory(Congestion)
+    forgotten: bool = False
 
 
 @implementer(IDestination)
@@ -151,6 +174,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
     """
 
     _log = Logger()
+
+    flow: FlowPolicy = DEFAULT_FLOW
+    """How a reader slower than its writers is treated; the assembly sets the listener's."""
 
     def __init__(self, **args: Unpack[MTLPeerArgs[MTLListenerSettings]]) -> None:
         super().__init__(**args)
@@ -174,6 +200,16 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
             " unconfirmed (max_backlog_messages)"
         )
+        # Back-pressure: the data socket is read while no congested peer holds it, nor
+        # too many routed Contents wait for their answers (`_answers_due`).
+        self._reading = Throttle(self._pause_reading, self._resume_reading)
+        self._in_flight = 0
+        self._answers_due = Congestion()
+        self._congested: dict[_DataPeer, None] = {}
+        self._retry_call: IDelayedCall | None = None
+        # Time the data socket was not read: silence then is not a peer's.
+        self._deaf_seconds = 0.0
+        self._deaf_since: float | None = None
 
     # --- life --------------------------------------------------------------------------
 
@@ -229,8 +265,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     def stop(self) -> None:
         """Close the sockets; what waits for a confirmation is retried elsewhere."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
+        for call in (self._timer, self._retry_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._retry_call = None
         for peer in list(self._peers.values()):
             self._forget(peer, "the listener is stopping")
         self._outbox.flush()
@@ -474,7 +512,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         peer = self._peers.get(identity)
         if peer is None:
             peer = self._peers[identity] = _DataPeer(identity)
-        peer.heard = self.clock.seconds()
+        peer.heard = self.clock.seconds() - self._deaf_seconds
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
             self._content(peer, command)
@@ -492,8 +530,20 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # Pong and stray Responses: being heard is all.
 
     def _drained(self) -> None:
-        """The data socket's read burst is over: route its Contents, send its answers."""
-        self._inbox.dispatch()
+        """The data socket's read burst is over: route its Contents, send its answers.
+
+        Past ``max_in_flight`` Contents routed and unanswered, the data socket
+        is not read until half of them are (a route's destination that
+        answers once its consumers drained thereby slows these writers).
+        """
+        count = len(self._inbox)
+        if count:
+            self._in_flight += count
+            self._inbox.dispatch()
+            due = self._answers_due
+            if self._in_flight >= self.settings.max_in_flight and not due.congested:
+                due.begin()
+                due.hold(self._reading)
         self._outbox.reading = False
         self._outbox.flush()
 
@@ -560,6 +610,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     def _answer_writer(self, token: tuple[_DataPeer, int] | None, result: Result) -> None:
         """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
+        self._in_flight -= 1
+        due = self._answers_due
+        if due.congested and self._in_flight <= self.settings.max_in_flight // 2:
+            due.drained()
         if token is None:  # confirm=none: the writer hears nothing
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
@@ -589,15 +643,24 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
         All of the batch's Contents go out together. A confirm=full reader's
         Confirm or Reject answers its copy; a reader without confirmations
-        accepts what was written to it; a message goes to every reader of
-        its address and answers the worst of their answers. No reader, one
-        ZeroMQ cannot hand the Content to, or a confirm=full reader with
-        ``max_backlog_messages`` Contents unconfirmed: retry later.
+        accepts its copy once ZeroMQ took it; a message goes to every reader
+        of its address and answers the worst of their answers. A reader
+        ZeroMQ no longer has a connection with is forgotten and its copy
+        does not count. No reader, or a confirm=full reader with
+        ``max_backlog_messages`` Contents unconfirmed: retry later. A copy
+        ZeroMQ refuses because the reader's queue is full waits for it under
+        the ``pause-producers`` policy (`_hold`), and is retry later under
+        ``disconnect``.
         """
         batch = PendingBatch(len(messages))
+        # What readers were told before goes first; a reader that congests meanwhile
+        # holds what follows.
+        self._outbox.flush()
         readers_of: dict[str, list[_DataPeer]] = {}
         frames: list[list[bytes]] = []
+        targets: list[_DataPeer] = []
         copies: list[Copy] = []
+        waiting: list[tuple[_DataPeer, list[bytes], Copy]] = []  # for congested readers
         limit = self.settings.max_backlog_messages
         added: dict[_DataPeer, int] = {}  # confirm=full readers' copies in this batch
         held_back = 0
@@ -619,8 +682,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 confirms = lease is not None and lease.confirm == "full"
                 if confirms:
                     # A reader that reads but does not confirm holds what it read here.
-                    waiting = len(reader.unconfirmed) + added.get(reader, 0)
-                    if waiting >= limit:
+                    # (Not held back by pausing: its Confirms come on the socket paused.)
+                    unconfirmed = len(reader.unconfirmed) + added.get(reader, 0)
+                    if unconfirmed >= limit:
                         batch.settle(index, self._not_confirming)
                         held_back += 1
                         continue
@@ -631,13 +695,173 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 except mtl.MTLLocalError as exc:
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
-                frames.append([reader.identity, *command])
-                copies.append((reader.unconfirmed if confirms else None, sequence, index))
+                copy = (reader.unconfirmed if confirms else None, sequence, index)
+                if reader.held:
+                    waiting.append((reader, [reader.identity, *command], copy))
+                else:
+                    frames.append([reader.identity, *command])
+                    targets.append(reader)
+                    copies.append(copy)
         if held_back:
             self._count_not_sent(held_back)
-        not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
-        self._send_batch(batch, frames, copies, not_reading)
+        if frames or waiting:
+            self.traffic.messages_out += len(frames) + len(waiting)
+            self._send_contents(batch, frames, targets, copies, waiting)
         return batch.deferred
+
+    def _send_contents(
+        self,
+        batch: PendingBatch,
+        frames: list[list[bytes]],
+        targets: list[_DataPeer],
+        copies: list[Copy],
+        waiting: list[tuple[_DataPeer, list[bytes], Copy]],
+    ) -> None:
+        """Send a batch's Contents in one go; hold, withdraw or answer what ZeroMQ refused."""
+        full, gone = self._data.send_routed(frames) if frames else ([], [])
+        elsewhere: set[int] = set(gone)
+        grown: dict[_DataPeer, None] = {}
+        if full and self.flow.pauses_producers:
+            for position in full:
+                unconfirmed, _sequence, index = copies[position]
+                reader = targets[position]
+                if unconfirmed is None:  # accepted once ZeroMQ takes it
+                    elsewhere.add(position)
+                    self._hold(reader, frames[position], batch, index)
+                else:  # answered by its Confirm, as if sent now
+                    self._hold(reader, frames[position], None, 0)
+                grown[reader] = None
+            full = []
+        elif full:
+            self._count_not_sent(len(full))
+        for reader, routed, copy in waiting:
+            unconfirmed, _sequence, index = copy
+            if unconfirmed is None:
+                self._hold(reader, routed, batch, index)
+            else:
+                copies.append(copy)
+                self._hold(reader, routed, None, 0)
+            grown[reader] = None
+        not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
+        batch.sent(copies, full, not_reading, elsewhere)
+        if gone:
+            went = Outcome.retry(f"an MTL reader of {self.name} went away (its connection is gone)")
+            for position in gone:
+                batch.withdraw(copies[position][2], went)
+            self._count_not_sent(len(gone))
+            self._peers_gone(targets[position] for position in gone)
+        for reader in grown:
+            self._check_held(reader)
+
+    # --- back-pressure -----------------------------------------------------------------
+
+    def _hold(
+        self, peer: _DataPeer, frames: list[bytes], batch: PendingBatch | None, index: int
+    ) -> None:
+        """Keep a command ZeroMQ refused for a peer whose queue is full, after what it holds.
+
+        The peer's first one makes it congested: it holds the data socket's
+        reading (every writer waits in its own process, its ZeroMQ queue to
+        us full) until ZeroMQ took everything held for it, offered again every
+        `HELD_RETRY_SECONDS`. ``batch`` and ``index``: the message accepted
+        once ZeroMQ takes this.
+        """
+        held = peer.held
+        if not held:
+            peer.progress_at = self.clock.seconds()
+            self._congested[peer] = None
+            congestion = peer.congestion
+            congestion.begin()
+            congestion.hold(self._reading)
+            if self._retry_call is None:
+                self._retry_call = self.clock.callLater(HELD_RETRY_SECONDS, self._retry_held)
+        held.append((frames, batch, index))
+        peer.held_bytes += sum(map(len, frames))
+
+    def _check_held(self, peer: _DataPeer) -> None:
+        """Forget a peer holding more than ``max_backlog_bytes`` (the hard cap)."""
+        limit = self.flow.max_backlog_bytes
+        if limit and peer.held_bytes > limit and not peer.forgotten:
+            self._slow_consumer(
+                peer,
+                f"{peer.held_bytes} bytes wait for it past its ZeroMQ queue of"
+                f" {self.settings.max_backlog_messages} (max_backlog_bytes {limit})",
+            )
+
+    def _retry_held(self) -> None:
+        """Offer congested peers what ZeroMQ refused; release the drained, forget the stuck."""
+        self._retry_call = None
+        data = self._data
+        if data is None:
+            return
+        now = self.clock.seconds()
+        seconds = self.flow.slow_consumer_seconds
+        for peer in list(self._congested):
+            if peer.forgotten:
+                continue
+            held = peer.held
+            taken, gone = data.send_in_order(frames for frames, _batch, _index in held)
+            if taken:
+                peer.progress_at = now
+                self._taken(peer, taken)
+            if gone:
+                self._peers_gone((peer,))
+            elif not held:
+                self._congested.pop(peer, None)
+                peer.congestion.drained()
+            elif seconds > 0 and now - peer.progress_at >= seconds:
+                self._slow_consumer(
+                    peer,
+                    f"ZeroMQ took nothing more for it for {seconds:g} s"
+                    f" (slow_consumer_seconds; {len(held)} commands waiting)",
+                )
+        if self._congested and self._retry_call is None:
+            self._retry_call = self.clock.callLater(HELD_RETRY_SECONDS, self._retry_held)
+
+    def _taken(self, peer: _DataPeer, count: int) -> None:
+        """ZeroMQ took the first ``count`` held for a peer: what waited on them is accepted."""
+        held = peer.held
+        size = 0
+        for _ in range(count):
+            frames, batch, index = held.popleft()
+            size += sum(map(len, frames))
+            if batch is not None:
+                batch.settle(index, _ACCEPTED)
+        peer.held_bytes -= size
+
+    def _slow_consumer(self, peer: _DataPeer, why: str) -> None:
+        """Forget a congested peer given up on (stuck, or past the cap), counted and logged."""
+        self._log.warn(
+            "MTL listener {listener}: forgot a slow consumer, a data peer that does not"
+            " read what is sent to it: {why}",
+            listener=self.name,
+            why=why,
+        )
+        if self._metrics is not None:
+            self._metrics.slow_consumers.labels(self.name).inc()
+        self._forget(peer, "a slow consumer")
+
+    def _pause_reading(self) -> None:
+        """A peer is congested: read no writer until it drained (their queues push back)."""
+        if self._deaf_since is None:
+            self._deaf_since = self.clock.seconds()
+        if self._data is not None:
+            self._data.pause_reading()
+
+    def _resume_reading(self) -> None:
+        """No peer is congested any more: read again."""
+        if self._deaf_since is not None:
+            self._deaf_seconds += self.clock.seconds() - self._deaf_since
+            self._deaf_since = None
+        if self._data is not None:
+            self._data.resume_reading()
+
+    def _listened(self, now: float) -> float:
+        """Time the data socket was read until ``now`` (the clock of ``heard``)."""
+        deaf = self._deaf_seconds
+        if self._deaf_since is not None:
+            deaf += now - self._deaf_since
+        return now - deaf
 
     # --- heartbeats --------------------------------------------------------------------
 
@@ -653,7 +877,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 limit=self.settings.max_backlog_messages,
             )
             self.not_sent = 0
-        now = self.clock.seconds()
+        # Silence while the data socket was not read is ours, not the peer's.
+        now = self._listened(self.clock.seconds())
         for peer in list(self._peers.values()):
             if now - peer.heard >= self.settings.dead_after_seconds:
                 self.count_error("dead-peer")
@@ -669,17 +894,80 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._outbox.flush()
         self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
+    def _peers_gone(self, peers: Iterable[_DataPeer]) -> None:
+        """Forget peers ZeroMQ has no connection with any more (they left without a word)."""
+        for peer in peers:
+            if not peer.forgotten:
+                self.count_error("gone-peer")
+                self._log.info(
+                    "MTL listener {listener}: forgot a data peer that is gone (ZeroMQ has"
+                    " no connection with it any more)",
+                    listener=self.name,
+                )
+                self._forget(peer, "its connection is gone")
+
     def _forget(self, peer: _DataPeer, why: str) -> None:
-        self._peers.pop(peer.identity, None)
+        """Drop a peer: its lease and summons go, what waits on it is retry later."""
+        if self._peers.get(peer.identity) is peer:
+            del self._peers[peer.identity]
+        peer.forgotten = True
         gone = Outcome.retry(f"an MTL reader of {self.name} went away ({why})")
+        held = peer.held
+        if held:
+            peer.held = deque()
+            peer.held_bytes = 0
+            for _frames, batch, index in held:
+                if batch is not None:
+                    batch.settle(index, gone)
         give_back(peer.unconfirmed, gone)
+        self._congested.pop(peer, None)
+        peer.congestion.gone()  # the data socket is read again if no other peer holds it
 
     # --- helpers -----------------------------------------------------------------------
 
     def _send(self, peer: _DataPeer, command: mtl.DataCommand) -> None:
-        """Send a data command with the others of this burst or reactor turn (`Outbox`)."""
+        """Send a data command with the others of this burst or reactor turn (`Outbox`).
+
+        A congested peer's goes after what it holds, in order.
+        """
         self.traffic.messages_out += 1
-        self._outbox.add([peer.identity, *mtl.encode_data(command)])
+        frames = [peer.identity, *mtl.encode_data(command)]
+        if peer.held:
+            self._hold(peer, frames, None, 0)
+            self._check_held(peer)
+        else:
+            self._outbox.add(frames)
+
+    def _send_out(self, messages: list[list[bytes]]) -> None:
+        """Send what the outbox gathered: hold what a congested peer's queue refused."""
+        data = self._data
+        if data is None:
+            return
+        full, gone = data.send_routed(messages)
+        if gone:
+            self._count_not_sent(len(gone))
+            peers = self._peers
+            self._peers_gone(
+                peer
+                for peer in (peers.get(messages[position][0]) for position in gone)
+                if peer is not None
+            )
+        if not full:
+            return
+        if not self.flow.pauses_producers:
+            self._count_not_sent(len(full))  # dropped, as ZeroMQ would drop it
+            return
+        grown: dict[_DataPeer, None] = {}
+        for position in full:
+            frames = messages[position]
+            peer = self._peers.get(frames[0])
+            if peer is None:
+                self._count_not_sent(1)
+                continue
+            self._hold(peer, frames, None, 0)
+            grown[peer] = None
+        for peer in grown:
+            self._check_held(peer)
 
     def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
         return check(

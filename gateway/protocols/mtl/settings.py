@@ -99,6 +99,9 @@ class MTLListenerSettings:
             routed to that reader is answered retry later (its writer gets
             Reject with recycle), a test-profile copy is dropped, and each
             is counted (``not-sent``).
+        max_in_flight: Writers' Contents routed and not yet answered, at
+            most: past it the data socket is not read (the writers' own
+            ZeroMQ queues fill and they wait) until half of them are.
         ping_interval_seconds: Pings to data peers this often.
         dead_after_seconds: A data peer heard from for this long is forgotten
             (its leases' summons dropped, its unconfirmed content retried).
@@ -115,6 +118,7 @@ class MTLListenerSettings:
     max_leases: int = 10_000
     data_port: int = 0
     max_backlog_messages: int = 10_000
+    max_in_flight: int = 10_000
     ping_interval_seconds: float = 10.0
     dead_after_seconds: float = 30.0
 
