@@ -27,6 +27,7 @@ from gateway.config import (
     load_default_config,
     reload_routes,
 )
+from gateway.config.gateway import DEFAULT_SHUTDOWN_GRACE_SECONDS
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
 from gateway.core.flow import FlowPolicy
@@ -124,6 +125,7 @@ def _full_tree(directory: Path) -> Path:
         data_dir = "state"
         routes = "routes"
         secrets = "secrets.toml"
+        shutdown_grace_seconds = 2.5
 
         [admin]
         endpoint = "tcp:0:interface=127.0.0.1"
@@ -225,6 +227,7 @@ def test_full_config_loads_into_frozen_objects(tmp_path: Path) -> None:
     assert config.data_dir == tmp_path / "conf" / "state"
     assert config.routes_dir == tmp_path / "conf" / "routes"
     assert config.secrets_path == tmp_path / "conf" / "secrets.toml"
+    assert config.shutdown_grace_seconds == 2.5
     assert config.endpoint_names() == {"hub": "ssmp", "side": "ssmp", "central": "ssmp"}
 
 
@@ -251,6 +254,7 @@ def test_minimal_config_uses_defaults(tmp_path: Path) -> None:
     assert config.secrets_path is None
     assert config.secrets == Secrets()
     assert config.data_dir == tmp_path / "var"
+    assert config.shutdown_grace_seconds == DEFAULT_SHUTDOWN_GRACE_SECONDS
     assert config.listeners[0].settings == SSMPListenerSettings()
 
 
@@ -427,6 +431,14 @@ def test_out_of_range_numbers(tmp_path: Path, setting: str, key: str, reason: st
     """Zero or negative time-outs and too small limits are refused with the bound."""
     main = _write(tmp_path / "gateway.toml", HUB + setting + "\n")
     _only_problem(main, f"listeners.hub.{key}", reason)
+
+
+def test_a_negative_shutdown_grace_is_refused(tmp_path: Path) -> None:
+    """``shutdown_grace_seconds`` may be 0 (close at once), never below."""
+    main = _write(tmp_path / "gateway.toml", "[gateway]\nshutdown_grace_seconds = -1\n" + HUB)
+    _only_problem(main, "gateway.shutdown_grace_seconds", "must be at least 0, not -1")
+    zero = _write(tmp_path / "zero.toml", "[gateway]\nshutdown_grace_seconds = 0\n" + HUB)
+    assert load_config(zero).shutdown_grace_seconds == 0.0
 
 
 def test_required_keys(tmp_path: Path) -> None:

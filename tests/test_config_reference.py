@@ -94,6 +94,7 @@ def _everything(directory: Path) -> Path:
         data_dir = "state"
         routes = "routes"
         secrets = "secrets.toml"
+        shutdown_grace_seconds = 20
 
         [log]
         fsync = "interval"

@@ -1,4 +1,4 @@
-"""The main file's own tables: ``[gateway]`` (paths), ``[log]`` and ``[admin]``."""
+"""The main file's own tables: ``[gateway]`` (paths, stopping), ``[log]`` and ``[admin]``."""
 
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ from gateway.config.endpoints import check_server_endpoint
 
 __all__ = [
     "ADMIN",
+    "DEFAULT_SHUTDOWN_GRACE_SECONDS",
     "GATEWAY",
     "LOG",
     "AdminConfig",
+    "GatewayTable",
     "LogSettings",
     "read_admin",
+    "read_gateway",
     "read_log",
-    "read_paths",
 ]
 
 
@@ -46,24 +48,58 @@ SECRETS_FILE: Final = optional_string(
     "secrets", doc="The secrets file (reloaded on SIGHUP).", shown="none: no secrets"
 )
 
+DEFAULT_SHUTDOWN_GRACE_SECONDS: Final = 10.0
+"""How long a stop may take to answer what was read before it closes connections: long
+enough for a durable route's last group commits and a direct route's last outcomes,
+short enough for the 30 s a service manager commonly allows a stop (TimeoutStopSec)."""
+SHUTDOWN_GRACE_SECONDS: Final = number(
+    "shutdown_grace_seconds",
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
+    doc="On SIGTERM or SIGINT the gateway stops listening and reading, then waits this long"
+    " at most for what it read to be answered (committed, delivered) and for its connections"
+    " to close; what is unanswered then is told to retry later as its protocol allows."
+    " 0: close at once. A service manager's stop time-out must exceed it.",
+)
+
 GATEWAY: Final = TableSchema(
-    "Paths",
+    "Gateway",
     "[gateway]",
-    (DATA_DIR, ROUTES_DIR, SECRETS_FILE),
-    doc="Where things are. Relative paths are relative to the main file's directory.",
+    (DATA_DIR, ROUTES_DIR, SECRETS_FILE, SHUTDOWN_GRACE_SECONDS),
+    doc="Where things are, and how long a stop may take. Relative paths are relative to the"
+    " main file's directory.",
 )
 
 
-def read_paths(section: Section, base: Path) -> tuple[Path, Path | None, Path | None]:
-    """The data directory, the routes directory and the secrets file, relative to ``base``."""
+@attrs.frozen
+class GatewayTable:
+    """The ``[gateway]`` table, with its paths made absolute.
+
+    Attributes:
+        data_dir: Where the gateway keeps state.
+        routes_dir: The route files' directory, if any.
+        secrets_path: The secrets file, if any.
+        shutdown_grace_seconds: The longest a clean stop waits for answers
+            and closes (`SHUTDOWN_GRACE_SECONDS`).
+    """
+
+    data_dir: Path
+    routes_dir: Path | None
+    secrets_path: Path | None
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+
+
+def read_gateway(section: Section, base: Path) -> GatewayTable:
+    """The ``[gateway]`` table; its paths relative to ``base``."""
     data_dir = base / section.read(DATA_DIR)
     routes = section.read(ROUTES_DIR)
     secrets = section.read(SECRETS_FILE)
+    grace = section.read(SHUTDOWN_GRACE_SECONDS)
     section.done()
-    return (
-        data_dir,
-        base / routes if routes is not None else None,
-        base / secrets if secrets is not None else None,
+    return GatewayTable(
+        data_dir=data_dir,
+        routes_dir=base / routes if routes is not None else None,
+        secrets_path=base / secrets if secrets is not None else None,
+        shutdown_grace_seconds=grace,
     )
 
 

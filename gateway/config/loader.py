@@ -26,13 +26,14 @@ from gateway.config.base import (
 )
 from gateway.config.gateway import (
     ADMIN,
+    DEFAULT_SHUTDOWN_GRACE_SECONDS,
     GATEWAY,
     LOG,
     AdminConfig,
     LogSettings,
     read_admin,
+    read_gateway,
     read_log,
-    read_paths,
 )
 from gateway.config.listeners import LISTENER, ListenerConfig, read_listener
 from gateway.config.routes import ROUTE, UNDELIVERABLE_LISTENERS, load_routes, read_route
@@ -53,7 +54,9 @@ __all__ = [
 
 DEFAULT_CONFIG_NAME: Final = "<embedded default>"
 
-GATEWAY_KEY: Final = table("gateway", GATEWAY, doc="Where things are (below).")
+GATEWAY_KEY: Final = table(
+    "gateway", GATEWAY, doc="Where things are, and how long a stop may take (below)."
+)
 LOG_KEY: Final = table("log", LOG, doc="The embedded durable log (below).")
 ADMIN_KEY: Final = table("admin", ADMIN, doc="The admin HTTP endpoint (below).")
 LISTENERS: Final = tables("listeners", LISTENER, doc="Listeners by name (below).")
@@ -89,6 +92,8 @@ class GatewayConfig:
         secrets_path: The secrets file, if any.
         inline_routes: Routes written as ``[routes.NAME]`` in the main file.
         log: The embedded log's settings.
+        shutdown_grace_seconds: The longest a clean stop waits for what was
+            read to be answered, and for connections to close.
     """
 
     source: str
@@ -102,6 +107,7 @@ class GatewayConfig:
     secrets_path: Path | None = None
     inline_routes: tuple[Route, ...] = ()
     log: LogSettings = attrs.field(factory=LogSettings)
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
 
     def endpoint_names(self) -> dict[str, str]:
         """Every listener and upstream name, with its protocol."""
@@ -130,7 +136,8 @@ def _parse_main(
     problems: list[ConfigProblem],
 ) -> GatewayConfig:
     root = Section(file, "", data, problems, (MAIN,))
-    data_dir, routes_dir, secrets_path = read_paths(root.section(GATEWAY_KEY), base)
+    paths = read_gateway(root.section(GATEWAY_KEY), base)
+    data_dir, routes_dir, secrets_path = paths.data_dir, paths.routes_dir, paths.secrets_path
     log = read_log(root.section(LOG_KEY))
     admin = read_admin(root.section(ADMIN_KEY))
     names: set[str] = set()
@@ -165,6 +172,7 @@ def _parse_main(
         secrets_path=secrets_path,
         inline_routes=tuple(inline),
         log=log,
+        shutdown_grace_seconds=paths.shutdown_grace_seconds,
     )
     routes = _all_routes(config, problems)
     return attrs.evolve(config, routes=routes)
