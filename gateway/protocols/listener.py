@@ -39,7 +39,7 @@ from gateway.core.auth import Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
-from gateway.protocols.tcp import disable_nagle
+from gateway.protocols.tcp import RefusedConnection, disable_nagle
 
 __all__ = [
     "DEFAULT_FRAME_TIMEOUT_SECONDS",
@@ -128,11 +128,11 @@ class ListenerFactory(Factory[P], Generic[P, S]):
             self._m_open = metrics.connections.labels(name, self.kind)
             self._m_opened = metrics.connections_total.labels(name, self.kind)
 
-    def buildProtocol(self, addr: Any) -> P | None:
-        """A new connection, or None (closed at once) past ``max_connections``."""
+    def buildProtocol(self, addr: Any) -> P | RefusedConnection:
+        """A new connection, or past ``max_connections`` one closed at once (on TLS too)."""
         if len(self.connections) >= self.max_connections:
             self.count_error("too-many-connections")
-            return None
+            return RefusedConnection()
         connection_class: Any = self.protocol  # takes the factory, unlike Protocol()
         built: P = connection_class(self)
         return built

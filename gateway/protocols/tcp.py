@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 from twisted.internet.interfaces import ITCPTransport, ITransport
 from twisted.internet.protocol import Factory, Protocol
 
-__all__ = ["UpstreamFactory", "disable_nagle"]
+__all__ = ["RefusedConnection", "UpstreamFactory", "disable_nagle"]
 
 U = TypeVar("U")
 P = TypeVar("P", bound=Protocol)
@@ -29,6 +29,24 @@ class UpstreamFactory(Factory, Generic[U, P]):
     def buildProtocol(self, addr: Any) -> P:
         """A new connection of the upstream."""
         return self._protocol(self.upstream)
+
+
+class RefusedConnection(Protocol):
+    """A connection a listener does not take (past ``max_connections``): closed at once.
+
+    A factory's ``buildProtocol`` may return None to refuse, but only a plain
+    TCP port honours that; Twisted's TLS wrapper (``mtls:``, ``ssl:``) wraps
+    the None, fails on it, and leaves the connection open for ever. This
+    protocol refuses the same way on every transport: it closes the
+    connection as soon as it is made, before a byte is read or written. On
+    TCP that is the orderly close a refused None got; a TLS wrapper whose
+    handshake has not begun aborts its TCP connection instead.
+    """
+
+    def connectionMade(self) -> None:
+        """Close at once: nothing was written, so nothing waits."""
+        assert self.transport is not None
+        self.transport.loseConnection()
 
 
 def disable_nagle(transport: ITransport | None) -> None:

@@ -25,6 +25,7 @@ from gateway.protocols.frontend.server import (
     backend_secret,
 )
 from gateway.protocols.frontend.settings import FrontendSettings
+from gateway.protocols.tcp import RefusedConnection
 from tests.certs import issue_client_certificate, make_ca
 from tests.protocols.test_ssmp_server import TLSStringTransport
 
@@ -310,10 +311,15 @@ def test_connections_and_refusals_are_counted() -> None:
 
 
 def test_max_connections_is_respected() -> None:
-    """Past ``max_connections`` open clients, a new connection is refused before any byte."""
+    """Past ``max_connections`` open clients, a new connection is closed before any byte."""
     link = Link("qmqp")
     link.factory.max_connections = 1
-    assert link.factory.buildProtocol(None) is None
+    refused = link.factory.buildProtocol(None)
+    assert isinstance(refused, RefusedConnection)
+    transport = StringTransport()
+    refused.makeConnection(transport)
+    assert transport.disconnecting
+    assert transport.value() == b""
 
 
 def test_the_backends_answer_to_login_passes_split_anywhere() -> None:
