@@ -734,9 +734,69 @@ def test_all_problems_are_reported_together(tmp_path: Path) -> None:
         ("gateway.toml", "listeners.hub.schemes"),
         ("gateway.toml", "upstreams.central.ping_interval_seconds"),
         ("bad.toml", "match"),
+        ("bad.toml", "to"),
         ("worse.toml", "from"),
     }
     assert len(problems) == len(where)
+
+
+def test_a_route_file_with_several_problems_reports_each(tmp_path: Path) -> None:
+    """A route's own problems do not hide those of its ends: each is reported, by key."""
+    main, route = _with_route(
+        tmp_path,
+        'from = "ghost"\nto = "nowhere"\nmatch = "a..b"\ntimeout_seconds = -1\ncolour = "red"\n',
+    )
+    problems = _problems(main)
+    assert len(problems) == 5, problems
+    _the_problem(problems, route, "from", "no listener or upstream named 'ghost'")
+    _the_problem(problems, route, "to", "no listener or upstream named 'nowhere'")
+    _the_problem(problems, route, "match", "empty word")
+    _the_problem(problems, route, "timeout_seconds", "greater than 0")
+    _the_problem(problems, route, "colour", "unknown key")
+
+
+def test_a_route_looping_back_with_a_bad_pattern_reports_both(tmp_path: Path) -> None:
+    """A route to where it takes from, with a bad pattern too, gets both reported."""
+    main, route = _with_route(tmp_path, 'from = "hub"\nto = "hub"\nmatch = "a.*b"\n')
+    problems = _problems(main)
+    assert len(problems) == 2, problems
+    _the_problem(problems, route, "to", "must not deliver back")
+    _the_problem(problems, route, "match", "must stand alone")
+
+
+def test_a_route_file_with_a_bad_name_reports_its_other_problems(tmp_path: Path) -> None:
+    """A route file whose name is refused is still read: its own problems come too."""
+    main, route = _with_route(tmp_path, 'from = "hub"\nto = "ghost"\nmatch = "a"\n', "bad name")
+    problems = _problems(main)
+    assert len(problems) == 2, problems
+    _the_problem(problems, route, "-", "route file name must be letters")
+    _the_problem(problems, route, "to", "no listener or upstream named 'ghost'")
+
+
+def test_an_inline_route_with_several_problems_reports_each(tmp_path: Path) -> None:
+    """A ``[routes.NAME]`` table of the main file reports its own and its ends' problems."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        HUB + '\n[routes.r]\nfrom = "ghost"\nto = "hub"\nmatch = "a..b"\n',
+    )
+    problems = _problems(main)
+    assert len(problems) == 2, problems
+    _the_problem(problems, main, "routes.r.from", "no listener or upstream named 'ghost'")
+    _the_problem(problems, main, "routes.r.match", "empty word")
+
+
+def test_reload_reports_every_problem_of_a_route_file(tmp_path: Path) -> None:
+    """A reload refused for a route file names each of its problems, its ends' included."""
+    config = load_config(_full_tree(tmp_path))
+    broken = _write(
+        tmp_path / "routes" / "broken.toml", 'from = "hub"\nto = "ghost"\nmatch = "a..b"\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        reload_routes(config)
+    problems = caught.value.problems
+    assert len(problems) == 2, problems
+    _the_problem(problems, broken, "to", "no listener or upstream named 'ghost'")
+    _the_problem(problems, broken, "match", "empty word")
 
 
 def test_problem_text_is_file_key_reason() -> None:

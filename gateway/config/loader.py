@@ -36,7 +36,13 @@ from gateway.config.gateway import (
     read_log,
 )
 from gateway.config.listeners import LISTENER, ListenerConfig, read_listener
-from gateway.config.routes import ROUTE, UNDELIVERABLE_LISTENERS, load_routes, read_route
+from gateway.config.routes import (
+    ROUTE,
+    UNDELIVERABLE_LISTENERS,
+    WrittenRoute,
+    load_routes,
+    read_route,
+)
 from gateway.config.secrets import check_secrets, load_secrets
 from gateway.config.upstreams import UPSTREAM, UpstreamConfig, read_upstream
 from gateway.core.auth import Secrets
@@ -152,10 +158,11 @@ def _parse_main(
         if upstream is not None:
             upstreams.append(upstream)
     inline: list[Route] = []
+    written: list[WrittenRoute] = []
     for name, section in root.table_items(ROUTES):
-        route = read_route(file, name, section.path, dict(section.table), problems)
-        if route is not None:
-            inline.append(route)
+        written.append(read_route(file, name, section.path, dict(section.table), problems))
+        if written[-1].route is not None:
+            inline.append(written[-1].route)
     root.done()
 
     secrets = load_secrets(secrets_path, problems) if secrets_path else Secrets()
@@ -174,58 +181,80 @@ def _parse_main(
         log=log,
         shutdown_grace_seconds=paths.shutdown_grace_seconds,
     )
-    routes = _all_routes(config, problems)
+    routes = _all_routes(config, problems, tuple(written))
     return attrs.evolve(config, routes=routes)
 
 
-def _all_routes(config: GatewayConfig, problems: list[ConfigProblem]) -> tuple[Route, ...]:
-    """The main file's ``[routes.NAME]`` tables plus the route files, checked together."""
+def _all_routes(
+    config: GatewayConfig,
+    problems: list[ConfigProblem],
+    inline: tuple[WrittenRoute, ...] | None = None,
+) -> tuple[Route, ...]:
+    """The main file's ``[routes.NAME]`` tables plus the route files, checked together.
+
+    Every route as written is checked against the listeners and upstreams,
+    a route with problems of its own too: one run reports every problem.
+
+    Args:
+        config: The configuration the routes belong to.
+        problems: Where problems go.
+        inline: The main file's route tables as written, valid or not
+            (default: its valid routes, as kept in ``config``).
+    """
+    if inline is None:
+        inline = tuple(
+            WrittenRoute(
+                name=route.name,
+                file=config.source,
+                path=f"routes.{route.name}",
+                source=route.source,
+                destination=route.destination,
+                route=route,
+            )
+            for route in config.inline_routes
+        )
     from_files = load_routes(config.routes_dir, problems) if config.routes_dir else ()
-    inline_names = {route.name for route in config.inline_routes}
-    for route in from_files:
-        if route.name in inline_names:
+    inline_names = {written.name for written in inline}
+    for written in from_files:
+        if written.name in inline_names:
             problems.append(
                 ConfigProblem(
-                    _route_file(config, route)[0],
+                    written.file,
                     "-",
-                    f"route {route.name!r} is also defined in {config.source} [routes]",
+                    f"route {written.name!r} is also defined in {config.source} [routes]",
                 )
             )
-    routes = tuple(sorted((*config.inline_routes, *from_files), key=lambda route: route.name))
-    _check_routes(routes, config, problems)
-    return routes
+    every = (*inline, *from_files)
+    _check_routes(every, config, problems)
+    valid = (written.route for written in every if written.route is not None)
+    return tuple(sorted(valid, key=lambda route: route.name))
 
 
 def _check_routes(
-    routes: tuple[Route, ...], config: GatewayConfig, problems: list[ConfigProblem]
+    routes: tuple[WrittenRoute, ...], config: GatewayConfig, problems: list[ConfigProblem]
 ) -> None:
+    """Check each route's ends against the listeners and upstreams."""
     endpoints = config.endpoint_names()
     listeners = {listener.name: listener.protocol for listener in config.listeners}
     known = ", ".join(sorted(endpoints)) or "none"
     for route in routes:
-        file, prefix = _route_file(config, route)
-        why = UNDELIVERABLE_LISTENERS.get(listeners.get(route.destination, ""))
+        why = UNDELIVERABLE_LISTENERS.get(listeners.get(route.destination or "", ""))
         if why is not None:
             reason = f"{route.destination!r} is {why}; routes cannot end there"
-            problems.append(ConfigProblem(file, prefix + "to", reason))
+            problems.append(ConfigProblem(route.file, route.key("to"), reason))
         for key, name in (("from", route.source), ("to", route.destination)):
-            if name not in endpoints:
+            if name is not None and name not in endpoints:
                 reason = f"no listener or upstream named {name!r} (known: {known})"
-                problems.append(ConfigProblem(file, prefix + key, reason))
+                problems.append(ConfigProblem(route.file, route.key(key), reason))
         # A DMP listener's sinks feed routing and its feeds are delivered to:
         # sink to feed on one listener is no loop.
-        if route.source == route.destination and listeners.get(route.source) != "dmp":
+        if (
+            route.source is not None
+            and route.source == route.destination
+            and listeners.get(route.source) != "dmp"
+        ):
             reason = "a route must not deliver back to where it takes from"
-            problems.append(ConfigProblem(file, prefix + "to", reason))
-
-
-def _route_file(config: GatewayConfig, route: Route) -> tuple[str, str]:
-    """Where a route was written: its file, and the key prefix within it."""
-    if route in config.inline_routes:
-        return config.source, f"routes.{route.name}."
-    if config.routes_dir is not None:
-        return str(config.routes_dir / f"{route.name}.toml"), ""
-    return route.name, ""
+            problems.append(ConfigProblem(route.file, route.key("to"), reason))
 
 
 # --- entry points ------------------------------------------------------------------------------

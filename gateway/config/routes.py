@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+
 from gateway.config.base import (
     NAME,
     ConfigProblem,
@@ -24,7 +26,7 @@ from gateway.core.addressing import AddressPattern, AddressTemplate, PatternErro
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 
-__all__ = ["ROUTE", "UNDELIVERABLE_LISTENERS", "load_routes", "read_route"]
+__all__ = ["ROUTE", "UNDELIVERABLE_LISTENERS", "WrittenRoute", "load_routes", "read_route"]
 
 DESCRIPTION: Final = string("description", "", doc="What the route is for (not used otherwise).")
 FROM: Final = required_string("from", doc="The listener or upstream messages arrive at.")
@@ -105,10 +107,44 @@ UNDELIVERABLE_LISTENERS: Final = {
 """Listener protocols that routes cannot deliver to, and why."""
 
 
+@attrs.frozen
+class WrittenRoute:
+    """A route as read from its file or table: where it is, its two ends, and whether it is valid.
+
+    The ends are kept even when the route has problems of its own, so that
+    the checks that need the other tables (does ``from`` name a listener?)
+    report theirs too, and one run reports every problem.
+
+    Attributes:
+        name: The route's name.
+        file: The file it is written in.
+        path: Its key path in that file (empty for a route file of its own).
+        source: ``from`` as written, if it is a string that is not empty.
+        destination: ``to`` as written, likewise.
+        route: The route, or None when it has a problem.
+    """
+
+    name: str
+    file: str
+    path: str
+    source: str | None
+    destination: str | None
+    route: Route | None = None
+
+    def key(self, name: str) -> str:
+        """The dotted path of one of its keys within its file."""
+        return f"{self.path}.{name}" if self.path else name
+
+
 def read_route(
     file: str, name: str, path: str, data: dict[str, Any], problems: list[ConfigProblem]
-) -> Route | None:
-    """Validate one route: a whole route file (``path`` empty) or a ``[routes.NAME]`` table."""
+) -> WrittenRoute:
+    """Validate one route: a whole route file (``path`` empty) or a ``[routes.NAME]`` table.
+
+    Returns:
+        The route as written; its ``route`` is None if it has a problem
+        (among ``problems``).
+    """
     section = Section(file, path, data, problems, (ROUTE,))
     before = len(problems)
     section.read(DESCRIPTION)
@@ -152,9 +188,12 @@ def read_route(
                 target.check_against(pattern)
         except PatternError as exc:
             section.problem(ADDRESS, str(exc))
+    written = WrittenRoute(
+        name=name, file=file, path=path, source=source or None, destination=destination or None
+    )
     if len(problems) > before or pattern is None or source is None or destination is None:
-        return None
-    return Route(
+        return written
+    route = Route(
         name=name,
         source=source,
         pattern=pattern,
@@ -169,23 +208,28 @@ def read_route(
         max_attempts=max_attempts,
         dead_letter=dead_letter,
     )
+    return attrs.evolve(written, route=route)
 
 
-def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[Route, ...]:
-    """Read every ``*.toml`` route file of a directory, in name order."""
+def load_routes(directory: Path, problems: list[ConfigProblem]) -> tuple[WrittenRoute, ...]:
+    """Read every ``*.toml`` route file of a directory, in name order.
+
+    Returns:
+        Each route file that holds a TOML table, valid or not (see `WrittenRoute`).
+    """
     if not directory.is_dir():
         problems.append(ConfigProblem(str(directory), "-", "routes directory not found"))
         return ()
-    routes: list[Route] = []
+    routes: list[WrittenRoute] = []
     for path in sorted(directory.glob("*.toml")):
-        if not NAME.match(path.stem):
+        named = NAME.match(path.stem) is not None
+        if not named:
             problems.append(
                 ConfigProblem(str(path), "-", "a route file name must be letters, digits, _.-")
             )
-            continue
         data = read_toml(path, problems)
         if data is not None:
-            route = read_route(str(path), path.stem, "", data, problems)
-            if route is not None:
-                routes.append(route)
+            # A file with a bad name is still read: its other problems are reported too.
+            written = read_route(str(path), path.stem, "", data, problems)
+            routes.append(written if named else attrs.evolve(written, route=None))
     return tuple(routes)
