@@ -11,7 +11,7 @@ any route can become durable without the router or the adapters changing.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -244,6 +244,9 @@ class Router:
     Adapters ask `has_routes` on their hot path (one cached lookup) and call
     `dispatch` only when a route applies. The table can be replaced at any
     time (SIGHUP reload); messages already dispatched finish on the old one.
+
+    A clean stop asks it to `stop_taking` batches and waits for `when_idle`:
+    every batch routed before has then been answered to its source.
     """
 
     _log = Logger()
@@ -262,6 +265,11 @@ class Router:
         """Keeps each message's route, source, times and outcome (issue 9), when set."""
         self.taps: tuple[Tap, ...] = ()
         """Who watches messages live (`gateway.core.tap`); looked at once per batch."""
+        self.batches_in_flight = 0
+        """Batches routed whose messages are not all answered yet."""
+        self._idle_waiters: list[Deferred[None]] = []
+        self._refusal: Outcome | None = None
+        self._unanswered_sources: frozenset[str] = frozenset()
 
     def add_tap(self, tap: Tap) -> None:
         """Show ``tap`` the batches routed from now on."""
@@ -328,6 +336,9 @@ class Router:
             messages: The messages, with their source-side address(es).
             answer: Told each message's result, by its index in ``messages``.
         """
+        if self._refusal is not None:
+            self._refuse(source, len(messages), answer)
+            return
         table = self.table
         plan: dict[BoundRoute, tuple[list[int], list[Message]]] = {}
         refused: dict[int, list[tuple[int, Outcome]]] = {}
@@ -359,11 +370,78 @@ class Router:
         tapped = None
         if self.taps:  # all that a batch pays when nobody taps
             tapped = observe_batch(self.taps, source, messages, plan, refused, table, self._clock)
+        if plan:
+            self.batches_in_flight += 1  # until its last message is answered (when_idle)
         if len(plan) == 1 and not refused:  # the common case: one route, each message once
             [(bound, (indices, batch))] = plan.items()
-            self._deliver(bound, batch, source, tapped).addCallback(_answer_all, indices, answer)
+            self._deliver(bound, batch, source, tapped).addBoth(self._answer_all, indices, answer)
             return
-        _Combined(plan, refused, table.rank, answer).start(self, source, tapped)
+        _Combined(plan, refused, table.rank, answer, self._batch_answered).start(
+            self, source, tapped
+        )
+
+    # --- a clean stop ---------------------------------------------------------------
+
+    def stop_taking(self, unanswered: Collection[str] = ()) -> None:
+        """Route nothing more: the gateway is stopping.
+
+        A batch routed from now on is delivered nowhere. Its messages are
+        answered retry later at once, so that a listener that still reads
+        (ZeroMQ, a last TLS record) tells its peer the truth; those from the
+        sources in ``unanswered`` (the upstreams) get no answer at all: their
+        server keeps them (a stream chunk is settled, and its offset stored,
+        whatever its outcome), and their in-flight limits stop their reading.
+
+        Args:
+            unanswered: Sources whose batches are left unanswered.
+        """
+        self._refusal = Outcome.retry("the gateway is stopping")
+        self._unanswered_sources = frozenset(unanswered)
+
+    def when_idle(self) -> Deferred[None]:
+        """Fire once no routed batch waits for an answer; at once when none does.
+
+        The answers have been handed to their sources when it fires. Cancel
+        it to stop waiting.
+        """
+        if not self.batches_in_flight:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._idle_waiters.append(waiter)
+        return waiter
+
+    def _refuse(self, source: str, count: int, answer: Callable[[int, Result], None]) -> None:
+        refusal = self._refusal
+        if refusal is None or source in self._unanswered_sources:
+            return  # left unanswered
+        for index in range(count):
+            answer(index, refusal)
+
+    def _answer_all(
+        self,
+        outcomes: list[Outcome] | Failure,
+        indices: list[int],
+        answer: Callable[[int, Result], None],
+    ) -> list[Outcome] | Failure | None:
+        """Answer a one-route batch's messages, then count the batch answered."""
+        try:
+            if isinstance(outcomes, Failure):
+                return outcomes  # a delivery's bug: logged as unhandled, as before
+            for index, outcome in zip(indices, outcomes, strict=True):
+                answer(index, outcome)
+            return None
+        finally:
+            self._batch_answered()
+
+    def _batch_answered(self) -> None:
+        self.batches_in_flight -= 1
+        if not self.batches_in_flight and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                if not waiter.called:  # not cancelled
+                    waiter.callback(None)
+
+    # --- planning and delivery -------------------------------------------------------
 
     def _plan(
         self,
@@ -493,13 +571,6 @@ class _Deadlines:
         return [UNANSWERED] * count
 
 
-def _answer_all(
-    outcomes: list[Outcome], indices: list[int], answer: Callable[[int, Result], None]
-) -> None:
-    for index, outcome in zip(indices, outcomes, strict=True):
-        answer(index, outcome)
-
-
 class _Combined:
     """One batch's messages spread over several routes: each answered when all its routes are.
 
@@ -511,9 +582,10 @@ class _Combined:
         refused: Messages a route refused to translate, with that refusal.
         rank: Each route's place in the table.
         answer: Told each message's combined outcome.
+        done: Called once every route's batch is answered (not at all without routes).
     """
 
-    __slots__ = ("_answer", "_known", "_plan", "_rank", "_routes_left")
+    __slots__ = ("_answer", "_done", "_known", "_pending", "_plan", "_rank", "_routes_left")
 
     def __init__(
         self,
@@ -521,10 +593,13 @@ class _Combined:
         refused: dict[int, list[tuple[int, Outcome]]],
         rank: dict[BoundRoute, int],
         answer: Callable[[int, Result], None],
+        done: Callable[[], None],
     ) -> None:
         self._plan = plan
         self._rank = rank
         self._answer = answer
+        self._done = done
+        self._pending = len(plan)
         self._known = refused
         self._routes_left: dict[int, int] = {}
         left = self._routes_left
@@ -537,21 +612,31 @@ class _Combined:
         for index in [i for i in self._known if i not in self._routes_left]:
             self._answer(index, _combine(self._known.pop(index)))
         for bound, (indices, batch) in self._plan.items():
-            router._deliver(bound, batch, source, tapped).addCallback(
+            router._deliver(bound, batch, source, tapped).addBoth(
                 self._route_answered, indices, self._rank.get(bound, 0)
             )
 
-    def _route_answered(self, outcomes: list[Outcome], indices: list[int], rank: int) -> None:
-        known = self._known
-        left = self._routes_left
-        for index, outcome in zip(indices, outcomes, strict=True):
-            known.setdefault(index, []).append((rank, outcome))
-            remaining = left[index] - 1
-            if remaining:
-                left[index] = remaining
-            else:
-                del left[index]
-                self._answer(index, _combine(known.pop(index)))
+    def _route_answered(
+        self, outcomes: list[Outcome] | Failure, indices: list[int], rank: int
+    ) -> Failure | None:
+        try:
+            if isinstance(outcomes, Failure):
+                return outcomes  # a delivery's bug: logged as unhandled, as before
+            known = self._known
+            left = self._routes_left
+            for index, outcome in zip(indices, outcomes, strict=True):
+                known.setdefault(index, []).append((rank, outcome))
+                remaining = left[index] - 1
+                if remaining:
+                    left[index] = remaining
+                else:
+                    del left[index]
+                    self._answer(index, _combine(known.pop(index)))
+            return None
+        finally:
+            self._pending -= 1
+            if not self._pending:
+                self._done()
 
 
 def _combine(ranked: list[tuple[int, Outcome]]) -> Outcome:

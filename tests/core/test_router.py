@@ -658,3 +658,89 @@ def test_single_address_message_keeps_no_recipients() -> None:
     _result(_dispatch(router, "weather.paris"))
     [sent] = central.received
     assert (sent.address, sent.recipients) == ("wx.paris", ())
+
+
+# --- a clean stop: idle and no more intake ---------------------------------------------
+
+
+def test_idle_at_once_when_nothing_is_in_flight() -> None:
+    """`when_idle` has fired already when no batch waits for an answer."""
+    router, _, _ = _router([_route("all", "#")], _AnsweringDestination("central"))
+    assert router.when_idle().called
+    _dispatch(router, "a")  # answered at once
+    assert router.batches_in_flight == 0
+    assert router.when_idle().called
+
+
+def test_idle_fires_after_the_last_batch_is_answered_to_its_source() -> None:
+    """Batches are counted, not messages; idle fires once the answers were handed on."""
+    central = _HeldDestination("central")
+    router, _, _ = _router([_route("all", "#")], central)
+    answered: list[int] = []
+    messages = [Message(body=b"x", address="a"), Message(body=b"y", address="b")]
+    router.route("hub", messages, lambda index, _result: answered.append(index))
+    _dispatch(router, "c")
+    assert router.batches_in_flight == 2
+    idle = router.when_idle()
+    idle.addCallback(lambda _: answered.append(-1))  # after the answers, never before
+    central.answer(0, Outcome.accepted())
+    central.answer(2, Outcome.accepted())
+    assert not idle.called
+    central.answer(1, Outcome.accepted())
+    assert answered == [0, 1, -1]
+    assert router.batches_in_flight == 0
+
+
+def test_a_batch_over_several_routes_is_one_batch_until_every_route_answered() -> None:
+    """A message on two routes keeps the router busy until both have answered."""
+    central, side = _HeldDestination("central"), _HeldDestination("side")
+    router, _, _ = _router(
+        [_route("one", "#"), _route("two", "#", destination="side")], central, side
+    )
+    d = _dispatch(router, "a")
+    assert router.batches_in_flight == 1
+    idle = router.when_idle()
+    central.answer(0, Outcome.accepted())
+    assert not idle.called
+    side.answer(0, Outcome.accepted())
+    assert _result(d).status is Status.ACCEPTED
+    assert idle.called
+
+
+def test_a_timed_out_batch_is_answered_and_no_longer_in_flight() -> None:
+    """The route's deadline answers retry; the router is idle then."""
+    router, clock, _ = _router([_route("all", "#", timeout=5)], _HeldDestination("central"))
+    d = _dispatch(router, "a")
+    idle = router.when_idle()
+    clock.advance(5)
+    assert _result(d).status is Status.RETRY
+    assert idle.called
+
+
+def test_a_cancelled_idle_waiter_is_forgotten() -> None:
+    """Cancelling a wait (the grace ran out) leaves the other waiters and the count alone."""
+    central = _HeldDestination("central")
+    router, _, _ = _router([_route("all", "#")], central)
+    _dispatch(router, "a")
+    gave_up, waiting = router.when_idle(), router.when_idle()
+    gave_up.addErrback(lambda failure: None)
+    gave_up.cancel()
+    central.answer(0, Outcome.accepted())
+    assert waiting.called
+    assert router.batches_in_flight == 0
+
+
+def test_after_stop_taking_batches_are_refused_retry_or_left_unanswered() -> None:
+    """Stopping: a listener's batch is answered retry at once; an upstream's gets no answer."""
+    central = _AnsweringDestination("central")
+    router, _, _ = _router([_route("all", "#"), _route("up", "#", source="upstream")], central)
+    router.stop_taking(unanswered={"upstream"})
+    outcome = _result(_dispatch(router, "a"))
+    assert outcome.status is Status.RETRY
+    assert outcome.reason == "the gateway is stopping"
+    answered: list[int] = []
+    router.route("upstream", [Message(body=b"x", address="a")], lambda i, _r: answered.append(i))
+    assert answered == []
+    assert central.received == []
+    assert router.batches_in_flight == 0
+    assert router.when_idle().called
