@@ -108,6 +108,9 @@ def _everything(directory: Path) -> Path:
         endpoint = "tcp:0:interface=127.0.0.1"
         enabled = true
 
+        [fleet]
+        node = "edge-1"
+
         [listeners.hub]
         protocol = "ssmp"
         endpoint = "{mtls}"

@@ -24,6 +24,7 @@ from gateway.config.base import (
     table,
     tables,
 )
+from gateway.config.fleet import FLEET, FleetConfig, read_fleet
 from gateway.config.gateway import (
     ADMIN,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
@@ -65,6 +66,7 @@ GATEWAY_KEY: Final = table(
 )
 LOG_KEY: Final = table("log", LOG, doc="The embedded durable log (below).")
 ADMIN_KEY: Final = table("admin", ADMIN, doc="The admin HTTP endpoint (below).")
+FLEET_KEY: Final = table("fleet", FLEET, doc="This process as a node of a fleet (below).")
 LISTENERS: Final = tables("listeners", LISTENER, doc="Listeners by name (below).")
 UPSTREAMS: Final = tables("upstreams", UPSTREAM, doc="Upstreams by name (below).")
 ROUTES: Final = tables(
@@ -74,7 +76,7 @@ ROUTES: Final = tables(
 MAIN: Final = TableSchema(
     "Top level",
     "gateway.toml",
-    (GATEWAY_KEY, LOG_KEY, ADMIN_KEY, LISTENERS, UPSTREAMS, ROUTES),
+    (GATEWAY_KEY, LOG_KEY, ADMIN_KEY, FLEET_KEY, LISTENERS, UPSTREAMS, ROUTES),
     doc="``msggateway check-config FILE`` validates it, with its route files and secrets file,"
     " and prints every problem as ``file: key: reason``. The gateway validates the same way"
     " before anything listens. Without a main file, the gateway runs an embedded default"
@@ -100,6 +102,7 @@ class GatewayConfig:
         log: The embedded log's settings.
         shutdown_grace_seconds: The longest a clean stop waits for what was
             read to be answered, and for connections to close.
+        fleet: This process as a node of a fleet (its node id).
     """
 
     source: str
@@ -114,6 +117,7 @@ class GatewayConfig:
     inline_routes: tuple[Route, ...] = ()
     log: LogSettings = attrs.field(factory=LogSettings)
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    fleet: FleetConfig = attrs.field(factory=FleetConfig)
 
     def endpoint_names(self) -> dict[str, str]:
         """Every listener and upstream name, with its protocol."""
@@ -146,6 +150,7 @@ def _parse_main(
     data_dir, routes_dir, secrets_path = paths.data_dir, paths.routes_dir, paths.secrets_path
     log = read_log(root.section(LOG_KEY))
     admin = read_admin(root.section(ADMIN_KEY))
+    fleet = read_fleet(root.section(FLEET_KEY))
     names: set[str] = set()
     listeners: list[ListenerConfig] = []
     for name, section in root.table_items(LISTENERS):
@@ -180,6 +185,7 @@ def _parse_main(
         inline_routes=tuple(inline),
         log=log,
         shutdown_grace_seconds=paths.shutdown_grace_seconds,
+        fleet=fleet,
     )
     routes = _all_routes(config, problems, tuple(written))
     return attrs.evolve(config, routes=routes)

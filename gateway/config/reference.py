@@ -19,6 +19,7 @@ import attrs
 
 from gateway.config import listeners, upstreams
 from gateway.config.base import Key, Kind, TableSchema
+from gateway.config.fleet import FLEET
 from gateway.config.gateway import ADMIN, GATEWAY, LOG
 from gateway.config.loader import MAIN
 from gateway.config.routes import ROUTE
@@ -55,7 +56,7 @@ PARTS: Final = (
     Part(
         "Main file",
         "The main file's top level holds these tables and nothing else.",
-        (MAIN, GATEWAY, LOG, ADMIN),
+        (MAIN, GATEWAY, LOG, ADMIN, FLEET),
     ),
     Part(
         "Listeners",

@@ -15,6 +15,7 @@ from gateway.config.base import (
     string,
     strings,
 )
+from gateway.fleet.node import MAX_REFERENCE_PREFIX_BYTES
 from gateway.protocols.stream.client import parse_offset
 from gateway.protocols.stream.settings import (
     CONSUME_FROM as CONSUME_FROM_CHOICES,
@@ -110,7 +111,9 @@ STREAM: Final = optional_string(
 )
 PUBLISHER_REFERENCE: Final = optional_string(
     "publisher_reference",
-    doc="Publisher reference for deduplication (one publisher per stream).",
+    doc="Publisher reference for deduplication (one publisher per stream), to which the"
+    f" node id is appended (REFERENCE.NODE, see [fleet]); at most {MAX_REFERENCE_PREFIX_BYTES}"
+    " bytes.",
     shown="msggateway.NAME",
 )
 CONSUMER_NAME: Final = optional_string(
@@ -192,6 +195,14 @@ def read_upstream(section: Section) -> StreamUpstreamSettings:
     """A stream upstream's own keys."""
     stream = section.read(STREAM)
     reference = section.read(PUBLISHER_REFERENCE)
+    if reference is not None and len(reference.encode("utf-8")) > MAX_REFERENCE_PREFIX_BYTES:
+        section.problem(
+            PUBLISHER_REFERENCE,
+            f"must be at most {MAX_REFERENCE_PREFIX_BYTES} UTF-8 bytes (the node id is appended"
+            " within the stream protocol's 255), not"
+            f" {len(reference.encode('utf-8'))}",
+        )
+        reference = None
     consumer = section.read(CONSUMER_NAME)
     offset = section.read(OFFSET)
     try:

@@ -1,0 +1,7 @@
+"""Many gateway processes acting as one: the fleet (DESIGN.md, "Scale: a fleet on RabbitMQ").
+
+Every process is a node with an id (`gateway.fleet.node`), configured in
+``[fleet] node`` or generated once and kept in its data dir; the id is part
+of every publisher reference the process uses towards RabbitMQ, so that two
+processes never share one.
+"""
