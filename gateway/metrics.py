@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -184,6 +184,15 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self._node = Info(
+            "msggateway_node",
+            "This process's node id (in every publisher reference it uses), as a label.",
+            registry=r,
+        )
+
+    def set_node(self, node: str) -> None:
+        """Show this process's node id: ``msggateway_node_info{node="..."} 1``."""
+        self._node.info({"node": node})
 
     def traffic(self, endpoint: str) -> TrafficCounters:
         """Return the traffic counters of a listener or upstream (made on first use)."""

@@ -45,6 +45,7 @@ from gateway.config import (
     reload_routes,
     reload_secrets,
 )
+from gateway.config.fleet import node_id
 from gateway.core.batch import all_same
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
@@ -164,6 +165,8 @@ class GatewayService(MultiService):
     """The running gateway: listeners, upstreams, admin and the router."""
 
     _log = Logger()
+    node = ""
+    """This process's node id (`gateway.fleet.node`), set by `build_gateway`."""
 
     def __init__(
         self, config: GatewayConfig, reactor: Any, metrics: GatewayMetrics, router: Router
@@ -533,6 +536,7 @@ def _stream_upstream(
         endpoint=clientFromString(gateway.reactor, config.endpoint),
         router=gateway.router,
         secrets=gateway.config.secrets,
+        node=gateway.node,
         clock=gateway.reactor,
         reactor=gateway.reactor,
         metrics=gateway.metrics,
@@ -592,18 +596,24 @@ _UPSTREAMS: dict[
 }
 
 
-def build_gateway(config: GatewayConfig, reactor: Any) -> GatewayService:
+def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) -> GatewayService:
     """Build the gateway's service tree; nothing listens until it starts.
 
     Args:
         config: The validated configuration.
         reactor: The reactor to listen, connect and keep time with.
+        node: This process's node id; None: `node_id` of the configuration.
+
+    Raises:
+        ConfigError: Without ``node``, the data dir's node id file is not usable.
     """
     metrics = GatewayMetrics()
     # process_*: resident memory, CPU seconds, open files (etc/grafana-dashboard.json).
     ProcessCollector(registry=metrics.registry)
     router = Router(RouteTable(), reactor, metrics)
     gateway = GatewayService(config, reactor, metrics, router)
+    gateway.node = node or node_id(config.fleet, config.data_dir)
+    metrics.set_node(gateway.node)
     needs_log = any(route.durable for route in config.routes) or any(
         listener.protocol == "stream" for listener in config.listeners
     )
@@ -686,6 +696,7 @@ class Options(usage.Options):
         path = self["config"]
         try:
             self.gateway_config = load_config(Path(path)) if path else load_default_config()
+            self.node = node_id(self.gateway_config.fleet, self.gateway_config.data_dir)
         except ConfigError as exc:
             raise usage.UsageError(
                 "invalid configuration:\n" + "\n".join(f"  {p}" for p in exc.problems)
@@ -738,7 +749,7 @@ def makeService(options: Options) -> GatewayService:
     reactor: Any = _reactor
 
     config: GatewayConfig = options.gateway_config
-    gateway = build_gateway(config, reactor)
+    gateway = build_gateway(config, reactor, options.node)
     tune_garbage_collector()
     before, after = raise_open_file_limit()
     if config.source != DEFAULT_CONFIG_NAME and hasattr(signal, "SIGHUP"):
@@ -748,7 +759,9 @@ def makeService(options: Options) -> GatewayService:
 
         signal.signal(signal.SIGHUP, on_hangup)
     Logger().info(
-        "msggateway starting with {summary} (Python {python}; open files: {files}{raised})",
+        "msggateway starting as node {node} with {summary}"
+        " (Python {python}; open files: {files}{raised})",
+        node=gateway.node,
         summary=config.summary(),
         python=sys.version.split()[0],
         files=after,

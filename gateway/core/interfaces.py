@@ -60,7 +60,10 @@ class IDeduplicatingDestination(IDestination):
         Args:
             messages: The batch.
             producer: Who delivers: a durable route's name. Each destination
-                derives its own publisher reference from it.
+                derives its own publisher reference from it; one that other
+                gateway processes write to as well (a RabbitMQ stream) puts
+                this process's node id in it, since each process numbers
+                its ids on its own.
             ids: One publishing id per message, each above 0 and rising
                 from one call to the next. A message whose id is not above
                 the last one the destination stored for ``producer`` is

@@ -15,6 +15,11 @@ counted open and closed, timers cancelled when it ends, output written in
 one write with its traffic counted, a graceful close and an abort,
 back-pressure, and the frame time-out. A protocol's connection class
 subclasses it and keeps only what is its own.
+
+A clean stop (the gateway is stopping): `ListenerFactory.stop_reading`
+stops every connection's reading for good (what was read is still
+answered), then `ListenerFactory.close_connections` closes them gracefully
+and tells when all are gone.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Final, Generic, NotRequired, TypedDict, TypeVar, cast
 
 from OpenSSL import SSL
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
     IPushProducer,
     IReactorTime,
+    ISSLTransport,
     ITCPTransport,
 )
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -178,6 +185,8 @@ class ListenerFactory(Factory[P], Generic[P, S]):
         self.release(connection)
         if self._metrics is not None:
             self._m_open.dec()
+        if self._when_closed is not None and not self.connections:
+            self._all_closed()
 
     def release(self, connection: P) -> None:
         """No longer count a connection under its identity (closed, or being replaced)."""
@@ -217,6 +226,34 @@ class ListenerFactory(Factory[P], Generic[P, S]):
         """Count a connection aborted as a slow consumer (stuck, or past the hard byte cap)."""
         if self._metrics is not None:
             self._metrics.slow_consumers.labels(self.name).inc()
+
+    # --- a clean stop (the gateway is stopping) --------------------------------------------
+
+    _when_closed: list[Deferred[None]] | None = None
+    """Who waits for every connection to be gone (`close_connections`)."""
+
+    def stop_reading(self) -> None:
+        """Read nothing more from any connection, for good; they still answer what they read."""
+        for connection in list(self.connections):
+            cast(ListenerConnection[Any], connection).stop_reading()
+
+    def close_connections(self) -> Deferred[None]:
+        """Close every connection gracefully (its queued output first); fire once all are gone."""
+        for connection in list(self.connections):
+            cast(ListenerConnection[Any], connection).close_for_stop()
+        if not self.connections:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        if self._when_closed is None:
+            self._when_closed = []
+        self._when_closed.append(waiter)
+        return waiter
+
+    def _all_closed(self) -> None:
+        waiters, self._when_closed = self._when_closed or [], None
+        for waiter in waiters:
+            if not waiter.called:  # not cancelled
+                waiter.callback(None)
 
 
 F = TypeVar("F", bound="ListenerFactory[Any, Any]")
@@ -465,6 +502,7 @@ class ListenerConnection(Protocol, Generic[F]):
             and not self._congested
             and not self._closing
             and not self._finishing
+            and not self._stopping
             and not self.throttle.held
             and self.transport is not None
             and self._may_read()
@@ -492,6 +530,42 @@ class ListenerConnection(Protocol, Generic[F]):
             f"its transport's buffer has not emptied for {seconds:g} s"
             f" (slow_consumer_seconds; {self.congestion.held_count} producer(s) held)"
         )
+
+    # --- a clean stop (the gateway is stopping) --------------------------------------------
+
+    _stopping = False
+    """Reading stopped for good: the gateway is stopping (`stop_reading`)."""
+
+    def stop_reading(self) -> None:
+        """Read nothing more, for good: nothing resumes it. What was read is still answered."""
+        self._stopping = True
+        self._pause_reading()
+
+    def close_for_stop(self) -> None:
+        """Close as the gateway stops, so that every answer written reaches the peer.
+
+        A socket closed with input unread is reset (RFC 1122, 4.2.2.13),
+        and the reset drops what the kernel had not sent yet: answers, when
+        the peer was still streaming. So the connection says it is done
+        after its last answer (a FIN; with TLS, close_notify) and then reads
+        until the peer closes its side, dropping what it reads unanswered
+        (the protocol reads nothing while closing).
+        """
+        transport = self.transport
+        if self._closing or transport is None:
+            return
+        self._closing = True
+        self.flush()
+        # A TLS transport waits for its producer to go away before it shuts down.
+        cast(IConsumer, transport).unregisterProducer()
+        tls = ISSLTransport.providedBy(transport)
+        if ITCPTransport.providedBy(transport) and not tls:
+            cast(ITCPTransport, transport).loseWriteConnection()
+        else:  # TLS: close_notify, and closed once the peer's arrives
+            transport.loseConnection()
+        if tls or not getattr(transport, "disconnecting", True):  # still reading: drain it
+            self._reading_paused = False
+            transport.resumeProducing()  # type: ignore[attr-defined]
 
     # --- frame time-out -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from twisted.internet.testing import MemoryReactorClock
 
 from gateway.config import ConfigError, load_config
 from gateway.config.fleet import FleetConfig, node_id
@@ -241,3 +242,48 @@ def test_a_configured_reference_leaves_room_for_the_node_id(tmp_path: Path) -> N
     [problem] = raised.value.problems
     assert problem.key == "upstreams.rabbit.publisher_reference"
     assert "at most 190 UTF-8 bytes" in problem.reason
+
+
+# --- the assembly ----------------------------------------------------------------------
+
+
+UPSTREAM_CONFIG = """
+    [gateway]
+    data_dir = "data"
+
+    [admin]
+    enabled = false
+
+    [upstreams.rabbit]
+    protocol = "stream"
+    endpoint = "tcp:host=127.0.0.1:port=5552"
+    """
+
+
+def test_the_assembly_gives_the_node_id_to_upstreams_and_metrics(tmp_path: Path) -> None:
+    """`build_gateway` keeps a new id in data_dir, and the upstream and /metrics carry it."""
+    from gateway.protocols.stream.client import StreamUpstream
+    from gateway.service import build_gateway
+
+    config = load_config(_main(tmp_path, UPSTREAM_CONFIG))
+    gateway = build_gateway(config, MemoryReactorClock())
+    node = (tmp_path / "data" / NODE_ID_FILE).read_text().strip()
+    assert gateway.node == node
+    upstream = gateway.endpoints["rabbit"].destination
+    assert isinstance(upstream, StreamUpstream)
+    assert upstream.reference == f"msggateway.rabbit.{node}"
+    assert upstream.consumer_name == "msggateway.rabbit"
+    sample = gateway.metrics.registry.get_sample_value("msggateway_node_info", {"node": node})
+    assert sample == 1
+    again = build_gateway(config, MemoryReactorClock())
+    assert again.node == node
+
+
+def test_the_assembly_takes_a_configured_or_given_node(tmp_path: Path) -> None:
+    """``[fleet] node`` is used as it is; a node handed to `build_gateway` wins (twistd's)."""
+    from gateway.service import build_gateway
+
+    config = load_config(_main(tmp_path, UPSTREAM_CONFIG + '\n[fleet]\nnode = "edge-1"\n'))
+    assert build_gateway(config, MemoryReactorClock()).node == "edge-1"
+    assert not (tmp_path / "data" / NODE_ID_FILE).exists()
+    assert build_gateway(config, MemoryReactorClock(), "edge-2").node == "edge-2"

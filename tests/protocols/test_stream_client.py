@@ -66,6 +66,8 @@ from gateway.protocols.stream.settings import StreamListenerSettings, StreamUpst
 T = TypeVar("T")
 
 UPSTREAM = "rabbit"
+NODE = "gw-test0001"
+"""The node id the upstreams here run on: in every publisher reference."""
 SINK = "sink"
 HOST = "127.0.0.1"
 PORT = 5552
@@ -315,6 +317,7 @@ class World:
         settings: StreamUpstreamSettings = SETTINGS,
         secret: bytes | None = None,
         relocate: Callable[[str, int], TCP4ClientEndpoint] | None = None,
+        node: str = NODE,
     ) -> None:
         self.reactor = MemoryReactorClock()
         self.metrics = GatewayMetrics()
@@ -325,6 +328,7 @@ class World:
             endpoint=TCP4ClientEndpoint(self.reactor, HOST, PORT),
             router=Router(bind_routes([], {}), self.reactor),
             secrets=Secrets(upstreams={UPSTREAM: secret}) if secret else Secrets(),
+            node=node,
             clock=self.reactor,
             reactor=self.reactor,
             metrics=self.metrics,
@@ -605,7 +609,7 @@ def test_publishes_in_batches_and_confirms_accept(world: World) -> None:
     outcomes = [tracked(world.publish(f"m{i}")) for i in range(7)]
     declared = node.declare()
     assert declared.stream == STREAM
-    assert declared.reference == f"msggateway.{UPSTREAM}"
+    assert declared.reference == f"msggateway.{UPSTREAM}.{NODE}"
     frames = node.of(sp.Publish)
     assert [list(frame.publishing_ids) for frame in frames] == [[1, 2, 3], [4, 5, 6], [7]]
     ids = [
@@ -761,8 +765,48 @@ def test_reconnect_confirms_stored_and_resends_the_rest_with_their_ids(world: Wo
     assert status(after) is Status.ACCEPTED
 
 
+def declared_references(world: World) -> list[str]:
+    """The references a world's upstream declares for a plain message and route r's."""
+    node = world.open()
+    world.publish("plain")
+    plain = node.declare().reference
+    node.of(sp.Publish)
+    world.upstream.deliver_once([Message(body=b"b", address="a", id="durable")], "r", [1])
+    return [plain, node.declare().reference]
+
+
+def test_two_nodes_with_one_configuration_never_share_a_reference() -> None:
+    """The node id ends the plain publisher's reference and comes before a route's.
+
+    RabbitMQ keeps one last publishing id per reference and stream, and each
+    process numbers its ids on its own: two gateways with one configuration
+    would otherwise have one's messages dropped as duplicates of the other's.
+    """
+    assert declared_references(World(node="gw-aaaaaaaa")) == [
+        f"msggateway.{UPSTREAM}.gw-aaaaaaaa",
+        f"msggateway.{UPSTREAM}.gw-aaaaaaaa.route.r",
+    ]
+    assert declared_references(World(node="gw-bbbbbbbb")) == [
+        f"msggateway.{UPSTREAM}.gw-bbbbbbbb",
+        f"msggateway.{UPSTREAM}.gw-bbbbbbbb.route.r",
+    ]
+
+
+def test_a_configured_reference_gets_the_node_id_too() -> None:
+    """``publisher_reference = "orders"`` publishes as ``orders.NODE``; offsets keep their name.
+
+    A consumer name carries no node id: whichever node consumes goes on from
+    the offset stored last.
+    """
+    settings = attrs.evolve(SETTINGS, publisher_reference="orders", consumer_name="reader")
+    world = World(settings)
+    assert declared_references(world) == [f"orders.{NODE}", f"orders.{NODE}.route.r"]
+    assert world.upstream.consumer_name == "reader"
+    assert World().upstream.consumer_name == f"msggateway.{UPSTREAM}"
+
+
 def test_sequence_above_local_ids_moves_the_next_id(world: World) -> None:
-    """A broker sequence past our ids (another gateway with the reference) is respected."""
+    """A broker sequence past our ids (an earlier run of this node's) is respected."""
     node = world.open()
     world.publish("m1")
     node.declare(sequence=41)
@@ -1434,7 +1478,7 @@ async def test_paired_with_our_own_listener_over_a_real_log(tmp_path: Path) -> N
         ]
         log = store.get(STREAM)
         assert log is not None
-        assert log.writer_sequence(f"msggateway.{UPSTREAM}") == 5
+        assert log.writer_sequence(f"msggateway.{UPSTREAM}.{NODE}") == 5
         stopped = tracked(world.upstream.stop())
         await until(lambda: bool(stopped) and log.query_offset(f"msggateway.{UPSTREAM}") == 4)
     finally:
@@ -1486,6 +1530,7 @@ def test_moves_through_the_relocate_function() -> None:
         endpoint=TCP4ClientEndpoint(reactor, HOST, PORT),
         router=Router(bind_routes([], {}), reactor),
         secrets=Secrets(),
+        node=NODE,
         clock=reactor,
         reactor=reactor,
         relocate=relocate,

@@ -14,9 +14,10 @@ from zope.interface.verify import verifyObject
 from gateway.codecs import stream as sp
 from gateway.core.interfaces import IDeduplicatingDestination
 from gateway.core.message import Message, Outcome, Status
-from tests.protocols.test_stream_client import UPSTREAM, World, ids_of, tracked
+from tests.protocols.test_stream_client import NODE, UPSTREAM, World, ids_of, tracked
 
-ROUTE_REFERENCE = f"msggateway.{UPSTREAM}.route.r"
+ROUTE_REFERENCE = f"msggateway.{UPSTREAM}.{NODE}.route.r"
+"""The upstream's reference (with the node id), then the route."""
 
 
 def once(world: World, names: list[str], ids: list[int]) -> list[list[Outcome] | object]:
@@ -97,7 +98,7 @@ def test_a_refused_message_below_a_stored_one_goes_through_the_plain_publisher()
     assert statuses(first) == [Status.ACCEPTED, Status.RETRY, Status.ACCEPTED]
     second = once(world, ["m2"], [2])
     plain = node.declare()
-    assert plain.reference == f"msggateway.{UPSTREAM}"
+    assert plain.reference == f"msggateway.{UPSTREAM}.{NODE}"
     assert plain.publisher_id != declared.publisher_id
     [frame] = node.of(sp.Publish)
     assert frame.publisher_id == plain.publisher_id

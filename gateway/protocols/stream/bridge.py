@@ -99,7 +99,10 @@ class StreamDestination:
 
         The reference is the same in every stream (each stream keeps its own
         last id for it), so a message whose id a stream has already stored
-        is accepted and not stored again.
+        is accepted and not stored again. It carries no node id, unlike the
+        stream upstream's: these streams are in this process's own log (its
+        data dir), which no other process appends to; another gateway
+        reaches them through a stream upstream, under references of its own.
         """
         return self._deliver(messages, producer_reference("msggateway", producer), ids)
 

@@ -33,7 +33,11 @@ A batch's outcomes are one `Answers`: each queued message knows its place
 in it, and confirms and errors settle messages one by one; when the
 route's deadline cancels the batch, its messages still queued are never
 sent. Each stream has a publisher
-with a stable reference; publishing ids come from QueryPublisherSequence at
+with a stable reference, ``publisher_reference`` (by default
+``msggateway.<upstream>``) followed by this process's node id
+(`gateway.fleet.node`): two gateways publishing to one stream must not
+share a reference, or RabbitMQ drops one's messages as duplicates of the
+other's. Its publishing ids come from QueryPublisherSequence at
 every (re)connection: messages that were sent but not confirmed when a
 connection ended are confirmed if the broker stored them (their id is not
 above the sequence) and published again with the same ids otherwise, so a
@@ -77,6 +81,7 @@ from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDeduplicatingDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router
+from gateway.fleet.node import node_reference
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.stream.consuming import Subscriptions, parse_offset
 from gateway.protocols.stream.publishing import (
@@ -293,6 +298,7 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         endpoint: The locator endpoint (from the config's endpoint string).
         router: Where consumed messages go.
         secrets: The password.
+        node: This process's node id, appended to its publisher references.
         clock: Timers and reconnect delays.
         reactor: For connecting to a leader elsewhere (a HostnameEndpoint).
         metrics: Counters, or None.
@@ -313,6 +319,7 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         endpoint: IStreamClientEndpoint,
         router: Router,
         secrets: Secrets,
+        node: str,
         clock: IReactorTime,
         reactor: Any,
         metrics: GatewayMetrics | None = None,
@@ -335,8 +342,13 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         self._relocate = relocate or (
             lambda host, port: HostnameEndpoint(reactor, host.encode(), port)
         )
-        self.reference = settings.publisher_reference or f"msggateway.{self.source}"
+        self.reference = node_reference(
+            settings.publisher_reference or f"msggateway.{self.source}", node
+        )
+        """The publisher reference: this node's own, never shared with another process."""
         self.consumer_name = settings.consumer_name or f"msggateway.{self.source}"
+        """Where consumed offsets are stored: no node id in it, so that whichever node
+        consumes goes on from the offset stored last."""
         self._publishing = source is None
         self._prefer_replica = source is not None
         self.consumer: StreamUpstream | None = None
@@ -348,6 +360,7 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
                 endpoint=endpoint,
                 router=router,
                 secrets=secrets,
+                node=node,
                 clock=clock,
                 reactor=reactor,
                 metrics=metrics,

@@ -19,7 +19,8 @@ message.
 
 A durable route's forwarder publishes through `Publishers.deliver_once`:
 its messages go through a publisher of their own per stream, whose
-reference names the route and whose publishing ids are the route log's
+reference names the route (``<upstream reference>.route.<route>``, so it
+carries the node id too) and whose publishing ids are the route log's
 offsets (plus one), so that the chunk a forwarder delivers again after a
 gateway crash is confirmed by the broker without being stored twice. A
 message such a publisher has to send again below an id it already sent
