@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import attrs
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.codecs.framing import LineSplitter
@@ -466,3 +467,81 @@ def test_a_frame_time_out_of_zero_is_off() -> None:
     world.clock.advance(1e6)
     assert not transport.disconnecting
     assert not world.clock.getDelayedCalls()
+
+
+# --- a clean stop -----------------------------------------------------------------------------
+
+
+@implementer(ITCPTransport)
+class _TCPTransport(StringTransport):
+    """A StringTransport that half-closes as a TCP transport does (``loseWriteConnection``)."""
+
+    write_closed = False
+
+    def setTcpNoDelay(self, enabled: bool) -> None:  # noqa: N802 (ITCPTransport's name)
+        """Nagle's algorithm: nothing to switch here."""
+
+    def loseWriteConnection(self) -> None:  # noqa: N802 (ITCPTransport's name)
+        """Our side is done writing (a FIN once what is buffered went out); reading goes on."""
+        self.write_closed = True
+
+
+def test_a_stopped_connection_reads_nothing_more_whatever_resumes_it() -> None:
+    """`stop_reading` pauses reading for good: a caught-up peer or a released hold do not resume."""
+    world = _World(max_held=1)
+    connection, transport = world.connect()
+    connection.dataReceived(b"hold 1\n")
+    world.factory.stop_reading()
+    assert transport.producerState == "paused"
+    connection.pauseProducing()
+    connection.resumeProducing()  # the peer caught up
+    connection.release()  # the held line was answered
+    assert transport.producerState == "paused"
+    assert not transport.disconnecting
+
+
+def test_closing_for_a_stop_writes_the_answers_then_half_closes_and_drains_input() -> None:
+    """Answers written after the stop go out first, then a FIN; input is read until the peer closes.
+
+    Closing a socket with input unread would reset it, losing answers the
+    kernel had not sent: so the write side closes, reading resumes (the
+    protocol drops what it reads while closing), and the connection is gone
+    once the peer closes its side.
+    """
+    world = _World()
+    connection, transport = world.connect(_TCPTransport())
+    world.factory.stop_reading()
+    connection.queue(b"ok answered after the stop\n")  # the router's answer came in
+    closed = world.factory.close_connections()
+    assert transport.value() == b"ok answered after the stop\n"
+    assert transport.write_closed and not transport.disconnecting
+    assert transport.producer is None  # a TLS transport waits for its producer to go
+    assert transport.producerState == "producing"  # reading the peer's last bytes
+    assert not closed.called
+    connection.connectionLost(Failure(ConnectionDone()))
+    assert closed.called
+    assert world.factory.connections == set()
+
+
+def test_without_a_half_close_the_stop_closes_after_the_answers() -> None:
+    """A transport that cannot half-close (TLS sends close_notify instead) is closed gracefully."""
+    world = _World()
+    connection, transport = world.connect()
+    connection.queue(b"ok last\n")
+    closed = world.factory.close_connections()
+    assert transport.value() == b"ok last\n"
+    assert transport.disconnecting
+    connection.connectionLost(Failure(ConnectionDone()))
+    assert closed.called
+
+
+def test_closing_no_connections_is_done_at_once_and_a_cancelled_wait_is_forgotten() -> None:
+    """Nothing open: fired already. A wait cancelled (the grace ran out) is skipped later."""
+    world = _World()
+    assert world.factory.close_connections().called
+    connection, _ = world.connect(_TCPTransport())
+    gave_up = world.factory.close_connections()
+    gave_up.addErrback(lambda failure: None)
+    gave_up.cancel()
+    connection.connectionLost(Failure(ConnectionDone()))
+    assert world.factory.close_connections().called
