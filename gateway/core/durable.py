@@ -23,6 +23,10 @@ messages instead of reading and decoding what was just written.
 Outcome records (`gateway.core.outcomes`): a committed batch is one range
 record naming the route's stream and the offsets it took; a batch the log
 did not commit is recorded per message, with what its senders were told.
+
+A batch that reaches the log after it closed (the gateway is stopping) is
+answered retry later without a record or a traceback: an orderly stop, not
+a fault. One line says so, the first time.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from zope.interface import implementer
 
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
 from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRouteDelivery
-from gateway.core.log import AppendResult, LogFullError
+from gateway.core.log import AppendResult, LogClosedError, LogFullError
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.router import Route
@@ -101,6 +105,8 @@ class DurableDelivery:
         clock: Times the outcome records.
         forwarder: The route's forwarder, handed each committed batch.
         recorder: Keeps the outcome records, if any.
+        log_closed: Told the route and the count of a batch refused because
+            the log is closed (the gateway is stopping), if given.
     """
 
     _log = Logger()
@@ -114,6 +120,7 @@ class DurableDelivery:
         clock: IReactorTime | None = None,
         forwarder: LogForwarder | None = None,
         recorder: OutcomeRecorder | None = None,
+        log_closed: Callable[[str, int], None] | None = None,
     ) -> None:
         if recorder is not None and clock is None:
             raise ValueError("outcome records need a clock")
@@ -123,6 +130,7 @@ class DurableDelivery:
         self._clock = clock
         self._forwarder = forwarder
         self._recorder = recorder
+        self._log_closed = log_closed
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Commit the batch as one append (one chunk, one fsync); forwarded later."""
@@ -178,6 +186,11 @@ class DurableDelivery:
         self, failure: Failure, messages: Sequence[Message], arrived: float
     ) -> list[Outcome]:
         route = self.route
+        if failure.check(LogClosedError):
+            # The gateway is stopping: nothing was stored, and no record can be.
+            if self._log_closed is not None:
+                self._log_closed(route.name, len(messages))
+            return [Outcome.retry(f"route {route.name}: the gateway is stopping")] * len(messages)
         if failure.check(CancelledError):
             # The router's deadline: the commit may still happen (and the
             # forwarder deliver it); the sender was told to retry.
@@ -243,6 +256,8 @@ class DurableRoutes:
         self.recorder: OutcomeRecorder | None = None
         """Keeps what each route commits and each forwarder forwards (the
         outcome record), when set; set it before `delivery` is called."""
+        self.refused_closed = 0
+        """Messages answered retry later because the log had closed (a stop)."""
 
     def _stream(self, name: str) -> object:
         stream = self._store.get(name)
@@ -280,7 +295,18 @@ class DurableRoutes:
             clock=self._clock,
             forwarder=forwarder,
             recorder=recorder,
+            log_closed=self._refused_closed,
         )
+
+    def _refused_closed(self, route: str, count: int) -> None:
+        """Say once that the log closed under the durable routes; count the rest."""
+        if not self.refused_closed:
+            self._log.info(
+                "durable route {route}: the log is closed (the gateway is stopping): messages"
+                " still arriving are answered retry later",
+                route=route,
+            )
+        self.refused_closed += count
 
     def retire(self, keep: set[str]) -> None:
         """Stop the forwarders of routes that are no longer durable (after a reload)."""

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
 from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern
@@ -549,6 +550,27 @@ async def test_a_batch_the_log_refused_is_recorded_per_message(tmp_path: Path) -
         assert records[0]["reason"] == "route r: the log could not store the message"
     finally:
         await store.close()
+
+
+async def test_a_batch_after_the_log_closed_is_answered_retry_quietly(tmp_path: Path) -> None:
+    """The gateway is stopping: retry later, no record, no traceback, one line for all."""
+    store = open_store(tmp_path)
+    clock = Clock()
+    recorder = OutcomeRecorder(store.create(OUTCOME_STREAM), clock)
+    routes = durable_routes(store, clock, CountingDecoder(), recorder)
+    delivery = routes.delivery(ROUTE, Far(accept_all))
+    await store.close()
+    with capturedLogs() as events:
+        first = await delivery.deliver([mail(0), mail(1)])
+        second = await delivery.deliver([mail(2)])
+    for outcome in (*first, *second):
+        assert outcome.status is Status.RETRY
+        assert outcome.reason == "route r: the gateway is stopping"
+    assert [event["log_level"] for event in events] == [LogLevel.info]
+    assert "the log is closed" in events[0]["log_format"]
+    assert "log_failure" not in events[0]
+    assert routes.refused_closed == 3
+    assert recorder.flush() is None  # nothing recorded: the log is closed
 
 
 # --- memory and reading agree -------------------------------------------------------
