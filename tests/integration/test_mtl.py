@@ -17,6 +17,7 @@ import base64
 import json
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -850,10 +851,25 @@ protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
 max_backlog_messages = {backlog}
 dead_after_seconds = 60
+
+[listeners.slow]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+max_backlog_messages = 1000
+dead_after_seconds = 60
+
+[listeners.stuck]
+protocol = "mtl"
+endpoint = "tcp:0:interface=127.0.0.1"
+max_backlog_messages = 100
+slow_consumer_seconds = 1
+dead_after_seconds = 60
 """
 LOOP_ROUTES = {
     # Gateway-profile writers of "mtl" on "relay.in" reach the readers of "relay.out" on "out".
     "relay": 'from = "mtl"\nmatch = "relay.in"\nto = "out"\naddress = "relay.out"\n',
+    # ... and on "flood.in" the readers of "flood.out" on "slow" (a short ZeroMQ queue).
+    "flood": 'from = "mtl"\nmatch = "flood.in"\nto = "slow"\naddress = "flood.out"\n',
 }
 
 
@@ -928,3 +944,123 @@ def test_a_reader_gone_without_dismiss_does_not_refuse_for_the_next(
     assert received == [b"%d" % sequence for sequence in range(1, count + 1)]
     rejected = sorted(sequence for sequence, kind in answers.items() if kind != 0x06)
     assert rejected == [], f"{len(rejected)} Rejects, the first {rejected[:5]}"
+
+
+def flood(
+    context: zmq.Context[zmq.Socket[bytes]],
+    writers: list[Data],
+    resource: str,
+    count: int,
+    reader: Data,
+) -> dict[int, list[int]]:
+    """Each writer sends ``count`` Contents at once, in its own thread; what ``reader`` got.
+
+    A writer blocks when its ZeroMQ queue to the gateway is full (the
+    gateway stopped reading it), so the threads end only as the reader
+    reads. Returns, per writer, the numbers it sent in the order received.
+    """
+    failures: list[BaseException] = []
+
+    def write(index: int, writer: Data) -> None:
+        try:
+            writer.socket.setsockopt(zmq.SNDTIMEO, 60_000)
+            for number in range(count):
+                writer.content(number + 1, resource, b"%d %d" % (index, number))
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=write, args=(index, writer), daemon=True)
+        for index, writer in enumerate(writers)
+    ]
+    for thread in threads:
+        thread.start()
+    got: dict[int, list[int]] = {index: [] for index in range(len(writers))}
+    total = count * len(writers)
+    received = 0
+    deadline = time.monotonic() + 120
+    while received < total:
+        assert time.monotonic() < deadline, (received, total)
+        assert reader.socket.poll(10_000), f"nothing more after {received} of {total}"
+        header, body = reader.socket.recv_multipart()
+        if header[0] == 0x08:  # the listener's Ping
+            reader.command(b"\x09")
+            continue
+        assert header[0] == 0x05, header
+        index, number = body.split()
+        got[int(index)].append(int(number))
+        received += 1
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    return got
+
+
+@pytest.mark.parametrize("profile", ["test", "gateway"])
+def test_fast_writers_and_a_healthy_reader_lose_nothing(
+    loop_gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]], profile: str
+) -> None:
+    """Four unpaced writers, one reader with a short ZeroMQ queue: every Content, in order.
+
+    The reader's listener queues 1,000 commands for it (max_backlog_messages);
+    the writers send 20,000 each as fast as ZeroMQ takes them. Past the
+    queue the gateway holds what the reader has not taken and stops
+    reading the writers (test profile: the same data socket; gateway
+    profile: the writers' listener, through its routed Contents in flight),
+    so nothing is dropped and nobody is cut.
+    """
+    count = 20_000
+    if profile == "test":
+        port = loop_gateway.address("slow")[1]
+        reader = open_flow(context, port, "test", "Reader", "resource")
+        writers = [open_flow(context, port, "test", "Writer", "resource") for _ in range(4)]
+        resource = "resource"
+    else:
+        reader = open_flow(
+            context, loop_gateway.address("slow")[1], "gateway", "Reader", "flood.out"
+        )
+        port = loop_gateway.address("mtl")[1]
+        writers = [open_flow(context, port, "gateway", "Writer", "flood.in") for _ in range(4)]
+        resource = "flood.in"
+    got = flood(context, writers, resource, count, reader)
+    for index, numbers in got.items():
+        assert numbers == list(range(count)), (index, len(numbers))
+    assert "slow consumer" not in loop_gateway.output()
+
+
+def test_a_stuck_reader_is_forgotten_and_the_writer_goes_on(
+    loop_gateway: GatewayProcess, context: zmq.Context[zmq.Socket[bytes]]
+) -> None:
+    """A reader that reads nothing holds the writer for slow_consumer_seconds (1 s), then is cut.
+
+    The writer's 5,000 Contents of 10 KiB outgrow every queue on the way
+    (ZeroMQ's and the kernel's), so its sends block while the gateway does
+    not read it; once the reader is forgotten as a slow consumer (logged),
+    reading resumes and the writer finishes.
+    """
+    port = loop_gateway.address("stuck")[1]
+    stuck = open_flow(context, port, "test", "Reader", "resource")
+    writer = open_flow(context, port, "test", "Writer", "resource")
+    writer.socket.setsockopt(zmq.SNDTIMEO, 30_000)
+    finished = threading.Event()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            body = b"x" * 10240
+            for number in range(5000):
+                writer.content(number + 1, "resource", body)
+            finished.set()
+        except BaseException as exc:  # reported by the test thread
+            failures.append(exc)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    line = loop_gateway.wait_for_log("forgot a slow consumer", timeout=20)
+    assert "slow_consumer_seconds" in line
+    assert finished.wait(20), failures
+    assert time.monotonic() - started >= 1.0
+    thread.join(5)
+    assert not failures
+    stuck.socket.close(linger=0)

@@ -13,7 +13,6 @@ in test_ssmp_server.py and test_listener.py.
 from __future__ import annotations
 
 import textwrap
-from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,8 @@ from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.flow import LogTally
 from gateway.protocols.dmp.server import DMPServerProtocol
-from gateway.protocols.mtl.server import HELD_RETRY_SECONDS, MTLServer
+from gateway.protocols.mtl.backlog import HELD_RETRY_SECONDS
+from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
 from gateway.protocols.mtl.zmq import DEFAULT_HIGH_WATER_MARK, ZmqSocket, zmq_factory
 from gateway.protocols.stream.server import StreamServerFactory, StreamServerProtocol
@@ -346,7 +346,7 @@ def test_disconnect_policy_an_mtl_reader_whose_queue_is_full_gets_retry_later() 
     [outcomes] = results
     assert all(o.status is Status.RETRY and "not reading" in o.reason for o in outcomes)
     assert not_sent(metrics) == 5
-    assert not sent.paused and listener._peers[b"slow"].held == deque()
+    assert not sent.paused and not listener._peers[b"slow"].backlog
     with capturedLogs() as events:
         clock.advance(5)  # the ping round; the ping itself is refused too
         clock.advance(5)
@@ -419,7 +419,7 @@ def test_a_full_mtl_reader_holds_the_test_profile_writers_and_loses_nothing() ->
     sent.room[reader] = 3
     burst(listener, [(writer, mtl.Content(n, "", {}, b"%d" % n)) for n in range(10)])
     assert [c.body for c in contents(sent, reader)] == [b"0", b"1", b"2"]
-    assert sent.paused and len(listener._peers[reader].held) == 7
+    assert sent.paused and len(listener._peers[reader].backlog) == 7
     clock.pump([HELD_RETRY_SECONDS] * 50)  # a second: the reader reads nothing
     assert sent.paused and len(contents(sent, reader)) == 3
     sent.room[reader] = 4  # it read some
@@ -436,7 +436,7 @@ def test_a_full_mtl_reader_holds_the_test_profile_writers_and_loses_nothing() ->
 
 def retry_timers(listener: MTLServer, clock: Clock) -> list[object]:
     """The listener's pending timers that offer held commands again."""
-    return [call for call in clock.getDelayedCalls() if call.func == listener._retry_held]
+    return [call for call in clock.getDelayedCalls() if call.func == listener._backlogs._retry]
 
 
 def test_a_congested_readers_answers_and_pings_keep_their_place() -> None:
@@ -534,6 +534,23 @@ def test_a_stuck_mtl_reader_is_forgotten_and_reading_resumes() -> None:
     [line] = [e for e in events if "slow consumer" in e["log_format"]]
     assert line["log_level"] is LogLevel.warn and "slow_consumer_seconds" in line["why"]
     assert retry_timers(listener, clock) == []  # nothing is held: no retry timer
+
+
+def test_a_congested_mtl_reader_found_gone_is_forgotten_and_reading_resumes() -> None:
+    """A congested reader whose connection goes: forgotten at the next offer, outcomes retry."""
+    listener, clock, control, sent, _metrics = metered_mtl()
+    data(listener, b"r", mtl_lease(listener, control))
+    data(listener, b"r", summon("news"))
+    sent.refuse.add(b"r")
+    results: list[list[Outcome]] = []
+    listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
+    assert sent.paused and results == []
+    sent.gone.add(b"r")
+    clock.advance(HELD_RETRY_SECONDS)
+    assert b"r" not in listener._peers and not sent.paused
+    [[outcome]] = results
+    assert outcome.status is Status.RETRY and "went away" in outcome.reason
+    assert retry_timers(listener, clock) == []
 
 
 def test_an_mtl_reader_past_max_backlog_bytes_is_cut_at_once() -> None:

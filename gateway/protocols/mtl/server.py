@@ -27,7 +27,12 @@ Data (spec, "Data Flow"): a DEALER peer sends Lease and gets Response
 200/403; Summon and Dismiss get 200/400 in order; Content follows the
 lease's profile; Confirm and Reject settle what the gateway sent; Ping is
 answered Pong; the listener pings idle peers every
-``ping_interval_seconds`` and forgets one silent for ``dead_after_seconds``.
+``ping_interval_seconds`` and forgets one silent for ``dead_after_seconds``
+(time the listener did not read the data socket does not count). A peer
+ZeroMQ has no connection with any more (it closed its socket, with or
+without Dismiss: the data socket is ROUTER_MANDATORY, so a send to it fails
+with EHOSTUNREACH) is forgotten at the first send to it, a Ping at the
+latest: its lease and summons go, what it left unconfirmed is retry later.
 Ill-formed commands are dropped.
 
 Batches (DESIGN.md, "The batch is the unit of work"): the gateway-profile
@@ -46,21 +51,35 @@ outcome comes back as Confirm (accepted), Reject (rejected) or Reject with
 recycle (retry later). Routes deliver to the listener: a message goes to
 every reader that summoned its address; readers with ``confirm = "full"``
 answer for it (Confirm: accepted, Reject: rejected, Reject recycle: retry
-later), readers without confirmations count as accepted once written; no
-reader, or one ZeroMQ cannot hand it to (gone, queue full: the data socket
-is ROUTER_MANDATORY): retry later.
+later), readers without confirmations accept it once ZeroMQ took it; a
+message answers the worst of its readers' answers, a reader found gone
+meanwhile not counting; no reader left: retry later.
 
-Slow readers (issue 18): ZeroMQ queues at most ``max_backlog_messages``
-commands for a data peer (the data socket's SNDHWM; txzmq's default was no
-limit, so a reader that stopped reading grew the gateway by everything
-routed to it, each copy "accepted"). Past that a Content for it is not
-sent: retry later for a route, so that a confirm=full writer gets Reject
-with recycle and a durable route keeps it; a test-profile copy, which
-nobody confirms, is dropped. A confirm=full reader with as many Contents
-unconfirmed (it reads but does not confirm) gets no more either: retry
-later. Each is counted (``not-sent``) and the
-listener logs how many at its next ping round. A reader that reads nothing
-answers no Ping either and is forgotten after ``dead_after_seconds``.
+Slow readers (DESIGN.md, "Back-pressure before loss"; the listener's
+``flow``): ZeroMQ queues at most ``max_backlog_messages`` commands for a
+data peer (the data socket's SNDHWM); past that it refuses them (EAGAIN).
+Under ``pause-producers`` (the default) that peer is congested: what ZeroMQ
+refused for it, and everything sent to it after, is held for it in order
+and offered again every 20 ms while anything is held (ZeroMQ
+says nothing when a queue has room again), and while any peer is congested
+the data socket is not read at all: every writer shares it, so the writers'
+own ZeroMQ queues fill and their sends wait. A routed copy held for a
+reader without confirmations is answered once ZeroMQ took it. A congested
+peer ZeroMQ takes nothing more for during ``slow_consumer_seconds``, or
+holding more than ``max_backlog_bytes``, is a slow consumer: forgotten as a
+dead peer is (what waited on it retry later), counted
+(``msggateway_slow_consumer_disconnects``) and logged, and reading resumes.
+Writers whose Contents are routed elsewhere wait too: past
+``max_in_flight`` routed Contents unanswered (a destination that answers
+once its consumer drained, such as a congested reader of another MTL
+listener or SSMP subscriber) the data socket is not read until half are.
+Under ``disconnect`` nothing is held and nobody waits: a refused Content is
+retry later for a route (a confirm=full writer gets Reject with recycle), a
+refused test-profile copy is dropped, each counted (``not-sent``) and
+logged at the next ping round. Under both, a confirm=full reader with
+``max_backlog_messages`` Contents unconfirmed (it reads but does not
+confirm) gets no more until it confirms: retry later, counted ``not-sent``
+(its Confirms come on the data socket, which holding would stop reading).
 """
 
 from __future__ import annotations
@@ -69,9 +88,9 @@ import base64
 import binascii
 import itertools
 import secrets as random_texts
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, TypeAlias, Unpack
+from typing import Any, Final, Unpack
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -82,12 +101,13 @@ from zope.interface import implementer
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
-from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
+from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Unrouted
 from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
+from gateway.protocols.mtl.backlog import Backlog, Backlogs
 from gateway.protocols.mtl.mapping import (
     Copy,
     PendingBatch,
@@ -103,14 +123,6 @@ from gateway.protocols.mtl.settings import MTLListenerSettings
 __all__ = ["MTLServer"]
 
 TEST_RESOURCE: Final = "resource"
-HELD_RETRY_SECONDS: Final = 0.02
-"""How often what ZeroMQ refused for congested peers is offered again, while there is any.
-
-ZeroMQ says nothing when a peer's queue has room again; 20 ms is a fraction
-of what a queue of ``max_backlog_messages`` takes to drain at any useful
-rate, and costs a few sends per congested peer, never one per message.
-"""
-_ACCEPTED: Final = Outcome.accepted()
 
 
 @attrs.define
@@ -138,12 +150,6 @@ class _Lease:
     """The session's authenticated identity when the lease was granted."""
 
 
-_Held: TypeAlias = tuple[list[bytes], PendingBatch | None, int]
-"""A command ZeroMQ refused for a congested peer: its frames, and the batch and index of
-the message whose outcome waits for ZeroMQ to take it (a route's copy for a reader
-without confirmations), if any."""
-
-
 @attrs.define(eq=False)
 class _DataPeer:
     """One data peer (a DEALER socket) and what it holds."""
@@ -152,15 +158,11 @@ class _DataPeer:
     lease: _Lease | None = None
     summoned: set[str] = attrs.Factory(set)
     heard: float = 0.0
-    """When it was last heard from, in the listener's listening time (`MTLServer._listened`)."""
+    """When it was last heard from, in the data socket's listening time (`Backlogs.listened`)."""
     sequence: Any = attrs.Factory(lambda: itertools.count(1))
     unconfirmed: Unconfirmed = attrs.Factory(dict)
-    held: deque[_Held] = attrs.Factory(deque)
-    """What ZeroMQ refused for it (its queue full), in order, waiting to be offered again."""
-    held_bytes: int = 0
-    progress_at: float = 0.0
-    """When ZeroMQ last took some of ``held`` (or ``held`` began)."""
-    congestion: Congestion = attrs.Factory(Congestion)
+    backlog: Backlog = attrs.Factory(Backlog)
+    """What ZeroMQ refused for it (its queue full), in order, offered again until taken."""
     forgotten: bool = False
 
 
@@ -202,14 +204,17 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         )
         # Back-pressure: the data socket is read while no congested peer holds it, nor
         # too many routed Contents wait for their answers (`_answers_due`).
-        self._reading = Throttle(self._pause_reading, self._resume_reading)
+        self._backlogs: Backlogs[_DataPeer] = Backlogs(
+            self.clock,
+            lambda: self.flow,
+            lambda: self._data.pause_reading(),
+            lambda: self._data.resume_reading(),
+            lambda messages: self._data.send_in_order(messages),
+            lambda peer: self._peers_gone((peer,)),
+            self._slow_consumer,
+        )
         self._in_flight = 0
         self._answers_due = Congestion()
-        self._congested: dict[_DataPeer, None] = {}
-        self._retry_call: IDelayedCall | None = None
-        # Time the data socket was not read: silence then is not a peer's.
-        self._deaf_seconds = 0.0
-        self._deaf_since: float | None = None
 
     # --- life --------------------------------------------------------------------------
 
@@ -265,10 +270,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     def stop(self) -> None:
         """Close the sockets; what waits for a confirmation is retried elsewhere."""
-        for call in (self._timer, self._retry_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._retry_call = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._backlogs.stop()
         for peer in list(self._peers.values()):
             self._forget(peer, "the listener is stopping")
         self._outbox.flush()
@@ -512,7 +516,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         peer = self._peers.get(identity)
         if peer is None:
             peer = self._peers[identity] = _DataPeer(identity)
-        peer.heard = self.clock.seconds() - self._deaf_seconds
+        peer.heard = self.clock.seconds() - self._backlogs.deaf_seconds
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
             self._content(peer, command)
@@ -543,7 +547,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             due = self._answers_due
             if self._in_flight >= self.settings.max_in_flight and not due.congested:
                 due.begin()
-                due.hold(self._reading)
+                due.hold(self._backlogs.reading)
         self._outbox.reading = False
         self._outbox.flush()
 
@@ -682,7 +686,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 confirms = lease is not None and lease.confirm == "full"
                 if confirms:
                     # A reader that reads but does not confirm holds what it read here.
-                    # (Not held back by pausing: its Confirms come on the socket paused.)
+                    # Past the limit: retry later, not held (holding would stop reading
+                    # the data socket, which its Confirms come on).
                     unconfirmed = len(reader.unconfirmed) + added.get(reader, 0)
                     if unconfirmed >= limit:
                         batch.settle(index, self._not_confirming)
@@ -696,7 +701,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
                 copy = (reader.unconfirmed if confirms else None, sequence, index)
-                if reader.held:
+                if reader.backlog:
                     waiting.append((reader, [reader.identity, *command], copy))
                 else:
                     frames.append([reader.identity, *command])
@@ -721,15 +726,16 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         full, gone = self._data.send_routed(frames) if frames else ([], [])
         elsewhere: set[int] = set(gone)
         grown: dict[_DataPeer, None] = {}
+        hold = self._backlogs.hold
         if full and self.flow.pauses_producers:
             for position in full:
                 unconfirmed, _sequence, index = copies[position]
                 reader = targets[position]
                 if unconfirmed is None:  # accepted once ZeroMQ takes it
                     elsewhere.add(position)
-                    self._hold(reader, frames[position], batch, index)
+                    hold(reader, reader.backlog, frames[position], batch, index)
                 else:  # answered by its Confirm, as if sent now
-                    self._hold(reader, frames[position], None, 0)
+                    hold(reader, reader.backlog, frames[position])
                 grown[reader] = None
             full = []
         elif full:
@@ -737,10 +743,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         for reader, routed, copy in waiting:
             unconfirmed, _sequence, index = copy
             if unconfirmed is None:
-                self._hold(reader, routed, batch, index)
+                hold(reader, reader.backlog, routed, batch, index)
             else:
                 copies.append(copy)
-                self._hold(reader, routed, None, 0)
+                hold(reader, reader.backlog, routed)
             grown[reader] = None
         not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
         batch.sent(copies, full, not_reading, elsewhere)
@@ -751,83 +757,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             self._count_not_sent(len(gone))
             self._peers_gone(targets[position] for position in gone)
         for reader in grown:
-            self._check_held(reader)
+            self._backlogs.check(reader, reader.backlog)
 
     # --- back-pressure -----------------------------------------------------------------
-
-    def _hold(
-        self, peer: _DataPeer, frames: list[bytes], batch: PendingBatch | None, index: int
-    ) -> None:
-        """Keep a command ZeroMQ refused for a peer whose queue is full, after what it holds.
-
-        The peer's first one makes it congested: it holds the data socket's
-        reading (every writer waits in its own process, its ZeroMQ queue to
-        us full) until ZeroMQ took everything held for it, offered again every
-        `HELD_RETRY_SECONDS`. ``batch`` and ``index``: the message accepted
-        once ZeroMQ takes this.
-        """
-        held = peer.held
-        if not held:
-            peer.progress_at = self.clock.seconds()
-            self._congested[peer] = None
-            congestion = peer.congestion
-            congestion.begin()
-            congestion.hold(self._reading)
-            if self._retry_call is None:
-                self._retry_call = self.clock.callLater(HELD_RETRY_SECONDS, self._retry_held)
-        held.append((frames, batch, index))
-        peer.held_bytes += sum(map(len, frames))
-
-    def _check_held(self, peer: _DataPeer) -> None:
-        """Forget a peer holding more than ``max_backlog_bytes`` (the hard cap)."""
-        limit = self.flow.max_backlog_bytes
-        if limit and peer.held_bytes > limit and not peer.forgotten:
-            self._slow_consumer(
-                peer,
-                f"{peer.held_bytes} bytes wait for it past its ZeroMQ queue of"
-                f" {self.settings.max_backlog_messages} (max_backlog_bytes {limit})",
-            )
-
-    def _retry_held(self) -> None:
-        """Offer congested peers what ZeroMQ refused; release the drained, forget the stuck."""
-        self._retry_call = None
-        data = self._data
-        if data is None:
-            return
-        now = self.clock.seconds()
-        seconds = self.flow.slow_consumer_seconds
-        for peer in list(self._congested):
-            if peer.forgotten:
-                continue
-            held = peer.held
-            taken, gone = data.send_in_order(frames for frames, _batch, _index in held)
-            if taken:
-                peer.progress_at = now
-                self._taken(peer, taken)
-            if gone:
-                self._peers_gone((peer,))
-            elif not held:
-                self._congested.pop(peer, None)
-                peer.congestion.drained()
-            elif seconds > 0 and now - peer.progress_at >= seconds:
-                self._slow_consumer(
-                    peer,
-                    f"ZeroMQ took nothing more for it for {seconds:g} s"
-                    f" (slow_consumer_seconds; {len(held)} commands waiting)",
-                )
-        if self._congested and self._retry_call is None:
-            self._retry_call = self.clock.callLater(HELD_RETRY_SECONDS, self._retry_held)
-
-    def _taken(self, peer: _DataPeer, count: int) -> None:
-        """ZeroMQ took the first ``count`` held for a peer: what waited on them is accepted."""
-        held = peer.held
-        size = 0
-        for _ in range(count):
-            frames, batch, index = held.popleft()
-            size += sum(map(len, frames))
-            if batch is not None:
-                batch.settle(index, _ACCEPTED)
-        peer.held_bytes -= size
 
     def _slow_consumer(self, peer: _DataPeer, why: str) -> None:
         """Forget a congested peer given up on (stuck, or past the cap), counted and logged."""
@@ -840,28 +772,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if self._metrics is not None:
             self._metrics.slow_consumers.labels(self.name).inc()
         self._forget(peer, "a slow consumer")
-
-    def _pause_reading(self) -> None:
-        """A peer is congested: read no writer until it drained (their queues push back)."""
-        if self._deaf_since is None:
-            self._deaf_since = self.clock.seconds()
-        if self._data is not None:
-            self._data.pause_reading()
-
-    def _resume_reading(self) -> None:
-        """No peer is congested any more: read again."""
-        if self._deaf_since is not None:
-            self._deaf_seconds += self.clock.seconds() - self._deaf_since
-            self._deaf_since = None
-        if self._data is not None:
-            self._data.resume_reading()
-
-    def _listened(self, now: float) -> float:
-        """Time the data socket was read until ``now`` (the clock of ``heard``)."""
-        deaf = self._deaf_seconds
-        if self._deaf_since is not None:
-            deaf += now - self._deaf_since
-        return now - deaf
 
     # --- heartbeats --------------------------------------------------------------------
 
@@ -878,7 +788,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             )
             self.not_sent = 0
         # Silence while the data socket was not read is ours, not the peer's.
-        now = self._listened(self.clock.seconds())
+        now = self._backlogs.listened(self.clock.seconds())
         for peer in list(self._peers.values()):
             if now - peer.heard >= self.settings.dead_after_seconds:
                 self.count_error("dead-peer")
@@ -912,16 +822,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             del self._peers[peer.identity]
         peer.forgotten = True
         gone = Outcome.retry(f"an MTL reader of {self.name} went away ({why})")
-        held = peer.held
-        if held:
-            peer.held = deque()
-            peer.held_bytes = 0
-            for _frames, batch, index in held:
-                if batch is not None:
-                    batch.settle(index, gone)
+        self._backlogs.forget(peer, peer.backlog, gone)
         give_back(peer.unconfirmed, gone)
-        self._congested.pop(peer, None)
-        peer.congestion.gone()  # the data socket is read again if no other peer holds it
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -932,9 +834,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """
         self.traffic.messages_out += 1
         frames = [peer.identity, *mtl.encode_data(command)]
-        if peer.held:
-            self._hold(peer, frames, None, 0)
-            self._check_held(peer)
+        backlog = peer.backlog
+        if backlog:
+            self._backlogs.hold(peer, backlog, frames)
+            self._backlogs.check(peer, backlog)
         else:
             self._outbox.add(frames)
 
@@ -964,10 +867,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             if peer is None:
                 self._count_not_sent(1)
                 continue
-            self._hold(peer, frames, None, 0)
+            self._backlogs.hold(peer, peer.backlog, frames)
             grown[peer] = None
         for peer in grown:
-            self._check_held(peer)
+            self._backlogs.check(peer, peer.backlog)
 
     def _authorized(self, action: Action, identity: str | None, resource: str) -> bool:
         return check(

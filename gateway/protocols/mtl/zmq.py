@@ -162,8 +162,9 @@ def _classes() -> tuple[Any, Any, Any, Any]:
             """Read again, from the next reactor turn."""
             if self.reading_paused:
                 self.reading_paused = False
-                # ZeroMQ's descriptor says nothing of what waited meanwhile: look now.
-                self._read_soon()
+                if self.factory is not None:  # not closed
+                    # ZeroMQ's descriptor says nothing of what waited meanwhile: look now.
+                    self._read_soon()
 
         def _read_soon(self) -> None:
             # A send may take the wake-up meant for incoming messages (ZeroMQ's
