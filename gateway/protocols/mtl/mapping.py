@@ -8,7 +8,8 @@ id as ``message-id`` and its sender as ``x-gateway-sender``.
 A batch delivered to an MTL peer is a `PendingBatch`: one `Answers` for the
 whole batch, filled in by each Content's Confirm or Reject (spec, "Data
 Flow": Confirm is accepted, Reject rejected, Reject with recycle retry
-later), with no Deferred or timer per message.
+later), with no Deferred or timer per message; a copy whose reader turned
+out to be gone is withdrawn rather than answered.
 """
 
 from __future__ import annotations

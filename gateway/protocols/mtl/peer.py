@@ -8,9 +8,12 @@ and reactor, the traffic and error counters, and the data socket's output
 `MTLUpstream` hold their own sockets' protocol.
 
 What the data socket does not take (the peer's queue is at its high-water
-mark because the peer does not read, or the peer is gone) is counted as
-``not-sent`` and in `MTLPeer.not_sent`: a routed Content is answered by its
-caller, anything else is dropped, as ZeroMQ would drop it.
+mark because the peer does not read, or the peer is gone) and is not kept
+to be sent later is counted as ``not-sent`` and in `MTLPeer.not_sent`: a
+routed Content is answered by its caller, anything else is dropped, as
+ZeroMQ would drop it. The listener keeps what its congested readers' queues
+refuse instead (`MTLServer`, "Slow readers"); the upstream has one peer,
+the server, and answers retry later.
 """
 
 from __future__ import annotations

@@ -95,10 +95,12 @@ class MTLListenerSettings:
             202 reply names it.
         max_backlog_messages: Commands ZeroMQ queues for one data peer that
             does not read (the data socket's ``SNDHWM``), and Contents a
-            confirm=full reader may leave unconfirmed; past either a Content
-            routed to that reader is answered retry later (its writer gets
-            Reject with recycle), a test-profile copy is dropped, and each
-            is counted (``not-sent``).
+            confirm=full reader may leave unconfirmed. Past the first, what
+            ZeroMQ refuses is held for the peer and the data socket is not
+            read until it caught up (the listener's ``flow``; under
+            ``disconnect``: retry later, test-profile copies dropped, each
+            counted ``not-sent``); past the second, a Content routed to that
+            reader is retry later (counted ``not-sent``).
         max_in_flight: Writers' Contents routed and not yet answered, at
             most: past it the data socket is not read (the writers' own
             ZeroMQ queues fill and they wait) until half of them are.

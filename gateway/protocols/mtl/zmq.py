@@ -21,10 +21,13 @@ Queues: every socket made here holds at most `DEFAULT_HIGH_WATER_MARK`
 messages per peer each way (a socket's owner may set another ``SNDHWM``
 before it binds or connects). txzmq sets no limit at all (0), so a peer
 that stopped reading grew the gateway's memory by everything sent to it,
-and every send "succeeded" (issue 18). At the mark a send fails at once
-(``NOBLOCK``; ``ROUTER_MANDATORY`` for a ROUTER), and what was sent is
-answered or counted by its caller; a peer's writes wait in its own process
-while our queue of its messages is full.
+and every send "succeeded". At the mark a send fails at once
+(``NOBLOCK``; ``ROUTER_MANDATORY`` for a ROUTER, which also fails a send to
+a peer it has no connection with), and the caller holds, answers or counts
+what was refused (`ZmqSocket.send_routed` tells a full queue from a gone
+peer); a peer's writes wait in its own process while our queue of its
+messages is full, and a socket whose reading is paused
+(`ZmqSocket.pause_reading`) lets exactly that happen to every peer.
 """
 
 from __future__ import annotations
