@@ -164,6 +164,13 @@ class GatewayMetrics:
             ["endpoint", "kind"],
             registry=r,
         )
+        self.login_failures = Counter(
+            "msggateway_login_failures",
+            "Logins refused (a wrong secret, lease or certificate name, or a refused identity),"
+            " per listener.",
+            ["endpoint"],
+            registry=r,
+        )
         self.slow_consumers = Counter(
             "msggateway_slow_consumer_disconnects",
             "Connections closed because their undelivered backlog passed its limit.",

@@ -24,6 +24,7 @@ and tells when all are gone.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Generic, NotRequired, TypedDict, TypeVar, cast
 
@@ -42,10 +43,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from gateway.core.auth import Secrets
+from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy, Secrets
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
+from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.tcp import RefusedConnection, disable_nagle
 
 __all__ = [
@@ -112,6 +114,8 @@ class ListenerFactory(Factory[P], Generic[P, S]):
     flow: FlowPolicy = DEFAULT_FLOW
     """What a consumer that reads more slowly than its producers write costs them, and when
     it is cut (`gateway.core.flow`); the assembly sets it."""
+    login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
+    """How refused logins are slowed down and cut off (`gateway.core.auth`); the assembly sets it."""
 
     def __init__(
         self,
@@ -143,6 +147,11 @@ class ListenerFactory(Factory[P], Generic[P, S]):
         connection_class: Any = self.protocol  # takes the factory, unlike Protocol()
         built: P = connection_class(self)
         return built
+
+    @functools.cached_property
+    def logins(self) -> LoginRefusals:
+        """Its refused logins: waits, counter and log (made at first use, with ``login_failures``)."""
+        return LoginRefusals(self.name, self.login_failures, self.clock, self._metrics)
 
     def connection_opened(self, connection: P) -> None:
         """Count a new connection."""
