@@ -4,6 +4,9 @@
 `GatewayService` (a `MultiService`): one `ListenerService` per listener,
 one client service per upstream, the admin site, and the router that joins
 them. Only `makeService` (the twistd entry point) touches the global reactor.
+
+A clean stop (SIGTERM, SIGINT) drains before it closes anything: see
+`GatewayService.stopService`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from typing import Any, Final
 import attrs
 from prometheus_client import ProcessCollector
 from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.interfaces import (
     IListeningPort,
     IProtocolFactory,
     IReactorCore,
+    IReactorTime,
     IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
@@ -98,6 +102,7 @@ class ListenerService(Service):
         self.factory = factory
         self.port: IListeningPort | None = None
         self.listening: Deferred[IListeningPort] | None = None
+        self._stopped: Deferred[None] | None = None
 
     def startService(self) -> None:
         """Start listening.
@@ -132,14 +137,23 @@ class ListenerService(Service):
         return port
 
     def stopService(self) -> Deferred[None] | None:
-        """Stop listening (open connections are closed by the reactor on exit)."""
+        """Stop listening, if `stop_listening` did not already.
+
+        The gateway's drain has closed the connections of its own
+        listeners by now; the reactor closes any left (the admin site's) on exit.
+        """
         super().stopService()
+        self.stop_listening()
+        stopped, self._stopped = self._stopped, None
+        return stopped
+
+    def stop_listening(self) -> None:
+        """Accept no more connections; those open stay open."""
         if self.port is not None:
             port, self.port = self.port, None
-            return port.stopListening()
-        if self.listening is not None and not self.listening.called:
+            self._stopped = port.stopListening()
+        elif self.listening is not None and not self.listening.called:
             self.listening.cancel()
-        return None
 
     @property
     def address(self) -> str | None:
@@ -206,27 +220,117 @@ class GatewayService(MultiService):
         if self.durable is not None:
             self.durable.recorder = recorder
 
-    def stopService(self) -> Deferred[None] | None:
-        """Stop forwarding, then everything else, then close the log."""
+    def stopService(self) -> Deferred[None]:
+        """Drain, then stop forwarding and everything else, then close the log.
+
+        The drain (`_drain`) answers what was read before anything closes,
+        within ``shutdown_grace_seconds``; then the durable forwarders stop
+        (what they were delivering is delivered again at the next start),
+        the upstreams and remaining listeners stop, the outcome records of
+        the last moments are written, and the log closes.
+        """
         tell_systemd({"STOPPING": "1"})
-        for feed in self.feeds:
-            feed.stop()
+        return Deferred.fromCoroutine(self._stop())
+
+    async def _stop(self) -> None:
+        await self._drain()
         if self.durable is not None:
             self.durable.stop()
         stopped: Deferred[Any] | None = super().stopService()
+        if stopped is not None:
+            await stopped
         store = self.store
         if store is None:
-            return stopped
+            return
         recorder = self.router.recorder
+        if recorder is not None:
+            recorder.flush()  # the records of the last moments, before the log closes
+        await store.close()
 
-        def close(_: object = None) -> Deferred[None]:
-            if recorder is not None:
-                recorder.flush()  # the records of the last moments, before the log closes
-            return store.close()
+    async def _drain(self) -> None:
+        """Stop taking messages; answer what was read; close the connections, within the grace.
 
-        if stopped is None:
-            return close()
-        return stopped.addCallback(close)
+        1. Stop listening on the TCP listeners and reading their
+           connections, stop the stream listeners' route feeds, and have
+           the router take nothing more (a ZeroMQ listener, still bound so
+           that its answers go out, is answered retry later; an upstream's
+           messages are left to its server, unanswered).
+        2. Wait until the router has answered every batch it took: a direct
+           route's destination answered, a durable route's commit is done.
+        3. Close every connection gracefully (its answers are written
+           first) and wait for all to go.
+
+        Both waits together take ``shutdown_grace_seconds`` at most; what is
+        unanswered then learns it the way its protocol allows when its
+        connection closes (a QMQP sender retries what got no reply).
+        """
+        grace = self.config.shutdown_grace_seconds
+        started = self._now()
+        factories = [
+            svc.factory
+            for svc in self.listeners().values()
+            if isinstance(svc.factory, ListenerFactory)
+        ]
+        connections = sum(len(factory.connections) for factory in factories)
+        self._log.info(
+            "msggateway stopping: no longer listening or reading; answering what {connections}"
+            " connection(s) sent, then closing them, within {grace:g} s (shutdown_grace_seconds)",
+            connections=connections,
+            grace=grace,
+        )
+        for service in self.listeners().values():
+            if isinstance(service.factory, ListenerFactory):
+                service.stop_listening()
+        for factory in factories:
+            factory.stop_reading()
+        for feed in self.feeds:
+            feed.stop()
+        upstreams = {name for name, endpoint in self.endpoints.items() if endpoint.upstream}
+        self.router.stop_taking(unanswered=upstreams)
+        await self._wait(self.router.when_idle(), started + grace)
+        batches = self.router.batches_in_flight
+        closing = [factory.close_connections() for factory in factories]
+        await self._wait(DeferredList(closing, consumeErrors=True), started + grace)
+        still_open = sum(len(factory.connections) for factory in factories)
+        took = self._now() - started
+        if not batches and not still_open:
+            self._log.info(
+                "msggateway drained in {seconds:.2f} s: everything read was answered,"
+                " {connections} connection(s) closed",
+                seconds=took,
+                connections=connections,
+            )
+            return
+        self._log.warn(
+            "msggateway drain cut short by shutdown_grace_seconds ({grace:g} s) after"
+            " {seconds:.2f} s: {batches} batch(es) still unanswered (their senders retry),"
+            " {open} of {connections} connection(s) still open (dropped at exit)",
+            grace=grace,
+            seconds=took,
+            batches=batches,
+            open=still_open,
+            connections=connections,
+        )
+
+    async def _wait(self, waited: Deferred[Any], deadline: float) -> None:
+        """Wait for ``waited``, until ``deadline`` at most: then it is cancelled."""
+        if waited.called:
+            await waited
+            return
+        timer = self.reactor.callLater(max(deadline - self._now(), 0.0), waited.cancel)
+        try:
+            await waited
+        except CancelledError:
+            pass  # the grace ran out; the caller looks at what is left
+        finally:
+            if timer.active():
+                timer.cancel()
+
+    def _now(self) -> float:
+        """The reactor's time (0 with a reactor that keeps none, such as a test's)."""
+        if IReactorTime.providedBy(self.reactor):
+            return float(self.reactor.seconds())
+        return 0.0
 
     def _bind(self, routes: tuple[Route, ...]) -> RouteTable:
         durable = self.durable.delivery if self.durable is not None else None
@@ -464,6 +568,7 @@ def _mtl_listener(
     server.authorization = config.authorization
     server.backlog = config.backlog
     server.flow = config.flow
+    server.login_failures = config.login_failures
     return MTLEndpoint(server), server  # type: ignore[return-value]
 
 
@@ -664,6 +769,7 @@ def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) 
             reactor=reactor,
             leases=LeaseDesk(dmp_listeners, config.secrets, reactor) if dmp_listeners else None,
             secrets=config.secrets,
+            allowed_hosts=config.admin.allowed_hosts,
         )
         gateway.admin = ListenerService(
             "admin", serverFromString(reactor, config.admin.endpoint), site

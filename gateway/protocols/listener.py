@@ -69,6 +69,9 @@ DEFAULT_FRAME_TIMEOUT_SECONDS: Final = 30.0
 last, unless the listener's config says otherwise (issue 18: a half-sent frame after
 the handshake was held open for ever)."""
 _PRUNE_TIMERS_PAST: Final = 8
+STOP_QUIET_SECONDS: Final = 0.5
+"""As the gateway stops, a half-closed connection whose peer sent nothing for this long is
+closed: with nothing unread, closing it is no reset, and the answers still go out."""
 """Timers a connection remembers before it forgets those that fired or were cancelled."""
 
 P = TypeVar("P", bound=Protocol)
@@ -556,9 +559,9 @@ class ListenerConnection(Protocol, Generic[F]):
         A socket closed with input unread is reset (RFC 1122, 4.2.2.13),
         and the reset drops what the kernel had not sent yet: answers, when
         the peer was still streaming. So the connection says it is done
-        after its last answer (a FIN; with TLS, close_notify) and then reads
-        until the peer closes its side, dropping what it reads unanswered
-        (the protocol reads nothing while closing).
+        after its last answer (a FIN; with TLS, close_notify) and reads on,
+        dropping what it reads, until the peer closes its side or has sent
+        nothing for `STOP_QUIET_SECONDS`; then it closes.
         """
         transport = self.transport
         if self._closing or transport is None:
@@ -572,9 +575,33 @@ class ListenerConnection(Protocol, Generic[F]):
             cast(ITCPTransport, transport).loseWriteConnection()
         else:  # TLS: close_notify, and closed once the peer's arrives
             transport.loseConnection()
-        if tls or not getattr(transport, "disconnecting", True):  # still reading: drain it
+        if tls or not getattr(transport, "disconnecting", True):  # it can still be read
+            self.dataReceived = self._drop_input  # type: ignore[method-assign]
+            self._heard_at = self.factory.clock.seconds()
+            self._call_later(STOP_QUIET_SECONDS, self._quiet_check)
             self._reading_paused = False
             transport.resumeProducing()  # type: ignore[attr-defined]
+
+    _heard_at = 0.0
+    """When a closing connection last read input (`close_for_stop`)."""
+
+    def _drop_input(self, data: bytes) -> None:
+        """Read a closing connection's input and drop it: it is answered nothing."""
+        self._heard_at = self.factory.clock.seconds()
+
+    def _quiet_check(self) -> None:
+        """Close a half-closed connection once its peer has been quiet for a while."""
+        left = self._heard_at + STOP_QUIET_SECONDS - self.factory.clock.seconds()
+        if left > 0:
+            self._call_later(left, self._quiet_check)
+            return
+        transport = self.transport
+        if transport is None:
+            return
+        if ISSLTransport.providedBy(transport):
+            cast(ITCPTransport, transport).abortConnection()  # no close_notify came back
+        else:
+            transport.loseConnection()
 
     # --- frame time-out -------------------------------------------------------------------
 

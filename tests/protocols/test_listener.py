@@ -29,6 +29,7 @@ from gateway.core.flow import FlowPolicy
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.listener import (
     DEFAULT_FRAME_TIMEOUT_SECONDS,
+    STOP_QUIET_SECONDS,
     ListenerConnection,
     ListenerFactory,
 )
@@ -504,9 +505,9 @@ def test_closing_for_a_stop_writes_the_answers_then_half_closes_and_drains_input
     """Answers written after the stop go out first, then a FIN; input is read until the peer closes.
 
     Closing a socket with input unread would reset it, losing answers the
-    kernel had not sent: so the write side closes, reading resumes (the
-    protocol drops what it reads while closing), and the connection is gone
-    once the peer closes its side.
+    kernel had not sent: so the write side closes, reading resumes (what is
+    read is dropped, unanswered), and the connection is gone once the peer
+    closes its side.
     """
     world = _World()
     connection, transport = world.connect(_TCPTransport())
@@ -517,10 +518,28 @@ def test_closing_for_a_stop_writes_the_answers_then_half_closes_and_drains_input
     assert transport.write_closed and not transport.disconnecting
     assert transport.producer is None  # a TLS transport waits for its producer to go
     assert transport.producerState == "producing"  # reading the peer's last bytes
+    connection.dataReceived(b"more from a peer still streaming\n")
+    assert transport.value() == b"ok answered after the stop\n"  # dropped, unanswered
     assert not closed.called
     connection.connectionLost(Failure(ConnectionDone()))
     assert closed.called
     assert world.factory.connections == set()
+
+
+def test_a_half_closed_peer_that_stays_is_closed_once_quiet() -> None:
+    """A peer that neither sends nor closes is closed after `STOP_QUIET_SECONDS` of quiet.
+
+    With nothing unread, the close is no reset: the answers still go out.
+    """
+    world = _World()
+    connection, transport = world.connect(_TCPTransport())
+    world.factory.close_connections()
+    world.clock.advance(STOP_QUIET_SECONDS - 0.1)
+    connection.dataReceived(b"still streaming\n")
+    world.clock.advance(STOP_QUIET_SECONDS - 0.1)
+    assert not transport.disconnecting  # it was heard from 0.4 s ago
+    world.clock.advance(0.1)
+    assert transport.disconnecting
 
 
 def test_without_a_half_close_the_stop_closes_after_the_answers() -> None:
