@@ -572,7 +572,7 @@ class ListenerConnection(Protocol, Generic[F]):
         cast(IConsumer, transport).unregisterProducer()
         tls = ISSLTransport.providedBy(transport)
         if ITCPTransport.providedBy(transport) and not tls:
-            cast(ITCPTransport, transport).loseWriteConnection()
+            transport.loseWriteConnection()
         else:  # TLS: close_notify, and closed once the peer's arrives
             transport.loseConnection()
         if tls or not getattr(transport, "disconnecting", True):  # it can still be read
