@@ -140,6 +140,10 @@ def _everything(directory: Path) -> Path:
         max_in_flight = 10
         max_in_flight_bytes = 1048576
         idle_timeout_seconds = 60
+        login_failure_delay_seconds = 0.5
+        login_failure_max_delay_seconds = 10
+        login_failures_per_connection = 2
+        login_failure_reset_seconds = 300
 
         [listeners.streams]
         protocol = "stream"

@@ -27,6 +27,7 @@ from gateway.config.endpoints import (
     has_backlog_parameter,
 )
 from gateway.core.addressing import AddressPattern, PatternError
+from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
 from gateway.core.authorization import UNRESTRICTED, Authorization, Grant
 from gateway.core.flow import (
     DEFAULT_FLOW,
@@ -68,6 +69,8 @@ class ListenerConfig:
         flow: What a consumer that reads more slowly than its producers
             write costs them, and when it is cut (``slow_consumer_policy``,
             ``slow_consumer_seconds``, ``max_backlog_bytes``).
+        login_failures: How refused logins are slowed down and cut off
+            (the ``login_failure*`` keys).
     """
 
     name: str
@@ -80,6 +83,7 @@ class ListenerConfig:
     backlog: int = DEFAULT_LISTEN_BACKLOG
     frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
     flow: FlowPolicy = DEFAULT_FLOW
+    login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
 
     @property
     def listen_endpoint(self) -> str:
@@ -182,6 +186,34 @@ MAX_BACKLOG_BYTES: Final = integer(
     doc="Bytes written to a congested consumer past which it is disconnected as a slow"
     " consumer, whatever the policy (the hard cap).",
 )
+LOGIN_FAILURE_DELAY_SECONDS: Final = number(
+    "login_failure_delay_seconds",
+    DEFAULT_LOGIN_FAILURES.delay_seconds,
+    doc="A refused login (a wrong secret, lease or certificate name, or an identity refused"
+    " here) is answered after this; each further refusal in a row for the same peer address"
+    " or identity waits twice as long, and no login from that address or for that identity"
+    " is checked before the wait is over. 0: at once (tests only).",
+)
+LOGIN_FAILURE_MAX_DELAY_SECONDS: Final = number(
+    "login_failure_max_delay_seconds",
+    DEFAULT_LOGIN_FAILURES.max_delay_seconds,
+    doc="The longest wait before a refused login is answered.",
+)
+LOGIN_FAILURES_PER_CONNECTION: Final = integer(
+    "login_failures_per_connection",
+    DEFAULT_LOGIN_FAILURES.per_connection,
+    minimum=1,
+    doc="Refused logins one connection may have (QMQP ``A`` blocks; MTL Connection.Authorize"
+    " per session); the last is answered, then the connection is closed (MTL: the session"
+    " is forgotten). SSMP, the stream protocol and DMP close after the first.",
+)
+LOGIN_FAILURE_RESET_SECONDS: Final = number(
+    "login_failure_reset_seconds",
+    DEFAULT_LOGIN_FAILURES.reset_seconds,
+    doc="A peer address or identity with no refused login for this long starts again from"
+    " ``login_failure_delay_seconds``; an accepted login resets its identity (not its"
+    " address) at once.",
+)
 AUTHORIZE_KEY: Final = tables(
     "authorize", AUTHORIZE, doc="Allow-lists by identity (below); without: unrestricted."
 )
@@ -199,6 +231,10 @@ LISTENER: Final = TableSchema(
         SLOW_CONSUMER_POLICY,
         SLOW_CONSUMER_SECONDS,
         MAX_BACKLOG_BYTES,
+        LOGIN_FAILURE_DELAY_SECONDS,
+        LOGIN_FAILURE_MAX_DELAY_SECONDS,
+        LOGIN_FAILURES_PER_CONNECTION,
+        LOGIN_FAILURE_RESET_SECONDS,
         AUTHORIZE_KEY,
     ),
     doc="A protocol served on an endpoint. NAME is what routes refer to: letters, digits,"
@@ -232,6 +268,7 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         section.problem(
             BACKLOG, "the endpoint sets backlog= too: give the listen queue in one place"
         )
+    login_failures = _login_failures(section)
     authorization = _authorization(section)
     section.done()
     return ListenerConfig(
@@ -245,7 +282,25 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         backlog=backlog,
         frame_timeout_seconds=frame_timeout,
         flow=flow,
+        login_failures=login_failures,
     )
+
+
+def _login_failures(section: Section) -> LoginFailurePolicy:
+    """Read the ``login_failure*`` keys; the longest wait may not be shorter than the first."""
+    policy = LoginFailurePolicy(
+        delay_seconds=section.read(LOGIN_FAILURE_DELAY_SECONDS),
+        max_delay_seconds=section.read(LOGIN_FAILURE_MAX_DELAY_SECONDS),
+        per_connection=section.read(LOGIN_FAILURES_PER_CONNECTION),
+        reset_seconds=section.read(LOGIN_FAILURE_RESET_SECONDS),
+    )
+    if policy.max_delay_seconds < policy.delay_seconds:
+        section.problem(
+            LOGIN_FAILURE_MAX_DELAY_SECONDS,
+            f"{policy.max_delay_seconds:g} is shorter than login_failure_delay_seconds"
+            f" ({policy.delay_seconds:g}): the longest wait cannot be shorter than the first",
+        )
+    return policy
 
 
 def _authorization(section: Section) -> Authorization:

@@ -20,7 +20,7 @@ import zmq
 from twisted.internet import threads
 
 from gateway.codecs.scram import ScramClient
-from gateway.core.auth import Secrets
+from gateway.core.auth import LoginFailurePolicy, Secrets
 from gateway.core.router import Router, RouteTable
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
@@ -100,6 +100,8 @@ def new_server(secrets: Secrets, mechanisms: tuple[str, ...]) -> MTLServer:
         clock=reactor,
         reactor=reactor,
     )
+    # SCRAM's rounds are under test here, not the wait after a refusal (test_mtl_logins.py).
+    server.login_failures = LoginFailurePolicy(delay_seconds=0, per_connection=100)
     server.start()
     return server
 

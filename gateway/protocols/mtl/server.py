@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import itertools
 import secrets as random_texts
 from collections import OrderedDict
@@ -99,7 +100,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl, scram
-from gateway.core.auth import ANY_IDENTITY
+from gateway.core.auth import ANY_IDENTITY, DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy
 from gateway.core.inbox import Inbox, Result
@@ -107,6 +108,7 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Unrouted
 from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
+from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.mtl.backlog import Backlog, Backlogs
 from gateway.protocols.mtl.mapping import (
     Copy,
@@ -133,6 +135,14 @@ class _Session:
     identity: str | None = None
     secret: bytes | None = None
     external: bool = False
+    claimed: str | None = None
+    """The identity its last Connection.Authorize claimed (where a refusal counts)."""
+    refused: int = 0
+    """Refused Connection.Authorize since its Connection.Open."""
+    answer_in: float = 0.0
+    """How long the answer to its request must wait (a login's, `LoginRefusals`)."""
+    waiting: bool = False
+    """An answer is held back: its requests are dropped meanwhile (a REQ peer sends none)."""
     """Logged in with EXTERNAL: the identity is the ZAP User-Id of its CURVE key."""
     profile: str | None = None
     scram: scram.ScramServer | None = None
@@ -179,6 +189,13 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     flow: FlowPolicy = DEFAULT_FLOW
     """How a reader slower than its writers is treated; the assembly sets the listener's."""
+    login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
+    """How refused logins are slowed down and cut off; the assembly sets the listener's."""
+
+    @functools.cached_property
+    def logins(self) -> LoginRefusals:
+        """Its refused logins: waits, counter and log (made at first use)."""
+        return LoginRefusals(self.name, self.login_failures, self.clock, self._metrics)
 
     def __init__(self, **args: Unpack[MTLPeerArgs[MTLListenerSettings]]) -> None:
         super().__init__(**args)
@@ -243,6 +260,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         )
         if self.settings.curve_identities:
             self._control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
+        self._control.track_peer_address()  # where refused logins count
         if policy.needed:
             # Bound before the sockets, so that no peer gets in unasked.
             self._zap = ZAPHandler(
@@ -297,11 +315,28 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             self.count_error("ill-formed-request")
             return  # the spec: drop it silently
         session = self._session(identity, request.command == "connection.open")
+        if session is not None and session.waiting:
+            self.count_error("request-while-waiting")
+            return  # a REQ peer waits for its answer: only a misbehaving one gets here
         if session is None:
             status, body = _bad("send Connection.Open first")
         else:
             status, body = self._answer(session, request)
-        self._control.send(envelope + mtl.reply(status, body))
+        answer = envelope + mtl.reply(status, body)
+        if session is not None and session.answer_in > 0:
+            session.waiting = True
+            self.clock.callLater(session.answer_in, self._answer_later, session, answer)
+            session.answer_in = 0.0
+            return
+        self._control.send(answer)
+        self.traffic.messages_out += 1
+
+    def _answer_later(self, session: _Session, answer: list[bytes]) -> None:
+        """Send an answer held back (a login's); the session is heard again."""
+        session.waiting = False
+        if self._zmq is None:
+            return  # stopped meanwhile
+        self._control.send(answer)
         self.traffic.messages_out += 1
 
     def _session(self, identity: bytes, opening: bool) -> _Session | None:
@@ -334,6 +369,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 return _bad('Connection.Open needs "protocol": {"name": "MTL", "version": 1}')
             session.opened = True
             session.profile = session.scram = None
+            session.refused = 0
             return self._ready_or_challenge(session)
         if not session.opened:
             return _bad("send Connection.Open first")
@@ -378,6 +414,37 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         return body
 
     def _authorize(self, session: _Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Connection.Authorize, its answer held back as `LoginRefusals` says.
+
+        A refusal (401) waits longer the more refusals in a row its peer's
+        address or claimed identity had, and an accepted login waits for
+        what those still owe; after ``login_failures_per_connection``
+        refusals the session is closed: it must Connection.Open again.
+        """
+        session.claimed = None
+        status, reply = self._sasl(session, body)
+        logins, address = self.logins, getattr(self._control, "peer_address", None)
+        if status == 201:
+            session.answer_in = logins.wait_seconds(address, session.identity)
+            logins.accepted(session.identity)
+        elif status == 401:
+            session.refused += 1
+            session.answer_in = logins.refused(
+                peer=address,
+                identity=session.claimed,
+                mechanism=f"SASL {str(body.get('mechanism', '')).upper() or '(none)'}",
+                why=reply.get("reason", "wrong user or password"),
+            )
+            if logins.spent(session.refused):
+                session.opened = False
+                session.scram = None
+                reply["reason"] = (
+                    f"{session.refused} refused logins: this session is closed;"
+                    " send Connection.Open to begin again"
+                )
+        return status, reply
+
+    def _sasl(self, session: _Session, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         mechanism = str(body.get("mechanism", "")).upper()
         exchange, session.scram = session.scram, None
         if mechanism not in self.settings.mechanisms:
@@ -396,6 +463,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if len(parts) != 3:
             return _bad("PLAIN is authzid NUL user NUL password")
         user, password = parts[1].decode("utf-8", "replace"), parts[2]
+        session.claimed = user
         if not self.secrets.verify(user, password):
             self.count_error("unauthorized")
             return 401, self._unauthorized()
@@ -412,6 +480,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """
         user_id = self._user_id()
         requested = raw.decode("utf-8", "replace")
+        session.claimed = requested or user_id
         if user_id is None or (requested and requested != user_id):
             self.count_error("unauthorized")
             reason = (
@@ -444,6 +513,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 raise scram.ScramError("the server-final message is acknowledged empty")
         except scram.ScramError as exc:
             self.count_error("unauthorized")
+            session.claimed = (exchange.user or None) if exchange is not None else None
             return 401, self._unauthorized(f"SCRAM-SHA-256: {exc}")
         session.identity, session.secret = exchange.user, exchange.secret
         return 201, {"status": "Ready", "profiles": list(self.settings.profiles)}

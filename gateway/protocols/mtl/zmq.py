@@ -223,6 +223,8 @@ def _classes() -> tuple[Any, Any, Any, Any]:
 
         track_user_id = False
         user_id: str | None = None
+        track_peer_address = False
+        peer_address: str | None = None
 
         def _read(self) -> list[bytes]:
             # ZeroMQ hands over a message's frames together. Frame objects, because
@@ -239,6 +241,11 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     self.user_id = frame.get("User-Id") or None
                 except zmq.ZMQError:  # no ZAP handler: no such property
                     self.user_id = None
+            if self.track_peer_address:
+                try:
+                    self.peer_address = frame.get("Peer-Address") or None
+                except zmq.ZMQError:  # a transport without addresses (inproc)
+                    self.peer_address = None
             return frames
 
     return _Socket, ZmqFactory, ZmqEndpoint, ZmqEndpointType
@@ -354,6 +361,16 @@ class ZmqSocket:
         """The ZAP User-Id of the message being handled, if the ZAP handler gave one."""
         user_id: str | None = self._connection.user_id
         return user_id
+
+    def track_peer_address(self) -> None:
+        """Read each message's Peer-Address (`peer_address`): where refused logins count."""
+        self._connection.track_peer_address = True
+
+    @property
+    def peer_address(self) -> str | None:
+        """The address of the peer that sent the message being handled (TCP: its IP)."""
+        address: str | None = self._connection.peer_address
+        return address
 
     def close(self) -> None:
         """Close the socket."""
