@@ -21,26 +21,30 @@ reload or a listener going down shows at once. Only GET and HEAD are allowed;
 any other method gets a JSON 405 with an ``Allow`` header, any other path a
 JSON 404. The read-only paths need no authentication: nothing served there
 is secret (names, patterns, counts), and the endpoint is not meant to leave
-the host.
+the host. Before any of that, the site's HTTP channel
+(`gateway.adminhttp.AdminChannel`) answers only requests whose Host names
+the endpoint (against DNS rebinding: 421 otherwise) and bounds request
+bodies (413), before they are read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final, Protocol, TypeVar
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorCore, IReactorTime
+from twisted.internet.interfaces import IAddress, IReactorCore, IReactorTime
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from gateway.adminhttp import AdminChannel, AdminRequest, HostPolicy
 from gateway.core.addressing import AddressPattern, PatternError
 from gateway.core.auth import Secrets
 from gateway.core.message import Status
@@ -320,11 +324,78 @@ def _refused_without_token(request: IRequest, admin: AdminToken | None, api: str
 class LeaseMaker(AdminToken, Protocol):
     """What ``/leases`` needs (`gateway.protocols.dmp.leases.LeaseDesk` is one)."""
 
-    def make(self, listener: str, kind: str, target: str, ttl_seconds: float) -> dict[str, object]:
-        """Grant a lease (raises an error with ``status`` and ``reason``)."""
+    def make(
+        self,
+        listener: str,
+        kind: str,
+        target: str,
+        ttl_seconds: float,
+        identity: str | None = None,
+    ) -> dict[str, object]:
+        """Grant a lease, bound to ``identity`` if given.
+
+        Raises:
+            ValueError: With ``status`` and ``reason``: it cannot be granted.
+        """
 
     def revoke(self, text: str) -> bool:
         """Revoke a lease; whether it existed."""
+
+
+LEASE_KEYS: Final = frozenset({"listener", "sink", "feed", "ttl_seconds", "identity"})
+LEASE_EXAMPLE: Final = (
+    '{"listener": "dmp", "sink": "orders", "ttl_seconds": 3600, "identity": "alice"}'
+    " (sink or feed; ttl_seconds and identity optional)"
+)
+DEFAULT_LEASE_TTL_SECONDS: Final = 3600.0
+
+
+@attrs.frozen
+class _LeaseAsked:
+    """What a ``POST /leases`` body asks for."""
+
+    listener: str
+    kind: str
+    target: str
+    ttl_seconds: float
+    identity: str | None
+
+
+def _lease_asked(body: bytes) -> _LeaseAsked:
+    """Read a ``POST /leases`` body, refusing anything it does not understand.
+
+    A key it does not know is refused rather than ignored: a misspelt
+    ``identity`` must not make a lease anyone holding it may use.
+
+    Raises:
+        ValueError: Not JSON, not an object, an unknown key, or a value of
+            the wrong type; the message says which.
+    """
+    asked = json.loads(body)
+    if not isinstance(asked, dict):
+        raise ValueError("the body is not a JSON object")
+    unknown = sorted(set(asked) - LEASE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s): {', '.join(map(repr, unknown))}")
+    kinds = [kind for kind in ("sink", "feed") if kind in asked]
+    if len(kinds) != 1:
+        raise ValueError("name a sink or a feed, one of them")
+    kind = kinds[0]
+    for key in ("listener", kind, "identity"):
+        if key in asked and not isinstance(asked[key], str):
+            raise ValueError(f"{key} must be a string")
+    if "listener" not in asked:
+        raise ValueError("name the listener")
+    ttl = asked.get("ttl_seconds", DEFAULT_LEASE_TTL_SECONDS)
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise ValueError("ttl_seconds must be a number")
+    return _LeaseAsked(
+        listener=asked["listener"],
+        kind=kind,
+        target=asked[kind],
+        ttl_seconds=float(ttl),
+        identity=asked.get("identity"),
+    )
 
 
 class _Leases(_AdminResource):
@@ -354,24 +425,15 @@ class _Leases(_AdminResource):
                 return _json_body(request, http.OK, {"revoked": True})
             return _json_body(request, http.NOT_FOUND, {"error": "no such lease"})
         try:
-            asked = json.loads(request.content.read() if request.content else b"")
-            if not isinstance(asked, dict):
-                raise ValueError("not an object")
-            listener = str(asked["listener"])
-            kind = "sink" if "sink" in asked else "feed"
-            target = str(asked[kind])
-            ttl = float(asked.get("ttl_seconds", 3600))
-        except (ValueError, KeyError, TypeError) as exc:
+            asked = _lease_asked(request.content.read() if request.content else b"")
+        except ValueError as exc:
             return _json_body(
-                request,
-                http.BAD_REQUEST,
-                {
-                    "error": f'want JSON like {{"listener": "dmp", "sink": "orders",'
-                    f' "ttl_seconds": 3600}} ({exc})'
-                },
+                request, http.BAD_REQUEST, {"error": f"{exc}; want JSON like {LEASE_EXAMPLE}"}
             )
         try:
-            made = self._desk.make(listener, kind, target, ttl)
+            made = self._desk.make(
+                asked.listener, asked.kind, asked.target, asked.ttl_seconds, asked.identity
+            )
         except ValueError as exc:
             status = getattr(exc, "status", http.BAD_REQUEST)
             return _json_body(request, status, {"error": getattr(exc, "reason", str(exc))})
@@ -587,18 +649,38 @@ class _QuietSite(Site):
 
     Prometheus and health checks poll every few seconds; a line per request
     would drown the gateway's own events, and ``/metrics`` already counts
-    what matters.
+    what matters. Its channels check Host and bound request bodies
+    (`AdminChannel`); it parses no HTML form bodies (nothing here takes one).
     """
 
     noisy = False
+    # Twisted types its channels as the wrapper that can negotiate HTTP/2 over
+    # TLS (ALPN); this site serves HTTP/1.1 only, on channels of its own.
+    protocol = AdminChannel  # type: ignore[assignment]
 
-    def __init__(self, resource: IResource, reactor: IReactorTime, tap: _Tap | None = None) -> None:
-        super().__init__(resource, reactor=reactor)  # type: ignore[no-untyped-call]  # as above
+    def __init__(
+        self,
+        resource: IResource,
+        reactor: IReactorTime,
+        tap: _Tap | None = None,
+        hosts: HostPolicy | None = None,
+    ) -> None:
+        super().__init__(  # type: ignore[no-untyped-call]  # as above
+            resource, AdminRequest, reactor=reactor, parsePOSTFormSubmission=False
+        )
         # Already Twisted's default, stated because it matters here: a failing
         # render must not show code or values to whoever asks.
         self.displayTracebacks = False
         self._tap = tap
+        self._hosts = hosts if hosts is not None else HostPolicy()
         self._shutdown: tuple[IReactorCore, object] | None = None
+
+    def buildProtocol(self, addr: IAddress | None) -> AdminChannel:  # type: ignore[override]
+        """A channel that answers by this site's Host policy (see ``protocol``)."""
+        channel = super().buildProtocol(addr)  # type: ignore[no-untyped-call]  # as above
+        assert isinstance(channel, AdminChannel)
+        channel.hosts = self._hosts
+        return channel
 
     def doStart(self) -> None:
         """Listening: end the taps before the reactor stops, while their last lines can go."""
@@ -693,6 +775,7 @@ def make_admin_site(
     reactor: IReactorTime,
     leases: LeaseMaker | None = None,
     secrets: Secrets | None = None,
+    allowed_hosts: Iterable[str] = (),
 ) -> Site:
     """Build the admin site, ready to listen on a (loopback) endpoint.
 
@@ -707,10 +790,16 @@ def make_admin_site(
         secrets: Holds the admin token (the secret of ``admin``), checked
             as ``/leases`` checks it; without it (and without ``leases``)
             ``/tap`` answers 403.
+        allowed_hosts: Host names and addresses requests may name besides
+            the address they arrive on (`HostPolicy`).
 
     Returns:
         A `Site` over the resources of `make_admin_resource`, without an
-        access log, that ends ``/tap`` streams when it stops listening.
+        access log, that ends ``/tap`` streams when it stops listening,
+        and answers only requests with an allowed Host and a small body.
+
+    Raises:
+        gateway.adminhttp.HostError: An allowed host names no host.
     """
     admin = leases
     if admin is None and secrets is not None:
@@ -718,4 +807,4 @@ def make_admin_site(
     root, tap = _build(
         metrics=metrics, router=router, health=health, leases=leases, clock=reactor, admin=admin
     )
-    return _QuietSite(root, reactor=reactor, tap=tap)
+    return _QuietSite(root, reactor=reactor, tap=tap, hosts=HostPolicy.of(allowed_hosts))

@@ -1,4 +1,4 @@
-"""Tests for the admin HTTP endpoint: /, /healthz, /metrics and /routes.
+"""Tests for the admin HTTP endpoint: /, /healthz, /metrics, /routes and /leases.
 
 Most tests serve the resource tree in memory through `treq.testing.StubTreq`;
 one listens on a real loopback port and fetches with real `treq`.
@@ -19,6 +19,7 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
@@ -29,12 +30,20 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.admin import HealthReport, make_admin_resource, make_admin_site
+from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern, AddressTemplate
+from gateway.core.auth import Secrets
 from gateway.core.interfaces import IRouteDelivery
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import BoundRoute, Route, Router, RouteTable
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.dmp.leases import LeaseDesk
+from gateway.protocols.dmp.server import DMPServerFactory
+from gateway.protocols.dmp.settings import DMPListenerSettings
+from tests.certs import CertifiedKey, issue_client_certificate, make_ca
 from tests.doubles import deliver_each, dispatch_one
+from tests.protocols.test_dmp_server import read
+from tests.protocols.test_ssmp_server import TLSStringTransport
 
 T = TypeVar("T")
 
@@ -470,3 +479,132 @@ def test_loopback_serves_healthz_and_metrics(
     logged = [formatEvent(event) for event in events]
     assert not [line for line in logged if "/healthz" in line or "/metrics" in line]
     assert not tracker.protocols
+
+
+# --- /leases ----------------------------------------------------------------------------------
+
+
+LEASE_TOKEN = "t0ken"
+
+
+def _lease_desk() -> tuple[LeaseDesk, DMPServerFactory]:
+    """A lease desk over one DMP listener ``dmp`` with sink ``orders``, on a clock."""
+    clock = Clock()
+    clock.advance(1000)
+    factory = DMPServerFactory(
+        name="dmp",
+        settings=DMPListenerSettings(sinks=frozenset({"orders"}), feeds=frozenset({"alerts"})),
+        router=Router(RouteTable(), clock),
+        secrets=Secrets(),
+        clock=clock,
+    )
+    desk = LeaseDesk({"dmp": factory}, Secrets(logins={"admin": LEASE_TOKEN.encode()}), clock)
+    return desk, factory
+
+
+def _post_lease(desk: LeaseDesk, body: object) -> tuple[int, Any]:
+    """POST /leases with the admin token; the status and JSON answer."""
+    gateway_metrics = GatewayMetrics()
+    clock = Clock()
+    resource = make_admin_resource(
+        metrics=gateway_metrics,
+        router=Router(RouteTable(), clock),
+        health=HealthReport,
+        leases=desk,
+    )
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response: IResponse = _result(
+        StubTreq(resource).post(
+            BASE + "/leases", data=data, headers={"Authorization": f"Bearer {LEASE_TOKEN}"}
+        )
+    )
+    return response.code, json.loads(_result(StubTreq(resource).content(response)))
+
+
+def _open_sink(factory: DMPServerFactory, lease: str, transport: StringTransport) -> int:
+    """Open a DMP connection with ``lease``; the code of the lease response."""
+    protocol = factory.buildProtocol(None)
+    assert protocol is not None
+    protocol.makeConnection(transport)
+    raw = lease.encode()
+    protocol.dataReceived(dmp.PROTOCOL_HEADER + bytes((len(raw),)) + raw)
+    answer = read(transport)[-1]
+    assert isinstance(answer, dmp.Response)
+    return answer.code
+
+
+@pytest.fixture(scope="module")
+def client_ca() -> CertifiedKey:
+    """A CA for client certificates."""
+    return make_ca("msggateway admin lease tests CA")
+
+
+def test_post_leases_with_identity_binds_the_lease(client_ca: CertifiedKey) -> None:
+    """A lease asked for alice opens the sink for alice's certificate only: 402 otherwise."""
+    desk, factory = _lease_desk()
+    status, made = _post_lease(desk, {"listener": "dmp", "sink": "orders", "identity": "alice"})
+    assert status == 201, made
+    assert made["identity"] == "alice"
+    grant = factory.granted[made["lease"]]
+    assert (grant.identity, grant.certified) == ("alice", True)
+    lease = made["lease"]
+    assert _open_sink(factory, lease, StringTransport()) == 402
+    bob = TLSStringTransport(issue_client_certificate(client_ca, "bob").certificate)
+    assert _open_sink(factory, lease, bob) == 402
+    alice = TLSStringTransport(issue_client_certificate(client_ca, "alice").certificate)
+    assert _open_sink(factory, lease, alice) == 200
+
+
+def test_post_leases_without_identity_is_unbound() -> None:
+    """Without ``identity`` the lease opens the sink for anyone holding it, as before."""
+    desk, factory = _lease_desk()
+    status, made = _post_lease(desk, {"listener": "dmp", "sink": "orders"})
+    assert status == 201 and "identity" not in made
+    assert factory.granted[made["lease"]].identity is None
+    assert _open_sink(factory, made["lease"], StringTransport()) == 200
+
+
+@pytest.mark.parametrize(
+    ("identity", "reason"),
+    [
+        ("", "without surrounding spaces"),
+        (" alice", "without surrounding spaces"),
+        ("al\x00ice", "control or format characters"),
+        ("al\u202eice", "control or format characters"),
+        ("*", "names no one"),
+        ("a" * 1025, "at most 1024 characters"),
+        (None, "identity must be a string"),
+        (42, "identity must be a string"),
+        (["alice"], "identity must be a string"),
+    ],
+)
+def test_post_leases_with_a_bad_identity_is_400(identity: object, reason: str) -> None:
+    """An identity that is not a usable name is refused, and no lease is made."""
+    desk, factory = _lease_desk()
+    status, answer = _post_lease(desk, {"listener": "dmp", "sink": "orders", "identity": identity})
+    assert status == 400, answer
+    assert reason in answer["error"]
+    assert not factory.granted
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"listener": "dmp", "sink": "orders", "identiy": "alice"}, "unknown key(s): 'identiy'"),
+        ({"listener": "dmp", "sink": "orders", "feed": "alerts"}, "name a sink or a feed"),
+        ({"listener": "dmp"}, "name a sink or a feed"),
+        ({"sink": "orders"}, "name the listener"),
+        ({"listener": 1, "sink": "orders"}, "listener must be a string"),
+        ({"listener": "dmp", "sink": "orders", "ttl_seconds": "60"}, "must be a number"),
+        ({"listener": "dmp", "sink": "orders", "ttl_seconds": True}, "must be a number"),
+        (["dmp"], "not a JSON object"),
+        (b"{", "Expecting"),
+    ],
+)
+def test_post_leases_refuses_what_it_does_not_understand(body: object, reason: str) -> None:
+    """Unknown keys (a misspelt identity), wrong types or shapes: 400, no lease."""
+    desk, factory = _lease_desk()
+    status, answer = _post_lease(desk, body)
+    assert status == 400, answer
+    assert reason in answer["error"] and '"identity": "alice"' in answer["error"]
+    assert not factory.granted

@@ -88,8 +88,15 @@ class _Client:
     """One HTTP/1.1 connection to a site, over a `StringTransport`."""
 
     def __init__(self, site: Site, *, closes: bool = False) -> None:
-        self.transport = StringTransportWithDisconnection() if closes else StringTransport()
-        self.channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        # The site listens on loopback, as the Host header says.
+        local = IPv4Address("TCP", "127.0.0.1", 8790)
+        peer = IPv4Address("TCP", "127.0.0.1", 40000)
+        self.transport = (
+            StringTransportWithDisconnection(local, peer)
+            if closes
+            else StringTransport(local, peer)
+        )
+        self.channel = site.buildProtocol(peer)
         if closes:
             self.transport.protocol = self.channel
         self.channel.makeConnection(self.transport)

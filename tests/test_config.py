@@ -509,6 +509,35 @@ def test_bad_admin_endpoint(tmp_path: Path) -> None:
     _only_problem(main, "admin.endpoint", "bad server endpoint 'tcp:http'")
 
 
+def test_admin_allowed_hosts_are_kept_canonical(tmp_path: Path) -> None:
+    """``allowed_hosts`` names and addresses are kept lower-case, unbracketed, once each."""
+    main = _write(
+        tmp_path / "gateway.toml",
+        '[admin]\nallowed_hosts = ["Gateway.Example.org.", "[2001:DB8::1]", "10.0.0.5",'
+        ' "gateway.example.org"]\n' + HUB,
+    )
+    assert load_config(main).admin.allowed_hosts == (
+        "gateway.example.org",
+        "2001:db8::1",
+        "10.0.0.5",
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("gateway.example.org:8790", "not a host name"),
+        ("http://gateway", "not a host name"),
+        ("", "not a host name"),
+        ("[gateway]", "not an IPv6 address"),
+    ],
+)
+def test_bad_admin_allowed_host(tmp_path: Path, entry: str, reason: str) -> None:
+    """An ``allowed_hosts`` entry that is not a bare name or address is a problem."""
+    main = _write(tmp_path / "gateway.toml", f'[admin]\nallowed_hosts = ["{entry}"]\n' + HUB)
+    _only_problem(main, "admin.allowed_hosts", reason, "no port")
+
+
 # --- names -----------------------------------------------------------------------------------
 
 

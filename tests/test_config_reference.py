@@ -107,6 +107,7 @@ def _everything(directory: Path) -> Path:
         [admin]
         endpoint = "tcp:0:interface=127.0.0.1"
         enabled = true
+        allowed_hosts = ["gateway.example.org"]
 
         [fleet]
         node = "edge-1"

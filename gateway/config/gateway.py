@@ -7,6 +7,7 @@ from typing import Final
 
 import attrs
 
+from gateway.adminhttp import HostError, host_name
 from gateway.config.base import (
     Section,
     TableSchema,
@@ -17,6 +18,7 @@ from gateway.config.base import (
     optional_string,
     positive,
     string,
+    strings,
 )
 from gateway.config.endpoints import check_server_endpoint
 
@@ -197,9 +199,17 @@ def read_log(section: Section) -> LogSettings:
 
 @attrs.frozen
 class AdminConfig:
-    """The admin HTTP endpoint; ``endpoint`` None disables it."""
+    """The admin HTTP endpoint.
+
+    Attributes:
+        endpoint: Where it listens; None disables it.
+        allowed_hosts: Host names (and addresses) its requests may name
+            besides the address they arrive on (and ``localhost`` on
+            loopback), in canonical form (`gateway.adminhttp.host_name`).
+    """
 
     endpoint: str | None = "tcp:8790:interface=127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
 
 
 ADMIN_ENDPOINT: Final = string(
@@ -208,11 +218,18 @@ ADMIN_ENDPOINT: Final = string(
     doc="A Twisted server endpoint string for /healthz, /metrics, /routes, /leases and /tap.",
 )
 ENABLED: Final = boolean("enabled", True, doc="false: no admin endpoint.")
+ALLOWED_HOSTS: Final = strings(
+    "allowed_hosts",
+    doc="Host names and IP addresses a request's Host header may name, besides the address"
+    " the request arrived on and ``localhost`` on loopback (any port). Others get 421: a web"
+    " page whose name was rebound to this host (DNS rebinding) cannot read the endpoint.",
+    shown="[] (the address and, on loopback, localhost)",
+)
 
 ADMIN: Final = TableSchema(
     "Admin endpoint",
     "[admin]",
-    (ADMIN_ENDPOINT, ENABLED),
+    (ADMIN_ENDPOINT, ENABLED, ALLOWED_HOSTS),
     doc="The admin HTTP endpoint. Its token is the secret of ``admin`` in the secrets file's"
     " ``[logins]``.",
 )
@@ -221,9 +238,15 @@ ADMIN: Final = TableSchema(
 def read_admin(section: Section) -> AdminConfig:
     """The ``[admin]`` table."""
     endpoint = section.read(ADMIN_ENDPOINT)
+    hosts: list[str] = []
+    for name in section.read(ALLOWED_HOSTS):
+        try:
+            hosts.append(host_name(name))
+        except HostError as exc:
+            section.problem(ALLOWED_HOSTS, f"{exc}: give a host name or an IP address, no port")
     if section.read(ENABLED):
         check_server_endpoint(section, ADMIN_ENDPOINT, endpoint)
-        admin = AdminConfig(endpoint)
+        admin = AdminConfig(endpoint, tuple(dict.fromkeys(hosts)))
     else:
         admin = AdminConfig(None)
     section.done()

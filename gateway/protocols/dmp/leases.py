@@ -5,18 +5,23 @@ sink or feed of one DMP listener until it expires; it is kept in that
 listener's factory (`DMPServerFactory.granted`) and lives as long as the
 process. Making and revoking need the admin token: the secret of the
 identity ``admin`` in the secrets file's ``[logins]``.
+
+A lease made for an identity is bound to it as a lease of the config with
+``identity`` is (`LeaseGrant.identity`, ``certified``): only a connection
+whose verified client certificate names that identity may use it.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets as random_texts
+import unicodedata
 from collections.abc import Mapping
 from typing import Final
 
 from twisted.internet.interfaces import IReactorTime
 
-from gateway.core.auth import Secrets
+from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.dmp.settings import LeaseGrant
 
@@ -25,6 +30,8 @@ __all__ = ["ADMIN_IDENTITY", "LeaseDesk", "LeaseRefusedError"]
 ADMIN_IDENTITY: Final = "admin"
 """The ``[logins]`` identity whose secret is the admin API token."""
 MAX_TTL_SECONDS: Final = 366 * 86400
+MAX_IDENTITY_CHARS: Final = 1024
+"""An identity is a certificate name (CN, DNS, e-mail, URI or IP SAN); URIs are the longest."""
 
 
 class LeaseRefusedError(ValueError):
@@ -64,12 +71,28 @@ class LeaseDesk:
             return False
         return hmac.compare_digest(expected, token)
 
-    def make(self, listener: str, kind: str, target: str, ttl_seconds: float) -> dict[str, object]:
-        """Grant a lease; return its text and expiry.
+    def make(
+        self,
+        listener: str,
+        kind: str,
+        target: str,
+        ttl_seconds: float,
+        identity: str | None = None,
+    ) -> dict[str, object]:
+        """Grant a lease; return its text and expiry (and identity, if bound).
+
+        Args:
+            listener: The DMP listener's name.
+            kind: ``sink`` or ``feed``.
+            target: The sink's or feed's name.
+            ttl_seconds: How long the lease is valid.
+            identity: Bind the lease to this identity: only a client
+                certificate naming it may use the lease. None: anyone
+                holding the lease text may.
 
         Raises:
             LeaseRefusedError: No such listener (404), sink or feed (404), or a bad
-                kind or time to live (400).
+                kind, time to live or identity (400).
         """
         factory = self._listeners.get(listener)
         if factory is None:
@@ -84,11 +107,19 @@ class LeaseDesk:
             raise LeaseRefusedError(
                 400, f"ttl_seconds must be above 0 and at most {MAX_TTL_SECONDS}"
             )
+        if identity is not None:
+            _check_identity(identity)
         text = random_texts.token_urlsafe(24)
         expires = self._clock.seconds() + ttl_seconds
-        factory.granted[text] = LeaseGrant(kind=kind, target=target, expires=expires)
+        factory.granted[text] = LeaseGrant(
+            kind=kind, target=target, expires=expires, identity=identity, certified=True
+        )
         self._forget_expired()
-        return {"lease": text, "listener": listener, kind: target, "expires": expires}
+        made: dict[str, object] = {"lease": text, "listener": listener, kind: target}
+        if identity is not None:
+            made["identity"] = identity
+        made["expires"] = expires
+        return made
 
     def revoke(self, text: str) -> bool:
         """Revoke a run-time lease; whether it existed. Open connections stay open."""
@@ -100,3 +131,24 @@ class LeaseDesk:
     def _forget_expired(self) -> None:
         for factory in self._listeners.values():
             factory.forget_expired_leases()
+
+
+def _check_identity(identity: str) -> None:
+    """Refuse an identity no certificate could name.
+
+    Raises:
+        LeaseRefusedError: 400: empty, too long, with surrounding spaces or
+            control characters, or the allow-lists' wildcard.
+    """
+    if not identity or identity != identity.strip():
+        raise LeaseRefusedError(400, "identity must be a name, without surrounding spaces")
+    if len(identity) > MAX_IDENTITY_CHARS:
+        raise LeaseRefusedError(400, f"identity is at most {MAX_IDENTITY_CHARS} characters")
+    if any(unicodedata.category(char).startswith("C") for char in identity):
+        raise LeaseRefusedError(400, "identity must not hold control or format characters")
+    if identity == ANY_IDENTITY:
+        raise LeaseRefusedError(
+            400,
+            f"identity {ANY_IDENTITY!r} names no one: leave identity out for a lease"
+            " anyone holding it may use",
+        )
