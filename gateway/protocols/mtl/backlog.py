@@ -119,6 +119,8 @@ class Backlogs(Generic[K]):
     Attributes:
         reading: The socket's reading as a producer: held by every congested
             peer, and by whatever else the owner makes hold it.
+        deaf_seconds: Seconds the socket was not read, up to the present
+            pause if any (`listened` counts that one too).
     """
 
     def __init__(
@@ -141,17 +143,12 @@ class Backlogs(Generic[K]):
         self.reading = Throttle(self._paused, self._resumed)
         self._congested: dict[K, Backlog] = {}
         self._call: IDelayedCall | None = None
-        self._deaf_seconds = 0.0
+        self.deaf_seconds = 0.0
         self._deaf_since: float | None = None
-
-    @property
-    def deaf_seconds(self) -> float:
-        """Seconds the socket was not read before the present pause, if any."""
-        return self._deaf_seconds
 
     def listened(self, now: float) -> float:
         """The time the socket was read until ``now``: silence while it was not is not a peer's."""
-        deaf = self._deaf_seconds
+        deaf = self.deaf_seconds
         if self._deaf_since is not None:
             deaf += now - self._deaf_since
         return now - deaf
@@ -234,6 +231,6 @@ class Backlogs(Generic[K]):
 
     def _resumed(self) -> None:
         if self._deaf_since is not None:
-            self._deaf_seconds += self._clock.seconds() - self._deaf_since
+            self.deaf_seconds += self._clock.seconds() - self._deaf_since
             self._deaf_since = None
         self._resume()
