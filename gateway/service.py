@@ -742,6 +742,7 @@ def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) 
             factory.frame_timeout_seconds = listener.frame_timeout_seconds
             factory.flow = listener.flow
             factory.login_failures = listener.login_failures
+            factory.cert_identity = listener.cert_identity
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:

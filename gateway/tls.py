@@ -52,8 +52,12 @@ checks (``msggateway check-config``) report a bad one before anything
 listens; every problem is a `ValueError` naming the parameter, the file and
 what is wrong (all problems of one string at once, separated by ``; ``).
 
-`peer_identities` reads the names a verified client certificate vouches for:
-its subject Common Names and its Subject Alternative Names.
+`peer_identities` reads the names a verified client certificate vouches for,
+of the name types a listener takes as identities (its ``cert_identity``):
+by default the subject's Common Name only; Subject Alternative Names of
+type DNS, e-mail, URI or IP address only where the listener says so, since
+a CA that vouches for a host name or a mailbox does not thereby vouch for a
+login name.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ import functools
 import ipaddress
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Final, ParamSpec, TypeVar
 
@@ -89,7 +93,9 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 __all__ = [
+    "CERT_NAME_TYPES",
     "DEFAULT_BACKLOG",
+    "DEFAULT_CERT_IDENTITY",
     "DEFAULT_INTERFACE",
     "DEFAULT_MINIMUM_TLS",
     "MINIMUM_TLS_VERSIONS",
@@ -102,6 +108,7 @@ __all__ = [
     "parse_mtls_server",
     "peer_identities",
     "server_tls_options",
+    "tls_failure_reason",
 ]
 
 VERIFY_MODES: Final = ("required", "optional", "none")
@@ -112,6 +119,13 @@ MINIMUM_TLS_VERSIONS: Final[Mapping[str, object]] = {
     "1.3": TLSVersion.TLSv1_3,
 }
 """The values of ``minimumTLS`` and the Twisted `TLSVersion` each stands for."""
+
+CERT_NAME_TYPES: Final = ("cn", "dns", "email", "uri", "ip")
+"""The certificate name types a listener may take as identities (``cert_identity``): the
+subject's Common Name, and Subject Alternative Names of type DNS, e-mail (RFC 822), URI and IP
+address (in text form)."""
+DEFAULT_CERT_IDENTITY: Final = ("cn",)
+"""The name types a listener takes as identities unless its config says otherwise."""
 
 DEFAULT_MINIMUM_TLS: Final = "1.2"
 DEFAULT_INTERFACE: Final = "127.0.0.1"
@@ -617,73 +631,90 @@ def _load_private_key(param: str, path: _PathArg) -> _PrivateKey:
 # --- identities ---------------------------------------------------------------------------
 
 
-def peer_identities(transport: object) -> frozenset[str]:
-    """Return the names the peer's certificate vouches for.
+def peer_identities(
+    transport: object, name_types: Collection[str] = DEFAULT_CERT_IDENTITY
+) -> frozenset[str]:
+    """Return the names the peer's certificate vouches for, of the types given.
 
-    The names are the subject Common Names and the Subject Alternative Names
-    of types DNS, RFC 822 (e-mail), URI and IP address (in text form). On an
-    ``mtls:`` listener with ``verify`` ``required`` or ``optional`` a
+    On an ``mtls:`` listener with ``verify`` ``required`` or ``optional`` a
     certificate is there only if it verified against ``caCerts``; TLS
     verifies it during the handshake, so call this from
     ``handshakeCompleted`` or once data has arrived.
 
     Args:
         transport: A protocol's transport, TLS or not.
+        name_types: Which names count (`CERT_NAME_TYPES`): ``cn`` the
+            subject's Common Names, ``dns``, ``email``, ``uri`` and ``ip`` the
+            Subject Alternative Names of that type. A listener passes its
+            ``cert_identity``; the default is the Common Name only.
 
     Returns:
         The names, or an empty set for a transport without TLS, without a
-        peer certificate (yet), or with a certificate nothing can be read
-        from. Parts of an odd certificate that cannot be decoded are
-        skipped; this never raises for a certificate.
+        peer certificate (yet), with a certificate nothing can be read
+        from, or without a name of those types. Parts of an odd certificate
+        that cannot be decoded are skipped; this never raises for a
+        certificate.
     """
-    tls = ISSLTransport(transport, None)
-    if tls is None:
+    peer = _peer_certificate(transport)
+    if peer is None:
         return frozenset()
-    peer = tls.getPeerCertificate()
-    if isinstance(peer, crypto.X509):
-        try:
-            peer = peer.to_cryptography()
-        except ValueError:
-            return frozenset()
-    if not isinstance(peer, x509.Certificate):
-        return frozenset()
-    return _certificate_names(peer)
+    return _certificate_names(peer, frozenset(name_types))
 
 
-def external_identity(transport: object, requested: str = "") -> str | None:
+def external_identity(
+    transport: object, requested: str = "", name_types: Collection[str] = DEFAULT_CERT_IDENTITY
+) -> str | None:
     """The identity a SASL EXTERNAL login gets from the peer's certificate, if any.
 
     ``requested`` (the EXTERNAL authorization identity) must be one of the
-    names the certificate vouches for (`peer_identities`); when it is
-    empty, the identity is the subject's Common Name, or the one name the
-    certificate holds.
+    names the certificate vouches for (`peer_identities` of ``name_types``);
+    when it is empty, the identity is the subject's Common Name (when
+    ``cn`` is one of the types), or the one name the certificate holds.
 
     Returns:
         The identity, or None: no verified certificate, a name it does not
         hold, or several names and no Common Name to choose by.
     """
-    names = peer_identities(transport)
+    names = peer_identities(transport, name_types)
     if not names:
         return None
     if requested:
         return requested if requested in names else None
-    tls = ISSLTransport(transport, None)
-    peer = tls.getPeerCertificate() if tls is not None else None
-    if isinstance(peer, crypto.X509):
-        common = peer.get_subject().commonName
-        if common and common in names:
-            return str(common)
+    if "cn" in name_types:
+        peer = _peer_certificate(transport)
+        common = _common_names(peer) if peer is not None else []
+        if len(common) == 1 and common[0] in names:
+            return common[0]
     return next(iter(names)) if len(names) == 1 else None
 
 
-def _certificate_names(certificate: x509.Certificate) -> frozenset[str]:
-    names: set[str] = set()
+def _peer_certificate(transport: object) -> x509.Certificate | None:
+    tls = ISSLTransport(transport, None)
+    if tls is None:
+        return None
+    peer = tls.getPeerCertificate()
+    if isinstance(peer, crypto.X509):
+        try:
+            peer = peer.to_cryptography()
+        except ValueError:
+            return None
+    return peer if isinstance(peer, x509.Certificate) else None
+
+
+def _common_names(certificate: x509.Certificate) -> list[str]:
     try:
-        for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
-            if isinstance(attribute.value, str):
-                names.add(attribute.value)
+        attributes = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     except ValueError:
-        pass  # An undecodable subject: the SANs may still be readable.
+        return []  # An undecodable subject: the SANs may still be readable.
+    return [a.value for a in attributes if isinstance(a.value, str) and a.value]
+
+
+def _certificate_names(certificate: x509.Certificate, name_types: frozenset[str]) -> frozenset[str]:
+    names: set[str] = set()
+    if "cn" in name_types:
+        names.update(_common_names(certificate))
+    if not name_types & _SAN_TYPES:
+        return frozenset(names)
     try:
         san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (
@@ -694,12 +725,33 @@ def _certificate_names(certificate: x509.Certificate) -> frozenset[str]:
     ):
         san = None
     if san is not None:
-        names.update(san.get_values_for_type(x509.DNSName))
-        names.update(san.get_values_for_type(x509.RFC822Name))
-        names.update(san.get_values_for_type(x509.UniformResourceIdentifier))
-        names.update(str(address) for address in san.get_values_for_type(x509.IPAddress))
+        if "dns" in name_types:
+            names.update(san.get_values_for_type(x509.DNSName))
+        if "email" in name_types:
+            names.update(san.get_values_for_type(x509.RFC822Name))
+        if "uri" in name_types:
+            names.update(san.get_values_for_type(x509.UniformResourceIdentifier))
+        if "ip" in name_types:
+            names.update(str(address) for address in san.get_values_for_type(x509.IPAddress))
     names.discard("")
     return frozenset(names)
+
+
+_SAN_TYPES: Final = frozenset(CERT_NAME_TYPES) - {"cn"}
+
+
+def tls_failure_reason(error: BaseException) -> str:
+    """OpenSSL's reasons, as words (``certificate verify failed``), not nested tuples.
+
+    pyOpenSSL's `SSL.Error` holds a list of ``(library, function, reason)``
+    tuples; anything else is described by its message or its type.
+    """
+    reasons = [
+        str(detail[2])
+        for detail in (error.args[0] if error.args and isinstance(error.args[0], list) else [])
+        if isinstance(detail, tuple) and len(detail) == 3
+    ]
+    return "; ".join(reasons) or str(error) or type(error).__name__
 
 
 def client_endpoint_at(description: str, host: str, port: int) -> str:

@@ -128,6 +128,7 @@ def _everything(directory: Path) -> Path:
         slow_consumer_policy = "disconnect"
         slow_consumer_seconds = 5
         max_pending_replies = 10
+        cert_identity = ["cn", "dns"]
 
         [listeners.hub.authorize.alice]
         publish = ["weather.#"]

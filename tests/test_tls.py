@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtensionOID, NameOID
-from OpenSSL import crypto
+from OpenSSL import SSL, crypto
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import (
     SSL4ServerEndpoint,
@@ -53,12 +53,16 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.tls import (
+    CERT_NAME_TYPES,
+    DEFAULT_CERT_IDENTITY,
     MTLSServerParser,
     ReloadableServerTLS,
     client_endpoint_at,
+    external_identity,
     mtls_verify_mode,
     parse_mtls_server,
     peer_identities,
+    tls_failure_reason,
 )
 from tests.certs import (
     ALICE_IDENTITIES,
@@ -427,20 +431,72 @@ def test_tls_without_peer_certificate() -> None:
 
 
 def test_identities_from_pyopenssl_certificate(pki: Pki) -> None:
-    """A pyOpenSSL certificate gives its CN and its DNS, e-mail and URI SANs."""
+    """A pyOpenSSL certificate gives its CN and, when asked for, its DNS, e-mail and URI SANs."""
     peer = crypto.X509.from_cryptography(pki.alice.certificate)
-    assert peer_identities(_FakeTLSTransport(peer)) == ALICE_IDENTITIES
+    assert peer_identities(_FakeTLSTransport(peer), CERT_NAME_TYPES) == ALICE_IDENTITIES
 
 
 def test_identities_from_cryptography_certificate(pki: Pki) -> None:
     """A `cryptography` certificate (pyOpenSSL's ``as_cryptography``) works too."""
-    assert peer_identities(_FakeTLSTransport(pki.alice.certificate)) == ALICE_IDENTITIES
+    transport = _FakeTLSTransport(pki.alice.certificate)
+    assert peer_identities(transport, CERT_NAME_TYPES) == ALICE_IDENTITIES
+
+
+def test_the_common_name_alone_by_default(pki: Pki) -> None:
+    """Without name types given, only the Common Name is an identity, not the SANs."""
+    issued = issue_client_certificate(
+        pki.ca, "alice", dns_names=["bob"], emails=["admin"], uris=["urn:x:carol"]
+    )
+    transport = _FakeTLSTransport(issued.certificate)
+    assert DEFAULT_CERT_IDENTITY == ("cn",)
+    assert peer_identities(transport) == {"alice"}
+    assert external_identity(transport) == "alice"
+    assert external_identity(transport, "bob") is None
+    assert external_identity(transport, "admin") is None
+
+
+@pytest.mark.parametrize(
+    ("name_types", "expected"),
+    [
+        (("cn",), {"alice"}),
+        (("dns",), {"bob.example.org"}),
+        (("email",), {"admin@example.org"}),
+        (("uri",), {"urn:x:carol"}),
+        (("ip",), {"192.0.2.9"}),
+        (("cn", "email"), {"alice", "admin@example.org"}),
+        ((), set()),
+    ],
+)
+def test_each_name_type_alone(pki: Pki, name_types: tuple[str, ...], expected: set[str]) -> None:
+    """Each name type gives its own names and no other type's."""
+    issued = issue_client_certificate(
+        pki.ca,
+        "alice",
+        dns_names=["bob.example.org"],
+        emails=["admin@example.org"],
+        uris=["urn:x:carol"],
+        ip_addresses=["192.0.2.9"],
+    )
+    assert peer_identities(_FakeTLSTransport(issued.certificate), name_types) == expected
+
+
+def test_external_identity_of_a_san_type(pki: Pki) -> None:
+    """With SAN types only, EXTERNAL without a name is the one SAN, or nobody among several."""
+    one = issue_client_certificate(pki.ca, "alice", dns_names=["alice.example.org"])
+    assert external_identity(_FakeTLSTransport(one.certificate), "", ("dns",)) == (
+        "alice.example.org"
+    )
+    two = issue_client_certificate(pki.ca, "alice", dns_names=["a.example.org", "b.example.org"])
+    transport = _FakeTLSTransport(two.certificate)
+    assert external_identity(transport, "", ("dns",)) is None
+    assert external_identity(transport, "b.example.org", ("dns",)) == "b.example.org"
+    assert external_identity(transport, "", ("cn", "dns")) == "alice"
 
 
 def test_ip_address_identities(pki: Pki) -> None:
     """IP address SANs appear in their text form, IPv4 and IPv6."""
     issued = issue_client_certificate(pki.ca, "device", ip_addresses=["192.0.2.7", "2001:db8::1"])
-    assert peer_identities(_FakeTLSTransport(issued.certificate)) == {
+    assert peer_identities(_FakeTLSTransport(issued.certificate), ("cn", "ip")) == {
         "device",
         "192.0.2.7",
         "2001:db8::1",
@@ -448,9 +504,11 @@ def test_ip_address_identities(pki: Pki) -> None:
 
 
 def test_no_common_name(pki: Pki) -> None:
-    """A certificate with an empty subject gives its SANs only."""
+    """A certificate with an empty subject gives its SANs only, and nothing by default."""
     issued = issue_client_certificate(pki.ca, None, dns_names=["only-san.example.org"])
-    assert peer_identities(_FakeTLSTransport(issued.certificate)) == {"only-san.example.org"}
+    transport = _FakeTLSTransport(issued.certificate)
+    assert peer_identities(transport, CERT_NAME_TYPES) == {"only-san.example.org"}
+    assert peer_identities(transport) == frozenset()
 
 
 def test_nothing_to_read(pki: Pki) -> None:
@@ -479,12 +537,25 @@ def test_undecodable_san(pki: Pki) -> None:
         .sign(pki.ca.key, hashes.SHA256())
     )
     peer = crypto.X509.from_cryptography(certificate)
-    assert peer_identities(_FakeTLSTransport(peer)) == {"odd"}
+    assert peer_identities(_FakeTLSTransport(peer), CERT_NAME_TYPES) == {"odd"}
 
 
 def test_unknown_certificate_type() -> None:
     """Something that is not a certificate gives no identities instead of an error."""
     assert peer_identities(_FakeTLSTransport("not a certificate")) == frozenset()
+
+
+def test_tls_failure_reason_in_words() -> None:
+    """OpenSSL's reasons are joined as words; other errors give their message or type."""
+    error = SSL.Error(
+        [
+            ("SSL routines", "", "certificate verify failed"),
+            ("SSL routines", "", "tlsv1 alert unknown ca"),
+        ]
+    )
+    assert tls_failure_reason(error) == "certificate verify failed; tlsv1 alert unknown ca"
+    assert tls_failure_reason(SSL.Error("plain words")) == "plain words"
+    assert tls_failure_reason(SSL.Error()) == "Error"
 
 
 # --- real handshakes ----------------------------------------------------------------------
@@ -508,8 +579,8 @@ class _ServerProtocol(Protocol):
         self.lost: Deferred[None] = Deferred()
 
     def handshakeCompleted(self) -> None:
-        """Note the peer's identities and the TLS version once TLS is up."""
-        self.identities = peer_identities(self.transport)
+        """Note the peer's identities (of every name type) and the TLS version once TLS is up."""
+        self.identities = peer_identities(self.transport, CERT_NAME_TYPES)
         tls = ISSLTransport(self.transport)
         self.version = tls.getHandle().get_protocol_version_name()
 

@@ -42,6 +42,7 @@ from gateway.protocols.listener import (
     DEFAULT_LISTEN_BACKLOG,
     DEFAULT_MAX_CONNECTIONS,
 )
+from gateway.tls import CERT_NAME_TYPES, DEFAULT_CERT_IDENTITY, MTLSServerParser
 
 __all__ = ["AUTHORIZE", "LISTENER", "PROTOCOLS", "ListenerConfig", "read_listener"]
 
@@ -71,6 +72,9 @@ class ListenerConfig:
             ``slow_consumer_seconds``, ``max_backlog_bytes``).
         login_failures: How refused logins are slowed down and cut off
             (the ``login_failure*`` keys).
+        cert_identity: Which names of a verified client certificate are
+            identities (`gateway.tls.CERT_NAME_TYPES`); the Common Name only
+            by default.
     """
 
     name: str
@@ -84,6 +88,7 @@ class ListenerConfig:
     frame_timeout_seconds: float = DEFAULT_FRAME_TIMEOUT_SECONDS
     flow: FlowPolicy = DEFAULT_FLOW
     login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
+    cert_identity: tuple[str, ...] = DEFAULT_CERT_IDENTITY
 
     @property
     def listen_endpoint(self) -> str:
@@ -186,6 +191,14 @@ MAX_BACKLOG_BYTES: Final = integer(
     doc="Bytes written to a congested consumer past which it is disconnected as a slow"
     " consumer, whatever the policy (the hard cap).",
 )
+CERT_IDENTITY: Final = strings(
+    "cert_identity",
+    DEFAULT_CERT_IDENTITY,
+    doc="On an ``mtls:`` listener, which names of a verified client certificate are identities"
+    f" (logins, allow-lists, limits): any of {', '.join(repr(t) for t in CERT_NAME_TYPES)}"
+    " (the subject's Common Name; Subject Alternative Names of type DNS, e-mail, URI, IP"
+    " address). Add a SAN type only if the CA issues that type of name to nobody but its owner.",
+)
 LOGIN_FAILURE_DELAY_SECONDS: Final = number(
     "login_failure_delay_seconds",
     DEFAULT_LOGIN_FAILURES.delay_seconds,
@@ -235,6 +248,7 @@ LISTENER: Final = TableSchema(
         LOGIN_FAILURE_MAX_DELAY_SECONDS,
         LOGIN_FAILURES_PER_CONNECTION,
         LOGIN_FAILURE_RESET_SECONDS,
+        CERT_IDENTITY,
         AUTHORIZE_KEY,
     ),
     doc="A protocol served on an endpoint. NAME is what routes refer to: letters, digits,"
@@ -270,6 +284,7 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         )
     login_failures = _login_failures(section)
     authorization = _authorization(section)
+    cert_identity = _cert_identity(section, endpoint)
     section.done()
     return ListenerConfig(
         name=name,
@@ -283,7 +298,32 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         frame_timeout_seconds=frame_timeout,
         flow=flow,
         login_failures=login_failures,
+        cert_identity=cert_identity,
     )
+
+
+def _cert_identity(section: Section, endpoint: str) -> tuple[str, ...]:
+    """Read ``cert_identity``: known name types, at least one, on an ``mtls:`` listener only."""
+    types = section.read(CERT_IDENTITY)
+    if CERT_IDENTITY.name not in section.table:
+        return types
+    if not endpoint.startswith(f"{MTLSServerParser.prefix}:"):
+        section.problem(
+            CERT_IDENTITY,
+            "only an mtls: listener verifies client certificates; remove cert_identity here",
+        )
+    unknown = [t for t in types if t not in CERT_NAME_TYPES]
+    if unknown:
+        section.problem(
+            CERT_IDENTITY,
+            f"unknown name type(s) {', '.join(map(repr, unknown))};"
+            f" choose from {', '.join(map(repr, CERT_NAME_TYPES))}",
+        )
+    known = tuple(dict.fromkeys(t for t in types if t in CERT_NAME_TYPES))
+    if not known:
+        section.problem(CERT_IDENTITY, "name at least one name type (the default is ['cn'])")
+        return DEFAULT_CERT_IDENTITY
+    return known
 
 
 def _login_failures(section: Section) -> LoginFailurePolicy:

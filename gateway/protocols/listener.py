@@ -49,6 +49,7 @@ from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.tcp import RefusedConnection, disable_nagle
+from gateway.tls import DEFAULT_CERT_IDENTITY
 
 __all__ = [
     "DEFAULT_FRAME_TIMEOUT_SECONDS",
@@ -119,6 +120,9 @@ class ListenerFactory(Factory[P], Generic[P, S]):
     it is cut (`gateway.core.flow`); the assembly sets it."""
     login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
     """How refused logins are slowed down and cut off (`gateway.core.auth`); the assembly sets it."""
+    cert_identity: tuple[str, ...] = DEFAULT_CERT_IDENTITY
+    """Which names of a verified client certificate are identities (`gateway.tls.peer_identities`);
+    the assembly sets it from ``cert_identity``."""
 
     def __init__(
         self,
@@ -142,7 +146,8 @@ class ListenerFactory(Factory[P], Generic[P, S]):
             self._m_open = metrics.connections.labels(name, self.kind)
             self._m_opened = metrics.connections_total.labels(name, self.kind)
 
-    def buildProtocol(self, addr: Any) -> P | RefusedConnection:
+    # Twisted types it P | None, but its TLS wrapper cannot take None (RefusedConnection says why).
+    def buildProtocol(self, addr: Any) -> P | RefusedConnection:  # type: ignore[override]
         """A new connection, or past ``max_connections`` one closed at once (on TLS too)."""
         if len(self.connections) >= self.max_connections:
             self.count_error("too-many-connections")

@@ -104,6 +104,7 @@ protocol = "frontend"
 speaks = "ssmp"
 endpoint = "{tls}"
 backend = "tcp:host=127.0.0.1:port={hub}"
+cert_identity = ["cn", "email"]
 
 [listeners.qmqp]
 protocol = "frontend"
@@ -369,6 +370,7 @@ def test_ssmp_login_the_backend_refuses_is_401_cert(front: GatewayProcess, pki: 
     client.expect("401 cert")
     with pytest.raises(EOFError):
         client.read_line()
+    front.wait_for_log("backend refused the login of alice@example.org")
 
 
 @pytest.mark.parametrize("listener", ["qmqp", "reencrypted"])

@@ -30,6 +30,7 @@ enabled = false
 protocol = "ssmp"
 endpoint = "{tls}:verify=required"
 schemes = ["secret"]
+cert_identity = ["cn", "dns", "email"]
 
 [listeners.optional]
 protocol = "ssmp"

@@ -37,6 +37,8 @@ endpoint = "{tls}"
 protocol = "stream"
 endpoint = "{tls}"
 anonymous = true
+# EXTERNAL may name the certificate's e-mail address too.
+cert_identity = ["cn", "email"]
 
 [listeners.dmp]
 protocol = "dmp"

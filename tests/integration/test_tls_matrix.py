@@ -53,6 +53,7 @@ enabled = false
 protocol = "ssmp"
 endpoint = "{tls}"
 schemes = ["cert"]
+cert_identity = ["cn", "dns"]
 
 [listeners.qmqp]
 protocol = "qmqp"

@@ -200,9 +200,19 @@ def test_ssmp_login_is_rewritten_one_byte_at_a_time() -> None:
 def test_ssmp_login_with_a_san_and_a_suffix_uses_that_names_secret() -> None:
     """``alice.example.org/phone`` logs in with the secret of the SAN it extends."""
     link = Link("ssmp")
+    link.factory.cert_identity = ("cn", "dns")
     link.handshake()
     link.front.dataReceived(b"LOGIN alice.example.org/phone cert\n")
     assert link.accept().value() == b"LOGIN alice.example.org/phone secret dns-secret\n"
+
+
+def test_ssmp_login_as_a_san_is_refused_by_default() -> None:
+    """Without ``dns`` in the listener's ``cert_identity`` a DNS SAN is no login name."""
+    link = Link("ssmp")
+    link.handshake()
+    link.front.dataReceived(b"LOGIN alice.example.org cert\n")
+    assert link.client.value() == b"401 cert\n"
+    assert link.connects() == 0
 
 
 @pytest.mark.parametrize(

@@ -349,10 +349,11 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         Returns:
             The identity (None: none known), and None or the reason for 402.
         """
-        names = peer_identities(self.transport)
+        name_types = self.factory.cert_identity
+        names = peer_identities(self.transport, name_types)
         bound = grant.identity
         if bound is None:
-            return external_identity(self.transport), None
+            return external_identity(self.transport, name_types=name_types), None
         if bound in names or (not names and not grant.certified):
             return bound, None
         if not names:

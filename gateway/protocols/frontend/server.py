@@ -192,7 +192,7 @@ class FrontendServerProtocol(ListenerConnection["FrontendServerFactory"]):
             backend.loseConnection()
 
     def _authenticate(self) -> bool:
-        names = peer_identities(self.transport)
+        names = peer_identities(self.transport, self.factory.cert_identity)
         if not names:
             self.factory.count_error("no-client-certificate")
             self._log.warn(
@@ -203,7 +203,9 @@ class FrontendServerProtocol(ListenerConnection["FrontendServerFactory"]):
             self._close()
             return False
         self._names = names
-        self.identity = external_identity(self.transport) or min(names)
+        self.identity = external_identity(
+            self.transport, name_types=self.factory.cert_identity
+        ) or min(names)
         if self._login_done:  # QMQP and stream: nothing to read before connecting
             if not self.factory.admit(self, self.identity):
                 self._log.warn(

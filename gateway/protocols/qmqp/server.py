@@ -273,7 +273,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         """
         self._certificate_read = True
         if self.identity is None:
-            identity = external_identity(self.transport)
+            identity = external_identity(self.transport, name_types=self.factory.cert_identity)
             if identity is not None and not self.factory.admit(self, identity):
                 # Over the limit: as if it had no certificate (require_auth then refuses).
                 self._log.info(

@@ -68,6 +68,12 @@ def cert_name_for(identity: str, names: frozenset[str]) -> str | None:
     the Common Name or a Subject Alternative Name, and MAY for such a name
     followed by ``/`` and one or more ID characters (several connections with
     one certificate): ``alice/laptop`` is ``alice``'s (the longest name wins).
+
+    Spec deviation: ``names`` are the certificate's names of the listener's
+    ``cert_identity`` types, by default its Common Name alone, not every SAN
+    as the spec's MUST says: a CA that issues ``DNS:bob`` vouches for a host,
+    not for the login name ``bob`` (docs/tls.rst, "Which certificate names
+    are identities").
     """
     if identity in names:
         return identity
@@ -383,7 +389,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if identity == "." or scheme not in ("secret", "cert"):
             return None
         if scheme == "cert":
-            return cert_name_for(identity, peer_identities(self.transport))
+            return cert_name_for(
+                identity, peer_identities(self.transport, self.factory.cert_identity)
+            )
         return identity
 
     def _allowed(self, action: Action, topic: bytes) -> bool:
@@ -412,7 +420,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
                 return None
             return "wrong or missing secret"
         if scheme == "cert":
-            names = peer_identities(self.transport)
+            names = peer_identities(self.transport, self.factory.cert_identity)
             if not names:
                 return "no client certificate"
             if cert_identity_matches(identity, names):

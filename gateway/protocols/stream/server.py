@@ -303,7 +303,7 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
 
     def _mechanisms(self) -> list[str]:
         mechanisms = ["PLAIN"]
-        if peer_identities(self.transport):
+        if peer_identities(self.transport, self.factory.cert_identity):
             mechanisms.append("EXTERNAL")  # a verified client certificate names the identity
         if self.factory.settings.anonymous:
             mechanisms.append("ANONYMOUS")
@@ -342,8 +342,10 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             self.identity = "anonymous"
             self._principal = None
             return OK
-        if mechanism == "EXTERNAL" and peer_identities(self.transport):
-            identity = external_identity(self.transport, data.decode("utf-8", "replace"))
+        name_types = self.factory.cert_identity
+        if mechanism == "EXTERNAL" and peer_identities(self.transport, name_types):
+            requested = data.decode("utf-8", "replace")
+            identity = external_identity(self.transport, requested, name_types)
             if identity is None:
                 self._log.info(
                     "{listener}: EXTERNAL login refused: no verified certificate for {name}",
