@@ -10,19 +10,19 @@ any route can become durable without the router or the adapters changing.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.batch import UNANSWERED
+from gateway.core.deadlines import RouteDeadlines
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
@@ -260,7 +260,7 @@ class Router:
         self.table = table
         self._clock = clock
         self._metrics = metrics
-        self._watches: dict[BoundRoute, _Deadlines] = {}
+        self._watches: dict[BoundRoute, RouteDeadlines] = {}
         self.recorder: OutcomeRecorder | None = None
         """Keeps each message's route, source, times and outcome (issue 9), when set."""
         self.taps: tuple[Tap, ...] = ()
@@ -502,73 +502,17 @@ class Router:
             return d.addCallback(finished)
         return self._deadlines(bound).watch(d, count).addCallback(finished)
 
-    def _deadlines(self, bound: BoundRoute) -> _Deadlines:
+    def _deadlines(self, bound: BoundRoute) -> RouteDeadlines:
         watch = self._watches.get(bound)
         if watch is None:
             if len(self._watches) > 4 * len(self.table.routes) + 16:
                 # Routes of tables replaced long ago: drop the idle ones.
                 self._watches = {b: w for b, w in self._watches.items() if w.busy}
-            watch = self._watches[bound] = _Deadlines(bound.route, self._clock)
+            watch = self._watches[bound] = RouteDeadlines(bound.route, self._clock)
         return watch
 
     def _stats(self, route: str) -> RouteStats | None:
         return None if self._metrics is None else self._metrics.route(route)
-
-
-class _Deadlines:
-    """The time-outs of one route's deliveries: one timer, not one per message.
-
-    A route's time-out is the same for all its messages, so their deadlines
-    come in the order the messages do: a queue whose head is the next to
-    expire. A delivery still waiting at its deadline is cancelled, and the
-    sender told to retry later.
-    """
-
-    __slots__ = ("_call", "_clock", "_queue", "_route")
-
-    def __init__(self, route: Route, clock: IReactorTime) -> None:
-        self._route = route
-        self._clock = clock
-        self._queue: deque[tuple[float, Deferred[list[Outcome]]]] = deque()
-        self._call: IDelayedCall | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether some delivery is still watched."""
-        return bool(self._queue)
-
-    def watch(self, d: Deferred[list[Outcome]], count: int) -> Deferred[list[Outcome]]:
-        """Watch a batch's delivery; return it with its time-out turned into outcomes."""
-        queue = self._queue
-        while queue and queue[0][1].called:
-            queue.popleft()  # answered in time: forget it
-        queue.append((self._clock.seconds() + self._route.timeout_seconds, d))
-        if self._call is None:
-            self._call = self._clock.callLater(self._route.timeout_seconds, self._expire)
-        return d.addErrback(self._timed_out, count)
-
-    def _expire(self) -> None:
-        self._call = None
-        queue = self._queue
-        now = self._clock.seconds()
-        while queue and (queue[0][1].called or queue[0][0] <= now):
-            _deadline, d = queue.popleft()
-            if not d.called:
-                d.cancel()
-        if queue:
-            self._call = self._clock.callLater(max(queue[0][0] - now, 0.0), self._expire)
-
-    def timed_out_outcome(self) -> Outcome:
-        """What a message without an outcome at its deadline answers."""
-        route = self._route
-        return Outcome.retry(
-            f"route {route.name}: no outcome from {route.destination}"
-            f" within {route.timeout_seconds:g} seconds"
-        )
-
-    def _timed_out(self, failure: Failure, count: int) -> list[Outcome]:
-        failure.trap(CancelledError)
-        return [UNANSWERED] * count
 
 
 class _Combined:
