@@ -418,7 +418,8 @@ def test_first_request_not_login_is_400_and_close(world: HubWorld) -> None:
 
 
 def test_cert_login_over_tls(world: HubWorld, ca: CertifiedKey) -> None:
-    """On TLS, ``cert`` accepts the CN, a SAN and ``NAME/suffix``, and refuses other ids."""
+    """On TLS, ``cert`` accepts the CN, a SAN of a type the listener takes and ``NAME/suffix``."""
+    world.factory.cert_identity = ("cn", "dns")
     alice = issue_client_certificate(ca, "alice", dns_names=["alice.example.org"]).certificate
     for identity in ("alice", "alice.example.org", "alice/laptop"):
         transport = TLSStringTransport(alice)
@@ -435,6 +436,24 @@ def test_cert_login_over_tls(world: HubWorld, ca: CertifiedKey) -> None:
 
 def test_cert_login_without_certificate_is_401(world: HubWorld) -> None:
     """A TLS connection without a client certificate cannot log in with ``cert``."""
+def test_cert_login_by_the_common_name_only_by_default(world: HubWorld, ca: CertifiedKey) -> None:
+    """By default SANs are no identities: CN alice with SANs bob, admin logs in as alice only."""
+    alice = issue_client_certificate(
+        ca, "alice", dns_names=["bob"], emails=["admin"], uris=["urn:x:carol"]
+    ).certificate
+    for identity, reply in (
+        ("alice", b"200\n"),
+        ("alice/x", b"200\n"),
+        ("bob", b"401 cert open secret\n"),
+        ("bob/x", b"401 cert open secret\n"),
+        ("admin", b"401 cert open secret\n"),
+        ("urn:x:carol", b"401 cert open secret\n"),
+    ):
+        peer = world.connect(TLSStringTransport(alice))
+        peer.send(f"LOGIN {identity} cert\n".encode())
+        assert peer.received() == reply, identity
+
+
     peer = world.connect(TLSStringTransport(None))
     peer.send(b"LOGIN alice cert\n")
     assert peer.received() == b"401 cert open secret\n"
