@@ -14,13 +14,18 @@ from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from gateway.core.auth import LoginFailurePolicy
 from gateway.core.batch import UNANSWERED
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Result, Router, Unrouted
 
-__all__ = ["deliver_each", "dispatch_one"]
+__all__ = ["NO_LOGIN_WAIT", "deliver_each", "dispatch_one"]
 
 _log = Logger(namespace="tests.doubles")
+
+NO_LOGIN_WAIT = LoginFailurePolicy(delay_seconds=0.0, per_connection=1000)
+"""Refused logins answered at once, never closed for their number: for tests of what a
+refusal says, not of when (tests/protocols/test_logins.py tests the waits)."""
 
 
 def deliver_each(

@@ -48,6 +48,7 @@ from gateway.protocols.ssmp.server import (
 )
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
 from tests.certs import CertifiedKey, issue_client_certificate, make_ca
+from tests.doubles import NO_LOGIN_WAIT
 from tests.protocols.test_listener import BufferingTransport
 
 T = TypeVar("T")
@@ -222,6 +223,7 @@ class HubWorld:
             metrics=self.metrics,
         )
         self.factory.flow = flow
+        self.factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
 
     def connect(self, transport: StringTransport | None = None) -> Peer:
         """Open a connection (no LOGIN yet)."""
@@ -461,14 +463,16 @@ def test_cert_login_by_the_common_name_only_by_default(world: HubWorld, ca: Cert
 
 
 def test_refused_login_is_logged(world: HubWorld) -> None:
-    """A refused LOGIN is logged once with identity, scheme and why."""
+    """A refused LOGIN is logged once with identity, scheme, peer address and why."""
     peer = world.connect()
     with capturedLogs() as events:
         peer.send(b"LOGIN sam secret wrong\n")
     refused = [event for event in events if "why" in event]
     assert len(refused) == 1
     assert refused[0]["identity"] == "sam"
-    assert refused[0]["scheme"] == "secret"
+    assert refused[0]["mechanism"] == "LOGIN secret"
+    assert refused[0]["peer"] == "192.168.1.1:54321"  # StringTransport's peer
+    assert refused[0]["why"] == "wrong or missing secret"
 
 
 # --- login time-out and pings ---------------------------------------------------------------

@@ -144,6 +144,10 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._timer: IDelayedCall | None = None
         self._awaiting_pong = False
         self._inbox: Inbox[_Pending] = Inbox(factory.router, factory.name, self._answer)
+        self._login_wait: IDelayedCall | None = None
+        """Set while a LOGIN waits for the refusals its address or identity still owe."""
+        self._held: tuple[list[ssmp.Line], ssmp.SSMPError | None] = ([], None)
+        """That LOGIN, what came after it in its read, and that read's error."""
 
     # --- connection life ----------------------------------------------------
 
@@ -164,7 +168,10 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         return self._codec.pending_bytes
 
     def _may_read(self) -> bool:
-        return len(self._pending) < self.factory.settings.max_pending_replies
+        return (
+            len(self._pending) < self.factory.settings.max_pending_replies
+            and self._login_wait is None
+        )
 
     def _finish(self) -> None:
         """Read no more requests; close once every pending response is written.
@@ -215,18 +222,34 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             error = exc
             lines = exc.events  # type: ignore[assignment]
         self.factory.count_in(len(lines), len(data))
-        handlers = self._handlers
-        for line in lines:
-            handlers[type(line)](self, line)
-            if self._finishing:
-                break
-        self._inbox.dispatch()  # the read's routed MCASTs, one batch
-        if error is not None and not self._finishing:
-            self._protocol_error(error)
+        self._handle_lines(lines, error)
         held = self._codec.pending_bytes
         if held or self._partial_since is not None:
             self._frame_read(bool(lines), held)
         self.hub.flush(self)
+
+    def _handle_lines(self, lines: list[ssmp.Line], error: ssmp.SSMPError | None) -> None:
+        """Handle a read's requests in order, then its error; a waiting LOGIN holds the rest."""
+        handlers = self._handlers
+        for index, line in enumerate(lines):
+            handlers[type(line)](self, line)
+            if self._finishing:
+                break
+            if self._login_wait is not None:
+                self._held = (lines[index:], error)
+                error = None
+                break
+        self._inbox.dispatch()  # the read's routed MCASTs, one batch
+        if error is not None and not self._finishing:
+            self._protocol_error(error)
+
+    def _login_waited(self) -> None:
+        """The wait is over: handle the LOGIN (checked now) and what came after it."""
+        self._login_wait = None
+        (lines, error), self._held = self._held, ([], None)
+        self._handle_lines(lines, error)
+        self.hub.flush(self)
+        self._resume_reading()
 
     def _protocol_error(self, error: ssmp.SSMPError) -> None:
         self.factory.count_error(error.kind)
@@ -342,6 +365,13 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         offered = self.factory.schemes_for(self._is_tls())
         scheme = login.scheme.decode("ascii")
         identity = login.identity.decode("ascii")
+        logins = self.factory.logins
+        wait = logins.wait_seconds(self._peer(), identity)
+        if wait > 0:
+            # Checked once the refusals its address or identity owe are answered.
+            self._login_wait = self._call_later(wait, self._login_waited)
+            self._pause_reading()
+            return
         why = self._authenticate(identity, scheme, login.credential, offered)
         principal = self._principal(identity, scheme)
         if why is None and not self.factory.authorization.knows(principal):
@@ -357,19 +387,20 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             assert principal is not None
             why = self.factory.per_identity_refusal(principal)
         if why is not None:
-            self._log.info(
-                "{listener}: LOGIN {identity} {scheme} from {peer} refused: {why}",
-                listener=self.factory.name,
-                identity=identity,
-                scheme=scheme,
-                peer=self._who(),
-                why=why,
-            )
             self.factory.count_error("unauthorized")
+            delay = logins.refused(
+                peer=self._peer(), identity=identity, mechanism=f"LOGIN {scheme}", why=why
+            )
             # Spec: 401 with a space-separated list of supported schemes, then close.
-            self._respond(ssmp.response_line(401, " ".join(sorted(offered))))
-            self._finish()
+            refusal = ssmp.response_line(401, " ".join(sorted(offered)))
+            if delay > 0:
+                self._finishing = True  # nothing more is read meanwhile
+                self._pause_reading()
+                self._call_later(delay, self._refuse_login, refusal)
+            else:
+                self._refuse_login(refusal)
             return
+        logins.accepted(identity)
         self.identity = login.identity
         self.principal = principal
         self._logged_in = True
@@ -378,6 +409,10 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._respond(OK)
         self.hub.attach(self)
         self._arm_idle_timer(self.factory.settings.ping_interval_seconds)
+
+    def _refuse_login(self, refusal: bytes) -> None:
+        self._respond(refusal)
+        self._finish()
 
     def _principal(self, identity: str, scheme: str) -> str | None:
         """The identity a login authenticates, for the allow-lists.

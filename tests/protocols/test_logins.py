@@ -1,0 +1,128 @@
+"""Refused logins wait, growing, and are counted and logged with the peer (issue 26).
+
+`gateway.protocols.logins` and each listener that checks a secret, on a
+`Clock` and `StringTransport`s: every connection here comes from the
+transport's one peer address (192.168.1.1), so refusals on one connection
+make the next connection wait as well. MTL has its own harness
+(test_mtl_logins.py).
+"""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
+
+from gateway.core.auth import LoginFailurePolicy
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.logins import LoginRefusals, peer_address, peer_text
+from tests.protocols.test_ssmp_server import HubWorld
+
+POLICY = LoginFailurePolicy(
+    delay_seconds=1.0, max_delay_seconds=4.0, per_connection=3, reset_seconds=600.0
+)
+PEER = "192.168.1.1:54321"
+"""Where a `StringTransport` says its peer is."""
+
+
+def login_failures(metrics: GatewayMetrics, listener: str) -> float:
+    """``msggateway_login_failures_total`` of one listener."""
+    value = metrics.registry.get_sample_value(
+        "msggateway_login_failures_total", {"endpoint": listener}
+    )
+    return value or 0.0
+
+
+def refusals(events: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The login refusals among captured log events."""
+    return [event for event in events if "login refused" in str(event.get("log_format", ""))]
+
+
+# --- LoginRefusals ---------------------------------------------------------------------
+
+
+def test_peer_addresses_count_by_host_and_log_with_the_port() -> None:
+    """Refusals count against the host (a new port is the same peer); the log shows both."""
+
+    class Address:
+        host = "198.51.100.4"
+        port = 4242
+
+    assert peer_address(Address()) == "198.51.100.4"
+    assert peer_text(Address()) == "198.51.100.4:4242"
+    assert peer_address("10.1.2.3") == peer_text("10.1.2.3") == "10.1.2.3"
+    assert peer_address(None) is None
+    assert peer_text(None) == "an unknown peer"
+
+
+def test_refusals_are_counted_logged_and_make_the_next_wait() -> None:
+    """Each refusal: one counter step, one warning with listener, peer, identity and why."""
+    clock, metrics = Clock(), GatewayMetrics()
+    desk = LoginRefusals("hub", POLICY, clock, metrics)
+    with capturedLogs() as events:
+        first = desk.refused(peer="10.1.2.3", identity="alice", mechanism="LOGIN secret", why="x")
+    assert first == 1.0
+    assert desk.wait_seconds("10.1.2.3", "bob") == 1.0
+    assert desk.wait_seconds("10.9.9.9", "alice") == 1.0
+    assert login_failures(metrics, "hub") == 1
+    (event,) = refusals(events)
+    assert (event["listener"], event["peer"], event["identity"]) == ("hub", "10.1.2.3", "alice")
+    assert (event["mechanism"], event["why"], event["delay"]) == ("LOGIN secret", "x", 1.0)
+    assert event["log_level"].name == "warn"  # type: ignore[attr-defined]
+    assert not desk.spent(2) and desk.spent(3)
+
+
+# --- SSMP ----------------------------------------------------------------------------------
+
+
+def ssmp_world() -> HubWorld:
+    """The hub of test_ssmp_server (sam's secret is ``sesame``), with the policy above."""
+    world = HubWorld()
+    world.factory.login_failures = POLICY
+    return world
+
+
+def test_ssmp_refusals_wait_longer_each_time_and_close() -> None:
+    """Wrong secrets: 401 after 1 s, then 2 s, then 4 s, 4 s; nothing is read meanwhile."""
+    world = ssmp_world()
+    for wait in (1.0, 2.0, 4.0, 4.0):
+        peer = world.connect()
+        peer.send(b"LOGIN sam secret wrong\nSUBSCRIBE news\n")
+        assert peer.transport.producerState == "paused"
+        world.clock.advance(wait - 0.001)
+        assert peer.received() == b""
+        assert not peer.transport.disconnecting
+        world.clock.advance(0.001)
+        assert peer.received() == b"401 open secret\n"
+        assert peer.transport.disconnecting
+    assert world.sample("msggateway_login_failures_total") == 4
+
+
+def test_ssmp_the_right_secret_waits_for_a_refusal_still_owed_then_logs_in() -> None:
+    """A refusal is due at 1 s: a right LOGIN at 0.5 s is checked, and answered 200, at 1 s."""
+    world = ssmp_world()
+    guesser = world.connect()
+    guesser.send(b"LOGIN sam secret wrong\n")
+    world.clock.advance(0.5)
+    owner = world.connect()
+    owner.send(b"LOGIN sam secret sesame\nSUBSCRIBE news\n")
+    assert owner.received() == b""
+    world.clock.advance(0.5)
+    assert guesser.received() == b"401 open secret\n"
+    assert owner.received() == b"200\n200\n"  # the LOGIN, and the SUBSCRIBE held with it
+    assert owner.transport.producerState == "producing"
+    # Accepted: sam's refusals are forgotten; the address's still count.
+    assert world.factory.logins.throttle.failures(None, "sam") == 0
+    assert world.factory.logins.throttle.failures("192.168.1.1", None) == 1
+
+
+def test_ssmp_refusal_is_logged_with_the_peer() -> None:
+    """The refusal's log line names the peer's address and port, the identity and why."""
+    world = ssmp_world()
+    with capturedLogs() as events:
+        world.connect().send(b"LOGIN mallory secret guess\n")
+    (event,) = refusals(events)
+    assert (event["peer"], event["identity"], event["mechanism"]) == (
+        PEER,
+        "mallory",
+        "LOGIN secret",
+    )
