@@ -9,13 +9,22 @@ make the next connection wait as well. MTL has its own harness
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
+from gateway.codecs import stream as sp
 from gateway.core.auth import LoginFailurePolicy
+from gateway.core.log import FsyncPolicy, LogStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.logins import LoginRefusals, peer_address, peer_text
+from gateway.protocols.stream.server import StreamServerFactory
+from gateway.protocols.stream.settings import StreamListenerSettings
 from tests.protocols.test_ssmp_server import HubWorld
+from tests.protocols.test_stream_server import SECRETS as STREAM_SECRETS
+from tests.protocols.test_stream_server import Peer as StreamPeer
+from tests.protocols.test_stream_server import plain
 
 POLICY = LoginFailurePolicy(
     delay_seconds=1.0, max_delay_seconds=4.0, per_connection=3, reset_seconds=600.0
@@ -125,4 +134,86 @@ def test_ssmp_refusal_is_logged_with_the_peer() -> None:
         PEER,
         "mallory",
         "LOGIN secret",
+    )
+
+
+# --- the stream protocol ---------------------------------------------------------------
+
+
+def stream_factory(tmp_path: Path) -> tuple[StreamServerFactory, Clock, GatewayMetrics]:
+    """A stream listener (alice's password is ``wonderland``) with the policy above.
+
+    Its log is never opened: logging in does not touch it.
+    """
+    clock, metrics = Clock(), GatewayMetrics()
+    store = LogStore(tmp_path / "log", clock, fsync=FsyncPolicy.NEVER, clock=clock)
+    factory = StreamServerFactory(
+        name="streams",
+        settings=StreamListenerSettings(),
+        store=store,
+        secrets=STREAM_SECRETS,
+        clock=clock,
+        metrics=metrics,
+    )
+    factory.login_failures = POLICY
+    return factory, clock, metrics
+
+
+def sasl_plain(peer: StreamPeer, password: bytes, *after: sp.Event) -> None:
+    """Alice's SaslAuthenticate PLAIN, and more frames, in one read."""
+    peer.send(
+        sp.SaslAuthenticate(correlation_id=3, mechanism="PLAIN", data=plain(b"alice", password)),
+        *after,
+    )
+
+
+def test_stream_refusals_wait_longer_each_time_and_close(tmp_path: Path) -> None:
+    """Wrong passwords: code 8 after 1 s, then 2 s, then 4 s; closed; nothing read meanwhile."""
+    factory, clock, metrics = stream_factory(tmp_path)
+    for wait in (1.0, 2.0, 4.0):
+        peer = StreamPeer(factory, "10.1.2.3")
+        sasl_plain(peer, b"guess", sp.Tune(frame_max=0, heartbeat=0))
+        assert peer.transport.producerState == "paused"
+        clock.advance(wait - 0.001)
+        assert peer.frames() == []
+        assert not peer.closed
+        clock.advance(0.001)
+        assert peer.frames() == [sp.SaslAuthenticateResponse(correlation_id=3, code=8)]
+        assert peer.closed
+    assert login_failures(metrics, "streams") == 3
+
+
+def test_stream_the_right_password_waits_for_a_refusal_still_owed(tmp_path: Path) -> None:
+    """A refusal due at 1 s holds a right PLAIN sent at 0.5 s, and what follows it, till then."""
+    factory, clock, _metrics = stream_factory(tmp_path)
+    guesser = StreamPeer(factory, "10.1.2.3")
+    sasl_plain(guesser, b"guess")
+    clock.advance(0.5)
+    owner = StreamPeer(factory, "10.1.2.3")
+    sasl_plain(
+        owner,
+        b"wonderland",
+        sp.Tune(frame_max=0, heartbeat=0),
+        sp.Open(correlation_id=4, virtual_host="/"),
+    )
+    assert owner.frames() == []
+    clock.advance(0.5)
+    frames = owner.frames()
+    assert frames[0] == sp.SaslAuthenticateResponse(correlation_id=3, code=1)
+    assert isinstance(frames[1], sp.Tune)
+    assert isinstance(frames[2], sp.OpenResponse) and frames[2].code == 1
+    assert owner.protocol.identity == "alice"
+    assert owner.transport.producerState == "producing"
+
+
+def test_stream_refusal_is_logged_with_the_peer(tmp_path: Path) -> None:
+    """The refusal's log line names the peer (address and port), the user and the mechanism."""
+    factory, _clock, _metrics = stream_factory(tmp_path)
+    with capturedLogs() as events:
+        sasl_plain(StreamPeer(factory, "10.1.2.3"), b"guess")
+    (event,) = refusals(events)
+    assert (event["peer"], event["identity"], event["mechanism"]) == (
+        "10.1.2.3:40404",
+        "alice",
+        "SASL PLAIN",
     )

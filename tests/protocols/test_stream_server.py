@@ -56,7 +56,7 @@ from gateway.protocols.stream.server import (
     StreamServerProtocol,
 )
 from gateway.protocols.stream.settings import DEFAULT_FRAME_MAX, StreamListenerSettings
-from tests.doubles import deliver_each
+from tests.doubles import NO_LOGIN_WAIT, deliver_each
 
 LISTENER = "streams"
 PORT = 5552
@@ -255,6 +255,7 @@ class Listener:
         factory = StreamServerFactory(
             name=LISTENER, settings=settings, store=self.store, secrets=SECRETS, clock=self.clock
         )
+        factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
         factory.listening_on(IPv4Address("TCP", "0.0.0.0", PORT))
         return factory
 

@@ -77,6 +77,13 @@ AUTHENTICATION_FAILURE_LOOPBACK: Final = 11
 VIRTUAL_HOST_ACCESS_FAILURE: Final = 12
 UNKNOWN_FRAME: Final = 13
 ACCESS_REFUSED: Final = 16
+_REFUSALS: Final = {
+    SASL_MECHANISM_NOT_SUPPORTED: "the mechanism is not offered here",
+    AUTHENTICATION_FAILURE: "wrong user or password (or certificate name)",
+    SASL_ERROR: "a PLAIN response is authzid NUL user NUL password",
+    AUTHENTICATION_FAILURE_LOOPBACK: "guest logs in from loopback only",
+}
+"""Why a SaslAuthenticate was refused, by the code it is answered with (for the log)."""
 PRECONDITION_FAILED: Final = 17
 PUBLISHER_DOES_NOT_EXIST: Final = 18
 NO_OFFSET: Final = 19
@@ -176,6 +183,10 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         """When the last read from the client arrived (noted per read, not per frame)."""
         self._beat_call: IDelayedCall | None = None
         self._silence_call: IDelayedCall | None = None
+        self._login_wait: IDelayedCall | None = None
+        """Set while a SaslAuthenticate waits (`LoginRefusals`): to be checked, or refused."""
+        self._held: tuple[list[sp.Event], sp.StreamError | None] = ([], None)
+        """The waiting SaslAuthenticate, the frames after it in its read, and its error."""
 
     # --- connection life ------------------------------------------------------------
 
@@ -204,7 +215,10 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         return self._codec.pending_bytes
 
     def _may_read(self) -> bool:
-        return self._unconfirmed <= self.factory.settings.max_unconfirmed * RESUME_FRACTION
+        return (
+            self._unconfirmed <= self.factory.settings.max_unconfirmed * RESUME_FRACTION
+            and self._login_wait is None
+        )
 
     def _server_close(self, code: int, reason: str) -> None:
         """Ask the client to close (after Open), and close anyway after a while."""
@@ -252,15 +266,32 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         except sp.StreamError as exc:
             error = exc
             events = cast(list[sp.Event], exc.events)
+        if not self._handle_events(events, error):
+            return
+        if error is None:
+            held = self._codec.pending_bytes
+            if held or self._partial_since is not None:
+                self._frame_read(bool(events), held)
+        self.flush()
+
+    def _handle_events(self, events: list[sp.Event], error: sp.StreamError | None) -> bool:
+        """Handle a read's frames, then its error; False once the connection is closing.
+
+        A SaslAuthenticate that must wait (`_on_sasl_authenticate`) holds
+        itself and what follows it until the wait is over.
+        """
         self._in_batch = True
         try:
-            for event in events:
+            for index, event in enumerate(events):
                 handler = _HANDLERS.get(type(event))
                 if handler is None or (self._state == "closing" and not _CLOSING_OK(event)):
                     continue
                 handler(self, event)
                 if self._closing:
-                    return
+                    return False
+                if self._login_wait is not None:
+                    self._held = (events[index:], error)
+                    return True
         finally:
             self._in_batch = False
         if error is not None:
@@ -269,11 +300,7 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
                 "{listener}: bad frame: {reason}", listener=self.factory.name, reason=error.reason
             )
             self._server_close(error.code or UNKNOWN_FRAME, error.reason)
-        else:
-            held = self._codec.pending_bytes
-            if held or self._partial_since is not None:
-                self._frame_read(bool(events), held)
-        self.flush()
+        return True
 
     def _require_open(self, event: sp.Event) -> bool:
         if self._state == "open":
@@ -317,24 +344,59 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         )
 
     def _on_sasl_authenticate(self, event: sp.SaslAuthenticate) -> None:
-        code = self._authenticate(event.mechanism, event.data or b"")
+        """Check a login once what its address or identity owes is waited out; refuse late.
+
+        A refusal is answered after `LoginRefusals`' delay (nothing is read
+        meanwhile), then the connection closes.
+        """
+        data = event.data or b""
+        claimed = _claimed_identity(event.mechanism, data)
+        logins = self.factory.logins
+        wait = logins.wait_seconds(self._peer(), claimed)
+        if wait > 0:
+            self._login_wait = self._call_later(wait, self._login_waited)
+            self._pause_reading()
+            return
+        code = self._authenticate(event.mechanism, data)
+        why = _REFUSALS.get(code, f"code {code}")
         if code == OK and not self.factory.admit(self, self._principal):
             assert self._principal is not None
-            self._log.info(
-                "{listener}: {why}",
-                listener=self.factory.name,
-                why=self.factory.per_identity_refusal(self._principal),
-            )
+            why = self.factory.per_identity_refusal(self._principal)
             code = AUTHENTICATION_FAILURE
-        self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=code))
         if code != OK:
             self.factory.count_error("unauthorized")
-            self.flush()
-            self._close()
+            delay = logins.refused(
+                peer=self._peer(), identity=claimed, mechanism=f"SASL {event.mechanism}", why=why
+            )
+            if delay > 0:
+                self._login_wait = self._call_later(
+                    delay, self._refuse_login, event.correlation_id, code
+                )
+                self._pause_reading()
+            else:
+                self._refuse_login(event.correlation_id, code)
             return
+        logins.accepted(claimed)
+        self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=OK))
         self._state = "tuning"
         settings = self.factory.settings
         self._send(sp.Tune(frame_max=settings.frame_max, heartbeat=settings.heartbeat_seconds))
+
+    def _login_waited(self) -> None:
+        """The wait is over: handle the SaslAuthenticate (checked now) and what followed it."""
+        self._login_wait = None
+        (events, error), self._held = self._held, ([], None)
+        if self._handle_events(events, error):
+            self.flush()
+            self._resume_reading()
+
+    def _refuse_login(self, correlation_id: int, code: int) -> None:
+        """Answer a refused SaslAuthenticate, then close."""
+        self._login_wait = None
+        self._held = ([], None)
+        self._send(sp.SaslAuthenticateResponse(correlation_id=correlation_id, code=code))
+        self.flush()
+        self._close()
 
     def _authenticate(self, mechanism: str, data: bytes) -> int:
         settings = self.factory.settings
@@ -371,11 +433,6 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if self.factory.secrets.verify(username, password):
             self.identity = self._principal = username
             return OK
-        self._log.info(
-            "{listener}: authentication of {user} refused",
-            listener=self.factory.name,
-            user=username,
-        )
         return AUTHENTICATION_FAILURE
 
     def _on_tune(self, event: sp.Tune) -> None:
@@ -892,6 +949,16 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
 
 def _CLOSING_OK(event: sp.Event) -> bool:  # noqa: N802
     return isinstance(event, sp.Heartbeat | sp.CloseResponse)
+
+
+def _claimed_identity(mechanism: str, data: bytes) -> str | None:
+    """The identity a SaslAuthenticate claims: PLAIN's user, EXTERNAL's name; else none."""
+    if mechanism == "PLAIN":
+        parts = data.split(b"\0")
+        return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
+    if mechanism == "EXTERNAL" and data:
+        return data.decode("utf-8", "replace")
+    return None
 
 
 def _spec(spec: sp.OffsetSpec) -> tuple[str] | tuple[str, int]:
