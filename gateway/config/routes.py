@@ -23,6 +23,7 @@ from gateway.config.base import (
     strings,
 )
 from gateway.core.addressing import AddressPattern, AddressTemplate, PatternError
+from gateway.core.internal import DEAD_LETTER_STREAM
 from gateway.core.router import DEFAULT_ROUTE_TIMEOUT_SECONDS, Route
 from gateway.core.transforms import TRANSFORMS
 
@@ -69,7 +70,7 @@ MAX_ATTEMPTS: Final = integer(
     doc="Durable: deliveries of a message the destination rejects, then the dead letter.",
 )
 DEAD_LETTER: Final = string(
-    "dead_letter", "msggateway.dead-letter", doc="Durable: the dead-letter stream."
+    "dead_letter", DEAD_LETTER_STREAM, doc="Durable: the dead-letter stream."
 )
 TIMEOUT_SECONDS: Final = positive(
     "timeout_seconds",

@@ -16,6 +16,13 @@ What an address is, and which requests publish or consume, is each
 protocol's business (docs/tls.rst has the table); the protocols all ask the
 same two questions here, `Authorization.may_publish` and
 `Authorization.may_consume`.
+
+The gateway's own streams (`gateway.core.internal`) are outside all of
+this: no grant lets a client write to them, and ``#`` does not let it read
+them. Reading one needs a ``consume`` pattern that names the internal
+namespace literally (``msggateway.#``, ``msggateway.route.*``), under the
+reader's own identity (not ``*``): `Authorization.may_read_internal`, and
+`check_internal` for the refusal.
 """
 
 from __future__ import annotations
@@ -28,8 +35,22 @@ import attrs
 from twisted.logger import Logger
 
 from gateway.core.addressing import AddressPattern
+from gateway.core.internal import (
+    INTERNAL_STREAM,
+    is_internal,
+    is_internal_reference,
+    names_internal,
+)
 
-__all__ = ["ANY_IDENTITY", "UNRESTRICTED", "Action", "Authorization", "Grant", "check"]
+__all__ = [
+    "ANY_IDENTITY",
+    "UNRESTRICTED",
+    "Action",
+    "Authorization",
+    "Grant",
+    "check",
+    "check_internal",
+]
 
 ANY_IDENTITY = "*"
 """Patterns under this identity are granted to every authenticated identity."""
@@ -137,6 +158,23 @@ class Authorization:
         """Whether ``identity`` may consume from ``address``."""
         return self.allows(Action.CONSUME, identity, address)
 
+    def may_read_internal(self, identity: str | None, stream: str) -> bool:
+        """Whether an operator granted ``identity`` reading the gateway's own ``stream``.
+
+        Only a ``consume`` pattern of the identity's own that names the
+        internal namespace literally and matches ``stream`` grants it: not
+        ``#``, not the ``*`` identity's patterns, never on a listener
+        without an ``authorize`` table.
+        """
+        grants = self.grants
+        if grants is None or identity is None:
+            return False
+        grant = grants.get(identity)
+        return grant is not None and any(
+            names_internal(pattern.text) and pattern.match(stream) is not None
+            for pattern in grant.consume
+        )
+
 
 UNRESTRICTED = Authorization()
 """The allow-lists of a listener without an ``authorize`` table: everything allowed."""
@@ -181,5 +219,61 @@ def check(
         peer=_peer_text(peer),
         action=action.value,
         address=address,
+    )
+    return False
+
+
+def check_internal(
+    authorization: Authorization,
+    command: str,
+    identity: str | None,
+    stream: str,
+    *,
+    reference: str | None = None,
+    read: bool = False,
+    listener: str,
+    count_error: Callable[[str], None],
+    peer: object = None,
+    shown_identity: str | None = None,
+) -> bool:
+    """Whether a client command on ``stream`` leaves the gateway's own streams alone.
+
+    A command on an internal stream (`gateway.core.internal.is_internal`)
+    is refused, unless it only reads (``read``) and the operator granted
+    ``identity`` that (`Authorization.may_read_internal`); one that writes
+    under one of the gateway's own references is refused whatever the
+    stream. A refusal is counted as the protocol error kind
+    ``internal-stream`` and logged; the caller answers as its protocol says.
+
+    Args:
+        authorization: The listener's allow-lists.
+        command: What the client asked, for the log (``subscribe to``).
+        identity: The authenticated identity the allow-lists see.
+        stream: The stream the command names.
+        reference: The publisher or offset reference it writes under, if any.
+        read: Whether the command only reads the stream.
+        listener: The listener's name.
+        count_error: Counts a protocol error by kind.
+        peer: The client's address.
+        shown_identity: How the client is named in the log, when it is
+            not ``identity`` (an anonymous login).
+    """
+    if is_internal(stream):
+        if read and authorization.may_read_internal(identity, stream):
+            return True
+        what = f"{command} {stream!r}"
+    elif reference is not None and is_internal_reference(reference):
+        what = f"{command} {stream!r} as {reference!r}"
+    else:
+        return True
+    count_error(INTERNAL_STREAM)
+    who = shown_identity if shown_identity is not None else identity
+    _log.info(
+        "{listener}: {identity} from {peer} may not {what}: streams and references named"
+        " msggateway.* are the gateway's own",
+        listener=listener,
+        identity=who if who is not None else "a peer without an identity",
+        peer=_peer_text(peer),
+        what=what,
     )
     return False

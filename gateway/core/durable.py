@@ -43,6 +43,7 @@ from zope.interface import implementer
 
 from gateway.core.forwarder import ForwarderSettings, LogForwarder
 from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRouteDelivery
+from gateway.core.internal import FORWARDER_REFERENCE_PREFIX, ROUTE_STREAM_PREFIX
 from gateway.core.log import AppendResult, LogClosedError, LogFullError
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
@@ -50,7 +51,6 @@ from gateway.core.router import Route
 
 __all__ = ["DurableDelivery", "DurableRoutes", "producer_reference", "route_stream_name"]
 
-ROUTE_STREAM_PREFIX: Final = "msggateway.route."
 MAX_REFERENCE_BYTES: Final = 255
 """Publisher references are short strings in the stream protocol and the log's tracking."""
 
@@ -271,7 +271,7 @@ class DurableRoutes:
             previous.stop()
         recorder = self.recorder
         forwarder = LogForwarder(
-            reference=f"msggateway.forwarder.{route.name}",
+            reference=FORWARDER_REFERENCE_PREFIX + route.name,
             stream=stream,  # type: ignore[arg-type]
             deliver=destination.deliver,
             to_message=self._decode,

@@ -54,6 +54,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.core.forwarder import Forwarded
+from gateway.core.internal import OUTCOME_STREAM
 from gateway.core.message import Message, Outcome, Status
 
 __all__ = [
@@ -71,8 +72,6 @@ __all__ = [
     "range_row",
 ]
 
-OUTCOME_STREAM: Final = "msggateway.outcomes"
-"""The stream the records go to."""
 KIND_ROUTE: Final = "route"
 """A message's outcome on a route, as its sender learned it."""
 KIND_FORWARD: Final = "forward"

@@ -7,7 +7,7 @@ from twisted.internet.address import IPv4Address
 from twisted.logger import capturedLogs
 
 from gateway.core.addressing import PatternError
-from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
+from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check, check_internal
 
 
 def _table() -> Authorization:
@@ -110,3 +110,62 @@ def test_check_counts_and_logs_refusals_only() -> None:
     assert (event["listener"], event["identity"], event["peer"]) == ("hub", "bob", "192.0.2.7:4242")
     assert (event["action"], event["address"]) == ("consume", "news.x")
     assert "[listeners.{listener}.authorize]" in event["log_format"]
+
+
+def test_only_a_literal_own_pattern_grants_reading_internal_streams() -> None:
+    """``msggateway.#`` under the identity grants it; ``#``, ``*.route.*`` and ``*``'s do not."""
+    authz = Authorization.from_lists(
+        {
+            "ops": ((), ("msggateway.route.*",)),
+            "all": (("#",), ("#", "*.route.*")),
+            "*": ((), ("msggateway.#",)),
+        }
+    )
+    assert authz.may_read_internal("ops", "msggateway.route.mail")
+    assert not authz.may_read_internal("ops", "msggateway.outcomes")
+    assert not authz.may_read_internal("all", "msggateway.route.mail")
+    assert not authz.may_read_internal("carol", "msggateway.route.mail")  # only "*" grants
+    assert not authz.may_read_internal(None, "msggateway.route.mail")
+    assert not UNRESTRICTED.may_read_internal("ops", "msggateway.route.mail")
+
+
+def test_check_internal_refuses_writes_and_ungranted_reads() -> None:
+    """Writes to internal streams or as the gateway's references are refused; granted reads pass."""
+    counted: list[str] = []
+    authz = Authorization.from_lists({"ops": ((), ("msggateway.#",))})
+
+    def allowed(identity: str | None, stream: str, **how: object) -> bool:
+        return check_internal(
+            authz,
+            "do",
+            identity,
+            stream,
+            listener="streams",
+            count_error=counted.append,
+            **how,  # type: ignore[arg-type]
+        )
+
+    assert allowed("ops", "msggateway.route.r", read=True)
+    assert not allowed("ops", "msggateway.route.r")
+    assert not allowed("bob", "msggateway.route.r", read=True)
+    assert not allowed("ops", "orders", reference="msggateway.route.r")
+    assert not allowed("ops", "orders", reference="msggateway.forwarder.r")
+    assert not allowed("ops", "orders", reference="msggateway.routes.streams")
+    assert allowed("ops", "orders", reference="msggateway.upstream-name")
+    assert allowed("bob", "orders", reference="app")
+    assert allowed("bob", "orders")
+    assert counted == ["internal-stream"] * 5
+    with capturedLogs() as events:
+        assert not check_internal(
+            UNRESTRICTED,
+            "delete",
+            None,
+            "msggateway.outcomes",
+            listener="streams",
+            count_error=counted.append,
+            peer=IPv4Address("TCP", "192.0.2.7", 4242),
+            shown_identity="anonymous",
+        )
+    [event] = events
+    assert (event["identity"], event["peer"]) == ("anonymous", "192.0.2.7:4242")
+    assert event["what"] == "delete 'msggateway.outcomes'"

@@ -14,6 +14,18 @@ it; a refusal is answered 16 (Access refused), and a StoreOffset without the
 right is dropped (it has no response). See docs/stream-protocol-notes.md for the
 byte-level details it follows, including the quirks clients rely on.
 
+The gateway's own streams (``msggateway.*``, `gateway.core.internal`) are
+not client streams, whatever the allow-lists say: Create, Delete,
+DeclarePublisher and QueryPublisherSequence on one are answered 16 and a
+StoreOffset there is dropped, for every identity, as are DeclarePublisher,
+QueryPublisherSequence and StoreOffset under one of the gateway's own
+references on any stream; Subscribe, QueryOffset, StreamStats and
+ResolveOffsetSpec on one are answered 16 unless the operator granted the
+identity reading it (`gateway.core.authorization.check_internal`). Each
+refusal is logged and counted as ``internal-stream``. Metadata answers for
+them as for any stream (RabbitMQ's does not check rights either): that a
+route's stream exists is no secret.
+
 Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
 client does not read what it is sent; deliveries stop while the client is
@@ -40,7 +52,7 @@ from twisted.python.failure import Failure
 from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
-from gateway.core.authorization import Action
+from gateway.core.authorization import Action, check_internal
 from gateway.core.log import (
     LogError,
     LogStore,
@@ -532,6 +544,28 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             return False
         return not factory.authorized(action, self._principal, stream, self._peer())
 
+    def _internal(
+        self, command: str, stream: str, reference: str | None = None, *, read: bool = False
+    ) -> bool:
+        """Whether ``command`` touches the gateway's own streams or references (refused).
+
+        Reading (``read``) an internal stream is allowed by an explicit
+        grant only; nothing else is. The refusal is counted and logged.
+        """
+        factory = self.factory
+        return not check_internal(
+            factory.authorization,
+            command,
+            self._principal,
+            stream,
+            reference=reference,
+            read=read,
+            listener=factory.name,
+            count_error=factory.count_error,
+            peer=self._peer(),
+            shown_identity=self.identity,
+        )
+
     # --- streams ---------------------------------------------------------------------------------
 
     def _on_create(self, event: sp.Create) -> None:
@@ -540,7 +574,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         name = event.stream.strip("\r\n")
         store = self.factory.store
         code = OK
-        if not name or name.startswith("amq."):
+        if self._internal("create", name):
+            code = ACCESS_REFUSED
+        elif not name or name.startswith("amq."):
             code = PRECONDITION_FAILED
         elif self._refused(Action.PUBLISH, name):
             code = ACCESS_REFUSED
@@ -559,7 +595,7 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     def _on_delete(self, event: sp.Delete) -> None:
         if not self._require_open(event):
             return
-        if self._refused(Action.PUBLISH, event.stream):
+        if self._internal("delete", event.stream) or self._refused(Action.PUBLISH, event.stream):
             self._send(
                 sp.Response(
                     key=sp.Key.DELETE, correlation_id=event.correlation_id, code=ACCESS_REFUSED
@@ -613,10 +649,13 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if stream is None:
+        refused = self._internal("read the stats of", event.stream, read=True)
+        if stream is None or refused:
             self._send(
                 sp.StreamStatsResponse(
-                    correlation_id=event.correlation_id, code=STREAM_DOES_NOT_EXIST, statistics={}
+                    correlation_id=event.correlation_id,
+                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
+                    statistics={},
                 )
             )
             return
@@ -694,7 +733,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         code = OK
         if len(self._publishers) >= MAX_PUBLISHERS or too_long or taken:
             code = PRECONDITION_FAILED
-        elif self._refused(Action.PUBLISH, event.stream):
+        elif self._internal("publish to", event.stream, reference) or self._refused(
+            Action.PUBLISH, event.stream
+        ):
             code = ACCESS_REFUSED
         elif stream is None:
             code = STREAM_DOES_NOT_EXIST
@@ -722,7 +763,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        refused = self._refused(Action.PUBLISH, event.stream)
+        refused = self._internal(
+            "query the publisher sequence of", event.stream, event.reference
+        ) or self._refused(Action.PUBLISH, event.stream)
         if stream is None or refused:
             self._send(
                 sp.QueryPublisherSequenceResponse(
@@ -810,7 +853,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         code = OK
         if len(self._subscriptions) >= MAX_SUBSCRIPTIONS:
             code = PRECONDITION_FAILED
-        elif self._refused(Action.CONSUME, event.stream):
+        elif self._internal("subscribe to", event.stream, read=True) or self._refused(
+            Action.CONSUME, event.stream
+        ):
             code = ACCESS_REFUSED
         elif stream is None:
             code = STREAM_DOES_NOT_EXIST
@@ -902,7 +947,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if self._refused(Action.CONSUME, event.stream):
+        if self._internal("store an offset in", event.stream, event.reference) or self._refused(
+            Action.CONSUME, event.stream
+        ):
             return  # StoreOffset has no response; the refusal is counted and logged
         if stream is not None and len(event.reference.encode()) <= MAX_REFERENCE_BYTES:
             stream.store_offset(event.reference, event.offset)
@@ -911,7 +958,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if self._refused(Action.CONSUME, event.stream):
+        if self._internal("query an offset in", event.stream, read=True) or self._refused(
+            Action.CONSUME, event.stream
+        ):
             code, offset = ACCESS_REFUSED, 0
         elif stream is None:
             code, offset = STREAM_DOES_NOT_EXIST, 0
@@ -926,11 +975,12 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if not self._require_open(event):
             return
         stream = self.factory.store.get(event.stream)
-        if stream is None:
+        refused = self._internal("resolve an offset in", event.stream, read=True)
+        if stream is None or refused:
             self._send(
                 sp.ResolveOffsetSpecResponse(
                     correlation_id=event.correlation_id,
-                    code=STREAM_DOES_NOT_EXIST,
+                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
                     offset_type=int(sp.OffsetKind.OFFSET),
                     offset=0,
                 )

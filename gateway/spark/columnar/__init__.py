@@ -42,7 +42,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gateway.core.durable import ROUTE_STREAM_PREFIX
+from gateway.core.internal import ROUTE_STREAM_PREFIX
 from gateway.core.message import Message
 from gateway.protocols.stream.mapping import message_from_entry
 from gateway.spark.columnar.layout import (
