@@ -50,6 +50,7 @@ from gateway.config import (
     reload_secrets,
 )
 from gateway.config.fleet import node_id
+from gateway.config.insecure import insecure_settings
 from gateway.core.batch import all_same
 from gateway.core.durable import DurableRoutes
 from gateway.core.interfaces import IDestination
@@ -199,8 +200,11 @@ class GatewayService(MultiService):
     def startService(self) -> None:
         """Recover the log, bind routes, start everything, then forward from the log.
 
-        One ``ready`` line is logged once every listener listens.
+        One ``ready`` line is logged once every listener listens. What the
+        configuration exposes (`insecure_settings`) is logged first, as warnings.
         """
+        for warning in insecure_settings(self.config):
+            self._log.warn("msggateway: INSECURE: {warning}", warning=warning)
         if self.store is not None:
             self.store.open()  # recovery: before anything listens or is delivered
             if self.config.log.record_outcomes:

@@ -219,6 +219,11 @@ def _everything(directory: Path) -> Path:
         max_line_bytes = 2048
         max_in_flight = 5
 
+        [upstreams.legacy-mta]
+        protocol = "qmqp"
+        endpoint = "ssl:host=127.0.0.1:port=9629"
+        allow_unverified_tls = true
+
         [upstreams.mta]
         protocol = "qmqp"
         endpoint = "tcp:host=127.0.0.1:port=9628"

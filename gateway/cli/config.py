@@ -2,7 +2,9 @@
 
 ``check-config [PATH]`` validates a configuration (the embedded default
 without PATH) and prints every problem as ``file: key: reason`` on stderr
-with exit status 1, or a one-line summary with exit status 0. ``run
+with exit status 1, or a one-line summary with exit status 0, after a
+``warning:`` line on stderr for each insecure setting it accepts (those the
+gateway logs at every start: `gateway.config.insecure`). ``run
 [TWISTD OPTIONS]`` runs the gateway in the foreground under twistd.
 """
 
@@ -18,6 +20,7 @@ from typing import IO, TextIO
 
 from gateway.cli.common import CommandError, Commands
 from gateway.config import ConfigError, load_config, load_default_config
+from gateway.config.insecure import insecure_settings
 
 __all__ = ["add_commands"]
 
@@ -27,8 +30,9 @@ def add_commands(commands: Commands) -> None:
     check = commands.add_parser(
         "check-config",
         help="validate a configuration",
-        description="Validate a configuration: print a one-line summary (exit status 0), or"
-        " every problem as 'file: key: reason' on stderr (exit status 1).",
+        description="Validate a configuration: print a one-line summary (exit status 0), after"
+        " a 'warning:' line on stderr for each insecure setting it accepts, or every problem as"
+        " 'file: key: reason' on stderr (exit status 1).",
     )
     check.add_argument(
         "path", nargs="?", metavar="PATH", help="main config file (default: the embedded default)"
@@ -59,6 +63,8 @@ def _check_config(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[
             err.write(f"{problem}\n")
         err.write(f"{len(exc.problems)} problem(s) found\n")
         return 1
+    for warning in insecure_settings(config):
+        err.write(f"warning: {warning}\n")
     out.write(config.summary() + "\n")
     return 0
 

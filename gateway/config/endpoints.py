@@ -12,7 +12,9 @@ from gateway.config.base import NAME, Key, Section
 
 __all__ = [
     "TLS_SERVER_PREFIXES",
+    "UNVERIFIED_TLS_CLIENT_PREFIX",
     "check_client_endpoint",
+    "check_client_tls",
     "check_name",
     "check_server_endpoint",
     "endpoint_with_backlog",
@@ -21,6 +23,10 @@ __all__ = [
 
 TLS_SERVER_PREFIXES: Final = ("mtls:", "ssl:")
 """Server endpoints that terminate TLS."""
+
+UNVERIFIED_TLS_CLIENT_PREFIX: Final = "ssl:"
+"""Twisted's ``ssl:`` client endpoint: TLS that checks neither the server's host name nor,
+without ``caCertsDir``, its certificate (``tls:`` checks both, with service_identity)."""
 
 _BACKLOG_ENDPOINTS: Final = ("tcp:", "tcp6:", "ssl:", "unix:", "mtls:")
 _BACKLOG_PARAMETER: Final = re.compile(r"(?<!\\):backlog=")
@@ -52,6 +58,36 @@ def check_client_endpoint(section: Section, key: Key[Any] | str, description: st
         clientFromString(MemoryReactor(), description)
     except (ValueError, TypeError, KeyError, OSError) as exc:
         section.problem(key, f"bad client endpoint {description!r}: {_exc_text(exc)}")
+
+
+def check_client_tls(
+    section: Section, key: Key[Any] | str, description: str, opt_out: Key[bool] | None = None
+) -> None:
+    """Refuse an ``ssl:`` client endpoint, which does not verify the server, unless opted out.
+
+    Twisted's ``ssl:`` client checks no host name at all, and no certificate
+    without ``caCertsDir``: a connection that looks encrypted to an operator
+    goes to whoever answers. ``tls:`` verifies both. ``opt_out`` (a boolean
+    key of the same table) accepts an ``ssl:`` endpoint anyway, which the
+    gateway then logs as a warning at every start; without one (None), an
+    ``ssl:`` endpoint is always refused. An opt-out set for an endpoint that
+    is not ``ssl:`` is refused too, so that none stays behind unnoticed.
+    """
+    unverified = description.startswith(UNVERIFIED_TLS_CLIENT_PREFIX)
+    allowed = opt_out is not None and bool(section.read(opt_out))
+    if unverified and not allowed:
+        escape = f", or set {opt_out.name} = true to connect unverified" if opt_out else ""
+        section.problem(
+            key,
+            "ssl: does not verify the server (no host name check; no certificate check"
+            " without caCertsDir): use tls:host=HOST:port=PORT:trustRoots=CA-DIRECTORY"
+            f" (with certificate= and privateKey= for a client certificate){escape}",
+        )
+    elif allowed and not unverified:
+        assert opt_out is not None
+        section.problem(
+            opt_out, "only an ssl: endpoint connects unverified; remove it (tls: verifies)"
+        )
 
 
 def check_name(section: Section, name: str, names: set[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.config.base import Section, TableSchema, positive, required_choice, required_string
-from gateway.config.endpoints import check_client_endpoint
+from gateway.config.endpoints import check_client_endpoint, check_client_tls
 from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
 from gateway.tls import mtls_verify_mode
 
@@ -16,7 +16,8 @@ SPEAKS_KEY: Final = required_choice(
 )
 BACKEND: Final = required_string(
     "backend",
-    doc="A Twisted client endpoint string for the plaintext backend (``tls:`` re-encrypts).",
+    doc="A Twisted client endpoint string for the plaintext backend (``tls:`` re-encrypts,"
+    " verifying the backend; ``ssl:``, which does not, is refused).",
 )
 CONNECT_TIMEOUT_SECONDS: Final = positive(
     "connect_timeout_seconds",
@@ -54,6 +55,7 @@ def read_listener(section: Section, tls: bool) -> FrontendSettings:
     backend = section.read(BACKEND)
     if backend:
         check_client_endpoint(section, BACKEND, backend)
+        check_client_tls(section, BACKEND, backend)
     return FrontendSettings(
         speaks=section.read(SPEAKS_KEY) or "stream",
         backend=backend or "",
