@@ -14,13 +14,17 @@ from pathlib import Path
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
+from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
 from gateway.core.auth import LoginFailurePolicy
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.logins import LoginRefusals, peer_address, peer_text
+from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from gateway.protocols.stream.server import StreamServerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
+from tests.protocols.test_qmqp_server import AUTH_REQUEST, WRONG_AUTH_REQUEST, mail
+from tests.protocols.test_qmqp_server import ListenerWorld as QMQPWorld
 from tests.protocols.test_ssmp_server import HubWorld
 from tests.protocols.test_stream_server import SECRETS as STREAM_SECRETS
 from tests.protocols.test_stream_server import Peer as StreamPeer
@@ -217,3 +221,73 @@ def test_stream_refusal_is_logged_with_the_peer(tmp_path: Path) -> None:
         "alice",
         "SASL PLAIN",
     )
+
+
+# --- QMQP --------------------------------------------------------------------------------
+
+
+def qmqp_world() -> QMQPWorld:
+    """The listener of test_qmqp_server requiring ``A`` blocks, with the policy above."""
+    world = QMQPWorld(settings=QMQPListenerSettings(require_auth=True))
+    world.factory.login_failures = POLICY
+    return world
+
+
+def test_qmqp_a_refused_a_block_holds_the_blocks_after_it() -> None:
+    """A wrong ``A`` block is answered after 1 s; the blocks read after it wait for that."""
+    world = qmqp_world()
+    client = world.connect()
+    client.send(
+        mail("early", "a@ok.example")
+        + WRONG_AUTH_REQUEST
+        + mail("refused", "a@ok.example")
+        + AUTH_REQUEST
+        + mail("late", "a@ok.example")
+    )
+    (early,) = client.blocks()
+    assert isinstance(early, qmqp.ReplyBlock) and early.status == qmqp.D
+    assert client.transport.producerState == "paused"
+    world.clock.advance(0.999)
+    assert client.blocks() == []
+    world.clock.advance(0.001)
+    refused_auth, refused, auth, late = client.blocks()
+    assert refused_auth == qmqp.AuthReplyBlock(success=False)
+    assert isinstance(refused, qmqp.ReplyBlock) and refused.status == qmqp.D
+    assert auth == qmqp.AuthReplyBlock(success=True)  # its wait was over: checked at once
+    assert late == qmqp.ReplyBlock(id=b"late", status=qmqp.K, description=b"", pending=0)
+    assert client.transport.producerState == "producing"
+    assert world.sample("msggateway_login_failures_total") == 1
+
+
+def test_qmqp_a_hundred_wrong_a_blocks_get_three_answers_then_a_close() -> None:
+    """The issue's 100 wrong ``A`` blocks in one write: refused at 1 s, 3 s and 7 s, then closed."""
+    world = qmqp_world()
+    client = world.connect()
+    client.send(WRONG_AUTH_REQUEST * 100 + mail("after", "a@ok.example"))
+    answered = []
+    for at in (1.0, 3.0, 7.0):
+        world.clock.advance(at - world.clock.seconds() - 0.001)
+        assert client.blocks() == []
+        world.clock.advance(0.001)
+        answered.append(client.blocks())
+    assert answered == [[qmqp.AuthReplyBlock(success=False)]] * 3
+    assert client.transport.disconnecting
+    assert world.sample("msggateway_login_failures_total") == 3
+    world.clock.advance(60)
+    assert client.blocks() == []  # nothing more: not even the message block after them
+
+
+def test_qmqp_the_right_password_on_another_connection_waits_its_turn() -> None:
+    """A refusal due at 1 s: the right ``A`` block on a second connection is answered then."""
+    world = qmqp_world()
+    guesser, owner = world.connect(), world.connect()
+    guesser.send(WRONG_AUTH_REQUEST)
+    world.clock.advance(0.5)
+    owner.send(AUTH_REQUEST + mail("m", "a@ok.example"))
+    assert owner.blocks() == []
+    world.clock.advance(0.5)
+    assert guesser.blocks() == [qmqp.AuthReplyBlock(success=False)]
+    assert owner.blocks() == [
+        qmqp.AuthReplyBlock(success=True),
+        qmqp.ReplyBlock(id=b"m", status=qmqp.K, description=b"", pending=0),
+    ]

@@ -36,7 +36,7 @@ from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.qmqp.server import QMQPServerFactory, QMQPServerProtocol
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
-from tests.doubles import deliver_each
+from tests.doubles import NO_LOGIN_WAIT, deliver_each
 
 LISTENER = "mail-in"
 ANSWERS = "answers"
@@ -216,6 +216,7 @@ class ListenerWorld:
             clock=self.clock,
             metrics=self.metrics,
         )
+        self.factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
 
     def connect(self) -> Client:
         """Open a connection."""

@@ -69,6 +69,13 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         reply to its last outstanding message, whichever came later."""
         self._idle_call: IDelayedCall | None = None
         self._inbox: Inbox[tuple[bytes, int]] = Inbox(factory.router, factory.name, self._answer)
+        self._login_wait: IDelayedCall | None = None
+        """Set while an ``A`` block waits (`LoginRefusals`): to be checked, or refused."""
+        self._waiting_auth: qmqp.AuthBlock | None = None
+        """The ``A`` block that waits to be checked (None: a refusal waits to be answered)."""
+        self._held: tuple[list[qmqp.Block], qmqp.QMQPError | None] = ([], None)
+        """The blocks read after the waiting ``A`` block, and that read's error."""
+        self._refused_logins = 0
 
     # --- connection life -------------------------------------------------------
 
@@ -166,6 +173,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         return (
             self._in_flight <= settings.max_in_flight * RESUME_FRACTION
             and self._in_flight_bytes <= settings.max_in_flight_bytes * RESUME_FRACTION
+            and self._login_wait is None
         )
 
     def _over_limits(self) -> bool:
@@ -197,21 +205,45 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         for block in blocks:
             if isinstance(block, qmqp.MessageBlock | qmqp.InvalidBlock):
                 self._outstanding += 1
-        self._in_batch = True
-        try:
-            for block in blocks:
-                self._handle(block)
-            self._inbox.dispatch()  # the read's messages, one batch
-        finally:
-            self._in_batch = False
-        if error is not None and not self._closing:
-            self._protocol_error(error)
+        self._handle_blocks(blocks, error)
         if self._over_limits():
             self._pause_reading()
         held = self._codec.pending_bytes
         if held or self._partial_since is not None:
             self._frame_read(bool(blocks), held)
         self.flush()
+
+    def _handle_blocks(self, blocks: list[qmqp.Block], error: qmqp.QMQPError | None) -> None:
+        """Handle blocks in order, then the read's error; a waiting ``A`` block holds the rest."""
+        self._in_batch = True
+        try:
+            for index, block in enumerate(blocks):
+                self._handle(block)
+                if self._login_wait is not None:
+                    self._held = (blocks[index + 1 :], error)
+                    error = None
+                    break
+            self._inbox.dispatch()  # the read's messages, one batch
+        finally:
+            self._in_batch = False
+        if error is not None and not self._closing:
+            self._protocol_error(error)
+
+    def _login_waited(self) -> None:
+        """The wait is over: check the ``A`` block now, then handle what was read after it."""
+        self._login_wait = None
+        block, self._waiting_auth = self._waiting_auth, None
+        assert block is not None
+        self._go_on([block])
+
+    def _go_on(self, first: list[qmqp.Block]) -> None:
+        """Handle ``first``, then the blocks held, as one read; then read again if we may."""
+        (blocks, error), self._held = self._held, ([], None)
+        self._handle_blocks(first + blocks, error)
+        if self._over_limits():
+            self._pause_reading()
+        self.flush()
+        self._resume_reading()
 
     def _handle(self, block: qmqp.Block) -> None:
         if isinstance(block, qmqp.MessageBlock):
@@ -241,29 +273,69 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         self._finish()
 
     def _on_auth(self, block: qmqp.AuthBlock) -> None:
+        """Check an ``A`` block once its address and identity owe no wait; refuse late.
+
+        A refusal is answered after `LoginRefusals`' delay, the blocks read
+        after it held meanwhile; after ``login_failures_per_connection``
+        refusals the connection finishes (answers what it took) and closes.
+        """
         username = text(block.username)
+        logins = self.factory.logins
+        wait = logins.wait_seconds(self._peer(), username)
+        if wait > 0:
+            self._waiting_auth = block
+            self._login_wait = self._call_later(wait, self._login_waited)
+            self._pause_reading()
+            return
         success = self.factory.secrets.verify(username, block.password)
+        why = "wrong user or password"
         if success and not self.factory.admit(self, username):
             success = False
-            self._log.info(
-                "{listener}: {why}",
-                listener=self.factory.name,
-                why=self.factory.per_identity_refusal(username),
-                peer=self._who(),
-                identity=username,
-            )
+            why = self.factory.per_identity_refusal(username)
         elif success:
             self.identity = username
         else:
             self.factory.count_error("unauthorized")
-            self._log.info(
-                "{listener}: authentication of {username} from {peer} refused",
-                listener=self.factory.name,
-                username=username,
-                peer=self._who(),
-            )
-        # Spec ambiguity: "1" is success, as the prose says (see gateway.codecs.qmqp).
-        self._send(qmqp.encode(qmqp.AuthReplyBlock(success=success)))
+        if success:
+            logins.accepted(username)
+            # Spec ambiguity: "1" is success, as the prose says (see gateway.codecs.qmqp).
+            self._send(qmqp.encode(qmqp.AuthReplyBlock(success=True)))
+            return
+        self._refused_logins += 1
+        delay = logins.refused(peer=self._peer(), identity=username, mechanism="A block", why=why)
+        if delay > 0:
+            self._login_wait = self._call_later(delay, self._refuse_login_late)
+            self._pause_reading()
+        else:
+            self._refuse_login()
+
+    def _refuse_login(self) -> None:
+        """Answer a refused ``A`` block; past the per-connection limit, finish."""
+        self._send(qmqp.encode(qmqp.AuthReplyBlock(success=False)))
+        if not self.factory.logins.spent(self._refused_logins):
+            return
+        self._log.info(
+            "{listener}: closing the connection of {peer} after {count} refused logins",
+            listener=self.factory.name,
+            peer=self._who(),
+            count=self._refused_logins,
+        )
+        blocks, _error = self._held
+        self._held = ([], None)
+        # Read but never to be answered: the connection closes without them.
+        self._outstanding -= sum(
+            isinstance(block, qmqp.MessageBlock | qmqp.InvalidBlock) for block in blocks
+        )
+        self._finish()
+
+    def _refuse_login_late(self) -> None:
+        """The refusal's wait is over: answer it, then go on with what was read after it."""
+        self._login_wait = None
+        self._refuse_login()
+        if self._finishing:
+            self.flush()
+            return
+        self._go_on([])
 
     def _read_certificate(self) -> None:
         """Take the identity from a verified client certificate, once, if there is one.
