@@ -21,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from tests.certs import CertifiedKey, issue_client_certificate, make_ca
+from tests.doubles import NO_LOGIN_WAIT
 from tests.protocols.test_dmp_principal import Listener as PrincipalListener
 from tests.protocols.test_dmp_principal import get, put, replies
 from tests.protocols.test_dmp_server import read
@@ -62,6 +63,7 @@ def _factory(metrics: GatewayMetrics | None = None) -> DMPServerFactory:
         metrics=metrics,
     )
     factory.authorization = AUTHZ
+    factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
     return factory
 
 

@@ -28,6 +28,7 @@ from gateway.protocols.dmp.client import DMPClientProtocol, DMPUpstream
 from gateway.protocols.dmp.lease_request import LeaseRequest, LeaseRequestError
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings, DMPUpstreamSettings
+from tests.doubles import NO_LOGIN_WAIT
 
 SETTINGS = DMPListenerSettings(
     sinks=frozenset({"orders"}),
@@ -86,6 +87,7 @@ class Listener:
             clock=self.clock,
             metrics=self.metrics,
         )
+        self.factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
 
     def connect(self) -> tuple[DMPServerProtocol, StringTransport]:
         """A new connection."""

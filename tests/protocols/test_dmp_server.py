@@ -26,6 +26,7 @@ from gateway.core.router import Result, Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.server import DMPServerFactory, DMPServerProtocol
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from tests.doubles import NO_LOGIN_WAIT
 from tests.protocols.test_dmp_principal import Listener as PrincipalListener
 
 SETTINGS = DMPListenerSettings(
@@ -105,6 +106,7 @@ class Listener:
             clock=self.clock,
             metrics=self.metrics,
         )
+        self.factory.login_failures = NO_LOGIN_WAIT  # test_logins.py tests the waits
         routes = [
             Route(name="sink", source="dmp", pattern=AddressPattern("orders.#"), destination="rec"),
             Route(

@@ -14,8 +14,9 @@ from pathlib import Path
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
-from gateway.codecs import qmqp
+from gateway.codecs import dmp, qmqp
 from gateway.codecs import stream as sp
+from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, Method
 from gateway.core.auth import LoginFailurePolicy
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.metrics import GatewayMetrics
@@ -23,6 +24,10 @@ from gateway.protocols.logins import LoginRefusals, peer_address, peer_text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from gateway.protocols.stream.server import StreamServerFactory
 from gateway.protocols.stream.settings import StreamListenerSettings
+from tests.protocols.test_dmp_principal import OPEN, TUNE_OK, start_ok, take
+from tests.protocols.test_dmp_principal import Listener as PrincipalListener
+from tests.protocols.test_dmp_server import Listener as DMPListener
+from tests.protocols.test_dmp_server import read
 from tests.protocols.test_qmqp_server import AUTH_REQUEST, WRONG_AUTH_REQUEST, mail
 from tests.protocols.test_qmqp_server import ListenerWorld as QMQPWorld
 from tests.protocols.test_ssmp_server import HubWorld
@@ -291,3 +296,80 @@ def test_qmqp_the_right_password_on_another_connection_waits_its_turn() -> None:
         qmqp.AuthReplyBlock(success=True),
         qmqp.ReplyBlock(id=b"m", status=qmqp.K, description=b"", pending=0),
     ]
+
+
+# --- DMP: leases and principal logins ----------------------------------------------------
+
+
+def dmp_listener() -> DMPListener:
+    """The listener of test_dmp_server (lease ``W-1`` writes to sink orders), the policy above."""
+    listener = DMPListener()
+    listener.factory.login_failures = POLICY
+    return listener
+
+
+def codes(answers: list[object]) -> list[object]:
+    """The status codes of DMP dialog responses."""
+    return [getattr(answer, "code", None) for answer in answers]
+
+
+def test_dmp_bad_leases_are_answered_late_and_a_good_one_waits_its_turn() -> None:
+    """402 for a bad lease after 1 s (then 2 s); a good lease sent meanwhile opens at 1 s."""
+    listener = dmp_listener()
+    _protocol, bad, answers = listener.opened(b"guess")
+    assert codes(answers) == [200]  # the header's; the lease waits
+    assert bad.producerState == "paused"
+    listener.clock.advance(0.5)
+    _protocol, good, answers = listener.opened(b"W-1")
+    assert codes(answers) == [200]
+    listener.clock.advance(0.5)
+    assert codes(read(bad)) == [402] and bad.disconnecting
+    assert read(good) == [dmp.Response(200, 'Ready to write to "orders"', "OK")]
+    _protocol, again, answers = listener.opened(b"guess-again")
+    listener.clock.advance(1.999)
+    assert read(again) == []
+    listener.clock.advance(0.001)
+    assert codes(read(again)) == [402]
+    assert listener.sample("msggateway_login_failures_total") == 2
+
+
+def test_dmp_principal_refusal_waits_and_says_nothing_of_which_check_failed() -> None:
+    """A wrong secret: Connection.Close 403 after 1 s; the log has the peer and the identity."""
+    listener = PrincipalListener()
+    listener.factory.login_failures = POLICY
+    protocol, transport = listener.connect()
+    with capturedLogs() as events:
+        protocol.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"wrong") + TUNE_OK)
+    take(transport)  # Connection.Start
+    assert transport.producerState == "paused"
+    listener.clock.advance(0.999)
+    assert take(transport) == b""
+    listener.clock.advance(0.001)
+    (close,) = FrameCodec().receive_data(take(transport))
+    assert isinstance(close, Method)
+    assert (close.name, close.arguments["reply_code"]) == ("connection.close", 403)
+    assert close.arguments["reply_text"] == "login refused for 'alice'"
+    assert transport.disconnecting
+    (event,) = refusals(events)
+    assert (event["peer"], event["identity"], event["mechanism"]) == (
+        PEER,
+        "alice",
+        "AMQP PLAIN",
+    )
+
+
+def test_dmp_principal_right_secret_waits_for_a_refusal_still_owed() -> None:
+    """A refusal due at 1 s holds alice's right Start-Ok (and her Tune-Ok) till then."""
+    listener = PrincipalListener()
+    listener.factory.login_failures = POLICY
+    guesser, guesser_transport = listener.connect()
+    guesser.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"wrong"))
+    listener.clock.advance(0.5)
+    owner, transport = listener.connect()
+    owner.dataReceived(PROTOCOL_HEADER + start_ok(b"alice", b"pw-a") + TUNE_OK + OPEN)
+    take(transport)  # Connection.Start
+    assert take(transport) == b""
+    listener.clock.advance(0.5)
+    names = [m.name for m in FrameCodec().receive_data(take(transport)) if isinstance(m, Method)]
+    assert names == ["connection.tune", "connection.open-ok"]
+    assert not transport.disconnecting and guesser_transport.disconnecting

@@ -16,7 +16,10 @@ octet of the protocol header: ``AMQP 0 0 9 1`` is AMQP 0-9-1, ``AMQP 10 1 0
     C: Direct.Put "sink"  S: Direct.Put-Ok "lease"   (Get / Get-Ok for a feed)
 
 Only identities named in the listener's ``principals`` may log in (their
-secret is in the secrets file's ``[logins]``); a Put or Get names one of the
+secret is in the secrets file's ``[logins]``). A refused login is answered
+after the listener's `LoginRefusals` wait, and a Start-Ok arriving while its
+address or identity still owes one is checked when it is over; nothing
+more is read meanwhile. A Put or Get names one of the
 listener's sinks or feeds (else Channel.Close 404 NOT_FOUND; a feed that
 already has its reader gets 405 RESOURCE_LOCKED) and is granted a lease
 valid for ``principal_lease_seconds``, kept with the admin API's leases.
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import secrets as random_texts
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -68,6 +71,10 @@ class PrincipalConnection:
         write: Writes bytes to the peer.
         close: Closes the connection, with a reason for the log.
         opened: Called once the connection is open (the handshake is over).
+        wait: ``wait(seconds, then)`` stops reading the peer, and calls
+            ``then`` after ``seconds`` (unless the connection ends first)
+            and reads again.
+        peer: The peer's address (where refused logins count).
     """
 
     _log = Logger()
@@ -78,11 +85,18 @@ class PrincipalConnection:
         write: Callable[[bytes], None],
         close: Callable[[str], None],
         opened: Callable[[], None],
+        wait: Callable[[float, Callable[[], None]], None],
+        peer: object,
     ) -> None:
         self._factory = factory
         self._write = write
         self._close = close
         self._opened = opened
+        self._wait = wait
+        self._peer = peer
+        self._waiting = False
+        """A login waits (`LoginRefusals`); what is read meanwhile is held."""
+        self._held: tuple[list[amqp091.Event], amqp091.AMQPError | None] = ([], None)
         self._codec = amqp091.FrameCodec(amqp091.MIN_FRAME_MAX)
         self._stage = "start-ok"
         self._identity = ""
@@ -125,17 +139,22 @@ class PrincipalConnection:
         try:
             events = self._codec.receive_data(data)
         except amqp091.AMQPError as exc:
-            for event in exc.events:
-                self._handle(event)  # type: ignore[arg-type]
-                if self._done:
-                    return
-            self._factory.count_error(exc.kind)
-            self._fail(exc.code, exc.reason, exc.class_id, exc.method_id)
+            self._handle_events(cast(list[amqp091.Event], exc.events), exc)
             return
-        for event in events:
+        self._handle_events(events, None)
+
+    def _handle_events(self, events: list[amqp091.Event], error: amqp091.AMQPError | None) -> None:
+        """Handle frames in order, then a framing error; a waiting login holds the rest."""
+        for index, event in enumerate(events):
             self._handle(event)
             if self._done:
                 return
+            if self._waiting:
+                self._held = (events[index + 1 :], error)
+                return
+        if error is not None:
+            self._factory.count_error(error.kind)
+            self._fail(error.code, error.reason, error.class_id, error.method_id)
 
     # --- dispatch ------------------------------------------------------------------------
 
@@ -205,27 +224,61 @@ class PrincipalConnection:
     def _log_in(self, method: Method) -> None:
         mechanism = method.arguments["mechanism"]
         response: bytes = method.arguments["response"]
-        if mechanism != "PLAIN":
-            self._refuse(f"mechanism {mechanism!r} is not offered (PLAIN is)")
-            return
         parts = response.split(b"\0")
-        if len(parts) != 3:
-            self._refuse("a PLAIN response is authzid NUL authcid NUL password")
+        identity = parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
+        logins = self._factory.logins
+        wait = logins.wait_seconds(self._peer, identity)
+        if wait > 0:
+            self._hold(wait, lambda: self._go_on([method]))
             return
-        _authzid, authcid, password = parts
-        identity = authcid.decode("utf-8", "replace")
+        if mechanism != "PLAIN":
+            self._refuse_login(identity, f"mechanism {mechanism!r} is not offered (PLAIN is)")
+            return
+        if identity is None:
+            self._refuse_login(identity, "a PLAIN response is authzid NUL authcid NUL password")
+            return
+        password = parts[2]
         allowed = identity in self._factory.settings.principals
         # Verify even when not allowed, so that both take the same time.
-        if not self._factory.secrets.verify(identity, password) or not allowed:
-            self._refuse(f"login refused for {identity!r}")
+        if not self._factory.secrets.verify(identity, password):
+            self._refuse_login(identity, "wrong identity or secret")
             return
+        if not allowed:
+            self._refuse_login(identity, "not one of the listener's principals")
+            return
+        logins.accepted(identity)
         self._identity = identity
         self._stage = "tune-ok"
         self._send(0, "connection.tune", channel_max=CHANNEL_MAX, frame_max=4096, heartbeat=0)
 
-    def _refuse(self, why: str) -> None:
+    def _refuse_login(self, identity: str | None, why: str) -> None:
+        """Refuse a Start-Ok: Connection.Close 403 once `LoginRefusals` says, then close."""
         self._factory.count_error("principal-refused")
-        self._fail(ACCESS_REFUSED, why, 10, 11)
+        delay = self._factory.logins.refused(
+            peer=self._peer, identity=identity, mechanism="AMQP PLAIN", why=why
+        )
+        # The reply text does not say which check failed.
+        refusal = f"login refused for {identity!r}" if identity is not None else why
+        if delay > 0:
+            self._hold(delay, lambda: self._fail(ACCESS_REFUSED, refusal, 10, 11))
+        else:
+            self._fail(ACCESS_REFUSED, refusal, 10, 11)
+
+    def _hold(self, seconds: float, then: Callable[[], None]) -> None:
+        """Read nothing, and hold what was read, for ``seconds``; then call ``then``."""
+        self._waiting = True
+
+        def waited() -> None:
+            self._waiting = False
+            if not self._done:
+                then()
+
+        self._wait(seconds, waited)
+
+    def _go_on(self, first: list[amqp091.Event]) -> None:
+        """Handle ``first`` and then the frames held, as one read."""
+        (events, error), self._held = self._held, ([], None)
+        self._handle_events(first + events, error)
 
     def _channel_open(self, method: Method) -> None:
         channel = method.channel

@@ -102,6 +102,12 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
         self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
+        self._login_wait: IDelayedCall | None = None
+        """Set while a lease (or a principal's login) waits (`LoginRefusals`)."""
+        self._held: list[dmp.Event] = []
+        """The waiting lease and what was read after it."""
+        self._held_error: dmp.DMPError | None = None
+        """The error of that read, reported after them."""
         self._unrouted = LogTally(factory.clock)
         self._not_delivered = LogTally(factory.clock)
 
@@ -197,8 +203,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             events = self._codec.receive_data(data)
         except dmp.DMPError as exc:
             self._handle_all(exc.events)  # type: ignore[arg-type]
-            self.factory.count_error(exc.kind)
-            self._close_with(f"bad input: {exc.reason}", exc.response)
+            self._bad_input(exc)
             return
         self._handle_all(events)
         held = self._codec.pending_bytes
@@ -217,9 +222,12 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
                     inbox.add(message, message)
                 # else: a heartbeat (nothing to do: being heard is enough)
         else:
-            for event in events:
+            for index, event in enumerate(events):
                 self._handle(event)
                 if self._closing:
+                    break
+                if self._login_wait is not None:
+                    self._held = events[index:]
                     break
         if len(self._inbox):
             self._dispatch()
@@ -249,13 +257,56 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._close_with("an AMQP protocol header that is neither 0-9-1 nor DMP")
             return b""
         self._principal = PrincipalConnection(
-            self.factory, self._write, self._close_with, self._principal_open
+            self.factory,
+            self._write,
+            self._close_with,
+            self._principal_open,
+            self._wait_for_login,
+            self._peer(),
         )
         self._principal.start()
         rest = data[len(header) :]
         if rest:
             self._principal.receive_data(rest)
         return b""
+
+    def _wait_for_login(self, seconds: float, then: Callable[[], None]) -> None:
+        """Read nothing for ``seconds`` (a login's wait); then call ``then`` and read again."""
+
+        def waited() -> None:
+            self._login_wait = None
+            then()
+            self._resume_reading()
+
+        self._login_wait = self._call_later(seconds, waited)
+        self._pause_reading()
+
+    def _lease_waited(self) -> None:
+        """The wait is over: check the lease now, and handle what was read after it."""
+        events, self._held = self._held, []
+        error, self._held_error = self._held_error, None
+        self._handle_all(events)
+        if error is not None and not self._closing:
+            self._bad_input(error)
+
+    def _bad_input(self, error: dmp.DMPError) -> None:
+        """Close with the error's response; after the lease, if one waits."""
+        if self._login_wait is not None:
+            self._held_error = error
+            return
+        self.factory.count_error(error.kind)
+        self._close_with(f"bad input: {error.reason}", error.response)
+
+    def _refuse_lease(self, why: str, response: dmp.Response, identity: str | None) -> None:
+        """Answer a lease refused (402) once `LoginRefusals` says, then close."""
+        self.factory.count_error("bad-lease")
+        delay = self.factory.logins.refused(
+            peer=self._peer(), identity=identity, mechanism="DMP lease", why=why
+        )
+        if delay > 0:
+            self._wait_for_login(delay, lambda: self._close_with(why, response))
+        else:
+            self._close_with(why, response)
 
     def _principal_open(self) -> None:
         # A principal connection may stay open while its DMP connections come and go.
@@ -281,11 +332,14 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
 
     def _open(self, lease: str) -> None:
         factory = self.factory
+        wait = factory.logins.wait_seconds(self._peer(), None)
+        if wait > 0:  # a refused lease from this address: checked once its wait is over
+            self._wait_for_login(wait, self._lease_waited)
+            return
         grant = factory.grant_for(lease)
         if grant is None:
-            factory.count_error("bad-lease")
-            self._close_with(
-                "unknown or expired lease", dmp.Response(402, "unknown or expired lease")
+            self._refuse_lease(
+                "unknown or expired lease", dmp.Response(402, "unknown or expired lease"), None
             )
             return
         known = factory.settings.sinks if grant.kind == "sink" else factory.settings.feeds
@@ -298,8 +352,9 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             return
         identity, why = self._identity_for(grant)
         if why is not None:
-            factory.count_error("bad-lease")
-            self._close_with(why, dmp.Response(402, "lease not valid for this client"))
+            self._refuse_lease(
+                why, dmp.Response(402, "lease not valid for this client"), grant.identity
+            )
             return
         action = Action.PUBLISH if grant.kind == "sink" else Action.CONSUME
         if not factory.authorized(action, identity, grant.target, self._peer()):
@@ -412,7 +467,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self._resume_reading()
 
     def _may_read(self) -> bool:
-        return not self._in_flight_full
+        return not self._in_flight_full and self._login_wait is None
 
     def _check_idle(self) -> None:
         """Close a sink writer silent for ``idle_timeout_seconds``, to the second.
