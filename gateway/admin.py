@@ -311,7 +311,7 @@ def _refused_without_token(request: IRequest, admin: AdminToken | None, api: str
         return _json_body(
             request,
             http.FORBIDDEN,
-            {"error": f"the {api} API is off: give [logins] admin a secret to turn it on"},
+            {"error": f"the {api} API is off: set admin_token in the secrets file to turn it on"},
         )
     header = request.getHeader(b"Authorization") or b""
     token = header[7:] if header.startswith(b"Bearer ") else None

@@ -41,7 +41,7 @@ from gateway.protocols.dmp.leases import LeaseDesk
 from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.dmp.settings import DMPListenerSettings
 from tests.certs import CertifiedKey, issue_client_certificate, make_ca
-from tests.doubles import deliver_each, dispatch_one
+from tests.doubles import NO_LOGIN_WAIT, deliver_each, dispatch_one
 from tests.protocols.test_dmp_server import read
 from tests.protocols.test_ssmp_server import TLSStringTransport
 
@@ -498,7 +498,8 @@ def _lease_desk() -> tuple[LeaseDesk, DMPServerFactory]:
         secrets=Secrets(),
         clock=clock,
     )
-    desk = LeaseDesk({"dmp": factory}, Secrets(logins={"admin": LEASE_TOKEN.encode()}), clock)
+    factory.login_failures = NO_LOGIN_WAIT  # refused leases answered at once
+    desk = LeaseDesk({"dmp": factory}, Secrets(admin_token=LEASE_TOKEN.encode()), clock)
     return desk, factory
 
 

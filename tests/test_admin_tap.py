@@ -65,7 +65,7 @@ def _router(clock: Clock) -> Router:
 
 
 def _site(router: Router, clock: Clock, logins: dict[str, bytes] | None = None) -> Site:
-    secrets = Secrets(logins={"admin": TOKEN.encode()} if logins is None else logins)
+    secrets = Secrets(admin_token=TOKEN.encode()) if logins is None else Secrets(logins=logins)
     return make_admin_site(
         metrics=GatewayMetrics(),
         router=router,
@@ -331,13 +331,13 @@ def test_tap_needs_the_admin_token(clock: Clock, token: str | None, status: int)
 
 
 def test_tap_is_off_without_an_admin_secret(clock: Clock) -> None:
-    """No admin secret in the secrets file: 403 saying how to turn the API on."""
+    """No admin_token in the secrets file: 403 saying how to turn the API on."""
     router = _router(clock)
-    client = _Client(_site(router, clock, logins={"alice": b"x"}))
-    client.request("/tap?route=weather")
+    client = _Client(_site(router, clock, logins={"alice": b"x", "admin": TOKEN.encode()}))
+    client.request("/tap?route=weather")  # with TOKEN, [logins] admin's secret
     status, answer = client.error()
-    assert status == 403
-    assert "give [logins] admin a secret" in answer["error"]
+    assert status == 403  # a login named admin is no admin token
+    assert "set admin_token in the secrets file" in answer["error"]
 
 
 @pytest.mark.parametrize(
@@ -474,7 +474,7 @@ def test_loopback_stream_until_the_client_leaves() -> Generator[Deferred[Any], A
         router=router,
         health=lambda: HealthReport(listeners={"ssmp-in": True}),
         reactor=reactor,
-        secrets=Secrets(logins={"admin": TOKEN.encode()}),
+        secrets=Secrets(admin_token=TOKEN.encode()),
     )
     server = _ServerSide(site)
     port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(server)

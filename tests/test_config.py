@@ -943,7 +943,7 @@ def test_stream_upstream_bad_consume_from(tmp_path: Path) -> None:
 
 def test_dmp_listener_leases(tmp_path: Path) -> None:
     """Leases name one sink or feed that exists, an optional expiry, and a text in the secrets."""
-    _write(tmp_path / "secrets.toml", '[logins]\nwriter = "W-1"\n')
+    _write(tmp_path / "secrets.toml", '[leases]\nwriter = "W-1"\n')
     main = _write(
         tmp_path / "gateway.toml",
         """

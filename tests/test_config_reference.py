@@ -55,12 +55,15 @@ def _everything(directory: Path) -> Path:
     _write(
         directory / "secrets.toml",
         """
+        admin_token = "admin-token"
+
         [logins]
         alice = "a-secret"
         app = "app-secret"
-        admin = "admin-token"
-        orders-writer = "orders-lease"
         "*" = "shared"
+
+        [leases]
+        orders-writer = "orders-lease"
 
         [upstreams]
         central = "central-secret"

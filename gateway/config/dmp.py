@@ -35,7 +35,7 @@ EXPIRES: Final = optional_string(
 TEXT: Final = optional_string(
     "text",
     doc="The lease text itself (the embedded default's); real leases keep it in the secrets file.",
-    shown="the secret of NAME in [logins]",
+    shown="the text of NAME in the secrets file's [leases]",
 )
 IDENTITY: Final = optional_string(
     "identity",

@@ -1,4 +1,10 @@
-"""The secrets file, kept out of the main file, and the secrets the configuration needs."""
+"""The secrets file, kept out of the main file, and the secrets the configuration needs.
+
+Its tables keep apart what must not be confused: ``[logins]`` holds login
+passwords and nothing else; DMP lease texts are in ``[leases]`` and the admin
+API's token is ``admin_token``, so that neither logs anyone in. A file
+written when both lived in ``[logins]`` is refused with what to move where.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from gateway.config.base import (
     ConfigProblem,
     Section,
     TableSchema,
+    optional_string,
     read_toml,
     string_map,
     string_maps,
@@ -20,10 +27,24 @@ from gateway.core.auth import Secrets
 
 __all__ = ["SECRETS", "check_secrets", "load_secrets"]
 
+ADMIN_IDENTITY: Final = "admin"
+"""The ``[logins]`` name whose secret was the admin token before ``admin_token``."""
+
+ADMIN_TOKEN: Final = optional_string(
+    "admin_token",
+    doc="The admin API's bearer token (``/leases``, ``/tap``); written before the tables."
+    " It is no login password.",
+    shown="none: those APIs are off",
+)
 LOGINS: Final = string_map(
     "logins",
     doc="Identity = secret: SSMP ``secret`` logins, QMQP ``A`` blocks, stream PLAIN, MTL SASL,"
-    ' DMP principals and lease texts; ``"*"`` is a shared secret; ``admin`` the admin token.',
+    ' DMP principals; ``"*"`` is a shared secret. Login passwords only.',
+)
+LEASES: Final = string_map(
+    "leases",
+    doc="DMP lease name (a DMP listener's ``leases``) = the lease text a client presents."
+    " No lease text is a login password.",
 )
 UPSTREAMS: Final = string_map(
     "upstreams", doc="Upstream name = the secret the gateway logs in with (or its DMP lease)."
@@ -37,7 +58,7 @@ FRONTENDS: Final = string_maps(
 SECRETS: Final = TableSchema(
     "Secrets file",
     "secrets.toml",
-    (LOGINS, UPSTREAMS, FRONTENDS),
+    (ADMIN_TOKEN, LOGINS, LEASES, UPSTREAMS, FRONTENDS),
     doc="The file that ``secrets`` in ``[gateway]`` names, kept out of the main file: tables of"
     " strings whose keys are names of your choosing. SIGHUP re-reads it; new logins are"
     " checked against the new secrets.",
@@ -54,11 +75,30 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
     if data is None:
         return Secrets()
     root = Section(str(path), "", data, problems, (SECRETS,))
+    admin_token = root.read(ADMIN_TOKEN)
     logins = root.string_map(LOGINS, _utf8)
+    leases = root.string_map(LEASES, _utf8)
     upstreams = root.string_map(UPSTREAMS, _utf8)
     frontends = root.string_maps(FRONTENDS, _utf8)
+    if admin_token == "":
+        root.problem(ADMIN_TOKEN, "an empty token would let any request in: give a long random one")
+        admin_token = None
+    if ADMIN_IDENTITY in logins and admin_token is None:
+        root.problem(
+            f"{LOGINS.name}.{ADMIN_IDENTITY}",
+            "the admin token is no longer read from [logins] (there it was also the password"
+            " of a login named 'admin' on every listener): move it to admin_token = ... at"
+            " the top of this file; keep [logins] admin only for such a login, beside an"
+            " admin_token of its own",
+        )
     root.done()
-    return Secrets(logins=logins, upstreams=upstreams, frontends=frontends)
+    return Secrets(
+        logins=logins,
+        upstreams=upstreams,
+        frontends=frontends,
+        leases=leases,
+        admin_token=_utf8(admin_token) if admin_token is not None else None,
+    )
 
 
 def check_secrets(
@@ -83,12 +123,25 @@ def check_secrets(
     where = str(secrets_path) if secrets_path else main_file
     for listener in listeners:
         for lease, grant in getattr(listener.settings, "leases", {}).items():
-            if grant.text is None and lease not in secrets.logins:
+            if grant.text is not None or lease in secrets.leases:
+                continue
+            if lease in secrets.logins:
+                # Lease texts were read from [logins], where each was a login password too.
+                problems.append(
+                    ConfigProblem(
+                        where,
+                        f"{LOGINS.name}.{lease}",
+                        f"lease {lease!r} of listener {listener.name!r}: lease texts are read"
+                        f" from [leases] now, and one in [logins] would be a login password:"
+                        f" move {lease} from [logins] to [leases]",
+                    )
+                )
+            else:
                 problems.append(
                     ConfigProblem(
                         where,
                         f"listeners.{listener.name}.leases.{lease}",
-                        f"lease {lease!r} has no lease text: put it under [logins] {lease}",
+                        f"lease {lease!r} has no lease text: put it under [leases] {lease}",
                     )
                 )
     for listener in listeners:

@@ -56,8 +56,8 @@ reader = { feed = "alerts" }
 expired = { sink = "orders", expires = "2001-01-01T00:00:00Z" }
 """
 SERVER_SECRETS = (
-    '[logins]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\nadmin = "t0ken"\n'
-    'app = "app-pw"\n'
+    'admin_token = "t0ken"\n[logins]\napp = "app-pw"\n'
+    '[leases]\nwriter = "lease-w"\nreader = "lease-r"\nexpired = "lease-x"\n'
 )
 SERVER_ROUTES = {
     "to-feed": 'from = "dmp"\nmatch = "orders.#"\nto = "dmp"\naddress = "alerts"\n',

@@ -69,7 +69,7 @@ sinks = ["in"]
 feeds = ["out"]
 """
 
-SECRETS = f'[logins]\nadmin = "{TOKEN}"\n'
+SECRETS = f'admin_token = "{TOKEN}"\n'
 
 ROUTES = {
     "to-hub": 'from = "mail"\nmatch = "*@ok.example"\nto = "hub"\naddress = "mail.{1}"\n'

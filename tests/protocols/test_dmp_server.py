@@ -42,7 +42,7 @@ SETTINGS = DMPListenerSettings(
     idle_timeout_seconds=30.0,
     max_envelope_bytes=4096,
 )
-SECRETS = Secrets(logins={"writer": b"W-1", "reader": b"R-1", "old": b"O-1", "gone": b"G-1"})
+SECRETS = Secrets(leases={"writer": b"W-1", "reader": b"R-1", "old": b"O-1", "gone": b"G-1"})
 
 
 @attrs.define

@@ -59,7 +59,7 @@ endpoint = "{tls}"
 sinks = ["orders"]
 feeds = ["alerts"]
 """
-SECRETS = f'[logins]\nadmin = "{TOKEN}"\n'
+SECRETS = f'admin_token = "{TOKEN}"\n'
 ROUTES = {"orders": 'from = "dmp"\nmatch = "#"\nto = "hub"\naddress = "orders"\n'}
 
 

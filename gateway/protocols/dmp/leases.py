@@ -3,8 +3,8 @@
 A lease made here is a random text (`secrets.token_urlsafe`) granting one
 sink or feed of one DMP listener until it expires; it is kept in that
 listener's factory (`DMPServerFactory.granted`) and lives as long as the
-process. Making and revoking need the admin token: the secret of the
-identity ``admin`` in the secrets file's ``[logins]``.
+process. Making and revoking need the admin token: ``admin_token`` in the
+secrets file (never a login password, nor a login password the token).
 
 A lease made for an identity is bound to it as a lease of the config with
 ``identity`` is (`LeaseGrant.identity`, ``certified``): only a connection
@@ -13,7 +13,6 @@ whose verified client certificate names that identity may use it.
 
 from __future__ import annotations
 
-import hmac
 import secrets as random_texts
 import unicodedata
 from collections.abc import Mapping
@@ -25,10 +24,8 @@ from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.protocols.dmp.server import DMPServerFactory
 from gateway.protocols.dmp.settings import LeaseGrant
 
-__all__ = ["ADMIN_IDENTITY", "LeaseDesk", "LeaseRefusedError"]
+__all__ = ["LeaseDesk", "LeaseRefusedError"]
 
-ADMIN_IDENTITY: Final = "admin"
-"""The ``[logins]`` identity whose secret is the admin API token."""
 MAX_TTL_SECONDS: Final = 366 * 86400
 MAX_IDENTITY_CHARS: Final = 1024
 """An identity is a certificate name (CN, DNS, e-mail, URI or IP SAN); URIs are the longest."""
@@ -62,14 +59,11 @@ class LeaseDesk:
     @property
     def enabled(self) -> bool:
         """Whether an admin token is configured."""
-        return ADMIN_IDENTITY in self._secrets.logins
+        return self._secrets.admin_token is not None
 
     def authorized(self, token: bytes | None) -> bool:
         """Whether ``token`` is the admin token (constant-time)."""
-        expected = self._secrets.logins.get(ADMIN_IDENTITY)
-        if expected is None or token is None:
-            return False
-        return hmac.compare_digest(expected, token)
+        return self._secrets.is_admin_token(token)
 
     def make(
         self,

@@ -3,7 +3,7 @@
 A connection presents the protocol header and a lease (`gateway.codecs.dmp`).
 The lease is looked up among the listener's grants (``leases``: a name, the
 sink or feed it opens, an optional expiry; the lease text itself is that
-name's secret in the secrets file) and among leases made through the admin
+name's text in the secrets file's ``[leases]``) and among leases made through the admin
 API: unknown or expired is ``402 BAD-LEASE``, a sink or feed that is not
 configured ``404 NOT-FOUND``, a feed that already has its reader ``403
 NO-ACCESS``; each then closes. ``200`` opens the connection.
@@ -534,7 +534,7 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
         name: The listener's name (source of sink messages, destination of feeds).
         settings: Its validated settings.
         router: Where sink messages go.
-        secrets: The lease texts (``[logins]`` under each lease's name).
+        secrets: The lease texts (``[leases]`` under each lease's name).
         clock: Timers and timestamps.
         metrics: Counters, or None.
     """
@@ -561,7 +561,7 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
         presented = lease.encode("utf-8")
         found: LeaseGrant | None = None
         for name, grant in self.settings.leases.items():
-            secret = grant.text if grant.text is not None else self.secrets.logins.get(name)
+            secret = grant.text if grant.text is not None else self.secrets.leases.get(name)
             # Every grant is compared (in constant time), found or not.
             if secret is not None and hmac.compare_digest(secret, presented):
                 found = grant

@@ -25,8 +25,8 @@ class LeaseGrant:
         target: The sink's or feed's name.
         expires: Unix time after which the lease is refused (None: never).
         text: The lease text itself, when written in the main config (the
-            embedded loopback default does); else it is the secret of the
-            lease's name in the secrets file.
+            embedded loopback default does); else it is the text of the
+            lease's name in the secrets file's ``[leases]``.
         identity: The identity the lease is bound to (None: anyone holding
             it). A DMP connection using it is that identity.
         certified: Whether the connection must prove ``identity`` with a
@@ -55,8 +55,8 @@ class DMPListenerSettings:
         sinks: Sink names: what is written to one enters routing.
         feeds: Feed names: routes deliver to them, one reader each.
         leases: Lease name to grant; the lease itself (what a client
-            presents) is that name's secret in the secrets file's
-            ``[logins]``.
+            presents) is that name's text in the secrets file's
+            ``[leases]`` (never a login password).
         heartbeat_seconds: Null messages written to feed readers this often
             (0: none).
         idle_timeout_seconds: A sink connection that sends nothing (not even
