@@ -171,3 +171,26 @@ def test_upstream_curve_secret_key_file(tmp_path: Path) -> None:
     (problem,) = caught.value.problems
     assert problem.key == "upstreams.far.curve_secret_key_file"
     assert "curve_server_key" in problem.reason
+
+
+def test_max_in_flight_is_read_and_defaults_to_ten_thousand(tmp_path: Path) -> None:
+    """``max_in_flight`` reaches the listener's settings; without it, 10,000."""
+    main = tmp_path / "gateway.toml"
+    main.write_text(LISTENER)
+    (listener,) = load_config(main).listeners
+    assert isinstance(listener.settings, MTLListenerSettings)
+    assert listener.settings.max_in_flight == 10_000
+    main.write_text(LISTENER + "max_in_flight = 250\n")
+    (listener,) = load_config(main).listeners
+    assert isinstance(listener.settings, MTLListenerSettings)
+    assert listener.settings.max_in_flight == 250
+
+
+def test_max_in_flight_below_one_names_the_key(tmp_path: Path) -> None:
+    """``max_in_flight = 0`` is a config error naming the key."""
+    main = tmp_path / "gateway.toml"
+    main.write_text(LISTENER + "max_in_flight = 0\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(main)
+    (problem,) = caught.value.problems
+    assert problem.key == "listeners.mtl.max_in_flight"

@@ -196,6 +196,7 @@ def _everything(directory: Path) -> Path:
         allow_addresses = ["127.0.0.1", "::1/128"]
         data_port = 0
         max_backlog_messages = 100
+        max_in_flight = 500
         ping_interval_seconds = 5
         dead_after_seconds = 15
 

@@ -80,8 +80,20 @@ MAX_BACKLOG_MESSAGES: Final = integer(
     "max_backlog_messages",
     10_000,
     minimum=1,
-    doc="Commands queued for a data peer that does not read (SNDHWM), and Contents a"
-    " confirm=full reader may leave unconfirmed; past it, retry later.",
+    doc="Commands ZeroMQ queues for a data peer that does not read (the data socket's SNDHWM),"
+    " and Contents a confirm=full reader may leave unconfirmed. Past the first, what ZeroMQ"
+    " refuses is held for the peer and the writers wait until it catches up (a peer stuck for"
+    " slow_consumer_seconds, or holding more than max_backlog_bytes, is cut); only under"
+    ' slow_consumer_policy = "disconnect" is it retry later instead. Past the second, a'
+    " Content for that reader is retry later until it confirms.",
+)
+MAX_IN_FLIGHT: Final = integer(
+    "max_in_flight",
+    10_000,
+    minimum=1,
+    doc="Writers' Contents routed and not yet answered, at most: past it the data socket is"
+    " not read (the writers' own ZeroMQ queues fill and their sends wait) until half of them"
+    " are answered.",
 )
 PING_INTERVAL_SECONDS: Final = positive(
     "ping_interval_seconds", 10.0, doc="Pings to data peers this often."
@@ -89,7 +101,9 @@ PING_INTERVAL_SECONDS: Final = positive(
 DEAD_AFTER_SECONDS: Final = positive(
     "dead_after_seconds",
     30.0,
-    doc="A data peer silent this long is forgotten (its unconfirmed content is retried).",
+    doc="A data peer silent this long is forgotten then (its lease and summons go, its"
+    " unconfirmed content is retried); time the listener did not read the data socket does"
+    " not count.",
 )
 
 LISTENER: Final = TableSchema(
@@ -105,6 +119,7 @@ LISTENER: Final = TableSchema(
         ALLOW_ADDRESSES,
         DATA_PORT,
         MAX_BACKLOG_MESSAGES,
+        MAX_IN_FLIGHT,
         PING_INTERVAL_SECONDS,
         DEAD_AFTER_SECONDS,
     ),
@@ -146,6 +161,7 @@ def read_listener(section: Section, tls: bool) -> MTLListenerSettings:
         allow_addresses=_networks(section),
         data_port=section.read(DATA_PORT),
         max_backlog_messages=section.read(MAX_BACKLOG_MESSAGES),
+        max_in_flight=section.read(MAX_IN_FLIGHT),
         ping_interval_seconds=section.read(PING_INTERVAL_SECONDS),
         dead_after_seconds=section.read(DEAD_AFTER_SECONDS),
     )

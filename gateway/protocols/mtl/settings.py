@@ -97,16 +97,20 @@ class MTLListenerSettings:
             does not read (the data socket's ``SNDHWM``), and Contents a
             confirm=full reader may leave unconfirmed. Past the first, what
             ZeroMQ refuses is held for the peer and the data socket is not
-            read until it caught up (the listener's ``flow``; under
-            ``disconnect``: retry later, test-profile copies dropped, each
-            counted ``not-sent``); past the second, a Content routed to that
-            reader is retry later (counted ``not-sent``).
+            read until it caught up (the listener's ``flow``: a peer stuck
+            for ``slow_consumer_seconds`` or past ``max_backlog_bytes`` is
+            cut; only under ``disconnect`` is it retry later instead,
+            test-profile copies dropped, each counted ``not-sent``); past
+            the second, a Content routed to that reader is retry later
+            (counted ``not-sent``).
         max_in_flight: Writers' Contents routed and not yet answered, at
             most: past it the data socket is not read (the writers' own
             ZeroMQ queues fill and they wait) until half of them are.
         ping_interval_seconds: Pings to data peers this often.
-        dead_after_seconds: A data peer heard from for this long is forgotten
-            (its leases' summons dropped, its unconfirmed content retried).
+        dead_after_seconds: A data peer silent for this long is forgotten
+            at that moment (its lease and summons dropped, its unconfirmed
+            content retried); time the data socket was not read does not
+            count.
     """
 
     profiles: tuple[str, ...] = ("test", "gateway")
