@@ -9,7 +9,9 @@ outcome:
 * retry later: delivered again after a growing delay (temporary failures
   wait as long as it takes: the log holds them);
 * rejected: tried again up to ``max_attempts`` times, then written to the
-  dead-letter stream with the reason, and done.
+  dead-letter stream with the reason, and done; a rejection no retry can fix
+  (`gateway.core.internal.FINAL_REJECTIONS`: an address in the gateway's own
+  namespace, a message that loops) is dead-lettered at once.
 
 It is used by durable routes (their own stream, delivering to the route's
 destination) and by routes from a stream listener (delivering along the
@@ -48,6 +50,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.codecs import osiris
+from gateway.core.internal import FINAL_REJECTIONS
 from gateway.core.log import StoredChunk, StreamLog
 from gateway.core.message import Message, Outcome, Status
 
@@ -514,7 +517,9 @@ class LogForwarder:
                             chunk.first + index, False, chunk.refused[index], chunk.rounds, now
                         )
                     )
-            elif status is Status.REJECTED and chunk.rounds >= max_attempts:
+            elif status is Status.REJECTED and (
+                chunk.rounds >= max_attempts or outcome.code in FINAL_REJECTIONS
+            ):
                 offset = chunk.first + index
                 self.dead_lettered += 1
                 self._log.warn(

@@ -25,6 +25,7 @@ from gateway.core.forwarder import (
     ForwarderSettings,
     LogForwarder,
 )
+from gateway.core.internal import hop_limit_refusal, internal_refusal
 from gateway.core.log import LogStore, LogWriteError, StreamLog
 from gateway.core.message import Message, Outcome
 
@@ -157,6 +158,39 @@ async def test_rejected_max_attempts_goes_to_the_dead_letter(store: LogStore) ->
     assert destination.dead == [(b"bad", "no")]
     assert (running.delivered, running.dead_lettered) == (2, 1)
     assert stream.query_offset("fw") == 2
+    running.stop()
+
+
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        internal_refusal("stream listener s", "msggateway.route.r"),
+        hop_limit_refusal("stream listener s", "echo"),
+    ],
+    ids=["internal-stream", "hop-limit"],
+)
+async def test_a_rejection_no_retry_fixes_is_dead_lettered_at_once(
+    store: LogStore, refusal: Outcome
+) -> None:
+    """An address in the gateway's own namespace, or a loop: dead-lettered on the first refusal.
+
+    Tried again it would only hold the chunk (and the route) for the
+    retries' delays.
+    """
+    stream = store.create("s")
+    await stream.append([b"good", b"looping"])
+    clock = Clock()
+    destination = Destination(
+        lambda message, attempt: refusal if message.body == b"looping" else accept(message, attempt)
+    )
+    running = forwarder(stream, destination, clock)
+    running.start()
+    clock.advance(0)
+    assert [body for _, body in destination.deliveries] == [b"good", b"looping"]
+    assert destination.dead == [(b"looping", refusal.reason)]
+    assert (running.delivered, running.dead_lettered) == (1, 1)
+    assert stream.query_offset("fw") == 1
     running.stop()
 
 

@@ -46,6 +46,7 @@ from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
 from gateway.core.batch import Answers, all_same
 from gateway.core.interfaces import IDestination
+from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
@@ -1593,8 +1594,10 @@ def ready(world: World) -> tuple[Node, int]:
 
 
 def entries_of(names: Sequence[str], body: bytes = b"hello") -> list[bytes]:
-    """The entries the upstream writes for messages with ids ``names``."""
-    return [entry_from_message(Message(body=body, address="anything", id=name)) for name in names]
+    """The entries the upstream writes for messages with ids ``names`` (one hop counted)."""
+    return [
+        entry_from_message(Message(body=body, address="anything", id=name), 1) for name in names
+    ]
 
 
 def test_a_batch_is_one_publish_frame_in_one_write() -> None:
@@ -1617,6 +1620,28 @@ def test_a_batch_is_one_publish_frame_in_one_write() -> None:
     assert outcomes == []
     node.confirm(publisher_id, *range(2, 52))
     assert outcomes == [[Outcome.accepted()] * 50]
+
+
+def test_a_message_that_loops_is_refused_not_published() -> None:
+    """Each publish counts a hop; one written into streams MAX_HOPS times already is refused.
+
+    The batch's other messages are published; the refusal is final
+    (dead-lettered at once on a durable route), counted as ``hop-limit``.
+    """
+    world = World(BIG)
+    node, publisher_id = ready(world)
+    looped = Message(body=b"x", address="anything", id="looped", headers={HOPS_HEADER: MAX_HOPS})
+    outcomes = tracked(
+        world.upstream.deliver([Message(body=b"hello", address="anything", id="m0"), looped])
+    )
+    [frame] = node.of(sp.Publish)
+    assert list(frame.publishing_ids) == [2]
+    assert [bytes(entry) for entry in frame.messages] == entries_of(["m0"])
+    node.confirm(publisher_id, 2)
+    [[accepted, refused]] = outcomes  # type: ignore[misc]
+    assert accepted == Outcome.accepted()
+    assert (refused.status, refused.code) == (Status.REJECTED, HOP_LIMIT)
+    assert world.sample("msggateway_protocol_errors_total", endpoint=UPSTREAM, kind=HOP_LIMIT) == 1
 
 
 def test_a_batch_past_batch_size_is_several_frames_in_one_write(world: World) -> None:

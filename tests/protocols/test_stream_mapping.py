@@ -33,6 +33,7 @@ from gateway.codecs.amqp import (
     encode_message,
     encode_value,
 )
+from gateway.core.internal import HOPS_HEADER
 from gateway.core.message import Message
 from gateway.protocols.stream import mapping
 from gateway.protocols.stream.mapping import (
@@ -466,11 +467,16 @@ _ASCII = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), ma
     address=_ASCII.filter(bool),
     sender=st.none() | _ASCII,
     recipients=st.lists(_ASCII, max_size=3).map(tuple),
-    headers=st.dictionaries(_ASCII, _ASCII | st.integers(0, 10) | st.booleans(), max_size=4),
+    headers=st.dictionaries(
+        _ASCII | st.just(HOPS_HEADER),
+        _ASCII | st.integers(-200, 200) | st.booleans(),
+        max_size=4,
+    ),
     body=st.binary(max_size=600),
     timestamp=st.sampled_from([0.0, 1700000000.123, 1.5]),
+    hops=st.none() | st.integers(0, 200),
 )
-@settings(max_examples=200)
+@settings(max_examples=300)
 def test_direct_encoder_writes_what_the_general_one_writes(
     message_id: str,
     address: str,
@@ -479,8 +485,12 @@ def test_direct_encoder_writes_what_the_general_one_writes(
     headers: dict[str, object],
     body: bytes,
     timestamp: float,
+    hops: int | None,
 ) -> None:
-    """The fast ASCII path and the general encoder give entries that decode the same."""
+    """The fast ASCII path and the general encoder give entries that decode the same.
+
+    With a hop count too, which replaces the message's own header of that name.
+    """
     message = Message(
         body=body,
         address=address,
@@ -490,9 +500,33 @@ def test_direct_encoder_writes_what_the_general_one_writes(
         headers=headers,  # type: ignore[arg-type]
         timestamp=timestamp,
     )
-    assert decode_message(entry_from_message(message)) == decode_message(
-        mapping._general_entry(message)
+    assert decode_message(entry_from_message(message, hops)) == decode_message(
+        mapping._general_entry(message, hops)
     )
-    assert message_from_entry(entry_from_message(message), stream="s", timestamp=0.0) == (
-        message_from_entry(mapping._general_entry(message), stream="s", timestamp=0.0)
+    decoded = message_from_entry(entry_from_message(message, hops), stream="s", timestamp=0.0)
+    assert decoded == message_from_entry(
+        mapping._general_entry(message, hops), stream="s", timestamp=0.0
+    )
+    if hops is not None:
+        assert decoded.headers[HOPS_HEADER] == hops
+
+
+def test_a_hop_count_keeps_the_fast_path() -> None:
+    """A hop count, and small integer headers, are written by the direct encoder."""
+    message = Message(
+        body=b"b", address="echo", id="m", headers={"k": "v", "n": -3, HOPS_HEADER: 4}
+    )
+    fast = mapping._ascii_entry(message, 5)
+    assert fast is not None
+    assert message_from_entry(fast, stream="echo", timestamp=0.0).headers == {
+        "k": "v",
+        "n": -3,
+        HOPS_HEADER: 5,
+    }
+    assert mapping._ascii_entry(message, 500) is None  # past a smallint: the general encoder
+    assert (
+        message_from_entry(entry_from_message(message, 500), stream="e", timestamp=0.0).headers[
+            HOPS_HEADER
+        ]
+        == 500
     )

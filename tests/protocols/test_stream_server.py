@@ -39,15 +39,12 @@ from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IDestination
+from gateway.core.internal import FEED_REFERENCE_PREFIX, HOPS_HEADER
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.stream.bridge import (
-    FEED_REFERENCE_PREFIX,
-    StreamDestination,
-    StreamRouteFeeds,
-)
+from gateway.protocols.stream.bridge import StreamDestination, StreamRouteFeeds
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import (
     CLOSE_WAIT_SECONDS,
@@ -1495,7 +1492,10 @@ async def test_resolve_offset_spec(listener: Listener, spec: sp.OffsetSpec, offs
 
 @pytest_twisted.ensureDeferred
 async def test_stream_destination_appends_amqp(listener: Listener) -> None:
-    """StreamDestination creates the stream and appends an AMQP message, accepted once committed."""
+    """StreamDestination creates the stream and appends an AMQP message, accepted once committed.
+
+    The message comes back as it was, with one hop counted.
+    """
     destination = StreamDestination(LISTENER, listener.store)
     assert verifyObject(IDestination, destination)
     message = Message(
@@ -1522,7 +1522,7 @@ async def test_stream_destination_appends_amqp(listener: Listener) -> None:
     assert len(entries) == 2
     assert entries[0].startswith(b"\x00\x53")  # an AMQP section
     decoded = message_from_entry(entries[0], stream="routed", timestamp=0.0, offset=0)
-    assert decoded == message
+    assert decoded == attrs.evolve(message, headers={**message.headers, HOPS_HEADER: 1})
 
 
 @pytest_twisted.ensureDeferred

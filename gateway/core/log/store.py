@@ -192,6 +192,11 @@ class LogStore:
         self._closed: Deferred[None] | None = None
         self._shutdown_trigger: object | None = None
 
+    @property
+    def clock(self) -> IReactorTime:
+        """The clock the store keeps time with (for its users' timers and rate limits)."""
+        return self._clock
+
     # Life cycle.
 
     def open(self) -> None:

@@ -8,6 +8,14 @@ A stream that does not exist yet is created. A durable route's forwarder
 appends with the route's publisher reference and each message's log offset
 as publishing id, so what it delivers again after a crash is stored once.
 
+Two things are never written (`gateway.core.internal`): a message bound for
+one of the gateway's own streams (``msggateway.*``: a route's own stream,
+the outcome records, the dead letters) is rejected, and so is one that
+routes have already written into streams `MAX_HOPS` times (a loop: each
+write here counts one hop in its ``x-gateway-hops`` header). Both
+rejections are final: a durable route's forwarder dead-letters them at
+once. They are counted, and logged at most once in a while.
+
 Out of: `StreamRouteFeeds` runs one `LogForwarder` per local stream that a
 route from the listener takes, so that what clients publish is routed on
 (to SSMP, QMQP...) after it is committed, at least once, from a stored
@@ -17,9 +25,8 @@ offset, surviving restarts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Final
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -29,14 +36,26 @@ from gateway.core.batch import UNANSWERED, Answers, all_same
 from gateway.core.durable import producer_reference
 from gateway.core.forwarder import LogForwarder
 from gateway.core.interfaces import IDeduplicatingDestination
+from gateway.core.internal import (
+    DEAD_LETTER_STREAM,
+    FEED_REFERENCE_PREFIX,
+    GATEWAY_REFERENCE,
+    HOP_LIMIT,
+    HOPS_HEADER,
+    INTERNAL_STREAM,
+    MAX_HOPS,
+    Tally,
+    hop_limit_refusal,
+    hops,
+    internal_refusal,
+    is_internal,
+)
 from gateway.core.log import LogError, LogFullError, LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 
 __all__ = ["StreamDestination", "StreamRouteFeeds", "dead_letter_writer", "decode_entry"]
-
-FEED_REFERENCE_PREFIX: Final = "msggateway.routes."
 
 
 def decode_entry(stream: str) -> Callable[[bytes, int, float], Message]:
@@ -77,16 +96,34 @@ def dead_letter_writer(
 class StreamDestination:
     """Deliver routed messages into local streams (accepted once committed).
 
+    Never into the gateway's own streams, and never a message that has been
+    written into streams `MAX_HOPS` times (see the module docstring).
+
     Args:
         name: The stream listener's name.
         store: The embedded log.
+        clock: Spaces out the log lines of refusals (the store's if None).
+        count_error: Counts each refusal by kind (``internal-stream``,
+            ``hop-limit``), as the listener counts its protocol errors,
+            if given.
     """
 
     _log = Logger()
 
-    def __init__(self, name: str, store: LogStore) -> None:
+    def __init__(
+        self,
+        name: str,
+        store: LogStore,
+        clock: IReactorTime | None = None,
+        count_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.name = name
         self._store = store
+        self.count_error = count_error
+        """Counts refusals by kind (set after construction by the assembly, if at all)."""
+        clock = store.clock if clock is None else clock
+        self.refused: dict[str, Tally] = {INTERNAL_STREAM: Tally(clock), HOP_LIMIT: Tally(clock)}
+        """The refusals by kind: how many, and how many not logged yet."""
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Append the batch to the streams named by its addresses: one append per stream."""
@@ -104,7 +141,7 @@ class StreamDestination:
         data dir), which no other process appends to; another gateway
         reaches them through a stream upstream, under references of its own.
         """
-        return self._deliver(messages, producer_reference("msggateway", producer), ids)
+        return self._deliver(messages, producer_reference(GATEWAY_REFERENCE, producer), ids)
 
     def _deliver(
         self, messages: Sequence[Message], reference: str | None, ids: Sequence[int] | None
@@ -137,7 +174,89 @@ class StreamDestination:
         reference: str | None,
         ids: Sequence[int] | None,
     ) -> Deferred[list[Outcome]]:
+        """Append one stream's messages, each counting a hop; refuse what must not go there."""
         count = len(messages)
+        if is_internal(name):  # once per stream of the batch
+            self._refuse(INTERNAL_STREAM, count, name)
+            return all_same(count, internal_refusal(f"stream listener {self.name}", name))
+        entries: list[bytes] = []
+        looped: list[int] | None = None
+        for index, message in enumerate(messages):
+            count_before = message.headers.get(HOPS_HEADER)
+            hop = 1 if count_before is None else hops(count_before) + 1
+            if hop > MAX_HOPS:
+                if looped is None:
+                    looped = []
+                looped.append(index)
+                continue
+            entries.append(entry_from_message(message, hop))
+        if looped is not None:
+            return self._append_some(name, messages, reference, ids, entries, looped)
+        return self._append_entries(name, entries, reference, ids)
+
+    def _append_some(
+        self,
+        name: str,
+        messages: Sequence[Message],
+        reference: str | None,
+        ids: Sequence[int] | None,
+        entries: list[bytes],
+        looped: list[int],
+    ) -> Deferred[list[Outcome]]:
+        """Append ``entries``, the messages not in ``looped``; those are refused."""
+        self._refuse(HOP_LIMIT, len(looped), name)
+        refusal = hop_limit_refusal(f"stream listener {self.name}", name)
+        outcomes: list[Outcome | None] = [None] * len(messages)
+        for index in looped:
+            outcomes[index] = refusal
+        kept = [index for index, outcome in enumerate(outcomes) if outcome is None]
+        if not kept:
+            return succeed(outcomes)  # type: ignore[arg-type]  # every one was refused
+        kept_ids = None if ids is None else [ids[index] for index in kept]
+
+        def merge(appended: list[Outcome]) -> list[Outcome]:
+            for index, outcome in zip(kept, appended, strict=True):
+                outcomes[index] = outcome
+            return outcomes  # type: ignore[return-value]  # every one has its outcome
+
+        return self._append_entries(name, entries, reference, kept_ids).addCallback(merge)
+
+    def _refuse(self, kind: str, count: int, name: str) -> None:
+        """Count refusals of one kind; log them at most once in a while."""
+        if self.count_error is not None:
+            for _ in range(count):
+                self.count_error(kind)
+        due = self.refused[kind].add(count)
+        if not due:
+            return
+        if kind == INTERNAL_STREAM:
+            self._log.warn(
+                "{listener}: refused {count} message(s) a route would write into the"
+                " gateway's own stream {stream} (names starting with msggateway. are"
+                " internal); check the route's address",
+                listener=self.name,
+                count=due,
+                stream=name,
+            )
+        else:
+            self._log.warn(
+                "{listener}: refused {count} message(s) bound for {stream} that routes had"
+                " written into streams {hops} times already ({header}): routes loop",
+                listener=self.name,
+                count=due,
+                stream=name,
+                hops=MAX_HOPS,
+                header=HOPS_HEADER,
+            )
+
+    def _append_entries(
+        self,
+        name: str,
+        entries: list[bytes],
+        reference: str | None,
+        ids: Sequence[int] | None,
+    ) -> Deferred[list[Outcome]]:
+        count = len(entries)
         stream = self._store.get(name)
         if stream is None:
             try:
@@ -148,11 +267,7 @@ class StreamDestination:
                 "{listener}: created stream {stream} for a route", listener=self.name, stream=name
             )
         try:
-            appended = stream.append(
-                [entry_from_message(message) for message in messages],
-                reference=reference,
-                publishing_ids=ids,
-            )
+            appended = stream.append(entries, reference=reference, publishing_ids=ids)
         except (LogError, ValueError) as exc:
             return all_same(count, Outcome.rejected(f"stream {name!r}: {exc}"))
         return appended.addCallbacks(
@@ -199,7 +314,7 @@ class StreamRouteFeeds:
         store: LogStore,
         router: Router,
         clock: IReactorTime,
-        dead_letter: str = "msggateway.dead-letter",
+        dead_letter: str = DEAD_LETTER_STREAM,
     ) -> None:
         self.listener = listener
         self._store = store
@@ -221,7 +336,7 @@ class StreamRouteFeeds:
             return
         for name in self._store.names():
             stream = self._store.get(name)
-            if stream is None or name.startswith("msggateway."):
+            if stream is None or is_internal(name):
                 continue  # the gateway's own streams are not routed from here
             if self._routed(name) and name not in self.forwarders:
                 self._start(stream)

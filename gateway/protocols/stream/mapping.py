@@ -58,6 +58,11 @@ stream client reads natively:
   three names are replaced by the message's own fields;
 - one data section with the body, even when it is empty.
 
+A route that writes a message into a stream counts the write as one hop
+(`gateway.core.internal`): it passes ``hops``, which is written as the
+``x-gateway-hops`` application property (a small integer) in place of the
+header of that name.
+
 The way back restores body, id, sender, recipients, headers and timestamp
 exactly (the timestamp travels as a double, so no precision is lost; an
 unset timestamp, 0, comes back as the entry's own).
@@ -89,6 +94,7 @@ from gateway.codecs.amqp import (
     encode_value,
     looks_like_amqp,
 )
+from gateway.core.internal import HOPS_HEADER
 from gateway.core.message import HeaderValue, Message, new_message_id
 
 __all__ = [
@@ -254,18 +260,24 @@ def _body_bytes(body: Body) -> bytes:
 # --- message to entry ---------------------------------------------------------------
 
 
-def entry_from_message(message: Message) -> bytes:
+def entry_from_message(message: Message, hops: int | None = None) -> bytes:
     """Map a message to the AMQP 1.0 entry a stream stores.
 
-    Messages whose texts are all short ASCII strings (the usual case) are
-    written by a direct encoder; the others go through
+    Messages whose texts are all short ASCII strings and whose other
+    header values are small integers (the usual case) are written by a
+    direct encoder; the others go through
     `gateway.codecs.amqp.encode_message`. Both write the same sections.
+
+    Args:
+        message: The message.
+        hops: Written as the ``x-gateway-hops`` header instead of the
+            message's own, if given (a route's write into a stream).
 
     Returns:
         The entry's bytes (see the module docstring for the mapping).
     """
-    fast = _ascii_entry(message)
-    return fast if fast is not None else _general_entry(message)
+    fast = _ascii_entry(message, hops)
+    return fast if fast is not None else _general_entry(message, hops)
 
 
 _NULL: Final = b"\x40"
@@ -297,6 +309,9 @@ _RECIPIENTS_KEY: Final = _key(RECIPIENTS_HEADER)
 _TIMESTAMP_PAIR: Final = _key(TIMESTAMP_HEADER) + b"\x82"
 """The timestamp header's key and a double's code."""
 _TIMESTAMP_PAIR_BYTES: Final = len(_TIMESTAMP_PAIR) + 8
+_SMALL_INTS: Final = tuple(b"\x54" + bytes((value & 0xFF,)) for value in range(-128, 128))
+"""An AMQP ``smallint`` by its value plus 128 (the general encoder's choice for these)."""
+_HOPS_KEY: Final = _key(HOPS_HEADER)
 
 
 def _compound_head(section: bytes, short: int, long: int, size: int, count: int) -> bytes:
@@ -311,8 +326,10 @@ def _short_ascii(text: str) -> bool:
     return len(text) < 256 and text.isascii()
 
 
-def _ascii_entry(message: Message) -> bytes | None:
+def _ascii_entry(message: Message, hops: int | None = None) -> bytes | None:
     """The entry of a message whose texts are all short ASCII strings, else None.
+
+    Header values may also be small integers (a hop count).
 
     One list of pieces and one join: an ASCII text's size is its length, so
     the compounds' sizes are added up as the pieces are listed.
@@ -347,12 +364,25 @@ def _ascii_entry(message: Message) -> bytes | None:
     parts.append(b"")
     size = pairs = 0
     for key, value in message.headers.items():
-        if key in _RESERVED:
+        if key in _RESERVED or (hops is not None and key == HOPS_HEADER):
             continue
-        if type(value) is not str or not (_short_ascii(key) and _short_ascii(value)):
+        if not _short_ascii(key):
             return None
-        parts += (heads[len(key)], key.encode("ascii"), heads[len(value)], value.encode("ascii"))
-        size += len(key) + len(value) + 4
+        if type(value) is str and _short_ascii(value):
+            text = value.encode("ascii")
+            parts += (heads[len(key)], key.encode("ascii"), heads[len(value)], text)
+            size += len(key) + len(value) + 4
+        elif type(value) is int and -128 <= value < 128:  # a hop count
+            parts += (heads[len(key)], key.encode("ascii"), _SMALL_INTS[value + 128])
+            size += len(key) + 4
+        else:
+            return None
+        pairs += 1
+    if hops is not None:
+        if not 0 <= hops < 128:
+            return None
+        parts += (_HOPS_KEY, _SMALL_INTS[hops + 128])
+        size += len(_HOPS_KEY) + 2
         pairs += 1
     sender = message.sender
     if sender is not None:
@@ -382,7 +412,7 @@ def _ascii_entry(message: Message) -> bytes | None:
     return b"".join(parts)
 
 
-def _general_entry(message: Message) -> bytes:
+def _general_entry(message: Message, hops: int | None = None) -> bytes:
     """The entry of any message, through the general AMQP encoder."""
     properties = Properties(
         message_id=_wire_text(message.id),
@@ -391,8 +421,10 @@ def _general_entry(message: Message) -> bytes:
     )
     application_properties: dict[str, Value] = {}
     for key, value in message.headers.items():
-        if key not in _RESERVED:
+        if key not in _RESERVED and (hops is None or key != HOPS_HEADER):
             application_properties[_valid_text(key)] = _wire_value(value)
+    if hops is not None:
+        application_properties[HOPS_HEADER] = hops
     if message.sender is not None:
         application_properties[SENDER_HEADER] = _wire_text(message.sender)
     if message.recipients:

@@ -27,6 +27,12 @@ message such a publisher has to send again below an id it already sent
 in this process (the broker refused it while later ones were stored)
 goes through the upstream's own publisher instead, which the broker would
 otherwise drop as a duplicate: at least once, never lost.
+
+Each message published counts one hop in its ``x-gateway-hops`` header
+(`gateway.core.internal`): one that routes have written into streams
+`MAX_HOPS` times already is rejected instead (routes loop, through the
+broker), counted as the protocol error ``hop-limit`` and logged at most
+once in a while.
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from collections.abc import Sequence
 from typing import Final
 
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.codecs import stream as sp
 from gateway.codecs.stream import ENTRY_OVERHEAD_BYTES, PUBLISH_OVERHEAD_BYTES, REJECTING_CODES
 from gateway.core.batch import Answers, all_same
 from gateway.core.durable import producer_reference
+from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS, Tally, hop_limit_refusal, hops
 from gateway.core.message import Message, Outcome
 from gateway.protocols.stream.link import StreamConnection, StreamLink
 from gateway.protocols.stream.mapping import entry_from_message
@@ -106,8 +114,12 @@ class Publishers:
             counters and ready connection).
     """
 
+    _log = Logger()
+
     def __init__(self, upstream: StreamLink) -> None:
         self._upstream = upstream
+        self.looped = Tally(upstream.clock)
+        """Messages refused for their hop count (routes loop)."""
         self._name = upstream.name
         self._settings = upstream.settings
         self._traffic = upstream.traffic
@@ -184,6 +196,12 @@ class Publishers:
         for index in range(min(max(room, 0), count)):
             message = messages[index]
             address = fixed or message.address
+            count_before = message.headers.get(HOPS_HEADER)
+            hop = 1 if count_before is None else hops(count_before) + 1
+            if hop > MAX_HOPS:
+                self._looped(address)
+                answers.settle(index, hop_limit_refusal(f"upstream {self._name}", address))
+                continue
             if address != stream:
                 stream = address
                 publisher = publishers.get((address, reference)) or self._add(
@@ -192,7 +210,7 @@ class Publishers:
             if publisher is None:
                 answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
                 continue
-            job = _Job(answers, index, entry_from_message(message))
+            job = _Job(answers, index, entry_from_message(message, hop))
             jobs.append(job)
             if ids is None:
                 publisher.queue.append(job)
@@ -430,6 +448,21 @@ class Publishers:
                 else Outcome.retry(reason, code=str(code)),
             )
         self.pump()
+
+    def _looped(self, stream: str) -> None:
+        """Count a message refused for its hop count; log such refusals once in a while."""
+        self._upstream.count_error(HOP_LIMIT)
+        due = self.looped.add()
+        if due:
+            self._log.warn(
+                "upstream {upstream}: refused {count} message(s) bound for {stream} that"
+                " routes had written into streams {hops} times already ({header}): routes loop",
+                upstream=self._name,
+                count=due,
+                stream=stream,
+                hops=MAX_HOPS,
+                header=HOPS_HEADER,
+            )
 
     def _forget(self, jobs: list[_Job]) -> None:
         """The router gave up on a batch (its deadline): forget its open messages.
