@@ -20,6 +20,16 @@ fails there goes back to the configured endpoint. Stopping is `stop`, which
 a subclass extends to finish its work on the open connection first; it
 closes the connection through `UpstreamConnection.close` (which unregisters
 the producer: a TLS connection shuts down only without one).
+
+TLS: a connection is made (and `UpstreamConnection.connection_started`
+called) as soon as TCP is up; `UpstreamConnection.tls_established` says when
+the handshake is over and the server verified. A handshake that fails, on
+either side, ends the connection with OpenSSL's (or service_identity's)
+reason: it is logged as a warning naming the upstream, its address and that
+reason, counted as ``tls-failed``, and the back-off keeps growing, also when
+the server refuses our certificate only after the handshake (TLS 1.3).
+ClientService's own "Scheduling retry" lines name the upstream and its
+address (`MovableEndpoint`).
 """
 
 from __future__ import annotations
@@ -27,23 +37,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
+from OpenSSL import SSL
+from service_identity import VerificationError
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
+    IAddress,
     IConsumer,
+    IHandshakeListener,
     IProtocol,
     IProtocolFactory,
     IPushProducer,
     IReactorTime,
+    ISSLTransport,
     IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import alsoProvides, implementer
 
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
+from gateway.tls import tls_failure_reason
 
 __all__ = [
     "RECONNECT_INITIAL_DELAY_SECONDS",
@@ -52,6 +68,7 @@ __all__ = [
     "Upstream",
     "UpstreamConnection",
     "UpstreamService",
+    "describe_endpoint",
 ]
 
 RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
@@ -77,6 +94,28 @@ C = TypeVar("C", bound="UpstreamConnection[Any]")
 U = TypeVar("U", bound="Upstream[Any]")
 
 
+def describe_endpoint(endpoint: object) -> str:
+    """Where a client endpoint connects, for the log: ``host:port``, with ``(TLS)`` if it is.
+
+    Twisted's client endpoints keep their host and port in private
+    attributes and have no readable repr (a ``tls:`` one is a
+    ``_WrapperEndpoint object at 0x...``); an endpoint this does not know is
+    named by its repr.
+    """
+    if isinstance(endpoint, MovableEndpoint):
+        return describe_endpoint(endpoint.target)
+    wrapped = getattr(endpoint, "_wrappedEndpoint", None)  # tls: (wrapClientTLS)
+    if wrapped is not None:
+        return f"{describe_endpoint(wrapped)} (TLS)"
+    host = getattr(endpoint, "_hostText", None) or getattr(endpoint, "_host", None)
+    port = getattr(endpoint, "_port", None)
+    if isinstance(host, str) and isinstance(port, int):
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # ssl: (SSL4ClientEndpoint) has a context factory: TLS, unverified.
+        return f"{address} (TLS)" if hasattr(endpoint, "_sslContextFactory") else address
+    return repr(endpoint)
+
+
 @implementer(IStreamClientEndpoint)
 class MovableEndpoint:
     """Where an upstream's service connects: its configured endpoint, or one it moved to.
@@ -84,17 +123,21 @@ class MovableEndpoint:
     Args:
         home: The configured endpoint.
         failed: Told of each attempt that failed (after the move back home).
+        name: The upstream's name, for the log lines that name the endpoint.
     """
 
-    def __init__(self, home: IStreamClientEndpoint, failed: Callable[[Failure], None]) -> None:
+    def __init__(
+        self, home: IStreamClientEndpoint, failed: Callable[[Failure], None], name: str
+    ) -> None:
         self.home = home
         self.target = home
         """Where the next attempt goes."""
         self._failed = failed
+        self.name = name
 
     def __repr__(self) -> str:
-        """Where the next attempt goes (ClientService names it in its log lines)."""
-        return f"<{type(self).__name__} to {self.target!r}>"
+        """The upstream and where its next attempt goes (ClientService's log lines say this)."""
+        return f"upstream {self.name} at {describe_endpoint(self.target)}"
 
     @property
     def moved(self) -> bool:
@@ -103,7 +146,8 @@ class MovableEndpoint:
 
     def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:  # noqa: N803
         """Connect to the target; an attempt that fails sends the next one home."""
-        return self.target.connect(protocolFactory).addErrback(self._not_connected)
+        factory = _HandshakeRelay(protocolFactory)
+        return self.target.connect(factory).addErrback(self._not_connected)
 
     def _not_connected(self, failure: Failure) -> Failure:
         # Where it moved may be gone (a leader that failed over): the
@@ -111,6 +155,40 @@ class MovableEndpoint:
         self.target = self.home
         self._failed(failure)
         return failure
+
+
+@implementer(IProtocolFactory)
+class _HandshakeRelay:
+    """ClientService's factory, whose connections also hear that TLS is established.
+
+    TLS tells the protocol it wraps when the handshake is over, if that
+    protocol provides `IHandshakeListener`; the protocol it wraps is
+    ClientService's proxy of ours, which does not say so although it passes
+    every attribute, ``handshakeCompleted`` included, on to ours. The relay
+    declares it on each proxy of a connection that listens.
+    """
+
+    def __init__(self, factory: IProtocolFactory) -> None:
+        self._factory = factory
+
+    def buildProtocol(self, addr: IAddress) -> IProtocol | None:
+        """The wrapped factory's protocol, declared a handshake listener if it is one."""
+        protocol = self._factory.buildProtocol(addr)
+        if (
+            protocol is not None
+            and not IHandshakeListener.providedBy(protocol)
+            and callable(getattr(protocol, "handshakeCompleted", None))
+        ):
+            alsoProvides(protocol, IHandshakeListener)
+        return protocol
+
+    def doStart(self) -> None:
+        """Start the wrapped factory."""
+        self._factory.doStart()
+
+    def doStop(self) -> None:
+        """Stop the wrapped factory."""
+        self._factory.doStop()
 
 
 class UpstreamService(ClientService):
@@ -186,9 +264,10 @@ class Upstream(Generic[C]):
         self._current: C | None = None
         """The connection the service holds, ready or still in its handshake."""
         self._endpoint = endpoint
-        self.endpoint = MovableEndpoint(endpoint, self._not_connected)
+        self.endpoint = MovableEndpoint(endpoint, self._not_connected, name)
         self._retry_policy = retry_policy or _backoff
         self._failures = 0
+        self._failures_before_ready = 0
         self.service = UpstreamService(
             self, self.endpoint, UpstreamFactory(connection, self), self._next_wait, clock
         )
@@ -246,10 +325,24 @@ class Upstream(Generic[C]):
     def _not_connected(self, failure: Failure) -> None:
         if self.running:
             self._log.info(
-                "upstream {upstream}: cannot connect: {reason}",
+                "upstream {upstream}: cannot connect: {reason} ({address})",
                 upstream=self.name,
+                address=describe_endpoint(self.endpoint),
                 reason=failure.getErrorMessage(),
             )
+
+    def _tls_failed(self, reason: str) -> None:
+        """Say why TLS with the server failed, and what usually fixes it; counted."""
+        self.count_error("tls-failed")
+        self._log.warn(
+            "upstream {upstream}: TLS with {address} failed: {reason}. If we refused the"
+            " server, its certificate must be issued by a CA in this upstream's trustRoots and"
+            " name the host we connect to; if the server refused us, it must trust the CA of"
+            " our certificate (certificate=, privateKey=)",
+            upstream=self.name,
+            address=describe_endpoint(self.endpoint),
+            reason=reason,
+        )
 
     # --- connections ----------------------------------------------------------
 
@@ -265,7 +358,7 @@ class Upstream(Generic[C]):
             detail: What the log line says (``connected``, ``logged in as x``).
         """
         self._connection = connection
-        self._failures = 0
+        self._failures_before_ready, self._failures = self._failures, 0
         self._log.info("upstream {upstream}: {detail}", upstream=self.name, detail=detail)
         if self._metrics is not None:
             self._m_up.set(1)
@@ -277,18 +370,26 @@ class Upstream(Generic[C]):
 
         A connection that never became ready is only forgotten; for the
         ready one, `connection_ended` says what the protocol does with what
-        was in flight, and the log line says why it ended.
+        was in flight, and the log line says why it ended. TLS that failed
+        is logged and counted either way (`_tls_failed`); a ready connection
+        it ended does not count as a success for the back-off (TLS 1.3
+        servers refuse a client certificate only after the handshake).
         """
         if self._current is connection:
             self._current = None
+        tls_failure = _tls_failure(reason)
+        if tls_failure is not None:
+            self._tls_failed(tls_failure)
         if self._connection is not connection:
             return
         self._connection = None
+        if tls_failure is not None:
+            self._failures = self._failures_before_ready
         more = self.connection_ended(connection)
         self._log.info(
             "upstream {upstream}: connection lost: {reason}{more}",
             upstream=self.name,
-            reason=reason.getErrorMessage(),
+            reason=tls_failure or reason.getErrorMessage(),
             more=f"; {more}" if more else "",
         )
         if self._metrics is not None:
@@ -309,7 +410,16 @@ class Upstream(Generic[C]):
             self._metrics.protocol_errors.labels(self.name, kind).inc()
 
 
-@implementer(IPushProducer)
+def _tls_failure(reason: Failure) -> str | None:
+    """Why TLS failed, in words, if that is how the connection ended; else None."""
+    if reason.check(SSL.Error) and reason.value is not None:
+        return tls_failure_reason(reason.value)
+    if reason.check(VerificationError):
+        return f"the server's certificate does not name the host we connect to ({reason.value})"
+    return None
+
+
+@implementer(IPushProducer, IHandshakeListener)
 class UpstreamConnection(Protocol, Generic[U]):
     """One connection of an upstream.
 
@@ -317,7 +427,8 @@ class UpstreamConnection(Protocol, Generic[U]):
     `resumeProducing` say whether the server reads what we write (the
     subclass decides what to hold back). Subclasses call `write` for
     everything they send and `close` to end the connection, and the
-    upstream learns of the end through `Upstream.connection_lost`.
+    upstream learns of the end through `Upstream.connection_lost`. Over
+    TLS, `tls_established` says when the handshake is done.
     """
 
     _log = Logger()
@@ -339,7 +450,24 @@ class UpstreamConnection(Protocol, Generic[U]):
         self.connection_started()
 
     def connection_started(self) -> None:
-        """The TCP (or TLS) connection is up: send what the protocol sends first."""
+        """The TCP connection is up: send what the protocol sends first.
+
+        Over TLS, what is written now is sent once the handshake is done; a
+        protocol that sends nothing first and becomes ready at once waits
+        for `tls_established` instead (`tls`).
+        """
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection runs over TLS."""
+        return ISSLTransport.providedBy(self.transport)
+
+    def handshakeCompleted(self) -> None:
+        """TLS is up: the server's certificate (and host name) verified."""
+        self.tls_established()
+
+    def tls_established(self) -> None:
+        """The TLS handshake is done; nothing by default."""
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Stop the protocol's own work, then tell the upstream."""

@@ -42,6 +42,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.protocols.qmqp.client import QMQPClientProtocol, QMQPUpstream
 from gateway.protocols.qmqp.server import QMQPServerFactory
 from gateway.protocols.qmqp.settings import QMQPListenerSettings, QMQPUpstreamSettings
+from tests.protocols.test_ssmp_server import TLSStringTransport
 
 T = TypeVar("T")
 
@@ -229,6 +230,27 @@ def test_without_username_the_connection_is_ready_at_once(world: UpstreamWorld) 
     assert not world.upstream.connected
     assert world.sample("msggateway_upstream_connected", upstream=UPSTREAM) == 0
     assert world.sample("msggateway_connections", endpoint=UPSTREAM, protocol="qmqp") == 0
+
+
+def test_over_tls_without_username_the_connection_is_ready_once_tls_is_up(
+    world: UpstreamWorld,
+) -> None:
+    """Over TLS, nothing tells that the server verified before the handshake: not ready till then.
+
+    A failed handshake (the transport ends first) is then no ready connection,
+    and the back-off is not reset by it.
+    """
+    protocol = QMQPClientProtocol(world.upstream)
+    protocol.makeConnection(TLSStringTransport(None))
+    assert not world.upstream.connected
+    protocol.handshakeCompleted()
+    assert world.upstream.connected
+    protocol.connectionLost(Failure(ConnectionLost("gone")))
+
+    failed = QMQPClientProtocol(world.upstream)
+    failed.makeConnection(TLSStringTransport(None))
+    failed.connectionLost(Failure(ConnectionLost("handshake failed")))
+    assert not world.upstream.connected
 
 
 def test_protocol_is_a_push_producer_on_its_transport(world: UpstreamWorld) -> None:

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+from OpenSSL import SSL
+from service_identity import VerificationError
+from service_identity.hazmat import DNS_ID, DNSMismatch
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.endpoints import clientFromString
 from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IHandshakeListener,
+    IProtocol,
+    IProtocolFactory,
+    IStreamClientEndpoint,
+)
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -25,6 +35,7 @@ from gateway.protocols.upstream import (
     MovableEndpoint,
     Upstream,
     UpstreamConnection,
+    describe_endpoint,
 )
 
 NAME = "far"
@@ -36,7 +47,12 @@ class HelloConnection(UpstreamConnection["HelloUpstream"]):
     def __init__(self, upstream: HelloUpstream) -> None:
         super().__init__(upstream)
         self.stopped = 0
+        self.tls_up = 0
         upstream.built.append(self)
+
+    def tls_established(self) -> None:
+        """Count the handshakes TLS reports."""
+        self.tls_up += 1
 
     def connection_started(self) -> None:
         """Greet the server."""
@@ -93,6 +109,10 @@ class StringEndpoint:
         self.attempts = 0
         self.refusing = False
         """While True, attempts fail (the server is down)."""
+
+    def __repr__(self) -> str:
+        """What the upstream's log lines call it."""
+        return "a string endpoint"
 
     def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
         """Build the protocol and connect it, or fail while refusing."""
@@ -246,7 +266,7 @@ def test_move_to_connects_there_next_and_a_failure_there_goes_home() -> None:
     assert (home.attempts, elsewhere.attempts) == (1, 1)
     assert (
         "upstream far: cannot connect: Connection was refused by other side: nobody listens."
-        in [_text(e) for e in events]
+        " (a string endpoint)" in [_text(e) for e in events]
     )
     assert not upstream.endpoint.moved
     clock.advance(2.0)
@@ -254,11 +274,141 @@ def test_move_to_connects_there_next_and_a_failure_there_goes_home() -> None:
     upstream.service.stopService()
 
 
-def test_a_movable_endpoint_names_its_target() -> None:
-    """ClientService's own log lines name the endpoint: they say where the next attempt goes."""
+def test_a_movable_endpoint_names_its_upstream_and_target() -> None:
+    """ClientService's own log lines name the endpoint: the upstream and where it connects."""
     home = StringEndpoint()
-    endpoint = MovableEndpoint(home, lambda _failure: None)
-    assert repr(endpoint) == f"<MovableEndpoint to {home!r}>"
+    endpoint = MovableEndpoint(home, lambda _failure: None, "far")
+    assert repr(endpoint) == "upstream far at a string endpoint"
+    endpoint.target = clientFromString(MemoryReactor(), "tcp:host=elsewhere:port=9")
+    assert repr(endpoint) == "upstream far at elsewhere:9"
+
+
+@pytest.mark.parametrize(
+    ("description", "address"),
+    [
+        ("tcp:host=relay.example:port=628", "relay.example:628"),
+        ("tcp:host=2001\\:db8\\:\\:1:port=628", "[2001:db8::1]:628"),
+        ("tls:host=relay.example:port=628", "relay.example:628 (TLS)"),
+        ("ssl:host=relay.example:port=628", "relay.example:628 (TLS)"),
+    ],
+)
+def test_client_endpoints_are_described_by_address(description: str, address: str) -> None:
+    """Twisted's tcp:, tls: and ssl: client endpoints read as host:port, TLS marked."""
+    assert describe_endpoint(clientFromString(MemoryReactor(), description)) == address
+
+
+def test_the_service_scheduling_a_retry_names_the_upstream_and_address() -> None:
+    """ClientService's "Scheduling retry" line reads "upstream far at relay.example:628"."""
+    clock = Clock()
+    reactor = MemoryReactor()
+    endpoint = clientFromString(reactor, "tcp:host=relay.example:port=628")
+    upstream = HelloUpstream(endpoint, clock, GatewayMetrics(), _seconds)
+    upstream.service.startService()
+    with capturedLogs() as events:
+        reactor.tcpClients[0][2].clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+    texts = [_text(e) for e in events]
+    assert "Scheduling retry 1 to connect upstream far at relay.example:628 in 1.0 seconds." in (
+        texts
+    )
+    upstream.service.stopService()
+
+
+# --- TLS ----------------------------------------------------------------------------------------
+
+
+def _tls_error(*reasons: str) -> Failure:
+    return Failure(SSL.Error([("SSL routines", "", reason) for reason in reasons]))
+
+
+def _tls_failures(metrics: GatewayMetrics) -> float:
+    value = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": NAME, "kind": "tls-failed"}
+    )
+    return 0.0 if value is None else value
+
+
+def test_a_failed_handshake_is_logged_with_the_reason_and_counted() -> None:
+    """OpenSSL's reason, the upstream and its address in one warning; tls-failed counted."""
+    upstream, endpoint, _clock, metrics = _world(_seconds)
+    upstream.service.startService()
+    with capturedLogs() as events:
+        endpoint.protocols[0].connectionLost(_tls_error("certificate verify failed"))
+    warnings = [_text(e) for e in events if "TLS with" in _text(e)]
+    assert warnings == [
+        "upstream far: TLS with a string endpoint failed: certificate verify failed. If we"
+        " refused the server, its certificate must be issued by a CA in this upstream's"
+        " trustRoots and name the host we connect to; if the server refused us, it must trust"
+        " the CA of our certificate (certificate=, privateKey=)"
+    ]
+    assert _tls_failures(metrics) == 1
+    upstream.service.stopService()
+
+
+def test_a_host_name_mismatch_is_logged_too() -> None:
+    """service_identity's refusal (a certificate for another host) is a TLS failure as well."""
+    upstream, endpoint, _clock, metrics = _world(_seconds)
+    upstream.service.startService()
+    mismatch = VerificationError(errors=[DNSMismatch(mismatched_id=DNS_ID("relay.example"))])
+    with capturedLogs() as events:
+        endpoint.protocols[0].connectionLost(Failure(mismatch))
+    assert any(
+        "does not name the host we connect to" in _text(e) and "relay.example" in _text(e)
+        for e in events
+    )
+    assert _tls_failures(metrics) == 1
+    upstream.service.stopService()
+
+
+def test_failed_handshakes_back_off_further_each_time() -> None:
+    """Each failed handshake waits longer: the back-off does not start over."""
+    waits: list[int] = []
+
+    def policy(failures: int) -> float:
+        waits.append(failures)
+        return float(failures)
+
+    upstream, endpoint, clock, _metrics = _world(policy)
+    upstream.service.startService()
+    for attempt in range(4):
+        endpoint.protocols[attempt].connectionLost(_tls_error("certificate verify failed"))
+        clock.advance(attempt + 1)
+    assert waits == [1, 2, 3, 4]
+    assert endpoint.attempts == 5
+    upstream.service.stopService()
+
+
+def test_a_ready_connection_ended_by_tls_does_not_reset_the_back_off() -> None:
+    """A server refusing our certificate after the handshake (TLS 1.3): the back-off goes on."""
+    waits: list[int] = []
+
+    def policy(failures: int) -> float:
+        waits.append(failures)
+        return float(failures)
+
+    upstream, endpoint, clock, metrics = _world(policy)
+    upstream.service.startService()
+    endpoint.protocols[0].connectionLost(_tls_error("certificate verify failed"))
+    clock.advance(1)
+    upstream.built[1].dataReceived(b"OK\n")  # ready
+    endpoint.protocols[1].connectionLost(_tls_error("tlsv13 alert certificate required"))
+    clock.advance(2)
+    assert waits == [1, 2]
+    assert _tls_failures(metrics) == 2
+    upstream.built[2].dataReceived(b"OK\n")
+    endpoint.protocols[2].connectionLost(Failure(ConnectionDone()))
+    assert waits == [1, 2, 1]  # an ordinary end after a ready connection starts over
+    upstream.service.stopService()
+
+
+def test_connections_hear_that_tls_is_established() -> None:
+    """Built through the service, a connection is told of the handshake through its proxy."""
+    upstream, endpoint, _clock, _metrics = _world(_seconds)
+    upstream.service.startService()
+    proxy = endpoint.protocols[0]
+    assert IHandshakeListener.providedBy(proxy)
+    proxy.handshakeCompleted()  # type: ignore[attr-defined]
+    assert upstream.built[0].tls_up == 1
+    upstream.service.stopService()
 
 
 def test_stopping_closes_the_connection_and_waits_for_its_end() -> None:
@@ -291,7 +441,7 @@ def test_stopping_while_waiting_to_connect_again_is_at_once() -> None:
         upstream.start()
     assert (
         "upstream far: cannot connect: Connection was refused by other side: nobody listens."
-        in [_text(e) for e in events]
+        " (a string endpoint)" in [_text(e) for e in events]
     )
     stopped: list[object] = []
     with capturedLogs() as events:

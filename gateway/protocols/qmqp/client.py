@@ -76,15 +76,27 @@ class QMQPClientProtocol(UpstreamConnection["QMQPUpstream"]):
         self.paused = False
 
     def connection_started(self) -> None:
-        """Authenticate if configured, else start streaming."""
+        """Authenticate if configured, else start streaming (over TLS: once it is established).
+
+        The server says nothing until it is sent a block: without an ``A``
+        block to answer, only TLS's own handshake tells that the server
+        verified (a connection called ready before it would reset the
+        back-off at every failed handshake).
+        """
         settings = self.upstream.settings
         if settings.username is None:
-            self._ready()
+            if not self.tls:
+                self._ready()
             return
         password = self.upstream.secrets.credential_for(self.upstream.name) or b""
         self.write(
             self._codec.send(qmqp.AuthBlock(username=raw(settings.username), password=password))
         )
+
+    def tls_established(self) -> None:
+        """TLS is up: without authentication the connection is ready now."""
+        if self.upstream.settings.username is None and not self._closing:
+            self._ready()
 
     def pauseProducing(self) -> None:
         """The server is not reading: stop sending."""
