@@ -20,6 +20,7 @@ from zope.interface.verify import verifyObject
 from gateway.codecs import mtl
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
+from gateway.core.flow import Congestion
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
@@ -595,3 +596,55 @@ def test_a_reader_is_answered_before_it_is_sent_content() -> None:
     response, content = sent.commands(b"r")[1:]
     assert response == mtl.Response(2, 200)
     assert isinstance(content, mtl.Content) and content.body == b"x"
+
+
+def test_a_silent_peer_is_forgotten_at_its_deadline_not_at_a_ping_round() -> None:
+    """Silent since t, a peer is forgotten at t + dead_after_seconds, to within a moment.
+
+    Pings every 5 s, dead after 12 s: one heard last at 3.3 s goes at 15.3 s
+    (not at the ping round of 20 s), one heard last at 7 s at 19 s; with no
+    peer left, no timer but the pings' stays behind.
+    """
+    listener, clock, control, _sent = server()
+    token = lease(listener, control, "Reader", "full")
+    clock.advance(3.3)
+    data(listener, b"early", mtl.Lease(1, token))
+    clock.advance(3.7)  # 7 s
+    data(listener, b"late", mtl.Lease(1, token))
+    clock.advance(15.29 - 7.0)
+    assert set(listener._peers) == {b"early", b"late"}
+    clock.advance(0.02)  # 15.31 s
+    assert set(listener._peers) == {b"late"}
+    clock.advance(18.99 - 15.31)
+    assert set(listener._peers) == {b"late"}
+    clock.advance(0.02)  # 19.01 s
+    assert listener._peers == {}
+    assert [call.func for call in clock.getDelayedCalls()] == [listener._tick]
+
+
+def test_time_the_data_socket_was_not_read_does_not_count_toward_the_deadline() -> None:
+    """Reading held from 10 s to 14 s: a peer silent since 0 s goes at 16 s, not 12 s."""
+    listener, clock, control, sent = server()
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
+    clock.advance(10)
+    holder = Congestion()
+    holder.begin()
+    holder.hold(listener._backlogs.reading)
+    assert sent.paused
+    clock.advance(4)  # 14 s: the deadline of 12 s came while nothing was read
+    assert b"r" in listener._peers
+    holder.drained()
+    assert not sent.paused and b"r" in listener._peers
+    clock.advance(1.99)  # 15.99 s
+    assert b"r" in listener._peers
+    clock.advance(0.02)  # 16.01 s
+    assert b"r" not in listener._peers
+
+
+def test_stop_cancels_the_reaper() -> None:
+    """After stop(), no timer of the listener is left on the clock."""
+    listener, clock, control, _sent = server()
+    data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
+    assert any(call.func == listener._reap for call in clock.getDelayedCalls())
+    listener.stop()
+    assert [call for call in clock.getDelayedCalls() if call.active()] == []

@@ -146,6 +146,11 @@ class Backlogs(Generic[K]):
         self.deaf_seconds = 0.0
         self._deaf_since: float | None = None
 
+    @property
+    def deaf(self) -> bool:
+        """Whether the socket is not being read now."""
+        return self._deaf_since is not None
+
     def listened(self, now: float) -> float:
         """The time the socket was read until ``now``: silence while it was not is not a peer's."""
         deaf = self.deaf_seconds

@@ -7,9 +7,10 @@ control socket reads.
 Data (spec, "Data Flow"): a DEALER peer sends Lease and gets Response
 200/403; Summon and Dismiss get 200/400 in order; Content follows the
 lease's profile; Confirm and Reject settle what the gateway sent; Ping is
-answered Pong; the listener pings idle peers every
-``ping_interval_seconds`` and forgets one silent for ``dead_after_seconds``
-(time the listener did not read the data socket does not count). A peer
+answered Pong; the listener pings its peers every
+``ping_interval_seconds`` and forgets one as soon as it has been silent for
+``dead_after_seconds`` (one timer, armed for the earliest deadline; time
+the listener did not read the data socket does not count). A peer
 ZeroMQ has no connection with any more (it closed its socket, with or
 without Dismiss: the data socket is ROUTER_MANDATORY, so a send to it fails
 with EHOSTUNREACH) is forgotten at the first send to it, a Ping at the
@@ -68,7 +69,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any, Unpack
+from typing import Any, Final, Unpack
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -101,6 +102,9 @@ from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["MTLServer"]
+
+_CLOCK_SLACK_SECONDS: Final = 1e-6
+"""A deadline computed in floating point counts as reached this close to it."""
 
 
 @attrs.define(eq=False)
@@ -149,6 +153,10 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._peers: dict[bytes, _DataPeer] = {}
         self._zap: Any = None
         self._timer: IDelayedCall | None = None
+        self._reaper: IDelayedCall | None = None
+        """The next look for data peers silent for ``dead_after_seconds`` (`_reap`)."""
+        self._reap_on_resume = False
+        """The reaper came while the data socket was not read: look again once it is."""
         self.authorization: Authorization = UNRESTRICTED
         self.backlog = DEFAULT_LISTEN_BACKLOG
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
@@ -166,7 +174,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             self.clock,
             lambda: self.flow,
             lambda: self._data.pause_reading(),
-            lambda: self._data.resume_reading(),
+            self._resume_reading,
             lambda messages: self._data.send_in_order(messages),
             lambda peer: self._peers_gone((peer,)),
             self._slow_consumer,
@@ -229,8 +237,11 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     def stop(self) -> None:
         """Close the sockets; what waits for a confirmation is retried elsewhere."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
+        for call in (self._timer, self._reaper):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._reaper = None
+        self._reap_on_resume = False
         self._backlogs.stop()
         for peer in list(self._peers.values()):
             self._forget(peer, "the listener is stopping")
@@ -270,6 +281,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         peer = self._peers.get(identity)
         if peer is None:
             peer = self._peers[identity] = _DataPeer(identity)
+            if self._reaper is None and not self._reap_on_resume:
+                self._reaper = self.clock.callLater(self.settings.dead_after_seconds, self._reap)
         peer.heard = self.clock.seconds() - self._backlogs.deaf_seconds
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
@@ -530,6 +543,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
     # --- heartbeats --------------------------------------------------------------------
 
     def _tick(self) -> None:
+        """Ping every data peer; say what was not sent since the last round."""
         if self.not_sent:
             self._log.warn(
                 "MTL listener {listener}: {count} data command(s) not sent in the last"
@@ -541,22 +555,50 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 limit=self.settings.max_backlog_messages,
             )
             self.not_sent = 0
-        # Silence while the data socket was not read is ours, not the peer's.
-        now = self._backlogs.listened(self.clock.seconds())
         for peer in list(self._peers.values()):
-            if now - peer.heard >= self.settings.dead_after_seconds:
+            self._send(peer, mtl.Ping())
+        self._outbox.flush()
+        self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+
+    def _reap(self) -> None:
+        """Forget the data peers silent for ``dead_after_seconds``; come back at the next deadline.
+
+        One timer for all peers, armed for the earliest deadline (the least
+        recently heard peer's): a peer is forgotten when its silence reaches
+        the limit, not at the next ping round. Silence while the data socket
+        was not read is ours, not the peer's: a deadline that comes while
+        reading is held is looked at again once reading resumes.
+        """
+        self._reaper = None
+        backlogs = self._backlogs
+        if backlogs.deaf:
+            self._reap_on_resume = True
+            return
+        now = backlogs.listened(self.clock.seconds())
+        limit = self.settings.dead_after_seconds
+        oldest: float | None = None
+        for peer in list(self._peers.values()):
+            silent = now - peer.heard
+            if silent >= limit - _CLOCK_SLACK_SECONDS:
                 self.count_error("dead-peer")
-                why = f"silent for {now - peer.heard:.1f} s"
+                why = f"silent for {silent:.1f} s"
                 self._log.info(
                     "MTL listener {listener}: forgot a dead data peer ({why})",
                     listener=self.name,
                     why=why,
                 )
                 self._forget(peer, why)
-            else:
-                self._send(peer, mtl.Ping())
-        self._outbox.flush()
-        self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+            elif oldest is None or peer.heard < oldest:
+                oldest = peer.heard
+        if oldest is not None:
+            self._reaper = self.clock.callLater(oldest + limit - now, self._reap)
+
+    def _resume_reading(self) -> None:
+        """Read the data socket again; look for dead peers if a deadline came meanwhile."""
+        self._data.resume_reading()
+        if self._reap_on_resume:
+            self._reap_on_resume = False
+            self._reap()
 
     def _peers_gone(self, peers: Iterable[_DataPeer]) -> None:
         """Forget peers ZeroMQ has no connection with any more (they left without a word)."""
