@@ -769,6 +769,39 @@ def test_all_problems_are_reported_together(tmp_path: Path) -> None:
     assert len(problems) == len(where)
 
 
+STREAMS = """
+    [listeners.streams]
+    protocol = "stream"
+    endpoint = "tcp:0:interface=127.0.0.1"
+"""
+
+
+@pytest.mark.parametrize(
+    ("route", "key"),
+    [
+        ('match = "a"\naddress = "msggateway.outcomes"\n', "address"),
+        ('match = "a"\nrecipients = ["ok", "msggateway.route.r"]\n', "recipients"),
+        ('match = "msggateway.dead-letter"\n', "match"),
+    ],
+    ids=["address", "recipients", "kept-address"],
+)
+def test_a_route_into_the_gateways_own_streams(tmp_path: Path, route: str, key: str) -> None:
+    """A route that names a ``msggateway.*`` stream as its fixed destination is refused."""
+    route_file = _write(tmp_path / "routes" / "r.toml", 'from = "hub"\nto = "streams"\n' + route)
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nroutes = "routes"\n' + HUB + STREAMS)
+    _only_problem(main, key, "the gateway's own streams", file=route_file)
+
+
+def test_a_template_may_reach_the_gateways_own_streams_at_run_time(tmp_path: Path) -> None:
+    """``address = "{1}"`` is valid: what it expands to is refused per message, at run time."""
+    _write(
+        tmp_path / "routes" / "r.toml",
+        'from = "hub"\nto = "streams"\nmatch = "in.*"\naddress = "{1}"\n',
+    )
+    main = _write(tmp_path / "gateway.toml", '[gateway]\nroutes = "routes"\n' + HUB + STREAMS)
+    assert [route.name for route in load_config(main).routes] == ["r"]
+
+
 def test_a_route_file_with_several_problems_reports_each(tmp_path: Path) -> None:
     """A route's own problems do not hide those of its ends: each is reported, by key."""
     main, route = _with_route(

@@ -47,6 +47,7 @@ from gateway.config.routes import (
 from gateway.config.secrets import check_secrets, load_secrets
 from gateway.config.upstreams import UPSTREAM, UpstreamConfig, read_upstream
 from gateway.core.auth import Secrets
+from gateway.core.internal import INTERNAL_PREFIX, is_internal
 from gateway.core.router import Route
 
 __all__ = [
@@ -261,6 +262,23 @@ def _check_routes(
         ):
             reason = "a route must not deliver back to where it takes from"
             problems.append(ConfigProblem(route.file, route.key("to"), reason))
+        if listeners.get(route.destination or "") == "stream" and route.route is not None:
+            for key, address in _fixed_addresses(route.route):
+                if is_internal(address):
+                    reason = (
+                        f"{address!r} is one of the gateway's own streams (names starting"
+                        f" {INTERNAL_PREFIX!r}); routes cannot write there"
+                    )
+                    problems.append(ConfigProblem(route.file, route.key(key), reason))
+
+
+def _fixed_addresses(route: Route) -> list[tuple[str, str]]:
+    """The destination addresses a route names outright, each with the key that names it."""
+    if route.recipients:
+        return [("recipients", address) for address in route.recipients]
+    if route.target is not None:
+        return [] if "{" in route.target.text else [("address", route.target.text)]
+    return [("match", route.pattern.text)] if route.pattern.is_exact else []
 
 
 # --- entry points ------------------------------------------------------------------------------
