@@ -32,6 +32,7 @@ from zope.interface.verify import verifyObject
 from gateway.codecs import ssmp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.authorization import Authorization, Grant
 from gateway.core.batch import Answers
 from gateway.core.flow import DEFAULT_FLOW, DISCONNECT, FlowPolicy
 from gateway.core.interfaces import IDestination
@@ -45,6 +46,7 @@ from gateway.protocols.ssmp.server import (
     SSMPServerProtocol,
     cert_identity_matches,
     outcome_response,
+    secret_name_for,
 )
 from gateway.protocols.ssmp.settings import SSMPListenerSettings
 from tests.certs import CertifiedKey, issue_client_certificate, make_ca
@@ -316,6 +318,38 @@ def test_cert_identity_matches_nothing_without_names() -> None:
 
 
 @pytest.mark.parametrize(
+    ("identity", "owner"),
+    [
+        ("alice", "alice"),
+        ("alice/phone", "alice"),  # NAME/suffix: NAME's secret, as for certificates
+        ("alice/phone/2", "alice"),
+        ("team/a/x", "team/a"),  # the longest name with a secret of its own
+        ("own/x", "own/x"),  # a secret of its own comes first
+        ("alice/", "alice/"),  # a slash needs one or more ID characters after it
+        ("carol/x", "carol/x"),  # nobody's: only the shared * secret would do
+        ("alicex", "alicex"),
+    ],
+)
+def test_secret_name_for(identity: str, owner: str) -> None:
+    """Whose secret a ``secret`` login presents: its own, else the name it extends."""
+    logins = {"alice": b"a", "team/a": b"t", "team": b"u", "own/x": b"o", "own": b"p", "*": b"s"}
+    assert secret_name_for(identity, logins) == owner
+
+
+def test_secret_login_as_name_suffix_takes_the_names_secret() -> None:
+    """``sam/phone`` logs in with sam's secret and is sam for the allow-lists; not with another."""
+    world = HubWorld()
+    world.factory.authorization = Authorization({"sam": Grant(publish=(AddressPattern("t"),))})
+    peer = world.connect()
+    peer.send(b"LOGIN sam/phone secret sesame\nMCAST t hi\n")
+    assert peer.received() == b"200\n200\n"
+    refused = world.connect()
+    refused.send(b"LOGIN sam/phone secret wrong\n")
+    world.clock.advance(60)  # refused logins are answered after the throttle's wait
+    assert refused.received().startswith(b"401")
+
+
+@pytest.mark.parametrize(
     ("outcome", "line"),
     [
         (Outcome.accepted(), b"200\n"),
@@ -436,8 +470,6 @@ def test_cert_login_over_tls(world: HubWorld, ca: CertifiedKey) -> None:
         assert peer.transport.disconnecting
 
 
-def test_cert_login_without_certificate_is_401(world: HubWorld) -> None:
-    """A TLS connection without a client certificate cannot log in with ``cert``."""
 def test_cert_login_by_the_common_name_only_by_default(world: HubWorld, ca: CertifiedKey) -> None:
     """By default SANs are no identities: CN alice with SANs bob, admin logs in as alice only."""
     alice = issue_client_certificate(
@@ -456,6 +488,8 @@ def test_cert_login_by_the_common_name_only_by_default(world: HubWorld, ca: Cert
         assert peer.received() == reply, identity
 
 
+def test_cert_login_without_certificate_is_401(world: HubWorld) -> None:
+    """A TLS connection without a client certificate cannot log in with ``cert``."""
     peer = world.connect(TLSStringTransport(None))
     peer.send(b"LOGIN alice cert\n")
     assert peer.received() == b"401 cert open secret\n"

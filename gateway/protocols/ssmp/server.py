@@ -22,7 +22,7 @@ held and only the cap and the time apply.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, Unpack, cast
 
 from twisted.internet.interfaces import IDelayedCall, ISSLTransport
@@ -52,6 +52,7 @@ __all__ = [
     "cert_identity_matches",
     "cert_name_for",
     "outcome_response",
+    "secret_name_for",
     "ucast_response",
 ]
 
@@ -79,6 +80,27 @@ def cert_name_for(identity: str, names: frozenset[str]) -> str | None:
         return identity
     bases = [n for n in names if identity.startswith(n + "/") and len(identity) > len(n) + 1]
     return max(bases, key=len, default=None)
+
+
+def secret_name_for(identity: str, logins: Mapping[str, bytes]) -> str:
+    """Whose secret a ``secret`` login as ``identity`` must present, and who it then is.
+
+    ``identity`` itself when it has a secret of its own (or none has, and
+    the shared ``*`` secret applies). ``name/suffix`` without a secret of its
+    own is ``name``'s, when ``name`` has one (the longest such ``name``): the
+    suffix form the spec allows for certificate names ("Client
+    certificate"), for several connections of one peer, which the TLS
+    front-end passes on as a ``secret`` login with the certificate name's
+    secret.
+    """
+    if identity in logins:
+        return identity
+    cut = identity.rfind("/")
+    while cut > 0:
+        if identity[cut + 1 :] and identity[:cut] in logins:
+            return identity[:cut]
+        cut = identity.rfind("/", 0, cut)
+    return identity
 
 
 def cert_identity_matches(identity: str, names: frozenset[str]) -> bool:
@@ -417,8 +439,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
     def _principal(self, identity: str, scheme: str) -> str | None:
         """The identity a login authenticates, for the allow-lists.
 
-        A ``secret`` login authenticates its identifier; a ``cert`` login
-        the certificate name it matched (``alice`` for ``alice/laptop``).
+        A ``secret`` login authenticates the name whose secret it gave
+        (`secret_name_for`); a ``cert`` login the certificate name it matched
+        (``alice`` for ``alice/laptop``, either way).
         Anonymous and ``open`` logins authenticate nobody.
         """
         if identity == "." or scheme not in ("secret", "cert"):
@@ -427,7 +450,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             return cert_name_for(
                 identity, peer_identities(self.transport, self.factory.cert_identity)
             )
-        return identity
+        return secret_name_for(identity, self.factory.secrets.logins)
 
     def _allowed(self, action: Action, topic: bytes) -> bool:
         """Check the allow-lists; answer 405 (Not Allowed) if refused."""
@@ -451,7 +474,8 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if scheme == "open":
             return None  # Spec: the server MUST ignore the credential.
         if scheme == "secret":
-            if self.factory.secrets.verify(identity, credential):
+            owner = secret_name_for(identity, self.factory.secrets.logins)
+            if self.factory.secrets.verify(owner, credential):
                 return None
             return "wrong or missing secret"
         if scheme == "cert":
