@@ -537,7 +537,7 @@ def _stream_listener(
     feeds = StreamRouteFeeds(config.name, store, gateway.router, gateway.reactor)
     factory.on_stream_created.append(feeds.stream_created)
     gateway.feeds.append(feeds)
-    return factory, StreamDestination(config.name, store)
+    return factory, StreamDestination(config.name, store, count_error=factory.count_error)
 
 
 def _dmp_listener(

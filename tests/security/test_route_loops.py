@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar
 
 import pytest
 
+from bench.gateway_proc import metric
 from gateway.codecs import qmqp
 from tests.integration.harness import GatewayProcess, read_stream_until, stream_connection
 from tests.integration.test_qmqp import QMQPSession, mail
@@ -44,7 +45,7 @@ routes = "routes"
 secrets = "secrets.toml"
 
 [admin]
-enabled = false
+endpoint = "tcp:0:interface=127.0.0.1"
 
 [listeners.mail]
 protocol = "qmqp"
@@ -202,6 +203,13 @@ def test_no_route_writes_into_the_outcomes_or_the_dead_letters(gateway: GatewayP
     assert send_mail(
         gateway, "msggateway.outcomes@direct.example", "msggateway.dead-letter@direct.example"
     ) == [qmqp.D, qmqp.D]
+    refused = metric(
+        gateway.metrics(),
+        "msggateway_protocol_errors_total",
+        endpoint="streams",
+        kind="internal-stream",
+    )
+    assert refused == 2  # the stream listener's destination counts what routes may not write
     assert send_mail(
         gateway, "msggateway.outcomes@any.example", "msggateway.dead-letter@any.example"
     ) == [qmqp.K, qmqp.K]
