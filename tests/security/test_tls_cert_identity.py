@@ -36,21 +36,25 @@ enabled = false
 protocol = "ssmp"
 endpoint = "{tls}"
 schemes = ["cert"]
+login_failure_delay_seconds = 0  # this test is refused on purpose, from one address
 
 [listeners.hub-email]
 protocol = "ssmp"
 endpoint = "{tls}"
 schemes = ["cert"]
 cert_identity = ["cn", "email"]
+login_failure_delay_seconds = 0
 
 [listeners.streams]
 protocol = "stream"
 endpoint = "{tls}"
+login_failure_delay_seconds = 0
 
 [listeners.dmp]
 protocol = "dmp"
 endpoint = "{tls}"
 sinks = ["orders"]
+login_failure_delay_seconds = 0
 
 [listeners.dmp.leases.alice-writer]
 sink = "orders"
@@ -172,7 +176,9 @@ def _dmp_lease_answer(gateway: GatewayProcess, pki: Pki, lease: bytes) -> bytes:
         tls.sendall(b"AMQP\x0a\x01\x00\x01" + bytes((len(lease),)) + lease)
         data = b""
         # Two short strings: the protocol header's answer, then the lease's.
-        while not (data and len(data) > data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]):
+        while not (
+            data and len(data) > 1 + data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]
+        ):
             more = tls.recv(4096)
             assert more, data
             data += more
