@@ -49,7 +49,7 @@ from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.tcp import RefusedConnection, disable_nagle
-from gateway.tls import DEFAULT_CERT_IDENTITY
+from gateway.tls import DEFAULT_CERT_IDENTITY, tls_failure_reason
 
 __all__ = [
     "DEFAULT_FRAME_TIMEOUT_SECONDS",
@@ -119,7 +119,7 @@ class ListenerFactory(Factory[P], Generic[P, S]):
     """What a consumer that reads more slowly than its producers write costs them, and when
     it is cut (`gateway.core.flow`); the assembly sets it."""
     login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
-    """How refused logins are slowed down and cut off (`gateway.core.auth`); the assembly sets it."""
+    """How refused logins are slowed down and cut off (`gateway.core.auth`); set by the assembly."""
     cert_identity: tuple[str, ...] = DEFAULT_CERT_IDENTITY
     """Which names of a verified client certificate are identities (`gateway.tls.peer_identities`);
     the assembly sets it from ``cert_identity``."""
@@ -158,7 +158,7 @@ class ListenerFactory(Factory[P], Generic[P, S]):
 
     @functools.cached_property
     def logins(self) -> LoginRefusals:
-        """Its refused logins: waits, counter and log (made at first use, with ``login_failures``)."""
+        """Its refused logins: waits, counter and log (made from ``login_failures`` when used)."""
         return LoginRefusals(self.name, self.login_failures, self.clock, self._metrics)
 
     def connection_opened(self, connection: P) -> None:
@@ -402,7 +402,7 @@ class ListenerConnection(Protocol, Generic[F]):
             " refused us, it must trust the CA of this listener's certKey (and use its name)",
             listener=self.factory.name,
             peer=self._who(),
-            reason=_tls_reason(reason.value) if reason.value is not None else "unknown",
+            reason=tls_failure_reason(reason.value) if reason.value is not None else "unknown",
         )
 
     def _call_later(self, seconds: float, call: Callable[..., object], *args: Any) -> IDelayedCall:
@@ -651,13 +651,3 @@ class ListenerConnection(Protocol, Generic[F]):
             held=self._partial_frame_bytes(),
         )
         self._abort()
-
-
-def _tls_reason(error: BaseException) -> str:
-    """OpenSSL's reasons, as words (``certificate verify failed``), not nested tuples."""
-    reasons = [
-        str(detail[2])
-        for detail in (error.args[0] if error.args and isinstance(error.args[0], list) else [])
-        if isinstance(detail, tuple) and len(detail) == 3
-    ]
-    return "; ".join(reasons) or str(error) or type(error).__name__
