@@ -25,7 +25,17 @@ JSON) are dropped silently, as the spec says; other invalid requests get
 not).
 
 Refused logins wait before they are answered, and a session that keeps
-guessing is closed (`LoginRefusals`).
+guessing is closed (`LoginRefusals`). A Connection.Authorize that comes
+while a refusal for its address or claimed identity is still owed is not
+checked: it is refused once that wait is over (a REQ client asks again).
+
+A session is its connection's: ZeroMQ names a peer by a routing id the
+peer may choose, and once a connection is gone another may take its
+routing id. Each session keeps the number the listener's ZAP handler gave
+its connection (`ZmqSocket.connection`); a request under its routing id
+from another connection finds no session (the old one is over, logged, and
+nothing of it, a login least of all, is inherited), and a session ends when
+ZeroMQ says its connection closed (`ControlFlow.closed`).
 
 `ControlFlow` serves one listener (`ControlHost`: what it reads of the
 listener, which the assembly may change after it is made); the data flow
@@ -42,12 +52,13 @@ from typing import Any, Final, Protocol
 
 import attrs
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from gateway.codecs import mtl, scram
 from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.core.authorization import Action, Authorization, check
 from gateway.metrics import TrafficCounters
-from gateway.protocols.logins import LoginRefusals
+from gateway.protocols.logins import UNCHECKED, LoginRefusals
 from gateway.protocols.mtl.settings import MTLListenerSettings
 
 __all__ = ["TEST_RESOURCE", "ControlFlow", "ControlHost", "DataLease"]
@@ -62,6 +73,10 @@ Reply = tuple[int, dict[str, Any]]
 class _Session:
     """One control peer (a REQ socket)."""
 
+    connection: str | None = None
+    """The connection it was opened on (ZAP's number; None: not known)."""
+    fd: int | None = None
+    """That connection's file descriptor, by which ZeroMQ says it closed."""
     opened: bool = False
     identity: str | None = None
     secret: bytes | None = None
@@ -125,16 +140,29 @@ class ControlFlow:
         host: The listener.
     """
 
+    _log = Logger()
+
     def __init__(self, host: ControlHost) -> None:
         self._host = host
         # Both bounded (settings.max_sessions, max_leases), least recently used
         # first out: nothing a peer sends grows them without limit.
         self._sessions: OrderedDict[bytes, _Session] = OrderedDict()
         self._leases: OrderedDict[str, DataLease] = OrderedDict()
+        self._by_fd: dict[int, bytes] = {}
+        """The routing id of each session by its connection's file descriptor."""
 
     def lease(self, token: str) -> DataLease | None:
         """The lease a 202 reply gave as ``token``, if it is still remembered."""
         return self._leases.get(token)
+
+    def closed(self, fd: int) -> None:
+        """ZeroMQ says the connection with file descriptor ``fd`` closed: its session ends."""
+        identity = self._by_fd.pop(fd, None)
+        if identity is None:
+            return
+        session = self._sessions.get(identity)
+        if session is not None and session.fd == fd:
+            del self._sessions[identity]
 
     # --- requests ----------------------------------------------------------------------
 
@@ -177,6 +205,8 @@ class ControlFlow:
         host = self._host
         if not host.running:
             return  # stopped meanwhile
+        if self._sessions.get(answer[0]) is not session:
+            return  # its connection is gone: the routing id may be another's now
         host.control_socket.send(answer)
         host.traffic.messages_out += 1
 
@@ -184,19 +214,49 @@ class ControlFlow:
         """The control peer's session, made the most recently used; the oldest may go.
 
         Only Connection.Open makes a session: other requests from an unknown
-        peer are refused without anything kept.
+        peer are refused without anything kept. A session opened on another
+        connection than the request's is over.
         """
         sessions = self._sessions
+        socket = self._host.control_socket
+        connection = getattr(socket, "connection", None)
         session = sessions.get(identity)
+        if session is not None and session.connection != connection:
+            self._taken(identity, session)
+            session = None
         if session is None:
             if not opening:
                 return None
-            session = sessions[identity] = _Session()
+            session = sessions[identity] = _Session(connection=connection)
+            source_fd = getattr(socket, "source_fd", None)
+            session.fd = source_fd() if source_fd is not None else None
+            if session.fd is not None:
+                self._by_fd[session.fd] = identity
             if len(sessions) > self._host.settings.max_sessions:
-                sessions.popitem(last=False)  # it must Open again
+                oldest, forgotten = sessions.popitem(last=False)  # it must Open again
+                if forgotten.fd is not None and self._by_fd.get(forgotten.fd) == oldest:
+                    del self._by_fd[forgotten.fd]
         else:
             sessions.move_to_end(identity)
         return session
+
+    def _taken(self, identity: bytes, session: _Session) -> None:
+        """Another connection took a session's routing id: the session is over, not inherited."""
+        del self._sessions[identity]
+        if session.fd is not None and self._by_fd.get(session.fd) == identity:
+            del self._by_fd[session.fd]
+        host = self._host
+        self._log.info(
+            "MTL listener {listener}: control routing id {routing_id!r} now comes from another"
+            " connection (from {peer}): the session of the old one ({who}) is over, not"
+            " inherited",
+            listener=host.name,
+            routing_id=identity,
+            peer=getattr(host.control_socket, "peer_address", None) or "an unknown address",
+            who=f"logged in as {session.identity}"
+            if session.identity is not None
+            else "not logged in",
+        )
 
     def _answer(self, session: _Session, request: mtl.ControlRequest) -> Reply:
         command, body = request.command, request.body
@@ -263,25 +323,34 @@ class ControlFlow:
         """Connection.Authorize, its answer held back as `LoginRefusals` says.
 
         A refusal (401) waits longer the more refusals in a row its peer's
-        address or claimed identity had, and an accepted login waits for
-        what those still owe; after ``login_failures_per_connection``
-        refusals the session is closed: it must Connection.Open again.
+        address or claimed identity had; one that comes while such a wait
+        is owed is refused, unchecked, when it is over; after
+        ``login_failures_per_connection`` refusals the session is closed:
+        it must Connection.Open again.
         """
-        session.claimed = None
-        status, reply = self._sasl(session, body)
         host = self._host
         logins, address = host.logins, getattr(host.control_socket, "peer_address", None)
+        mechanism = str(body.get("mechanism", "")).upper()
+        owed = logins.wait_seconds(address, _claimed(session, mechanism, body))
+        checked = owed == 0
+        if checked:
+            session.claimed = None
+            status, reply = self._sasl(session, body)
+        else:
+            session.claimed, session.scram = _claimed(session, mechanism, body), None
+            status, reply = 401, self._unauthorized(f"{UNCHECKED}: ask again after this answer")
         if status == 201:
-            session.answer_in = logins.wait_seconds(address, session.identity)
             logins.accepted(session.identity)
         elif status == 401:
             session.refused += 1
-            session.answer_in = logins.refused(
+            delay = logins.refused(
                 peer=address,
                 identity=session.claimed,
-                mechanism=f"SASL {str(body.get('mechanism', '')).upper() or '(none)'}",
+                mechanism=f"SASL {mechanism or '(none)'}",
                 why=reply.get("reason", "wrong user or password"),
+                checked=checked,
             )
+            session.answer_in = delay if checked else owed
             if logins.spent(session.refused):
                 session.opened = False
                 session.scram = None
@@ -421,6 +490,22 @@ class ControlFlow:
             # Data peers keep the leases they presented; the oldest token no longer works.
             self._leases.popitem(last=False)
         return 202, {"status": "Data Lease", "port": host.data_port, "lease": lease}
+
+
+def _claimed(session: _Session, mechanism: str, body: dict[str, Any]) -> str | None:
+    """The identity a Connection.Authorize claims, where it can be read before it is checked.
+
+    PLAIN's user; SCRAM's once its client-first message was taken; else none.
+    """
+    if mechanism == "PLAIN":
+        try:
+            parts = base64.b64decode(str(body.get("response", "")), validate=True).split(b"\0")
+        except (binascii.Error, ValueError):
+            return None
+        return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
+    if mechanism == scram.MECHANISM and session.scram is not None:
+        return session.scram.user or None
+    return None
 
 
 def _bad(reason: str) -> Reply:

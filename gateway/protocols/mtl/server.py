@@ -112,6 +112,10 @@ class _DataPeer:
     """One data peer (a DEALER socket) and what it holds."""
 
     identity: bytes
+    connection: str | None = None
+    """The connection it came on (the ZAP handler's number; None: not known)."""
+    fd: int | None = None
+    """That connection's file descriptor, by which ZeroMQ says it closed."""
     lease: DataLease | None = None
     summoned: set[str] = attrs.Factory(set)
     heard: float = 0.0
@@ -151,6 +155,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self.control = ControlFlow(self)
         """Sessions, logins, profiles and the leases they were granted."""
         self._peers: dict[bytes, _DataPeer] = {}
+        self._peer_by_fd: dict[int, _DataPeer] = {}
+        """Each data peer by its connection's file descriptor (`_data_closed`)."""
+        self._watches: list[Any] = []
         self._zap: Any = None
         self._timer: IDelayedCall | None = None
         self._reaper: IDelayedCall | None = None
@@ -188,52 +195,80 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """Bind both sockets; return the control port bound."""
         import zmq
 
+        from gateway.protocols.mtl.handshakes import HandshakeWatch, RefusalLog
         from gateway.protocols.mtl.zap import ZAPHandler, ZAPPolicy
         from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
 
+        settings = self.settings
         self._zmq = zmq_factory(self._reactor)
-        self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
-        self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._drained)
+        control = self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
+        data = self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._drained)
         # A command for a peer that is gone or whose queue is full fails to send
         # instead of vanishing: a routed message then answers retry later rather
         # than counting as delivered.
-        self._data.set_option(zmq.ROUTER_MANDATORY, 1)
+        data.set_option(zmq.ROUTER_MANDATORY, 1)
         # What waits for one data peer that does not read, at most (set before binding).
-        self._data.set_option(zmq.SNDHWM, self.settings.max_backlog_messages)
-        for socket in (self._control, self._data):
-            socket.set_option(zmq.BACKLOG, self.backlog)  # ZeroMQ's default is 100
-        policy = ZAPPolicy.from_settings(
-            self.settings.allow_addresses,
-            self.settings.curve_client_keys,
-            self.settings.curve_identities,
+        data.set_option(zmq.SNDHWM, settings.max_backlog_messages)
+        if settings.curve_identities:
+            control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
+        control.track_peer_address()  # where refused logins count
+        refusals = RefusalLog(self.clock)
+        # Bound before the sockets, so that no peer gets in unasked, and every
+        # connection gets its number (sessions and data peers are bound to it).
+        self._zap = ZAPHandler(
+            self._zmq,
+            ZAPPolicy.from_settings(
+                settings.allow_addresses, settings.curve_client_keys, settings.curve_identities
+            ),
+            self.name,
+            refusals,
+            lambda _: self.count_error("peer-refused"),
+            self._look_at_connections,
         )
-        if self.settings.curve_identities:
-            self._control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
-        self._control.track_peer_address()  # where refused logins count
-        if policy.needed:
-            # Bound before the sockets, so that no peer gets in unasked.
-            self._zap = ZAPHandler(
-                self._zmq, policy, self.name, lambda _: self.count_error("peer-refused")
+        curve = settings.curve_secret_key is not None
+        self._watches = []
+        for socket, which, closed in (
+            (control, "control", self.control.closed),
+            (data, "data", self._data_closed),
+        ):
+            socket.set_option(zmq.BACKLOG, self.backlog)  # ZeroMQ's default is 100
+            socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
+            socket.track_connection()
+            self._watches.append(
+                HandshakeWatch(
+                    socket,
+                    listener=self.name,
+                    which=which,
+                    curve=curve,
+                    refusals=refusals,
+                    count_error=self.count_error,
+                    on_closed=closed,
+                )
             )
-            for socket in (self._control, self._data):
-                socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
-        secret_key = self.settings.curve_secret_key
-        if secret_key is not None:
-            for socket in (self._control, self._data):
+            # Connections that closed before a read are known before it: a routing id
+            # another connection took reads as that connection's.
+            socket.read_first(self._look_at_connections)
+            if settings.curve_secret_key is not None:
                 socket.set_option(zmq.CURVE_SERVER, 1)
-                socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
+                socket.set_option(zmq.CURVE_SECRETKEY, settings.curve_secret_key)
+        if settings.curve_secret_key is not None:
             self._log.info(
                 "MTL listener {listener}: CURVE on, server public key {public_key}",
                 listener=self.name,
-                public_key=zmq.curve_public(secret_key).decode("ascii"),
+                public_key=zmq.curve_public(settings.curve_secret_key).decode("ascii"),
             )
-        control = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
-        data = self._data.bind(f"tcp://{self.host}:{self.settings.data_port or '*'}")
-        self.port = int(control.rsplit(":", 1)[1])
-        self.data_port = int(data.rsplit(":", 1)[1])
-        if self.settings.ping_interval_seconds > 0:
-            self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
+        bound = control.bind(f"tcp://{self.host}:{self.port or '*'}")
+        self.port = int(bound.rsplit(":", 1)[1])
+        bound = data.bind(f"tcp://{self.host}:{settings.data_port or '*'}")
+        self.data_port = int(bound.rsplit(":", 1)[1])
+        if settings.ping_interval_seconds > 0:
+            self._timer = self.clock.callLater(settings.ping_interval_seconds, self._tick)
         return self.port
+
+    def _look_at_connections(self) -> None:
+        """Take in what ZeroMQ said of both sockets' connections until now."""
+        for watch in self._watches:
+            watch.read_now()
 
     def stop(self) -> None:
         """Close the sockets; what waits for a confirmation is retried elsewhere."""
@@ -246,6 +281,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         for peer in list(self._peers.values()):
             self._forget(peer, "the listener is stopping")
         self._outbox.flush()
+        self._watches = []
         if self._zmq is not None:
             self._zmq.shutdown()
             self._zmq = None
@@ -278,11 +314,13 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             return  # the spec: drop it silently
         self.traffic.messages_in += 1
         self._outbox.reading = True  # answers go out when the burst is drained
+        data = self._data
+        connection = getattr(data, "connection", None)
         peer = self._peers.get(identity)
-        if peer is None:
-            peer = self._peers[identity] = _DataPeer(identity)
-            if self._reaper is None and not self._reap_on_resume:
-                self._reaper = self.clock.callLater(self.settings.dead_after_seconds, self._reap)
+        if peer is None or peer.connection != connection:
+            if peer is not None:
+                self._taken(peer)
+            peer = self._new_peer(identity, connection, getattr(data, "source_fd", None))
         peer.heard = self.clock.seconds() - self._backlogs.deaf_seconds
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
@@ -299,6 +337,34 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         elif isinstance(command, mtl.Ping):
             self._send(peer, mtl.Pong())
         # Pong and stray Responses: being heard is all.
+
+    def _new_peer(self, identity: bytes, connection: str | None, source_fd: Any) -> _DataPeer:
+        """A data peer heard from for the first time (on this connection)."""
+        peer = self._peers[identity] = _DataPeer(identity, connection)
+        if source_fd is not None:
+            peer.fd = source_fd()
+            if peer.fd is not None:
+                self._peer_by_fd[peer.fd] = peer
+        if self._reaper is None and not self._reap_on_resume:
+            self._reaper = self.clock.callLater(self.settings.dead_after_seconds, self._reap)
+        return peer
+
+    def _taken(self, peer: _DataPeer) -> None:
+        """Another connection took a data peer's routing id: forget the old one's peer."""
+        self.count_error("gone-peer")
+        self._log.info(
+            "MTL listener {listener}: data routing id {routing_id!r} now comes from another"
+            " connection: forgot the data peer of the old one (its lease is not inherited)",
+            listener=self.name,
+            routing_id=peer.identity,
+        )
+        self._forget(peer, "its connection is gone")
+
+    def _data_closed(self, fd: int) -> None:
+        """ZeroMQ says the data connection with file descriptor ``fd`` closed: forget its peer."""
+        peer = self._peer_by_fd.pop(fd, None)
+        if peer is not None:
+            self._peers_gone((peer,))
 
     def _drained(self) -> None:
         """The data socket's read burst is over: route its Contents, send its answers.
@@ -616,6 +682,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """Drop a peer: its lease and summons go, what waits on it is retry later."""
         if self._peers.get(peer.identity) is peer:
             del self._peers[peer.identity]
+        if peer.fd is not None and self._peer_by_fd.get(peer.fd) is peer:
+            del self._peer_by_fd[peer.fd]
         peer.forgotten = True
         gone = Outcome.retry(f"an MTL reader of {self.name} went away ({why})")
         self._backlogs.forget(peer, peer.backlog, gone)

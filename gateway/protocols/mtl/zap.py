@@ -8,20 +8,35 @@ must be in) and ``curve_client_keys`` (CURVE public keys a peer must hold,
 on a CURVE listener). An empty list allows all. Keys named in
 ``curve_identities`` are let in too, and the reply's User-Id is their
 identity: libzmq then attaches it to each of the peer's messages, which is
-what SASL EXTERNAL logs in with. The decision is the pure function
-`zap_reply`; `ZAPHandler` only puts it on a socket.
+what SASL EXTERNAL logs in with.
+
+Every listener has a ZAP handler, lists or not: each connection it lets in
+gets a number, in the reply's metadata as the property
+`gateway.protocols.mtl.zmq.CONNECTION_PROPERTY`, which libzmq attaches to
+each of that connection's messages. A routing id is the peer's choice, and
+another connection may take it once the first is gone; the number is what
+binds a session, a login and a lease to the connection that made them.
+
+A refusal is counted (``peer-refused``) and logged with the peer's address
+and CURVE key (Z85), once a minute at most for the same peer and reason
+(`gateway.protocols.mtl.handshakes.RefusalLog`: a refused peer retries on
+its own). The decision is the pure function `zap_reply`; `ZAPHandler` only
+puts it on a socket.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import attrs
-from twisted.logger import Logger
 
-__all__ = ["ZAP_ENDPOINT", "ZAPHandler", "ZAPPolicy", "zap_reply"]
+from gateway.protocols.mtl.handshakes import RefusalLog
+from gateway.protocols.mtl.zmq import CONNECTION_PROPERTY
+
+__all__ = ["ZAP_ENDPOINT", "ZAPHandler", "ZAPPolicy", "zap_peer", "zap_reply"]
 
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 ZAP_VERSION: Final = b"1.0"
@@ -70,12 +85,15 @@ class ZAPPolicy:
         return bool(self.networks or self.curve_keys or self.user_ids)
 
 
-def zap_reply(request: list[bytes], policy: ZAPPolicy) -> tuple[list[bytes], str | None]:
+def zap_reply(
+    request: list[bytes], policy: ZAPPolicy, connection: int | None = None
+) -> tuple[list[bytes], str | None]:
     """Decide one ZAP request; return the reply frames and why it was refused (None: allowed).
 
     ``request`` is the ZAP request without its envelope: version, request
     id, domain, address, identity, mechanism, credentials. A request that
-    is not ZAP 1.0 gets status 500, as RFC 27 says.
+    is not ZAP 1.0 gets status 500, as RFC 27 says. An allowed peer's reply
+    carries ``connection`` as its metadata (`CONNECTION_PROPERTY`), if given.
     """
     if len(request) < _REQUEST_FRAMES or request[0] != ZAP_VERSION:
         request_id = request[1] if len(request) > 1 else b""
@@ -88,7 +106,22 @@ def zap_reply(request: list[bytes], policy: ZAPPolicy) -> tuple[list[bytes], str
     user_id = ""
     if mechanism == b"CURVE" and credentials:
         user_id = policy.user_ids.get(credentials[0], "")
-    return _reply(request_id, b"200", "OK", user_id), None
+    metadata = b""
+    if connection is not None:
+        metadata = _property(CONNECTION_PROPERTY.encode("ascii"), b"%d" % connection)
+    return _reply(request_id, b"200", "OK", user_id, metadata), None
+
+
+def zap_peer(request: list[bytes]) -> tuple[str, str | None]:
+    """The address of a ZAP request's peer, and its CURVE public key in Z85 (None: not CURVE)."""
+    from zmq.utils import z85
+
+    address = request[3].decode("ascii", "replace") if len(request) > 3 else "?"
+    key = None
+    if len(request) > _REQUEST_FRAMES and request[5] == b"CURVE":
+        credential = request[_REQUEST_FRAMES]
+        key = z85.encode(credential).decode("ascii") if len(credential) == 32 else "(malformed)"
+    return address or "?", key
 
 
 def _refusal(
@@ -109,8 +142,15 @@ def _refusal(
     return None
 
 
-def _reply(request_id: bytes, status: bytes, text: str, user_id: str = "") -> list[bytes]:
-    return [ZAP_VERSION, request_id, status, text.encode(), user_id.encode(), b""]
+def _reply(
+    request_id: bytes, status: bytes, text: str, user_id: str = "", metadata: bytes = b""
+) -> list[bytes]:
+    return [ZAP_VERSION, request_id, status, text.encode(), user_id.encode(), metadata]
+
+
+def _property(name: bytes, value: bytes) -> bytes:
+    """One ZMTP metadata property (RFC 23): a short name, a 32-bit length, the value."""
+    return bytes((len(name),)) + name + len(value).to_bytes(4, "big") + value
 
 
 class ZAPHandler:
@@ -120,17 +160,21 @@ class ZAPHandler:
         factory: The listener's txzmq factory (its context is the one served).
         policy: What to allow.
         listener: The listener's name, for the log.
+        refusals: Where refusals are logged.
         on_refused: Called with the reason of each refusal (the listener counts it).
+        before_reply: Called before each request is answered (the listener
+            takes in the connections that closed before it, so that a
+            routing id a new connection may take is free of the old one's).
     """
-
-    _log = Logger()
 
     def __init__(
         self,
         factory: Any,
         policy: ZAPPolicy,
         listener: str,
+        refusals: RefusalLog,
         on_refused: Callable[[str], None] = lambda reason: None,
+        before_reply: Callable[[], None] = lambda: None,
     ) -> None:
         import zmq
 
@@ -138,7 +182,10 @@ class ZAPHandler:
 
         self.policy = policy
         self.listener = listener
+        self._refusals = refusals
         self._on_refused = on_refused
+        self._before_reply = before_reply
+        self._connections = itertools.count(1)
         self._socket = ZmqSocket(factory, zmq.ROUTER, self._on_request)
         self._socket.bind(ZAP_ENDPOINT)
 
@@ -146,11 +193,17 @@ class ZAPHandler:
         # A REQ-style envelope: the requester's identity, then an empty delimiter.
         if len(frames) < 2 or frames[1] != b"":
             return
-        reply, refused = zap_reply(frames[2:], self.policy)
+        self._before_reply()
+        request = frames[2:]
+        reply, refused = zap_reply(request, self.policy, next(self._connections))
         if refused is not None:
-            self._log.warn(
-                "MTL listener {listener}: refused a peer: {reason}",
+            address, key = zap_peer(request)
+            self._refusals.warn(
+                ("zap", address, key, refused),
+                "MTL listener {listener}: refused a peer from {address}{key}{repeated}: {reason}",
                 listener=self.listener,
+                address=address,
+                key=f" with CURVE key {key}" if key is not None else "",
                 reason=refused,
             )
             self._on_refused(refused)

@@ -28,10 +28,19 @@ what was refused (`ZmqSocket.send_routed` tells a full queue from a gone
 peer); a peer's writes wait in its own process while our queue of its
 messages is full, and a socket whose reading is paused
 (`ZmqSocket.pause_reading`) lets exactly that happen to every peer.
+
+Connections: a ROUTER names a peer by its routing id, which a peer may
+choose, and which another connection may take once the first is gone. A
+listener's ZAP handler (`gateway.protocols.mtl.zap`) gives every connection
+a number, which libzmq attaches to each of its messages as the
+`CONNECTION_PROPERTY` (`ZmqSocket.connection`); `ZmqSocket.watch` reports
+the socket's ZeroMQ events (a failed handshake, a connection closed) as
+libzmq's socket monitor gives them.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any, Final
@@ -39,7 +48,17 @@ from typing import Any, Final
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-__all__ = ["DEFAULT_HIGH_WATER_MARK", "MAX_READ_BURST", "Outbox", "ZmqSocket", "zmq_factory"]
+__all__ = [
+    "CONNECTION_PROPERTY",
+    "DEFAULT_HIGH_WATER_MARK",
+    "MAX_READ_BURST",
+    "Outbox",
+    "ZmqSocket",
+    "zmq_factory",
+]
+
+CONNECTION_PROPERTY: Final = "X-Connection"
+"""The message property naming a message's connection (set by the listener's ZAP handler)."""
 
 DEFAULT_HIGH_WATER_MARK: Final = 10_000
 """Messages a socket queues for one peer, and from one peer, at most.
@@ -56,6 +75,8 @@ keep the gateway from answering it (or anyone else).
 """
 
 _log = Logger(namespace="gateway.protocols.mtl.zmq")
+_MONITORS = itertools.count(1)
+"""Numbers the monitors' inproc addresses (unique within the process)."""
 
 
 @cache
@@ -189,6 +210,8 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                 # descriptor goes quiet instead of waking the reactor again.
                 self.socket.get(events)
                 return
+            if self.before_read is not None:
+                self.before_read()
             read = self._read
             on_message = self._on_message
             count = 0
@@ -221,10 +244,14 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                 if count and self._on_drained is not None and self.factory is not None:
                     self._on_drained()
 
+        before_read: Callable[[], None] | None = None
         track_user_id = False
         user_id: str | None = None
         track_peer_address = False
         peer_address: str | None = None
+        track_connection = False
+        connection: str | None = None
+        last_frame: Any = None
 
         def _read(self) -> list[bytes]:
             # ZeroMQ hands over a message's frames together. Frame objects, because
@@ -246,6 +273,12 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     self.peer_address = frame.get("Peer-Address") or None
                 except zmq.ZMQError:  # a transport without addresses (inproc)
                     self.peer_address = None
+            if self.track_connection:
+                self.last_frame = frame
+                try:
+                    self.connection = frame.get(CONNECTION_PROPERTY)
+                except zmq.ZMQError:  # no ZAP handler gave it one
+                    self.connection = None
             return frames
 
     return _Socket, ZmqFactory, ZmqEndpoint, ZmqEndpointType
@@ -371,6 +404,74 @@ class ZmqSocket:
         """The address of the peer that sent the message being handled (TCP: its IP)."""
         address: str | None = self._connection.peer_address
         return address
+
+    def track_connection(self) -> None:
+        """Read each message's connection number (`connection`), as the ZAP handler gave it."""
+        self._connection.track_connection = True
+
+    @property
+    def connection(self) -> str | None:
+        """The connection the message being handled came on (`track_connection`), if known.
+
+        ZeroMQ gives a routing id to one connection at a time: a message
+        under a known routing id from another connection means the one it
+        named before is gone.
+        """
+        connection: str | None = self._connection.connection
+        return connection
+
+    def source_fd(self) -> int | None:
+        """The file descriptor of the connection the message being handled came on.
+
+        What `watch` reports a closed connection by (``DISCONNECTED``);
+        known with `track_connection` only.
+        """
+        import zmq
+
+        frame = self._connection.last_frame
+        if frame is None:
+            return None
+        try:
+            fd: int = frame.get(zmq.SRCFD)
+        except zmq.ZMQError:
+            return None
+        return fd
+
+    def read_first(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` before each read burst (to take in events that came before it)."""
+        self._connection.before_read = callback
+
+    def watch(self, events: int, on_event: Callable[[int, int], None]) -> ZmqSocket:
+        """Report this socket's ZeroMQ ``events`` (``zmq.EVENT_*``): ``on_event(event, value)``.
+
+        libzmq's socket monitor, read on the reactor: a ``PAIR`` socket on
+        the same context, returned (its `read_now` takes in what waits).
+        The value is the file descriptor for connection events, the error
+        for failed handshakes.
+        """
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        def on_message(frames: list[bytes]) -> None:
+            event = parse_monitor_message(frames)
+            on_event(int(event["event"]), int(event["value"]))
+
+        address = f"inproc://msggateway.monitor.{next(_MONITORS)}"
+        self._connection.socket.monitor(address, events)
+        monitor = ZmqSocket(self._connection.factory, zmq.PAIR, on_message)
+        monitor.connect(address)
+        # ZeroMQ's descriptor signals a change of state once: read after the connect,
+        # or what it changed (and every event after) goes unnoticed.
+        monitor.read_soon()
+        return monitor
+
+    def read_soon(self) -> None:
+        """Read on the next reactor turn (after a change ZeroMQ's descriptor may not signal)."""
+        self._connection._read_soon()
+
+    def read_now(self) -> None:
+        """Read what waits now, as a reactor wake-up would (a monitor's events, say)."""
+        self._connection.doRead()
 
     def close(self) -> None:
         """Close the socket."""

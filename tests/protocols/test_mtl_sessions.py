@@ -1,0 +1,169 @@
+"""An MTL session, login and lease belong to the connection that made them (issue 26, defect 10).
+
+ZeroMQ names a peer by a routing id the peer may choose; once a connection
+is gone another may take its routing id. The listener's sockets are
+recorders here that also say which connection (the ZAP handler's number)
+and file descriptor the message being handled came on, as the real ones
+do; requests are handed to the listener as ZeroMQ would.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import attrs
+from twisted.logger import capturedLogs
+
+from gateway.codecs import mtl
+from gateway.core.auth import Secrets
+from gateway.core.message import Message, Outcome, Status
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.mtl.server import MTLServer
+from gateway.protocols.mtl.settings import MTLListenerSettings
+from tests.protocols.test_mtl_server import Sent, server
+
+OPEN = ("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
+ROUTING_ID = b"app-node-1"
+
+
+@attrs.define
+class Connected(Sent):
+    """A recorded socket that knows the connection of the message being handled."""
+
+    connection: str | None = None
+    fd: int | None = None
+    peer_address: str | None = "192.0.2.7"
+
+    def source_fd(self) -> int | None:
+        """The file descriptor of that connection."""
+        return self.fd
+
+
+def guarded() -> tuple[MTLServer, Connected, Connected, GatewayMetrics]:
+    """A listener requiring PLAIN logins (alice's secret is ``pw``), its recorded sockets."""
+    listener, _clock, _control, _data = server()
+    listener.settings = MTLListenerSettings(
+        require_auth=True, ping_interval_seconds=5.0, dead_after_seconds=12.0
+    )
+    listener.secrets = Secrets(logins={"alice": b"pw"})
+    metrics = listener._metrics = GatewayMetrics()
+    control, data = Connected(), Connected()
+    listener._control, listener._data = control, data
+    return listener, control, data, metrics
+
+
+def ask(
+    listener: MTLServer,
+    control: Connected,
+    connection: str,
+    fd: int,
+    command: str,
+    body: dict[str, Any],
+) -> tuple[int, dict[str, Any]]:
+    """One request under ``ROUTING_ID`` on a connection; the reply."""
+    control.connection, control.fd = connection, fd
+    listener._on_control([ROUTING_ID, b"", *mtl.request(command, body)])
+    routing_id, _empty, status, reply = control.messages[-1]
+    assert routing_id == ROUTING_ID
+    return int(status), json.loads(reply)
+
+
+def log_in(listener: MTLServer, control: Connected, connection: str, fd: int) -> str:
+    """Alice: Open, Authorize PLAIN, Profile, Writer on connection ``connection``; the lease."""
+    plain = base64.b64encode(b"\0alice\0pw").decode()
+    steps = [
+        (*OPEN, 401),
+        ("Connection.Authorize", {"mechanism": "PLAIN", "response": plain}, 201),
+        ("Connection.Profile", {"profile": "gateway"}, 200),
+        ("Connection.Writer", {"resources": ["news"], "confirm": "full"}, 202),
+    ]
+    reply: dict[str, Any] = {}
+    for command, body, expected in steps:
+        status, reply = ask(listener, control, connection, fd, command, body)
+        assert status == expected, (command, status, reply)
+    return str(reply["lease"])
+
+
+def test_another_connection_under_the_same_routing_id_inherits_no_session() -> None:
+    """Alice logs in on connection 1; connection 2 under her routing id gets 400, not her login."""
+    listener, control, _data, _metrics = guarded()
+    log_in(listener, control, "1", 11)
+    with capturedLogs() as events:
+        status, reply = ask(listener, control, "2", 12, "Connection.Profile", {"profile": "test"})
+    assert (status, reply["reason"]) == (400, "send Connection.Open first")
+    [taken] = [e for e in events if "now comes from another connection" in e["log_format"]]
+    assert taken["routing_id"] == ROUTING_ID and taken["who"] == "logged in as alice"
+    assert taken["peer"] == "192.0.2.7"
+    writer = ("Connection.Writer", {"resources": ["news"], "confirm": "full"})
+    assert ask(listener, control, "2", 12, *writer)[0] == 400
+    # The new connection's own session starts from nothing: Open, then a login of its own.
+    assert ask(listener, control, "2", 12, *OPEN)[0] == 401
+    assert ask(listener, control, "2", 12, "Connection.Profile", {"profile": "test"})[0] == 401
+
+
+def test_a_session_ends_when_its_connection_closes() -> None:
+    """ZeroMQ says connection 1 (descriptor 11) closed: its session is gone."""
+    listener, control, _data, _metrics = guarded()
+    log_in(listener, control, "1", 11)
+    assert ROUTING_ID in listener.control._sessions
+    listener.control.closed(99)  # another connection: nothing of this one
+    assert ROUTING_ID in listener.control._sessions
+    listener.control.closed(11)
+    assert listener.control._sessions == {}
+    assert listener.control._by_fd == {}
+
+
+def test_a_closed_descriptor_reused_later_ends_only_the_newer_session_once() -> None:
+    """Descriptor 11 closes; a later connection on descriptor 11 keeps its session until it does."""
+    listener, control, _data, _metrics = guarded()
+    log_in(listener, control, "1", 11)
+    listener.control.closed(11)
+    assert ask(listener, control, "3", 11, *OPEN)[0] == 401
+    assert ROUTING_ID in listener.control._sessions
+    listener.control.closed(11)
+    assert listener.control._sessions == {}
+
+
+def test_a_data_peer_under_a_taken_routing_id_has_no_lease() -> None:
+    """Alice's writer on data connection 1; connection 2 under her routing id is refused."""
+    listener, control, data, metrics = guarded()
+    token = log_in(listener, control, "1", 11)
+    data.connection, data.fd = "4", 21
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
+    listener._drained()
+    assert listener._peers[ROUTING_ID].lease is not None
+    data.connection, data.fd = "5", 22
+    with capturedLogs() as events:
+        listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
+        listener._drained()
+    assert data.commands(ROUTING_ID)[-1] == mtl.Reject(2, False, False)
+    peer = listener._peers[ROUTING_ID]
+    assert peer.lease is None and peer.connection == "5"
+    assert any("now comes from another connection" in e["log_format"] for e in events)
+    gone = metrics.registry.get_sample_value(
+        "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "gone-peer"}
+    )
+    assert gone == 1
+
+
+def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
+    """A reader whose data connection closed is forgotten at once: what it held is retry later."""
+    listener, control, data, _metrics = guarded()
+    log_in(listener, control, "1", 11)
+    status, reply = ask(
+        listener, control, "1", 11, "Connection.Reader", {"resources": ["news"], "confirm": "full"}
+    )
+    assert status == 202
+    data.connection, data.fd = "4", 21
+    listener._on_data([b"reader", *mtl.encode_data(mtl.Lease(1, reply["lease"]))])
+    listener._on_data([b"reader", *mtl.encode_data(mtl.Summon(2, "news"))])
+    listener._drained()
+    results: list[list[Outcome]] = []
+    listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
+    assert results == []
+    listener._data_closed(21)
+    assert b"reader" not in listener._peers and listener._peer_by_fd == {}
+    [[outcome]] = results
+    assert outcome.status is Status.RETRY and "went away" in outcome.reason
