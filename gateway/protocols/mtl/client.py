@@ -2,16 +2,34 @@
 
 `MTLUpstream` opens (Connection.Open), logs in when answered 401
 (``username``, the upstream's secret as password) with its ``mechanism``:
-PLAIN, or SCRAM-SHA-256 through the server's ``402 Challenged`` rounds
-(the server's final signature is checked, so a server that does not know
-the secret is not trusted); a 401 to the login itself starts over. It selects its
-profile, asks for a reader or writer lease, connects its DEALER to the data
-port of the 202 reply and presents the lease; a reader then summons each
-resource. Any refusal, a control request unanswered for
+PLAIN, or SCRAM-SHA-256 through the server's ``402 Challenged`` rounds; a
+401 to the login itself starts over. It selects its profile, asks for a
+reader or writer lease, connects its DEALER to the data port of the 202
+reply and presents the lease; a reader then summons each resource. Each
+reply must be one its request can have (201 to Open or Authorize, 200 to
+Profile, 202 to Reader or Writer, 402 to Authorize, 401 to any): anything
+else starts over. Any refusal, a control request unanswered for
 ``request_timeout_seconds`` or a data flow silent for
 ``dead_after_seconds`` makes it start over after a growing delay (a REQ
 socket that lost its reply cannot be used again, so both sockets are made
 anew).
+
+The server is authenticated too, with SCRAM-SHA-256: its last 402 carries
+the server-final message, whose signature proves it knows the secret
+(RFC 5802, section 5), and that is checked before anything else is sent.
+An upstream that logs in with SCRAM-SHA-256 takes no 201 from a server
+that has not given that proof in this attempt, whether it came after
+Connection.Open (a server that asks no login) or in the middle of the
+exchange: it is refused, counted (``server-not-verified``) and logged as
+an error, and nothing reaches that server (what is routed to the upstream
+meanwhile is retry later). PLAIN authenticates only the client.
+
+With CURVE, a wrong ``curve_server_key`` is only silence to the client:
+the server cannot decrypt its handshake and drops it. So a Connection.Open
+unanswered over CURVE is counted (``no-curve-handshake``) and its log line
+says what ZeroMQ's monitor of the control socket saw: handshakes that
+failed (the key is likely wrong, or the server refused this client's key)
+or none at all.
 
 Writer: the upstream is a route destination; a message becomes a Content
 on its address (the resource) with its text headers, id and sender as
@@ -65,6 +83,31 @@ __all__ = ["MTLUpstream"]
 RETRY_INITIAL_SECONDS: Final = 0.5
 RETRY_MAX_SECONDS: Final = 30.0
 
+_HANDSHAKE_NAMES: Final = {
+    0x1000: "succeeded",  # zmq.EVENT_HANDSHAKE_SUCCEEDED
+    0x0800: "failed",  # zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: the server dropped it
+    0x2000: "failed",  # zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    0x4000: "refused",  # zmq.EVENT_HANDSHAKE_FAILED_AUTH: the server's ZAP said no
+}
+_HANDSHAKE_EVENTS: Final = sum(_HANDSHAKE_NAMES)
+
+
+def _curve_silence(seen: dict[str, int]) -> str:
+    """What a Connection.Open unanswered over CURVE may mean, from the handshakes seen."""
+    if seen.get("refused"):
+        return ": the server refused this client's CURVE key (check curve_secret_key_file)"
+    if seen.get("failed") and not seen.get("succeeded"):
+        return (
+            f": ZeroMQ's CURVE handshake with the server failed {seen['failed']} time(s), the"
+            " server dropping it: curve_server_key is probably not the server's public key"
+        )
+    if not seen:
+        return (
+            ": no CURVE handshake completed (the server is down or slow, or curve_server_key"
+            " is not its public key: a CURVE server drops a wrong key silently)"
+        )
+    return ""
+
 
 @implementer(IDestination)
 class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
@@ -98,6 +141,10 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         self._summons: dict[int, str] = {}
         self._scram: scram.ScramClient | None = None
         self._scram_round = 0
+        self._server_proved = False
+        """The server gave SCRAM's server signature in this attempt (`_trusted`)."""
+        self._handshakes: dict[str, int] = {}
+        """What the control socket's monitor saw in this attempt (CURVE): event name to count."""
         if self._metrics is not None:
             self._metrics.upstream_up.labels(name).set(0)
 
@@ -128,17 +175,24 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
             return
         self._zmq = zmq_factory(self._reactor)
         self._control = ZmqSocket(self._zmq, zmq.REQ, self._on_reply)
-        self._curve(self._control)
+        self._server_proved = False
+        self._handshakes = {}
+        if self._curve(self._control):
+            self._control.watch(_HANDSHAKE_EVENTS, self._on_handshake)
         self._control.connect(f"tcp://{self.host}:{self.port}")
         self._request("Connection.Open", {"protocol": {"name": "MTL", "version": 1}})
 
-    def _curve(self, socket: Any) -> None:
-        """Make ``socket`` a CURVE client of the server, with its key pair or a fresh one."""
+    def _curve(self, socket: Any) -> bool:
+        """Make ``socket`` a CURVE client of the server, with its key pair or a fresh one.
+
+        Returns:
+            Whether CURVE is on.
+        """
         import zmq
 
         server_key = self.settings.curve_server_key
         if server_key is None:
-            return
+            return False
         secret_key = self.settings.curve_secret_key
         if secret_key is None:
             public_key, secret_key = zmq.curve_keypair()
@@ -147,6 +201,12 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         socket.set_option(zmq.CURVE_SERVERKEY, server_key)
         socket.set_option(zmq.CURVE_PUBLICKEY, public_key)
         socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
+        return True
+
+    def _on_handshake(self, event: int, _value: int) -> None:
+        """Note what the control socket's monitor says of a CURVE handshake."""
+        name = _HANDSHAKE_NAMES.get(event, "other")
+        self._handshakes[name] = self._handshakes.get(name, 0) + 1
 
     def _teardown(self, why: str) -> None:
         for call in (self._timer, self._ping, self._dead):
@@ -181,10 +241,16 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
         self._step = command.lower()
         self._control.send(mtl.request(command, body))
         self._timer = self.clock.callLater(
-            self.settings.request_timeout_seconds,
-            self._start_over,
-            f"no answer to {command} in {self.settings.request_timeout_seconds:g} s",
+            self.settings.request_timeout_seconds, self._unanswered, command
         )
+
+    def _unanswered(self, command: str) -> None:
+        """A control request had no answer in time: start over, saying what may be wrong."""
+        why = f"no answer to {command} in {self.settings.request_timeout_seconds:g} s"
+        if command == "Connection.Open" and self.settings.curve_server_key is not None:
+            self.count_error("no-curve-handshake")
+            why += _curve_silence(self._handshakes)
+        self._start_over(why)
 
     def _on_reply(self, frames: list[bytes]) -> None:
         if self._timer is not None and self._timer.active():
@@ -196,23 +262,47 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
             return
         status, body = parsed
         settings = self.settings
+        step = self._step
         if status == 401:
             self._login(body)
-        elif status == 402 and self._step == "connection.authorize":
+        elif status == 402 and step == "connection.authorize":
             self._challenged(body)
-        elif status == 201:
-            self._request("Connection.Profile", {"profile": settings.profile})
-        elif status == 200 and self._step == "connection.profile":
+        elif status == 201 and step in ("connection.open", "connection.authorize"):
+            if self._trusted(step):
+                self._request("Connection.Profile", {"profile": settings.profile})
+        elif status == 200 and step == "connection.profile":
             kind = "Connection.Reader" if settings.mode == "reader" else "Connection.Writer"
             self._request(
                 kind, {"resources": list(settings.resources), "confirm": settings.confirm}
             )
-        elif status == 202:
+        elif status == 202 and step in ("connection.reader", "connection.writer"):
             self._open_data(int(body.get("port", 0)), str(body.get("lease", "")))
         else:
-            self._start_over(
-                f"{self._step} answered {status} {body.get('reason') or body.get('status')}"
-            )
+            self._start_over(f"{step} answered {status} {body.get('reason') or body.get('status')}")
+
+    def _trusted(self, step: str) -> bool:
+        """Whether a 201 to ``step`` comes from a server that proved itself, as SCRAM requires.
+
+        A server that is not trusted is refused, counted and logged; the
+        upstream starts over.
+        """
+        settings = self.settings
+        if settings.mechanism != scram.MECHANISM or settings.username is None:
+            return True  # PLAIN authenticates the client only; no login, nothing to prove
+        if self._server_proved:
+            return True
+        self._scram = None
+        self.count_error("server-not-verified")
+        why = (
+            f"it answered {step} with 201 Ready before proving that it knows the secret"
+            " (SCRAM-SHA-256's server signature, in a last 402 Challenged): it may not be the"
+            " server it claims to be, and nothing is sent to it"
+        )
+        self._log.error(
+            "upstream {upstream}: server not trusted: {why}", upstream=self.name, why=why
+        )
+        self._start_over(f"the server is not trusted: {why}")
+        return False
 
     def _login(self, body: dict[str, Any]) -> None:
         """Answer a 401: log in with the configured mechanism, unless that just failed."""
@@ -232,6 +322,7 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
                 self._start_over(f"SCRAM-SHA-256 login failed: {exc}")
                 return
             self._scram_round = 0
+            self._server_proved = False  # a new login: the server proves itself again
             self._authorize(self._scram.first())
         else:
             self._authorize(b"\0" + settings.username.encode() + b"\0" + password)
@@ -249,6 +340,7 @@ class MTLUpstream(MTLPeer[MTLUpstreamSettings]):
             else:
                 exchange.verify(challenge)
                 self._scram = None
+                self._server_proved = True
                 self._authorize(b"")
         except (scram.ScramError, ValueError) as exc:
             self._scram = None
