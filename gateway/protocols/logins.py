@@ -10,11 +10,21 @@ refuses one, how long the refusal must wait before it is answered
 The connection reads nothing meanwhile; the wait is a ``callLater`` on the
 listener's clock, never a blocking sleep. The policy and its reasons are in
 `gateway.core.auth.LoginThrottle`.
+
+A login waits at most once: if, when its wait is over, another refusal for
+its address or identity is being answered (another connection's guess was
+checked meanwhile), it is refused without being checked (`UNCHECKED`), at
+once. So no connection waits longer than two of the longest delays, and
+guesses from one address or at one identity are checked one delay apart
+however many connections they come over. MTL (one request and its answer
+at a time per session) refuses such a login, unchecked, once the wait owed
+is over.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -22,7 +32,12 @@ from twisted.logger import Logger
 from gateway.core.auth import LoginFailurePolicy, LoginThrottle
 from gateway.metrics import GatewayMetrics
 
-__all__ = ["LoginRefusals", "peer_address", "peer_text"]
+__all__ = ["UNCHECKED", "LoginRefusals", "peer_address", "peer_text"]
+
+UNCHECKED: Final = (
+    "not checked: a refused login from this address or for this identity is still being answered"
+)
+"""Why a login that waited once and still owed a wait was refused without being checked."""
 
 
 def peer_address(peer: object) -> str | None:
@@ -73,7 +88,15 @@ class LoginRefusals:
         """How long a login from ``peer`` for ``identity`` waits before it is checked (0: none)."""
         return self.throttle.wait_seconds(peer_address(peer), identity)
 
-    def refused(self, *, peer: object, identity: str | None, mechanism: str, why: str) -> float:
+    def refused(
+        self,
+        *,
+        peer: object,
+        identity: str | None,
+        mechanism: str,
+        why: str,
+        checked: bool = True,
+    ) -> float:
         """Count and log a refused login; return how long its answer must wait.
 
         Args:
@@ -82,9 +105,12 @@ class LoginRefusals:
             identity: The identity it claimed (None: none).
             mechanism: How it tried (``LOGIN secret``, ``SASL PLAIN``...).
             why: Why it was refused, for the log only.
+            checked: False for a login refused without being checked (a
+                wait was still owed, `UNCHECKED`): counted and logged, but
+                it makes no one wait longer, and is answered at once.
         """
         address = peer_address(peer)
-        delay = self.throttle.failed(address, identity)
+        delay = self.throttle.failed(address, identity) if checked else 0.0
         self._count()
         self._log.warn(
             "{listener}: login refused: {identity} from {peer} ({mechanism}): {why};"

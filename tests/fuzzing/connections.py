@@ -63,6 +63,10 @@ __all__ = [
     "serves",
 ]
 
+_QUICK_REFUSALS: Final = """
+login_failure_delay_seconds = 0.001
+login_failure_max_delay_seconds = 0.004
+"""
 GATEWAY_CONFIG: Final = f"""
 [gateway]
 data_dir = "data"
@@ -74,30 +78,37 @@ enabled = false
 protocol = "ssmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 schemes = ["open"]
-
+{_QUICK_REFUSALS}
 [listeners.qmqp]
 protocol = "qmqp"
 endpoint = "tcp:0:interface=127.0.0.1"
-
+{_QUICK_REFUSALS}
 [listeners.stream]
 protocol = "stream"
 endpoint = "tcp:0:interface=127.0.0.1"
 guest = true
 frame_max = 65536
-
+{_QUICK_REFUSALS}
 [listeners.dmp]
 protocol = "dmp"
 endpoint = "tcp:0:interface=127.0.0.1"
 sinks = ["s"]
-
+{_QUICK_REFUSALS}
 [listeners.dmp.leases]
 writer = {{ sink = "s", text = "{DMP_LEASE}" }}
 
 [listeners.mtl]
 protocol = "mtl"
 endpoint = "tcp:0:interface=127.0.0.1"
-"""
-"""One listener per protocol on loopback, port 0; the DMP sink lease is `DMP_LEASE`."""
+{_QUICK_REFUSALS}"""
+"""One listener per protocol on loopback, port 0; the DMP sink lease is `DMP_LEASE`.
+
+Every flood comes from one address, and many of its logins are refused: the
+refusals wait, as they do for guessers, but milliseconds rather than the
+default seconds (`_QUICK_REFUSALS`), so that a half-closed connection is
+answered and closed well within the clients' read time-out while the
+waiting code is fuzzed too (tests/security/test_brute_force.py tests the
+waits themselves)."""
 
 TCP_PROTOCOLS: Final = ("ssmp", "qmqp", "stream", "dmp")
 """The listeners a malformed TCP client can reach directly (their names in the config)."""

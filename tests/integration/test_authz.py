@@ -219,7 +219,8 @@ def _dmp(gateway: GatewayProcess, pki: Pki, lease: bytes) -> list[bytes]:
         tls.sendall(b"AMQP\x0a\x01\x00\x01" + bytes((len(lease),)) + lease)
         data = b""
         while True:
-            if data and len(data) > data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]:
+            # The second response may come later than the first (a refused lease waits).
+            if data and len(data) > 1 + data[0] and len(data) >= 2 + data[0] + data[1 + data[0]]:
                 break
             more = tls.recv(4096)
             if not more:

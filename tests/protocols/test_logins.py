@@ -133,6 +133,33 @@ def test_ssmp_the_right_secret_waits_for_a_refusal_still_owed_then_logs_in() -> 
     assert world.factory.logins.throttle.failures("192.168.1.1", None) == 1
 
 
+def test_ssmp_a_login_waits_once_then_is_refused_unchecked_if_another_was_checked() -> None:
+    """Two LOGINs wait for the same refusal: the first then is checked, the other refused.
+
+    The second is refused without its secret being checked (the right one
+    here), at once, and its refusal does not lengthen anyone's wait; asked
+    again once the wait is over, it logs in. No connection waits longer
+    than two of the longest delays, however many guess in parallel.
+    """
+    world = ssmp_world()
+    world.connect().send(b"LOGIN sam secret wrong\n")  # refused at 1 s
+    world.clock.advance(0.5)
+    guesser, owner = world.connect(), world.connect()
+    guesser.send(b"LOGIN sam secret wrong-again\n")
+    owner.send(b"LOGIN sam secret sesame\n")
+    with capturedLogs() as events:
+        world.clock.advance(0.5)  # both waited: the guesser's is checked (refused at 3 s)
+    assert owner.received() == b"401 open secret\n" and owner.transport.disconnecting
+    assert guesser.received() == b""
+    (checked, unchecked) = refusals(events)
+    assert (checked["why"], checked["delay"]) == ("wrong or missing secret", 2.0)
+    assert str(unchecked["why"]).startswith("not checked") and unchecked["delay"] == 0.0
+    world.clock.advance(2.0)
+    assert guesser.received() == b"401 open secret\n"
+    assert world.sample("msggateway_login_failures_total") == 3
+    assert world.login("sam", "secret sesame").transport.producerState == "producing"
+
+
 def test_ssmp_refusal_is_logged_with_the_peer() -> None:
     """The refusal's log line names the peer's address and port, the identity and why."""
     world = ssmp_world()

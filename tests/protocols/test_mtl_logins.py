@@ -115,18 +115,29 @@ def test_refusals_wait_longer_each_time_and_the_third_closes_the_session() -> No
     assert control.replies(b"p")[-1][1]["reason"] == "send Connection.Open first"
 
 
-def test_the_right_password_waits_for_a_refusal_still_owed() -> None:
-    """A refusal is pending for the address: another session's right password waits for it."""
-    server, clock, control, _metrics = listener()
+def test_a_login_while_a_refusal_is_owed_is_refused_unchecked_then_passes() -> None:
+    """A refusal is owed to the address: another session's right password is refused then.
+
+    It is not checked (401 once the owed wait is over, counted, logged as
+    unchecked); asked again after that answer, it is checked and accepted.
+    """
+    server, clock, control, metrics = listener()
     for peer in (b"guesser", b"owner"):
         ask(server, peer, *OPEN)
     ask(server, b"guesser", *plain(b"wrong"))
     clock.advance(0.5)
-    ask(server, b"owner", *plain(b"right"))
+    with capturedLogs() as events:
+        ask(server, b"owner", *plain(b"right"))
     assert [status for status, _ in control.replies(b"owner")] == [401]  # Open's only
     clock.advance(0.5)
-    assert [status for status, _ in control.replies(b"owner")] == [401, 201]
+    status, reply = control.replies(b"owner")[-1]
+    assert status == 401 and "not checked" in reply["reason"]
     assert [status for status, _ in control.replies(b"guesser")] == [401, 401]
+    (event,) = [e for e in events if "login refused" in e.get("log_format", "")]
+    assert event["why"].startswith("not checked")
+    assert failures(metrics) == 2
+    ask(server, b"owner", *plain(b"right"))
+    assert control.replies(b"owner")[-1][0] == 201
 
 
 def test_requests_while_an_answer_waits_are_dropped() -> None:

@@ -49,6 +49,7 @@ from gateway.codecs import amqp091
 from gateway.codecs.amqp091 import Method
 from gateway.core.authorization import Action
 from gateway.protocols.dmp.settings import LeaseGrant
+from gateway.protocols.logins import UNCHECKED
 
 if TYPE_CHECKING:
     from gateway.protocols.dmp.server import DMPServerFactory
@@ -97,6 +98,8 @@ class PrincipalConnection:
         self._waiting = False
         """A login waits (`LoginRefusals`); what is read meanwhile is held."""
         self._held: tuple[list[amqp091.Event], amqp091.AMQPError | None] = ([], None)
+        self._waited = False
+        """The Start-Ok waited once: if a wait is still owed, it is refused unchecked."""
         self._codec = amqp091.FrameCodec(amqp091.MIN_FRAME_MAX)
         self._stage = "start-ok"
         self._identity = ""
@@ -228,8 +231,12 @@ class PrincipalConnection:
         identity = parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
         logins = self._factory.logins
         wait = logins.wait_seconds(self._peer, identity)
-        if wait > 0:
+        if wait > 0 and not self._waited:
+            self._waited = True
             self._hold(wait, lambda: self._go_on([method]))
+            return
+        if wait > 0:
+            self._refuse_login(identity, UNCHECKED, checked=False)
             return
         if mechanism != "PLAIN":
             self._refuse_login(identity, f"mechanism {mechanism!r} is not offered (PLAIN is)")
@@ -251,11 +258,11 @@ class PrincipalConnection:
         self._stage = "tune-ok"
         self._send(0, "connection.tune", channel_max=CHANNEL_MAX, frame_max=4096, heartbeat=0)
 
-    def _refuse_login(self, identity: str | None, why: str) -> None:
+    def _refuse_login(self, identity: str | None, why: str, *, checked: bool = True) -> None:
         """Refuse a Start-Ok: Connection.Close 403 once `LoginRefusals` says, then close."""
         self._factory.count_error("principal-refused")
         delay = self._factory.logins.refused(
-            peer=self._peer, identity=identity, mechanism="AMQP PLAIN", why=why
+            peer=self._peer, identity=identity, mechanism="AMQP PLAIN", why=why, checked=checked
         )
         # The reply text does not say which check failed.
         refusal = f"login refused for {identity!r}" if identity is not None else why

@@ -73,6 +73,7 @@ from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
+from gateway.protocols.logins import UNCHECKED
 from gateway.tls import external_identity, peer_identities
 
 __all__ = ["DMPServerFactory", "DMPServerProtocol"]
@@ -108,6 +109,8 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """The waiting lease and what was read after it."""
         self._held_error: dmp.DMPError | None = None
         """The error of that read, reported after them."""
+        self._waited = False
+        """The lease waited once: if a wait is still owed, it is refused unchecked."""
         self._unrouted = LogTally(factory.clock)
         self._not_delivered = LogTally(factory.clock)
 
@@ -297,11 +300,13 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self.factory.count_error(error.kind)
         self._close_with(f"bad input: {error.reason}", error.response)
 
-    def _refuse_lease(self, why: str, response: dmp.Response, identity: str | None) -> None:
+    def _refuse_lease(
+        self, why: str, response: dmp.Response, identity: str | None, *, checked: bool = True
+    ) -> None:
         """Answer a lease refused (402) once `LoginRefusals` says, then close."""
         self.factory.count_error("bad-lease")
         delay = self.factory.logins.refused(
-            peer=self._peer(), identity=identity, mechanism="DMP lease", why=why
+            peer=self._peer(), identity=identity, mechanism="DMP lease", why=why, checked=checked
         )
         if delay > 0:
             self._wait_for_login(delay, lambda: self._close_with(why, response))
@@ -333,8 +338,13 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
     def _open(self, lease: str) -> None:
         factory = self.factory
         wait = factory.logins.wait_seconds(self._peer(), None)
-        if wait > 0:  # a refused lease from this address: checked once its wait is over
+        if wait > 0 and not self._waited:  # checked once the refusal owed is answered
+            self._waited = True
             self._wait_for_login(wait, self._lease_waited)
+            return
+        if wait > 0:
+            refusal = dmp.Response(402, "unknown or expired lease")
+            self._refuse_lease(UNCHECKED, refusal, None, checked=False)
             return
         grant = factory.grant_for(lease)
         if grant is None:

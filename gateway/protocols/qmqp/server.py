@@ -37,6 +37,7 @@ from gateway.core.inbox import Inbox, Result
 from gateway.core.message import Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
+from gateway.protocols.logins import UNCHECKED
 from gateway.protocols.qmqp.mapping import message_from_block, result_for, text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from gateway.tls import external_identity
@@ -76,6 +77,8 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         self._held: tuple[list[qmqp.Block], qmqp.QMQPError | None] = ([], None)
         """The blocks read after the waiting ``A`` block, and that read's error."""
         self._refused_logins = 0
+        self._waited = False
+        """The ``A`` block being checked waited once: if a wait is still owed, it is refused."""
 
     # --- connection life -------------------------------------------------------
 
@@ -282,19 +285,21 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         username = text(block.username)
         logins = self.factory.logins
         wait = logins.wait_seconds(self._peer(), username)
-        if wait > 0:
+        if wait > 0 and not self._waited:
+            self._waited = True
             self._waiting_auth = block
             self._login_wait = self._call_later(wait, self._login_waited)
             self._pause_reading()
             return
-        success = self.factory.secrets.verify(username, block.password)
-        why = "wrong user or password"
+        self._waited = False
+        success = wait == 0 and self.factory.secrets.verify(username, block.password)
+        why = UNCHECKED if wait > 0 else "wrong user or password"
         if success and not self.factory.admit(self, username):
             success = False
             why = self.factory.per_identity_refusal(username)
         elif success:
             self.identity = username
-        else:
+        elif wait == 0:
             self.factory.count_error("unauthorized")
         if success:
             logins.accepted(username)
@@ -302,7 +307,9 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             self._send(qmqp.encode(qmqp.AuthReplyBlock(success=True)))
             return
         self._refused_logins += 1
-        delay = logins.refused(peer=self._peer(), identity=username, mechanism="A block", why=why)
+        delay = logins.refused(
+            peer=self._peer(), identity=username, mechanism="A block", why=why, checked=wait == 0
+        )
         if delay > 0:
             self._login_wait = self._call_later(delay, self._refuse_login_late)
             self._pause_reading()

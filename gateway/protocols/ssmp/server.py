@@ -35,6 +35,7 @@ from gateway.core.inbox import Inbox
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Result, Router, Unrouted
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
+from gateway.protocols.logins import UNCHECKED
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import (
     BCAST_ADDRESS,
@@ -168,6 +169,8 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._inbox: Inbox[_Pending] = Inbox(factory.router, factory.name, self._answer)
         self._login_wait: IDelayedCall | None = None
         """Set while a LOGIN waits for the refusals its address or identity still owe."""
+        self._waited = False
+        """The LOGIN waited once: if a wait is still owed, it is refused unchecked."""
         self._held: tuple[list[ssmp.Line], ssmp.SSMPError | None] = ([], None)
         """That LOGIN, what came after it in its read, and that read's error."""
 
@@ -389,12 +392,17 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         identity = login.identity.decode("ascii")
         logins = self.factory.logins
         wait = logins.wait_seconds(self._peer(), identity)
-        if wait > 0:
-            # Checked once the refusals its address or identity owe are answered.
+        if wait > 0 and not self._waited:
+            # Checked once the refusal its address or identity owes is answered.
+            self._waited = True
             self._login_wait = self._call_later(wait, self._login_waited)
             self._pause_reading()
             return
-        why = self._authenticate(identity, scheme, login.credential, offered)
+        why = (
+            UNCHECKED
+            if wait > 0
+            else self._authenticate(identity, scheme, login.credential, offered)
+        )
         principal = self._principal(identity, scheme)
         if why is None and not self.factory.authorization.knows(principal):
             why = (
@@ -411,7 +419,11 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if why is not None:
             self.factory.count_error("unauthorized")
             delay = logins.refused(
-                peer=self._peer(), identity=identity, mechanism=f"LOGIN {scheme}", why=why
+                peer=self._peer(),
+                identity=identity,
+                mechanism=f"LOGIN {scheme}",
+                why=why,
+                checked=wait == 0,
             )
             # Spec: 401 with a space-separated list of supported schemes, then close.
             refusal = ssmp.response_line(401, " ".join(sorted(offered)))

@@ -62,6 +62,7 @@ from gateway.core.log import (
     StreamMissingError,
 )
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
+from gateway.protocols.logins import UNCHECKED
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.tls import external_identity, peer_identities
 
@@ -199,6 +200,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         """Set while a SaslAuthenticate waits (`LoginRefusals`): to be checked, or refused."""
         self._held: tuple[list[sp.Event], sp.StreamError | None] = ([], None)
         """The waiting SaslAuthenticate, the frames after it in its read, and its error."""
+        self._waited = False
+        """The SaslAuthenticate waited once: if a wait is still owed, it is refused unchecked."""
 
     # --- connection life ------------------------------------------------------------
 
@@ -365,12 +368,13 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         claimed = _claimed_identity(event.mechanism, data)
         logins = self.factory.logins
         wait = logins.wait_seconds(self._peer(), claimed)
-        if wait > 0:
+        if wait > 0 and not self._waited:
+            self._waited = True
             self._login_wait = self._call_later(wait, self._login_waited)
             self._pause_reading()
             return
-        code = self._authenticate(event.mechanism, data)
-        why = _REFUSALS.get(code, f"code {code}")
+        code = AUTHENTICATION_FAILURE if wait > 0 else self._authenticate(event.mechanism, data)
+        why = UNCHECKED if wait > 0 else _REFUSALS.get(code, f"code {code}")
         if code == OK and not self.factory.admit(self, self._principal):
             assert self._principal is not None
             why = self.factory.per_identity_refusal(self._principal)
@@ -378,7 +382,11 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if code != OK:
             self.factory.count_error("unauthorized")
             delay = logins.refused(
-                peer=self._peer(), identity=claimed, mechanism=f"SASL {event.mechanism}", why=why
+                peer=self._peer(),
+                identity=claimed,
+                mechanism=f"SASL {event.mechanism}",
+                why=why,
+                checked=wait == 0,
             )
             if delay > 0:
                 self._login_wait = self._call_later(
