@@ -9,7 +9,9 @@ make the next connection wait as well. MTL has its own harness
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -19,6 +21,7 @@ from gateway.codecs import stream as sp
 from gateway.codecs.amqp091 import PROTOCOL_HEADER, FrameCodec, Method
 from gateway.core.auth import LoginFailurePolicy
 from gateway.core.log import FsyncPolicy, LogStore
+from gateway.core.log.values import ILogReactor
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.logins import LoginRefusals, peer_address, peer_text
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
@@ -50,7 +53,7 @@ def login_failures(metrics: GatewayMetrics, listener: str) -> float:
     return value or 0.0
 
 
-def refusals(events: list[dict[str, object]]) -> list[dict[str, object]]:
+def refusals(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The login refusals among captured log events."""
     return [event for event in events if "login refused" in str(event.get("log_format", ""))]
 
@@ -85,7 +88,7 @@ def test_refusals_are_counted_logged_and_make_the_next_wait() -> None:
     (event,) = refusals(events)
     assert (event["listener"], event["peer"], event["identity"]) == ("hub", "10.1.2.3", "alice")
     assert (event["mechanism"], event["why"], event["delay"]) == ("LOGIN secret", "x", 1.0)
-    assert event["log_level"].name == "warn"  # type: ignore[attr-defined]
+    assert event["log_level"].name == "warn"
     assert not desk.spent(2) and desk.spent(3)
 
 
@@ -182,7 +185,8 @@ def stream_factory(tmp_path: Path) -> tuple[StreamServerFactory, Clock, GatewayM
     Its log is never opened: logging in does not touch it.
     """
     clock, metrics = Clock(), GatewayMetrics()
-    store = LogStore(tmp_path / "log", clock, fsync=FsyncPolicy.NEVER, clock=clock)
+    never_opened = cast(ILogReactor, clock)  # the reactor is only used once the log opens
+    store = LogStore(tmp_path / "log", never_opened, fsync=FsyncPolicy.NEVER, clock=clock)
     factory = StreamServerFactory(
         name="streams",
         settings=StreamListenerSettings(),
