@@ -527,7 +527,7 @@ def test_a_writer_gone_before_its_answers_hears_nothing() -> None:
     """Outcomes for a writer forgotten meanwhile are not sent to anyone."""
     world = bridge()
     data(world.writers, b"w", mtl.Content(1, "in", {}, b"x"))
-    world.writers._forget(world.writers._peers[b"w"], "test")
+    world.writers.peers.forget(world.writers._peers[b"w"], "test")
     [delivered] = contents(world.readers_sent, b"r")
     data(world.readers, b"r", mtl.Confirm(delivered.sequence, False))
     assert answers(world.writers_sent, b"w") == {}
@@ -645,6 +645,6 @@ def test_stop_cancels_the_reaper() -> None:
     """After stop(), no timer of the listener is left on the clock."""
     listener, clock, control, _sent = server()
     data(listener, b"r", mtl.Lease(1, lease(listener, control, "Reader", "full")))
-    assert any(call.func == listener._reap for call in clock.getDelayedCalls())
+    assert any(call.func == listener.peers._reap for call in clock.getDelayedCalls())
     listener.stop()
     assert [call for call in clock.getDelayedCalls() if call.active()] == []

@@ -163,7 +163,7 @@ def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
     results: list[list[Outcome]] = []
     listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
     assert results == []
-    listener._data_closed(21)
-    assert b"reader" not in listener._peers and listener._peer_by_fd == {}
+    listener.peers.closed(21)
+    assert b"reader" not in listener._peers and listener.peers._by_fd == {}
     [[outcome]] = results
     assert outcome.status is Status.RETRY and "went away" in outcome.reason

@@ -8,13 +8,10 @@ Data (spec, "Data Flow"): a DEALER peer sends Lease and gets Response
 200/403; Summon and Dismiss get 200/400 in order; Content follows the
 lease's profile; Confirm and Reject settle what the gateway sent; Ping is
 answered Pong; the listener pings its peers every
-``ping_interval_seconds`` and forgets one as soon as it has been silent for
-``dead_after_seconds`` (one timer, armed for the earliest deadline; time
-the listener did not read the data socket does not count). A peer
-ZeroMQ has no connection with any more (it closed its socket, with or
-without Dismiss: the data socket is ROUTER_MANDATORY, so a send to it fails
-with EHOSTUNREACH) is forgotten at the first send to it, a Ping at the
-latest: its lease and summons go, what it left unconfirmed is retry later.
+``ping_interval_seconds``. Who the data peers are (each its connection's),
+and when one is forgotten (its connection closed or taken over, silent for
+``dead_after_seconds``, gone), is `gateway.protocols.mtl.peers`'s; how the
+sockets are made and who may connect, `gateway.protocols.mtl.sockets`'s.
 Ill-formed commands are dropped.
 
 Batches (DESIGN.md, "The batch is the unit of work"): the gateway-profile
@@ -67,11 +64,9 @@ confirm) gets no more until it confirms: retry later, counted ``not-sent``
 from __future__ import annotations
 
 import functools
-import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any, Final, Unpack
+from collections.abc import Sequence
+from typing import Any, Unpack
 
-import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -87,44 +82,21 @@ from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Unrouted
 from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
 from gateway.protocols.logins import LoginRefusals
-from gateway.protocols.mtl.backlog import Backlog, Backlogs
-from gateway.protocols.mtl.control import ControlFlow, DataLease
+from gateway.protocols.mtl.backlog import Backlogs
+from gateway.protocols.mtl.control import ControlFlow
 from gateway.protocols.mtl.mapping import (
     Copy,
     PendingBatch,
-    Unconfirmed,
     content_properties,
-    give_back,
     message_from_content,
     settle,
 )
 from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
+from gateway.protocols.mtl.peers import DataPeer, DataPeers
 from gateway.protocols.mtl.settings import MTLListenerSettings
+from gateway.protocols.mtl.sockets import ListenerSockets
 
 __all__ = ["MTLServer"]
-
-_CLOCK_SLACK_SECONDS: Final = 1e-6
-"""A deadline computed in floating point counts as reached this close to it."""
-
-
-@attrs.define(eq=False)
-class _DataPeer:
-    """One data peer (a DEALER socket) and what it holds."""
-
-    identity: bytes
-    connection: str | None = None
-    """The connection it came on (the ZAP handler's number; None: not known)."""
-    fd: int | None = None
-    """That connection's file descriptor, by which ZeroMQ says it closed."""
-    lease: DataLease | None = None
-    summoned: set[str] = attrs.Factory(set)
-    heard: float = 0.0
-    """When it was last heard from, in the data socket's listening time (`Backlogs.listened`)."""
-    sequence: Any = attrs.Factory(lambda: itertools.count(1))
-    unconfirmed: Unconfirmed = attrs.Factory(dict)
-    backlog: Backlog = attrs.Factory(Backlog)
-    """What ZeroMQ refused for it (its queue full), in order, offered again until taken."""
-    forgotten: bool = False
 
 
 @implementer(IDestination)
@@ -154,22 +126,15 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self.data_port = 0
         self.control = ControlFlow(self)
         """Sessions, logins, profiles and the leases they were granted."""
-        self._peers: dict[bytes, _DataPeer] = {}
-        self._peer_by_fd: dict[int, _DataPeer] = {}
-        """Each data peer by its connection's file descriptor (`_data_closed`)."""
-        self._watches: list[Any] = []
-        self._zap: Any = None
+        self._sockets: ListenerSockets | None = None
+        """Its sockets, the ZAP handler and the watches of their connections, once started."""
         self._timer: IDelayedCall | None = None
-        self._reaper: IDelayedCall | None = None
-        """The next look for data peers silent for ``dead_after_seconds`` (`_reap`)."""
-        self._reap_on_resume = False
-        """The reaper came while the data socket was not read: look again once it is."""
         self.authorization: Authorization = UNRESTRICTED
         self.backlog = DEFAULT_LISTEN_BACKLOG
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
         # Each routed Content's writer and sequence when its writer wants a confirmation.
-        self._inbox: Inbox[tuple[_DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
+        self._inbox: Inbox[tuple[DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
         self._reader_who = f"an MTL reader of {name}"
         self._not_confirming = Outcome.retry(
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
@@ -177,15 +142,24 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         )
         # Back-pressure: the data socket is read while no congested peer holds it, nor
         # too many routed Contents wait for their answers (`_answers_due`).
-        self._backlogs: Backlogs[_DataPeer] = Backlogs(
+        self._backlogs: Backlogs[DataPeer] = Backlogs(
             self.clock,
             lambda: self.flow,
             lambda: self._data.pause_reading(),
             self._resume_reading,
             lambda messages: self._data.send_in_order(messages),
-            lambda peer: self._peers_gone((peer,)),
+            lambda peer: self.peers.gone((peer,)),
             self._slow_consumer,
         )
+        self.peers = DataPeers(
+            name,
+            self.clock,
+            self._backlogs,
+            lambda: self.settings.dead_after_seconds,
+            self.count_error,
+        )
+        """The data peers: their connections, and when they are forgotten."""
+        self._peers = self.peers.by_identity
         self._in_flight = 0
         self._answers_due = Congestion()
 
@@ -195,93 +169,46 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """Bind both sockets; return the control port bound."""
         import zmq
 
-        from gateway.protocols.mtl.handshakes import HandshakeWatch, RefusalLog
-        from gateway.protocols.mtl.zap import ZAPHandler, ZAPPolicy
-        from gateway.protocols.mtl.zmq import ZmqSocket, zmq_factory
+        from gateway.protocols.mtl.sockets import listener_sockets
+        from gateway.protocols.mtl.zmq import zmq_factory
 
         settings = self.settings
         self._zmq = zmq_factory(self._reactor)
-        control = self._control = ZmqSocket(self._zmq, zmq.ROUTER, self._on_control)
-        data = self._data = ZmqSocket(self._zmq, zmq.ROUTER, self._on_data, self._drained)
-        # A command for a peer that is gone or whose queue is full fails to send
-        # instead of vanishing: a routed message then answers retry later rather
-        # than counting as delivered.
-        data.set_option(zmq.ROUTER_MANDATORY, 1)
-        # What waits for one data peer that does not read, at most (set before binding).
-        data.set_option(zmq.SNDHWM, settings.max_backlog_messages)
-        if settings.curve_identities:
-            control.track_user_id()  # SASL EXTERNAL: the identity of the CURVE key
-        control.track_peer_address()  # where refused logins count
-        refusals = RefusalLog(self.clock)
-        # Bound before the sockets, so that no peer gets in unasked, and every
-        # connection gets its number (sessions and data peers are bound to it).
-        self._zap = ZAPHandler(
+        sockets = listener_sockets(
             self._zmq,
-            ZAPPolicy.from_settings(
-                settings.allow_addresses, settings.curve_client_keys, settings.curve_identities
-            ),
-            self.name,
-            refusals,
-            lambda _: self.count_error("peer-refused"),
-            self._look_at_connections,
+            listener=self.name,
+            settings=settings,
+            backlog=self.backlog,
+            clock=self.clock,
+            control=(self._on_control, self.control.closed),
+            data=(self._on_data, self._drained, self.peers.closed),
+            count_error=self.count_error,
         )
-        curve = settings.curve_secret_key is not None
-        self._watches = []
-        for socket, which, closed in (
-            (control, "control", self.control.closed),
-            (data, "data", self._data_closed),
-        ):
-            socket.set_option(zmq.BACKLOG, self.backlog)  # ZeroMQ's default is 100
-            socket.set_option(zmq.ZAP_DOMAIN, b"msggateway")
-            socket.track_connection()
-            self._watches.append(
-                HandshakeWatch(
-                    socket,
-                    listener=self.name,
-                    which=which,
-                    curve=curve,
-                    refusals=refusals,
-                    count_error=self.count_error,
-                    on_closed=closed,
-                )
-            )
-            # Connections that closed before a read are known before it: a routing id
-            # another connection took reads as that connection's.
-            socket.read_first(self._look_at_connections)
-            if settings.curve_secret_key is not None:
-                socket.set_option(zmq.CURVE_SERVER, 1)
-                socket.set_option(zmq.CURVE_SECRETKEY, settings.curve_secret_key)
+        self._sockets = sockets
+        self._control, self._data = sockets.control, sockets.data
         if settings.curve_secret_key is not None:
             self._log.info(
                 "MTL listener {listener}: CURVE on, server public key {public_key}",
                 listener=self.name,
                 public_key=zmq.curve_public(settings.curve_secret_key).decode("ascii"),
             )
-        bound = control.bind(f"tcp://{self.host}:{self.port or '*'}")
+        bound = self._control.bind(f"tcp://{self.host}:{self.port or '*'}")
         self.port = int(bound.rsplit(":", 1)[1])
-        bound = data.bind(f"tcp://{self.host}:{settings.data_port or '*'}")
+        bound = self._data.bind(f"tcp://{self.host}:{settings.data_port or '*'}")
         self.data_port = int(bound.rsplit(":", 1)[1])
         if settings.ping_interval_seconds > 0:
             self._timer = self.clock.callLater(settings.ping_interval_seconds, self._tick)
         return self.port
 
-    def _look_at_connections(self) -> None:
-        """Take in what ZeroMQ said of both sockets' connections until now."""
-        for watch in self._watches:
-            watch.read_now()
-
     def stop(self) -> None:
         """Close the sockets; what waits for a confirmation is retried elsewhere."""
-        for call in (self._timer, self._reaper):
-            if call is not None and call.active():
-                call.cancel()
-        self._timer = self._reaper = None
-        self._reap_on_resume = False
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
         self._backlogs.stop()
-        for peer in list(self._peers.values()):
-            self._forget(peer, "the listener is stopping")
+        self.peers.stop()
         self._outbox.flush()
-        self._watches = []
+        self._sockets = None
         if self._zmq is not None:
             self._zmq.shutdown()
             self._zmq = None
@@ -315,13 +242,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self.traffic.messages_in += 1
         self._outbox.reading = True  # answers go out when the burst is drained
         data = self._data
-        connection = getattr(data, "connection", None)
-        peer = self._peers.get(identity)
-        if peer is None or peer.connection != connection:
-            if peer is not None:
-                self._taken(peer)
-            peer = self._new_peer(identity, connection, getattr(data, "source_fd", None))
-        peer.heard = self.clock.seconds() - self._backlogs.deaf_seconds
+        peer = self.peers.heard(
+            identity, getattr(data, "connection", None), getattr(data, "source_fd", None)
+        )
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
             self._content(peer, command)
@@ -337,34 +260,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         elif isinstance(command, mtl.Ping):
             self._send(peer, mtl.Pong())
         # Pong and stray Responses: being heard is all.
-
-    def _new_peer(self, identity: bytes, connection: str | None, source_fd: Any) -> _DataPeer:
-        """A data peer heard from for the first time (on this connection)."""
-        peer = self._peers[identity] = _DataPeer(identity, connection)
-        if source_fd is not None:
-            peer.fd = source_fd()
-            if peer.fd is not None:
-                self._peer_by_fd[peer.fd] = peer
-        if self._reaper is None and not self._reap_on_resume:
-            self._reaper = self.clock.callLater(self.settings.dead_after_seconds, self._reap)
-        return peer
-
-    def _taken(self, peer: _DataPeer) -> None:
-        """Another connection took a data peer's routing id: forget the old one's peer."""
-        self.count_error("gone-peer")
-        self._log.info(
-            "MTL listener {listener}: data routing id {routing_id!r} now comes from another"
-            " connection: forgot the data peer of the old one (its lease is not inherited)",
-            listener=self.name,
-            routing_id=peer.identity,
-        )
-        self._forget(peer, "its connection is gone")
-
-    def _data_closed(self, fd: int) -> None:
-        """ZeroMQ says the data connection with file descriptor ``fd`` closed: forget its peer."""
-        peer = self._peer_by_fd.pop(fd, None)
-        if peer is not None:
-            self._peers_gone((peer,))
 
     def _drained(self) -> None:
         """The data socket's read burst is over: route its Contents, send its answers.
@@ -384,7 +279,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._outbox.reading = False
         self._outbox.flush()
 
-    def _summon(self, peer: _DataPeer, command: mtl.Summon | mtl.Dismiss) -> None:
+    def _summon(self, peer: DataPeer, command: mtl.Summon | mtl.Dismiss) -> None:
         lease = peer.lease
         if lease is None:
             self._send(peer, mtl.Response(command.sequence, 403))
@@ -410,7 +305,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             peer.summoned.discard(command.resource)
         self._send(peer, mtl.Response(command.sequence, 200 if ok else 400))
 
-    def _content(self, peer: _DataPeer, content: mtl.Content) -> None:
+    def _content(self, peer: DataPeer, content: mtl.Content) -> None:
         lease = peer.lease
         if lease is None or lease.kind != "writer":
             self.count_error("content-without-writer-lease")
@@ -433,7 +328,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             self._send(peer, mtl.Reject(content.sequence, False, False))
             return
         if lease.profile == "test":
-            for reader in self._readers(resource, "test"):
+            for reader in self.peers.readers(resource, "test"):
                 self._send(
                     reader,
                     mtl.Content(next(reader.sequence), resource, content.properties, content.body),
@@ -445,7 +340,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
         self._inbox.add(message, (peer, content.sequence) if lease.confirm == "full" else None)
 
-    def _answer_writer(self, token: tuple[_DataPeer, int] | None, result: Result) -> None:
+    def _answer_writer(self, token: tuple[DataPeer, int] | None, result: Result) -> None:
         """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
         self._in_flight -= 1
         due = self._answers_due
@@ -465,16 +360,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         else:
             self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
 
-    def _readers(self, resource: str, profile: str) -> list[_DataPeer]:
-        return [
-            peer
-            for peer in self._peers.values()
-            if peer.lease is not None
-            and peer.lease.profile == profile
-            and peer.lease.kind == "reader"
-            and resource in peer.summoned
-        ]
-
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Send a batch to the gateway-profile readers that summoned each message's address.
 
@@ -493,19 +378,19 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # What readers were told before goes first; a reader that congests meanwhile
         # holds what follows.
         self._outbox.flush()
-        readers_of: dict[str, list[_DataPeer]] = {}
+        readers_of: dict[str, list[DataPeer]] = {}
         frames: list[list[bytes]] = []
-        targets: list[_DataPeer] = []
+        targets: list[DataPeer] = []
         copies: list[Copy] = []
-        waiting: list[tuple[_DataPeer, list[bytes], Copy]] = []  # for congested readers
+        waiting: list[tuple[DataPeer, list[bytes], Copy]] = []  # for congested readers
         limit = self.settings.max_backlog_messages
-        added: dict[_DataPeer, int] = {}  # confirm=full readers' copies in this batch
+        added: dict[DataPeer, int] = {}  # confirm=full readers' copies in this batch
         held_back = 0
         for index, message in enumerate(messages):
             address = message.address
             readers = readers_of.get(address)
             if readers is None:
-                readers = readers_of[address] = self._readers(address, "gateway")
+                readers = readers_of[address] = self.peers.readers(address, "gateway")
             if not readers:
                 batch.settle(
                     index, Outcome.retry(f"no MTL reader of {self.name} summoned {address!r}")
@@ -551,14 +436,14 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self,
         batch: PendingBatch,
         frames: list[list[bytes]],
-        targets: list[_DataPeer],
+        targets: list[DataPeer],
         copies: list[Copy],
-        waiting: list[tuple[_DataPeer, list[bytes], Copy]],
+        waiting: list[tuple[DataPeer, list[bytes], Copy]],
     ) -> None:
         """Send a batch's Contents in one go; hold, withdraw or answer what ZeroMQ refused."""
         full, gone = self._data.send_routed(frames) if frames else ([], [])
         elsewhere: set[int] = set(gone)
-        grown: dict[_DataPeer, None] = {}
+        grown: dict[DataPeer, None] = {}
         hold = self._backlogs.hold
         if full and self.flow.pauses_producers:
             for position in full:
@@ -588,13 +473,13 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             for position in gone:
                 batch.withdraw(copies[position][2], went)
             self._count_not_sent(len(gone))
-            self._peers_gone(targets[position] for position in gone)
+            self.peers.gone(targets[position] for position in gone)
         for reader in grown:
             self._backlogs.check(reader, reader.backlog)
 
     # --- back-pressure -----------------------------------------------------------------
 
-    def _slow_consumer(self, peer: _DataPeer, why: str) -> None:
+    def _slow_consumer(self, peer: DataPeer, why: str) -> None:
         """Forget a congested peer given up on (stuck, or past the cap), counted and logged."""
         self._log.warn(
             "MTL listener {listener}: forgot a slow consumer, a data peer that does not"
@@ -604,7 +489,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         )
         if self._metrics is not None:
             self._metrics.slow_consumers.labels(self.name).inc()
-        self._forget(peer, "a slow consumer")
+        self.peers.forget(peer, "a slow consumer")
 
     # --- heartbeats --------------------------------------------------------------------
 
@@ -626,72 +511,14 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._outbox.flush()
         self._timer = self.clock.callLater(self.settings.ping_interval_seconds, self._tick)
 
-    def _reap(self) -> None:
-        """Forget the data peers silent for ``dead_after_seconds``; come back at the next deadline.
-
-        One timer for all peers, armed for the earliest deadline (the least
-        recently heard peer's): a peer is forgotten when its silence reaches
-        the limit, not at the next ping round. Silence while the data socket
-        was not read is ours, not the peer's: a deadline that comes while
-        reading is held is looked at again once reading resumes.
-        """
-        self._reaper = None
-        backlogs = self._backlogs
-        if backlogs.deaf:
-            self._reap_on_resume = True
-            return
-        now = backlogs.listened(self.clock.seconds())
-        limit = self.settings.dead_after_seconds
-        oldest: float | None = None
-        for peer in list(self._peers.values()):
-            silent = now - peer.heard
-            if silent >= limit - _CLOCK_SLACK_SECONDS:
-                self.count_error("dead-peer")
-                why = f"silent for {silent:.1f} s"
-                self._log.info(
-                    "MTL listener {listener}: forgot a dead data peer ({why})",
-                    listener=self.name,
-                    why=why,
-                )
-                self._forget(peer, why)
-            elif oldest is None or peer.heard < oldest:
-                oldest = peer.heard
-        if oldest is not None:
-            self._reaper = self.clock.callLater(oldest + limit - now, self._reap)
-
     def _resume_reading(self) -> None:
         """Read the data socket again; look for dead peers if a deadline came meanwhile."""
         self._data.resume_reading()
-        if self._reap_on_resume:
-            self._reap_on_resume = False
-            self._reap()
-
-    def _peers_gone(self, peers: Iterable[_DataPeer]) -> None:
-        """Forget peers ZeroMQ has no connection with any more (they left without a word)."""
-        for peer in peers:
-            if not peer.forgotten:
-                self.count_error("gone-peer")
-                self._log.info(
-                    "MTL listener {listener}: forgot a data peer that is gone (ZeroMQ has"
-                    " no connection with it any more)",
-                    listener=self.name,
-                )
-                self._forget(peer, "its connection is gone")
-
-    def _forget(self, peer: _DataPeer, why: str) -> None:
-        """Drop a peer: its lease and summons go, what waits on it is retry later."""
-        if self._peers.get(peer.identity) is peer:
-            del self._peers[peer.identity]
-        if peer.fd is not None and self._peer_by_fd.get(peer.fd) is peer:
-            del self._peer_by_fd[peer.fd]
-        peer.forgotten = True
-        gone = Outcome.retry(f"an MTL reader of {self.name} went away ({why})")
-        self._backlogs.forget(peer, peer.backlog, gone)
-        give_back(peer.unconfirmed, gone)
+        self.peers.reading_resumed()
 
     # --- helpers -----------------------------------------------------------------------
 
-    def _send(self, peer: _DataPeer, command: mtl.DataCommand) -> None:
+    def _send(self, peer: DataPeer, command: mtl.DataCommand) -> None:
         """Send a data command with the others of this burst or reactor turn (`Outbox`).
 
         A congested peer's goes after what it holds, in order.
@@ -714,7 +541,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if gone:
             self._count_not_sent(len(gone))
             peers = self._peers
-            self._peers_gone(
+            self.peers.gone(
                 peer
                 for peer in (peers.get(messages[position][0]) for position in gone)
                 if peer is not None
@@ -724,7 +551,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if not self.flow.pauses_producers:
             self._count_not_sent(len(full))  # dropped, as ZeroMQ would drop it
             return
-        grown: dict[_DataPeer, None] = {}
+        grown: dict[DataPeer, None] = {}
         for position in full:
             frames = messages[position]
             peer = self._peers.get(frames[0])
