@@ -14,10 +14,11 @@ import json
 from typing import Any
 
 import attrs
+from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from gateway.codecs import mtl
-from gateway.core.auth import Secrets
+from gateway.core.auth import LoginFailurePolicy, Secrets
 from gateway.core.message import Message, Outcome, Status
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.mtl.server import MTLServer
@@ -167,3 +168,52 @@ def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
     assert b"reader" not in listener._peers and listener.peers._by_fd == {}
     [[outcome]] = results
     assert outcome.status is Status.RETRY and "went away" in outcome.reason
+
+
+def test_a_held_back_answer_is_not_sent_once_its_connection_is_gone() -> None:
+    """A refused login's answer waits; its connection closes meanwhile: nothing is sent."""
+    listener, control, _data, _metrics = guarded()
+    listener.login_failures = LoginFailurePolicy(
+        delay_seconds=1.0, max_delay_seconds=4.0, per_connection=3, reset_seconds=600.0
+    )
+    listener._zmq = object()  # running, as far as held-back answers are concerned
+    assert ask(listener, control, "1", 11, *OPEN)[0] == 401
+    sent = len(control.messages)
+    wrong = base64.b64encode(b"\0alice\0guess").decode()
+    control.connection, control.fd = "1", 11
+    listener._on_control(
+        [
+            ROUTING_ID,
+            b"",
+            *mtl.request("Connection.Authorize", {"mechanism": "PLAIN", "response": wrong}),
+        ]
+    )
+    assert len(control.messages) == sent  # held back
+    listener.control.closed(11)
+    clock = listener.clock
+    assert isinstance(clock, Clock)
+    clock.advance(10)
+    assert len(control.messages) == sent
+
+
+def test_a_held_back_answer_still_goes_to_a_session_forgotten_for_room() -> None:
+    """Forgotten as the least recently used while its answer waits: its connection still gets it."""
+    listener, control, _data, _metrics = guarded()
+    listener.settings = MTLListenerSettings(require_auth=True, max_sessions=1)
+    listener.login_failures = LoginFailurePolicy(
+        delay_seconds=1.0, max_delay_seconds=4.0, per_connection=3, reset_seconds=600.0
+    )
+    listener._zmq = object()  # running, as far as held-back answers are concerned
+    assert ask(listener, control, "1", 11, *OPEN)[0] == 401
+    wrong = base64.b64encode(b"\0alice\0guess").decode()
+    authorize = mtl.request("Connection.Authorize", {"mechanism": "PLAIN", "response": wrong})
+    listener._on_control([ROUTING_ID, b"", *authorize])
+    sent = len(control.messages)
+    control.connection, control.fd = "2", 12
+    listener._on_control([b"someone-else", b"", *mtl.request(*OPEN)])  # takes the only room
+    assert ROUTING_ID not in listener.control._sessions
+    clock = listener.clock
+    assert isinstance(clock, Clock)
+    clock.advance(10)
+    late = [frames for frames in control.messages[sent:] if frames[0] == ROUTING_ID]
+    assert [frames[2] for frames in late] == [b"401"]

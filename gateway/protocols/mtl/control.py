@@ -77,6 +77,8 @@ class _Session:
     """The connection it was opened on (ZAP's number; None: not known)."""
     fd: int | None = None
     """That connection's file descriptor, by which ZeroMQ says it closed."""
+    ended: bool = False
+    """Its connection is gone: nothing more is sent under its routing id for it."""
     opened: bool = False
     identity: str | None = None
     secret: bytes | None = None
@@ -163,6 +165,7 @@ class ControlFlow:
         session = self._sessions.get(identity)
         if session is not None and session.fd == fd:
             del self._sessions[identity]
+            session.ended = True
 
     # --- requests ----------------------------------------------------------------------
 
@@ -205,7 +208,7 @@ class ControlFlow:
         host = self._host
         if not host.running:
             return  # stopped meanwhile
-        if self._sessions.get(answer[0]) is not session:
+        if session.ended:
             return  # its connection is gone: the routing id may be another's now
         host.control_socket.send(answer)
         host.traffic.messages_out += 1
@@ -243,6 +246,7 @@ class ControlFlow:
     def _taken(self, identity: bytes, session: _Session) -> None:
         """Another connection took a session's routing id: the session is over, not inherited."""
         del self._sessions[identity]
+        session.ended = True
         if session.fd is not None and self._by_fd.get(session.fd) == identity:
             del self._by_fd[session.fd]
         host = self._host
