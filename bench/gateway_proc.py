@@ -1,5 +1,10 @@
-"""What the benches share: a gateway process's figures, its signals, and two protocol clients.
+"""What the benches share: a gateway process's configuration, figures, signals, two clients.
 
+* `gateway_config` writes a gateway's main file from its tables; the
+  ``*_TABLE`` and ``*_LISTENER`` constants are the pieces the benches share
+  (loopback listeners on ports the system picks, the DMP leases the
+  `bench.dmp_sink_to_feed` clients present); `add_set_option` gives a bench
+  the ``--set LISTENER.KEY=VALUE`` option for the settings it adds.
 * `rss_kib` and `open_fds` read a process's resident memory
   (``/proc/PID/status`` VmRSS) and open file descriptors (``/proc/PID/fd``).
 * `scrape` keeps the route, error and slow-consumer figures of the gateway's
@@ -22,6 +27,7 @@ The other clients the benches need come from `bench.bridges`,
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -30,7 +36,7 @@ import resource
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -43,9 +49,19 @@ if TYPE_CHECKING:
     from tests.integration.harness import GatewayProcess
 
 __all__ = [
+    "ADMIN_TABLE",
+    "DMP_LISTENER",
+    "GATEWAY_TABLE",
     "LOG_PROBLEM",
+    "LOOPBACK_ENDPOINT",
+    "MTL_LISTENER",
+    "QMQP_LISTENER",
+    "SSMP_LISTENER",
+    "STREAM_LISTENER",
     "MTLSession",
     "StreamClient",
+    "add_set_option",
+    "gateway_config",
     "log_problems",
     "metric",
     "open_fds",
@@ -60,6 +76,68 @@ __all__ = [
 READ_TIMEOUT_SECONDS: Final = 30.0
 LOG_PROBLEM: Final = re.compile(r"Traceback|Unhandled|CRITICAL")
 """Gateway log lines that mean a bug, not a peer's mistake."""
+
+LOOPBACK_ENDPOINT: Final = 'endpoint = "tcp:0:interface=127.0.0.1"'
+"""127.0.0.1, on a port the system picks (`GatewayProcess.address` reads it back)."""
+GATEWAY_TABLE: Final = ('data_dir = "data"', 'routes = "routes"')
+"""Data and route files inside the gateway's scratch directory."""
+ADMIN_TABLE: Final = (LOOPBACK_ENDPOINT,)
+"""The admin endpoint, for ``/metrics``."""
+SSMP_LISTENER: Final = ('protocol = "ssmp"', LOOPBACK_ENDPOINT, 'schemes = ["open"]')
+QMQP_LISTENER: Final = ('protocol = "qmqp"', LOOPBACK_ENDPOINT)
+STREAM_LISTENER: Final = ('protocol = "stream"', LOOPBACK_ENDPOINT, "guest = true")
+DMP_LISTENER: Final = (
+    'protocol = "dmp"',
+    LOOPBACK_ENDPOINT,
+    'sinks = ["in"]',
+    'feeds = ["out"]',
+    'leases = { writer = { sink = "in", text = "w" }, reader = { feed = "out", text = "r" } }',
+)
+"""Sink ``in`` and feed ``out``, leased to the texts ``w`` and ``r`` (`bench.dmp_sink_to_feed`)."""
+MTL_LISTENER: Final = ('protocol = "mtl"', LOOPBACK_ENDPOINT)
+
+
+def gateway_config(
+    tables: Mapping[str, Sequence[str]], settings: Mapping[str, str] | None = None
+) -> str:
+    """A gateway's main file, with ``LISTENER.KEY`` = TOML value settings added.
+
+    Args:
+        tables: Each TOML table's name (``gateway``, ``listeners.hub``) and
+            its ``key = value`` lines, in the order to write them.
+        settings: ``LISTENER.KEY`` to a TOML value, added to the table
+            ``listeners.LISTENER``.
+
+    Raises:
+        KeyError: A setting names a listener that ``tables`` has not.
+    """
+    lines = {name: list(entries) for name, entries in tables.items()}
+    for dotted, value in (settings or {}).items():
+        listener, _, key = dotted.partition(".")
+        lines[f"listeners.{listener}"].append(f"{key} = {value}")
+    return "".join(
+        f"\n[{name}]\n" + "".join(f"{entry}\n" for entry in entries)
+        for name, entries in lines.items()
+    )
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--set LISTENER.KEY=VALUE``, repeatable: ``dict(args.set)`` is `gateway_config`'s."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=_listener_setting,
+        metavar="LISTENER.KEY=VALUE",
+        help="a listener setting (TOML value), e.g. hub.max_backlog_bytes=65536",
+    )
+
+
+def _listener_setting(item: str) -> tuple[str, str]:
+    dotted, equals, value = item.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"expected LISTENER.KEY=VALUE, got {item!r}")
+    return dotted, value
 
 
 def rss_kib(pid: int) -> int:

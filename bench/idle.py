@@ -55,8 +55,15 @@ sys.path.insert(0, str(ROOT))
 from bench.bridges import ssmp_subscriber  # noqa: E402
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
+    DMP_LISTENER,
+    GATEWAY_TABLE,
+    MTL_LISTENER,
+    QMQP_LISTENER,
+    SSMP_LISTENER,
+    STREAM_LISTENER,
     MTLSession,
     StreamClient,
+    gateway_config,
     log_problems,
     open_fds,
     open_sockets,
@@ -84,62 +91,37 @@ SETTLE_SECONDS: Final = 30.0
 SLOW_SECONDS: Final = 3600
 """Time-outs of the idle state: longer than any run."""
 
-CONFIG: Final = """
-[gateway]
-data_dir = "data"
-routes = "routes"
-
-[admin]
-enabled = false
-
-[listeners.ssmp]
-protocol = "ssmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-schemes = ["open"]
-max_connections = {limit}
-backlog = 4096
-login_timeout_seconds = {slow}
-ping_interval_seconds = {slow}
-pong_timeout_seconds = {slow}
-
-[listeners.qmqp]
-protocol = "qmqp"
-endpoint = "tcp:0:interface=127.0.0.1"
-max_connections = {limit}
-backlog = 4096
-idle_timeout_seconds = {slow}
-
-[listeners.stream]
-protocol = "stream"
-endpoint = "tcp:0:interface=127.0.0.1"
-guest = true
-max_connections = {limit}
-backlog = 4096
-handshake_timeout_seconds = {slow}
-
-[listeners.dmp]
-protocol = "dmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-sinks = ["in"]
-feeds = ["out"]
-max_connections = {limit}
-backlog = 4096
-handshake_timeout_seconds = {slow}
-
-[listeners.dmp.leases]
-writer = {{ sink = "in", text = "w" }}
-reader = {{ feed = "out", text = "r" }}
-
-[listeners.mtl]
-protocol = "mtl"
-endpoint = "tcp:0:interface=127.0.0.1"
-ping_interval_seconds = {slow}
-dead_after_seconds = {slow}
-"""
 ROUTES: Final = {
     "mail": 'from = "qmqp"\nmatch = "#"\nto = "ssmp"\naddress = "mail"\nbody = "subject"\n',
     "loop": 'from = "dmp"\nmatch = "#"\nto = "dmp"\naddress = "out"\n',
 }
+
+
+def config(max_connections: int) -> str:
+    """The gateway's main file: admin off, each listener taking ``max_connections``, never idle."""
+    taking = (f"max_connections = {max_connections}", "backlog = 4096")
+    slow = SLOW_SECONDS
+    return gateway_config(
+        {
+            "gateway": GATEWAY_TABLE,
+            "admin": ("enabled = false",),
+            "listeners.ssmp": (
+                *SSMP_LISTENER,
+                *taking,
+                f"login_timeout_seconds = {slow}",
+                f"ping_interval_seconds = {slow}",
+                f"pong_timeout_seconds = {slow}",
+            ),
+            "listeners.qmqp": (*QMQP_LISTENER, *taking, f"idle_timeout_seconds = {slow}"),
+            "listeners.stream": (*STREAM_LISTENER, *taking, f"handshake_timeout_seconds = {slow}"),
+            "listeners.dmp": (*DMP_LISTENER, *taking, f"handshake_timeout_seconds = {slow}"),
+            "listeners.mtl": (
+                *MTL_LISTENER,
+                f"ping_interval_seconds = {slow}",
+                f"dead_after_seconds = {slow}",
+            ),
+        }
+    )
 
 
 @dataclass
@@ -438,8 +420,9 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
             file=sys.stderr,
         )
         return 2
-    config = CONFIG.format(limit=max(1024, 2 * args.connections), slow=SLOW_SECONDS)
-    gateway = GatewayProcess(scratch / "gateway", config, routes=ROUTES).start()
+    gateway = GatewayProcess(
+        scratch / "gateway", config(max(1024, 2 * args.connections)), routes=ROUTES
+    ).start()
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     context.set(zmq.MAX_SOCKETS, 2 * counts["mtl"] + 64)
     peers = Peers(context)

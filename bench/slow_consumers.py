@@ -59,7 +59,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
+    ADMIN_TABLE,
+    DMP_LISTENER,
+    GATEWAY_TABLE,
+    MTL_LISTENER,
+    SSMP_LISTENER,
+    STREAM_LISTENER,
     StreamClient,
+    add_set_option,
+    gateway_config,
     metric,
     rss_kib,
     wait_until,
@@ -68,54 +76,17 @@ from bench.mtl_flow import EMPTY_TABLE, U64, lease, short  # noqa: E402
 from gateway.codecs import stream as sp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
-CONFIG: Final = """
-[gateway]
-data_dir = "data"
-routes = "routes"
-
-[admin]
-endpoint = "tcp:0:interface=127.0.0.1"
-
-[log]
-fsync = "never"
-
-[listeners.hub]
-protocol = "ssmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-schemes = ["open"]
-{hub}
-
-[listeners.streams]
-protocol = "stream"
-endpoint = "tcp:0:interface=127.0.0.1"
-guest = true
-heartbeat_seconds = 0
-{streams}
-
-[listeners.dmp]
-protocol = "dmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-sinks = ["in"]
-feeds = ["out"]
-{dmp}
-
-[listeners.dmp.leases]
-writer = {{ sink = "in", text = "w" }}
-reader = {{ feed = "out", text = "r" }}
-
-[listeners.mtl]
-protocol = "mtl"
-endpoint = "tcp:0:interface=127.0.0.1"
-profiles = ["gateway"]
-{mtl}
-
-[listeners.mtl2]
-protocol = "mtl"
-endpoint = "tcp:0:interface=127.0.0.1"
-profiles = ["gateway"]
-{mtl2}
-"""
-LISTENERS: Final = ("hub", "streams", "dmp", "mtl", "mtl2")
+TABLES: Final[dict[str, tuple[str, ...]]] = {
+    "gateway": GATEWAY_TABLE,
+    "admin": ADMIN_TABLE,
+    "log": ('fsync = "never"',),
+    "listeners.hub": SSMP_LISTENER,
+    "listeners.streams": (*STREAM_LISTENER, "heartbeat_seconds = 0"),
+    "listeners.dmp": DMP_LISTENER,
+    "listeners.mtl": (*MTL_LISTENER, 'profiles = ["gateway"]'),
+    "listeners.mtl2": (*MTL_LISTENER, 'profiles = ["gateway"]'),
+}
+"""The gateway's main file, table by table (`gateway_config`)."""
 ROUTES: Final = {
     "dmp-loop": 'from = "dmp"\nmatch = "#"\nto = "dmp"\naddress = "out"\n',
     "mtl-across": 'from = "mtl"\nmatch = "in"\nto = "mtl2"\naddress = "out"\n',
@@ -508,20 +479,12 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
 RUNS: Final = {"ssmp": run_ssmp, "stream": run_stream, "dmp": run_dmp, "mtl": run_mtl}
 
 
-def config(settings: dict[str, str] | None = None) -> str:
-    """The gateway's main file, with ``LISTENER.KEY`` = TOML value settings added."""
-    extra: dict[str, list[str]] = {name: [] for name in LISTENERS}
-    for dotted, value in (settings or {}).items():
-        listener, _, key = dotted.partition(".")
-        extra[listener].append(f"{key} = {value}")
-    return CONFIG.format(**{name: "\n".join(lines) for name, lines in extra.items()})
-
-
 @contextmanager
 def gateway_process(settings: dict[str, str] | None = None) -> Iterator[GatewayProcess]:
     """A fresh gateway with the five listeners and the two routes."""
     with tempfile.TemporaryDirectory() as directory:
-        process = GatewayProcess(Path(directory), config(settings), routes=dict(ROUTES)).start()
+        config = gateway_config(TABLES, settings)
+        process = GatewayProcess(Path(directory), config, routes=dict(ROUTES)).start()
         try:
             yield process
         finally:
@@ -597,16 +560,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50,000 messages")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS))
     parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="LISTENER.KEY=VALUE",
-        help="a listener setting (TOML value), e.g. hub.max_backlog_bytes=65536",
-    )
+    add_set_option(parser)
     args = parser.parse_args()
     messages = args.messages or (50_000 if args.quick else 1_000_000)
-    settings = dict(item.split("=", 1) for item in args.set)
+    settings = dict(args.set)
     rows: list[Row] = []
     for protocol in args.protocols.split(","):
         modes = (True,) if args.no_baseline else (False, True)

@@ -65,8 +65,16 @@ sys.path.insert(0, str(ROOT))
 from bench.bridges import MESSAGE_BYTES, percentiles, ssmp_subscriber  # noqa: E402
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import (  # noqa: E402
+    ADMIN_TABLE,
+    DMP_LISTENER,
+    GATEWAY_TABLE,
+    MTL_LISTENER,
+    QMQP_LISTENER,
+    SSMP_LISTENER,
+    STREAM_LISTENER,
     MTLSession,
     StreamClient,
+    gateway_config,
     log_problems,
     open_fds,
     rss_kib,
@@ -89,52 +97,19 @@ STREAM_CREDIT: Final = 10
 FAILURES: Final = (OSError, EOFError, RuntimeError, ProtocolError, zmq.ZMQError)
 """What ends a load's connection: it counts an error and connects again."""
 
-CONFIG: Final = """
-[gateway]
-data_dir = "data"
-routes = "routes"
-
-[admin]
-endpoint = "tcp:0:interface=127.0.0.1"
-
-[log]
-fsync = "always"
-segment_bytes = 2097152
-max_bytes = 8388608
-
-[listeners.hub]
-protocol = "ssmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-schemes = ["open"]
-
-[listeners.mail]
-protocol = "qmqp"
-endpoint = "tcp:0:interface=127.0.0.1"
-
-[listeners.streams]
-protocol = "stream"
-endpoint = "tcp:0:interface=127.0.0.1"
-guest = true
-
-[listeners.dmp]
-protocol = "dmp"
-endpoint = "tcp:0:interface=127.0.0.1"
-sinks = ["in"]
-feeds = ["out"]
-heartbeat_seconds = 5
-
-[listeners.dmp.leases]
-writer = { sink = "in", text = "w" }
-reader = { feed = "out", text = "r" }
-
-[listeners.mtl]
-protocol = "mtl"
-endpoint = "tcp:0:interface=127.0.0.1"
-
-[listeners.mtl2]
-protocol = "mtl"
-endpoint = "tcp:0:interface=127.0.0.1"
-"""
+CONFIG: Final = gateway_config(
+    {
+        "gateway": GATEWAY_TABLE,
+        "admin": ADMIN_TABLE,
+        "log": ('fsync = "always"', "segment_bytes = 2097152", "max_bytes = 8388608"),
+        "listeners.hub": SSMP_LISTENER,
+        "listeners.mail": QMQP_LISTENER,
+        "listeners.streams": STREAM_LISTENER,
+        "listeners.dmp": (*DMP_LISTENER, "heartbeat_seconds = 5"),
+        "listeners.mtl": MTL_LISTENER,
+        "listeners.mtl2": MTL_LISTENER,
+    }
+)
 ROUTES: Final = {
     "ssmp-keep": 'from = "hub"\nmatch = "soak.ssmp"\nto = "streams"\naddress = "ssmp-log"\n',
     "mail": 'from = "mail"\nmatch = "#@soak.example"\nto = "hub"\naddress = "mail"\n'
