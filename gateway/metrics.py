@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["GatewayMetrics", "RouteStats", "TrafficCounters"]
+__all__ = ["BackboneStats", "GatewayMetrics", "RouteStats", "TrafficCounters"]
 
 _LATENCY_BUCKETS_SECONDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -138,6 +138,73 @@ class _RouteCollector(Collector):
         yield from (messages, size, outcomes, in_flight, latency)
 
 
+class BackboneStats:
+    """The fleet backbone's numbers (`gateway.fleet.backbone`), as plain ints.
+
+    Exposed at scrape time as ``msggateway_fleet_backbone_connected``,
+    ``_blocked``, ``_bindings``, ``_reconnects_total``, ``_gap_seconds_total``
+    (time without a connection, added when it is back), ``_dropped_total``
+    (messages for other nodes dropped for want of a connection, or unconfirmed
+    when it was lost), ``_nacked_total``, ``_published_total``,
+    ``_published_bytes_total`` and ``_received_total`` (AMQP messages, each
+    a batch of events).
+    """
+
+    __slots__ = (
+        "bindings",
+        "blocked",
+        "connected",
+        "connections",
+        "dropped",
+        "gap_seconds",
+        "nacked",
+        "published",
+        "published_bytes",
+        "received",
+        "reconnects",
+    )
+
+    def __init__(self) -> None:
+        self.connected = 0
+        self.blocked = 0
+        self.bindings = 0
+        self.connections = 0
+        self.reconnects = 0
+        self.gap_seconds = 0.0
+        self.dropped = 0
+        self.nacked = 0
+        self.published = 0
+        self.published_bytes = 0
+        self.received = 0
+
+
+_BACKBONE: Final = (
+    ("connected", GaugeMetricFamily, "1 while the node is connected to RabbitMQ, else 0."),
+    ("blocked", GaugeMetricFamily, "1 while RabbitMQ blocks the node's publishing, else 0."),
+    ("bindings", GaugeMetricFamily, "Bindings of the node's queue."),
+    ("reconnects", CounterMetricFamily, "Reconnections to RabbitMQ after a loss."),
+    ("gap_seconds", CounterMetricFamily, "Seconds spent without a connection to RabbitMQ."),
+    ("dropped", CounterMetricFamily, "Messages for other nodes dropped (no connection)."),
+    ("nacked", CounterMetricFamily, "Messages RabbitMQ refused (nacked)."),
+    ("published", CounterMetricFamily, "AMQP messages published (each a batch)."),
+    ("published_bytes", CounterMetricFamily, "Bytes published."),
+    ("received", CounterMetricFamily, "AMQP messages received from other nodes."),
+)
+
+
+class _BackboneCollector(Collector):
+    """Reads the backbone's `BackboneStats` at scrape time."""
+
+    def __init__(self, stats: BackboneStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        for attribute, family, documentation in _BACKBONE:
+            metric = family(f"msggateway_fleet_backbone_{attribute}", documentation)
+            metric.add_metric([], getattr(self._stats, attribute))
+            yield metric
+
+
 class GatewayMetrics:
     """The gateway's counters, gauges and histograms, in their own registry."""
 
@@ -196,6 +263,12 @@ class GatewayMetrics:
             "This process's node id (in every publisher reference it uses), as a label.",
             registry=r,
         )
+
+    def backbone(self) -> BackboneStats:
+        """The fleet backbone's numbers, registered for scraping (one backbone per gateway)."""
+        stats = BackboneStats()
+        self.registry.register(_BackboneCollector(stats))
+        return stats
 
     def set_node(self, node: str) -> None:
         """Show this process's node id: ``msggateway_node_info{node="..."} 1``."""

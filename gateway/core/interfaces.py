@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from zope.interface import Attribute, Interface
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
     from twisted.internet.defer import Deferred
 
     from gateway.core.message import Message, Outcome
 
-__all__ = ["IDeduplicatingDestination", "IDestination", "IRouteDelivery"]
+__all__ = ["IBackbone", "IDeduplicatingDestination", "IDestination", "IRouteDelivery"]
 
 
 class IDestination(Interface):
@@ -84,4 +85,64 @@ class IRouteDelivery(Interface):
 
         A durable delivery commits the batch as one chunk (one fsync) and
         answers every message after that commit.
+        """
+
+
+class IBackbone(Interface):
+    """A fleet node's one connection to RabbitMQ, as its users see it (`gateway.fleet`).
+
+    Provided by `gateway.fleet.backbone.Backbone` (pika, a real broker) and
+    by the tests' in-memory broker. What users register (exchanges,
+    consumers, bindings) is declared again after every reconnection; what
+    they publish is one AMQP message per batch of their own events.
+    """
+
+    node = Attribute("This node's id; every message it publishes carries it as its origin.")
+    ready = Attribute("Whether the connection is up with everything declared.")
+    lost_since = Attribute("When the node last lost (or had not yet) its connection; None: up.")
+    congestion = Attribute(
+        "A `gateway.core.flow.Congestion`: congested while the confirm window is full or the"
+        " broker blocked publishing; users hold their local producers on it."
+    )
+    receiving = Attribute(
+        "A `gateway.core.flow.Throttle`: while held (by local consumers that are congested),"
+        " no further delivery is handled and none acknowledged."
+    )
+
+    def declare_exchange(name: str, kind: str = "direct") -> None:
+        """Declare an exchange (durable) now and after every reconnection."""
+
+    def consume(exchange: str, handler: Callable[[Any], None]) -> None:
+        """Hand each delivery on this node's queue from ``exchange`` to ``handler``."""
+
+    def on_connected(callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every (re)connection, once everything is declared."""
+
+    def on_lost(callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever the connection is lost (this node's queue is gone)."""
+
+    def bind(exchange: str, key: str) -> None:
+        """Bind this node's queue to ``exchange`` with ``key``, now and after reconnections."""
+
+    def unbind(exchange: str, key: str) -> None:
+        """Undo `bind`."""
+
+    def when_bound(callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once every binding change asked for so far took effect."""
+
+    def publish(
+        exchange: str,
+        key: str,
+        body: bytes,
+        *,
+        kind: str,
+        headers: Mapping[str, Any] | None = None,
+        cc: Sequence[str] = (),
+        mandatory: bool = False,
+        on_result: Callable[[Any], None] | None = None,
+    ) -> bool:
+        """Publish one message; False when there is no connection (then it is dropped).
+
+        ``on_result`` gets one `gateway.fleet.backbone.Published` value: routed,
+        unroutable (mandatory, nobody bound), nacked, or lost.
         """

@@ -22,11 +22,21 @@ subscriber's write), and a route's delivery is answered once its congested
 recipients drained, so that its sources run out of in-flight room too. A
 healthy subscriber that is briefly slower than its publishers thereby
 misses nothing; only a stuck one is cut (`gateway.protocols.listener`).
+
+Across nodes (a fleet, docs/fleet.rst): with ``[fleet] amqp`` the hub has a
+seam, ``fleet`` (`HubLink`, made by `gateway.fleet.hub.FleetHub`), which it
+tells when a topic gets its first or loses its last local subscriber, when
+a named peer logs in or out, and of every MCAST, BCAST, UCAST to a peer not
+connected here, and presence event that must reach other nodes; the seam
+delivers what other nodes send back into the hub's peers. Without one
+(``fleet`` is None) the hub behaves, and performs, as a single node's: one
+attribute test per forwarded request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
 
 from twisted.internet.defer import Deferred, succeed
@@ -34,6 +44,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import implementer
 
 from gateway.codecs import ssmp
+from gateway.core.batch import Answers
 from gateway.core.flow import Congestion, Throttle, answer_when_drained
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
@@ -45,7 +56,7 @@ from gateway.protocols.ssmp.mapping import (
     ucast_peer,
 )
 
-__all__ = ["Hub", "HubPeer"]
+__all__ = ["Hub", "HubLink", "HubPeer"]
 
 
 class HubPeer(Protocol):
@@ -69,6 +80,47 @@ class HubPeer(Protocol):
         """Close the connection because another took its identity."""
 
 
+class HubLink(Protocol):
+    """What the hub needs of its cross-node seam (`gateway.fleet.hub.FleetHub`).
+
+    Everything is queued and sent on the next reactor turn, in the order it
+    was asked for; answers (`ucast`) come later.
+    """
+
+    congestion: Congestion
+    """Congested while the backbone cannot take more: the hub holds publishers on it."""
+
+    def topic_added(self, topic: bytes) -> None:
+        """``topic`` got its first local subscriber."""
+
+    def topic_removed(self, topic: bytes) -> None:
+        """``topic`` lost its last local subscriber."""
+
+    def peer_added(self, peer: HubPeer) -> None:
+        """A named peer logged in here (older connections elsewhere must go)."""
+
+    def peer_removed(self, identity: bytes) -> None:
+        """The named peer ``identity`` is no longer connected here."""
+
+    def mcast(self, topic: bytes, data: bytes, lines: int = 1) -> None:
+        """MCAST events (``lines`` of them) for other nodes' subscribers of ``topic``."""
+
+    def ucast(self, to: bytes, line: bytes, answer: Callable[[Outcome], None]) -> None:
+        """A UCAST event for ``to`` on another node; ``answer`` gets accepted, or 404 rejected."""
+
+    def bcast(self, sender: bytes, topics: Iterable[bytes], line: bytes) -> None:
+        """A BCAST event for other nodes' peers sharing one of ``topics`` (at most once each)."""
+
+    def bcast_all(self, sender: bytes, line: bytes) -> None:
+        """A routed BCAST event for every named peer on other nodes but ``sender``."""
+
+    def presence(self, topic: bytes, line: bytes) -> None:
+        """A presence event of ``topic`` for other nodes' PRESENCE subscribers."""
+
+    def roll_call(self, peer: HubPeer, topic: bytes) -> None:
+        """``peer`` subscribed with PRESENCE: the other nodes' subscribers of ``topic``, please."""
+
+
 @implementer(IDestination)
 class Hub:
     """Peers and topics of one SSMP listener.
@@ -85,6 +137,8 @@ class Hub:
         self.topics: dict[bytes, dict[HubPeer, bool]] = {}
         self._dirty: list[HubPeer] = []
         self._flush_call: IDelayedCall | None = None
+        self.fleet: HubLink | None = None
+        """The cross-node seam, with ``[fleet] amqp``; None: this node alone."""
 
     # --- output batching -------------------------------------------------
 
@@ -92,12 +146,17 @@ class Hub:
         """Remember that ``peer`` has queued output (called once per batch)."""
         self._dirty.append(peer)
 
-    def flush(self, producer: HubPeer | None = None) -> list[HubPeer]:
+    def flush(
+        self, producer: HubPeer | None = None, throttle: Throttle | None = None
+    ) -> list[HubPeer]:
         """Write every peer's queued output, one write per peer.
 
         Args:
             producer: The peer whose read queued the output, if one did:
-                every recipient congested after its write holds it.
+                every recipient congested after its write holds it, and so
+                does the fleet's backbone while it cannot take more.
+            throttle: Held instead of the producer's (what another node sent,
+                `gateway.fleet.hub`): by every recipient congested after its write.
 
         Returns:
             The peers written to that are congested now.
@@ -116,9 +175,14 @@ class Hub:
                     congested.append(peer)
             dirty = self._dirty  # a flush may disconnect a peer and queue presence events
         if producer is not None:
+            throttle = producer.throttle
+            fleet = self.fleet
+            if fleet is not None and fleet.congestion.congested:
+                fleet.congestion.hold(throttle)
+        if throttle is not None:
             for peer in congested:
                 if peer is not producer:
-                    peer.congestion.hold(producer.throttle)
+                    peer.congestion.hold(throttle)
         return congested
 
     def schedule_flush(self) -> None:
@@ -142,6 +206,15 @@ class Hub:
             self.detach(previous)
             previous.evict("the same identity logged in on another connection")
         self.peers[peer.identity] = peer
+        if self.fleet is not None:
+            self.fleet.peer_added(peer)
+
+    def evict(self, identity: bytes, reason: str) -> None:
+        """Close the connection of ``identity`` here: it logged in again on another node."""
+        peer = self.peers.get(identity)
+        if peer is not None:
+            self.detach(peer)
+            peer.evict(reason)
 
     def detach(self, peer: HubPeer) -> None:
         """Forget a peer whose connection ended, telling presence subscribers.
@@ -151,6 +224,8 @@ class Hub:
         """
         if self.peers.get(peer.identity) is peer:
             del self.peers[peer.identity]
+            if self.fleet is not None:
+                self.fleet.peer_removed(peer.identity)
         for topic in list(peer.topics):
             self.unsubscribe(peer, topic)
 
@@ -164,9 +239,12 @@ class Hub:
         """
         if topic in peer.topics:
             return False
+        fleet = self.fleet
         subscribers = self.topics.get(topic)
         if subscribers is None:
             subscribers = self.topics[topic] = {}
+            if fleet is not None:
+                fleet.topic_added(topic)
         event = _presence_event(peer.identity, topic, presence)
         batch: list[bytes] = []
         for other, wants_presence in subscribers.items():
@@ -178,6 +256,10 @@ class Hub:
         peer.topics[topic] = presence
         if batch:
             peer.queue(b"".join(batch))
+        if fleet is not None:
+            fleet.presence(topic, event)
+            if presence:
+                fleet.roll_call(peer, topic)
         return True
 
     def unsubscribe(self, peer: HubPeer, topic: bytes) -> bool:
@@ -186,10 +268,15 @@ class Hub:
             return False
         subscribers = self.topics[topic]
         del subscribers[peer]
+        event = b"000 " + peer.identity + b" UNSUBSCRIBE " + topic + b"\n"
+        fleet = self.fleet
+        if fleet is not None:
+            fleet.presence(topic, event)
         if not subscribers:
             del self.topics[topic]
+            if fleet is not None:
+                fleet.topic_removed(topic)
             return True
-        event = b"000 " + peer.identity + b" UNSUBSCRIBE " + topic + b"\n"
         for other, wants_presence in subscribers.items():
             if wants_presence:
                 other.queue(event)
@@ -204,9 +291,13 @@ class Hub:
             for peer in subscribers:
                 if peer is not sender:
                     peer.queue(event)
+        if self.fleet is not None:
+            self.fleet.mcast(topic, event)
 
     def bcast(self, sender: HubPeer, event: bytes) -> None:
         """Queue a BCAST event once for every peer sharing a topic with the sender."""
+        if self.fleet is not None and sender.topics:
+            self.fleet.bcast(sender.identity, sender.topics, event)
         seen: set[HubPeer] = {sender}
         for topic in sender.topics:
             for peer in self.topics[topic]:
@@ -239,6 +330,9 @@ class Hub:
         (or was cut as a slow consumer: what the hub took stays accepted).
         """
         outcomes: list[Outcome] = []
+        answers: Answers | None = None
+        """Outcomes to come from other nodes (UCASTs to peers not connected here)."""
+        remote: set[int] = set()
         run_topic = b""
         run: list[bytes] = []
         events: Sequence[tuple[_Target, bytes]] | Outcome
@@ -264,17 +358,35 @@ class Hub:
                     run = []
                 if isinstance(target, _Everyone):
                     self._bcast_all(target.sender, line)
+                elif isinstance(target, _Remote):
+                    if answers is None:
+                        answers = Answers(len(messages))
+                    remote.add(len(outcomes))
+                    assert self.fleet is not None
+                    self.fleet.ucast(
+                        target.identity, line, functools.partial(answers.settle, len(outcomes))
+                    )
                 else:
                     target.queue(line)
             outcomes.append(_ACCEPTED)
         if run:
             self._queue_run(run_topic, run)
-        if not self._dirty:
+        congested = self.flush() if self._dirty else []
+        consumers = [peer.congestion for peer in congested]
+        fleet = self.fleet
+        if fleet is not None and fleet.congestion.congested:
+            consumers.append(fleet.congestion)
+        if answers is not None:
+            # Once the other nodes answered the batch's UCASTs to peers not here.
+            for index, outcome in enumerate(outcomes):
+                if index not in remote:
+                    answers.settle(index, outcome)
+            if not consumers:
+                return answers.deferred
+            return answers.deferred.addCallback(lambda done: answer_when_drained(consumers, done))
+        if not consumers:
             return succeed(outcomes)
-        congested = self.flush()
-        if not congested:
-            return succeed(outcomes)
-        return answer_when_drained([peer.congestion for peer in congested], outcomes)
+        return answer_when_drained(consumers, outcomes)
 
     def _events(self, message: Message) -> list[tuple[_Target, bytes]] | Outcome:
         """A message's events, each with whom it goes to (see `_Target`).
@@ -289,11 +401,14 @@ class Hub:
                 if isinstance(ucast, Outcome):
                     return ucast
                 peer = self.peers.get(ucast[0])
-                if peer is None:
+                if peer is not None:
+                    events.append((peer, ucast[1]))
+                elif self.fleet is not None:
+                    events.append((_Remote(ucast[0]), ucast[1]))  # another node may have it
+                else:
                     return Outcome.rejected(
                         f"no peer {peer_id!r} is connected to {self.name}", code="404"
                     )
-                events.append((peer, ucast[1]))
             elif address == BCAST_ADDRESS:
                 bcast = bcast_event(message)
                 if isinstance(bcast, Outcome):
@@ -314,12 +429,16 @@ class Hub:
             count = len(lines)
             for peer in subscribers:
                 peer.queue(data, count)
+        if self.fleet is not None:
+            self.fleet.mcast(topic, lines[0] if len(lines) == 1 else b"".join(lines), len(lines))
 
     def _bcast_all(self, sender: bytes, line: bytes) -> None:
         """Queue a routed BCAST event for every named peer but one with the sender's id."""
         for identity, peer in self.peers.items():
             if identity != sender:
                 peer.queue(line)
+        if self.fleet is not None:
+            self.fleet.bcast_all(sender, line)
 
 
 _ACCEPTED: Final = Outcome.accepted()
@@ -334,8 +453,18 @@ class _Everyone:
         self.sender = sender
 
 
-_Target = bytes | HubPeer | _Everyone
-"""Whom an event goes to: a topic's subscribers (MCAST), one peer (UCAST), or everyone."""
+class _Remote:
+    """The recipient of a routed UCAST that is not connected here: maybe on another node."""
+
+    __slots__ = ("identity",)
+
+    def __init__(self, identity: bytes) -> None:
+        self.identity = identity
+
+
+_Target = bytes | HubPeer | _Everyone | _Remote
+"""Whom an event goes to: a topic's subscribers (MCAST), one peer (UCAST, here or
+perhaps on another node), or everyone."""
 
 
 def _presence_event(identity: bytes, topic: bytes, presence: bool) -> bytes:

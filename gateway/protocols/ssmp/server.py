@@ -6,6 +6,9 @@ forwarding to the `Hub` and the requests that routes take to the `Router`
 (MCASTs by topic, BCASTs as ``!bcast``, UCASTs to a peer not connected here
 as ``!ucast.<peer>``: `gateway.protocols.ssmp.mapping`), one batch per read,
 and keeps responses in request order even when a route answers later.
+In a fleet (docs/fleet.rst), a UCAST to a peer not connected here goes to
+the node that has it (`gateway.fleet.hub`): 200 once that node took it,
+404 when no node has it (and no route takes ``!ucast.<peer>`` either).
 
 Flow control (docs/protocols/ssmp.rst, "Flow control"; `gateway.core.flow`):
 each connection is a push producer on its own transport. When a subscriber's
@@ -558,6 +561,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if factory.authorization.restricted and not self._allowed(Action.PUBLISH, to):
             return
         target = self.hub.peers.get(to)
+        if target is None and self.hub.fleet is not None:
+            self._ucast_across(to, line.payload)
+            return
         if target is None:
             # Not connected here: a route taking ``!ucast.<to>`` may know the peer.
             if factory.routed and factory.router.has_routes(factory.name, ucast_address(to)):
@@ -574,6 +580,32 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             return
         target.queue(prefix + to + b" " + line.payload + b"\n")
         self._respond(OK)
+
+    def _ucast_across(self, to: bytes, payload: bytes) -> None:
+        """UCAST to a peer not connected here: through the fleet, then a route if none has it."""
+        event = self._ucast_prefix + to + b" " + payload + b"\n"
+        if len(event) > ssmp.MAX_LINE_BYTES:
+            self._respond(_TOO_LONG_TO_FORWARD)
+            return
+        fleet = self.hub.fleet
+        assert fleet is not None
+        slot = _Pending(ucast=True)
+        self._pending.append(slot)
+        if len(self._pending) >= self.factory.settings.max_pending_replies:
+            self._pause_reading()
+        factory = self.factory
+        routed = factory.routed and factory.router.has_routes(factory.name, ucast_address(to))
+        sent = factory.clock.seconds()
+
+        def answered(outcome: Outcome) -> None:
+            if routed and outcome.code == "404" and not self._closing:
+                # No node has the peer: a route taking ``!ucast.<to>`` may know it.
+                self._inbox.add(message_from_ucast(self.identity, to, payload, sent), slot)
+                self._inbox.dispatch()
+            else:
+                self._answer(slot, outcome)
+
+        fleet.ucast(to, event, answered)
 
     def _on_bcast(self, line: ssmp.Bcast) -> None:
         if self.identity == ssmp.ANONYMOUS:

@@ -1,0 +1,374 @@
+"""The SSMP hub across nodes (`gateway.fleet.hub`), over an in-memory broker on a `Clock`.
+
+Each node is a real hub listener (`SSMPServerFactory`, `Hub`, connections
+on `StringTransport`) with a `FleetHub` over a `MemoryBackbone`; the nodes
+meet on one `MemoryBroker` (tests/fleet/broker.py). ``clock.advance(0)``
+runs the world until it is quiet. The behaviour checked is the spec's
+(../shared/specs/ssmp.txt) across nodes, as docs/fleet.rst describes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from zope.interface.verify import verifyObject
+
+from gateway.core.interfaces import IBackbone
+from gateway.core.message import Message, Outcome, Status
+from gateway.core.router import Router, RouteTable
+from gateway.fleet.hub import ROLL_CALL_SECONDS, FleetHub
+from gateway.metrics import GatewayMetrics
+from gateway.protocols.ssmp.hub import Hub
+from gateway.protocols.ssmp.server import SSMPServerFactory, SSMPServerProtocol
+from tests.doubles import NO_LOGIN_WAIT
+from tests.fleet.broker import MemoryBackbone, MemoryBroker
+from tests.protocols.test_ssmp_server import SECRETS, SETTINGS, Peer, fired
+
+
+class Node:
+    """One gateway node: an SSMP hub listener named ``hub`` and its seam."""
+
+    def __init__(self, broker: MemoryBroker, name: str) -> None:
+        self.clock = broker.clock
+        self.backbone = MemoryBackbone(broker, name)
+        self.hub = Hub("hub", self.clock)
+        self.seam = FleetHub(self.hub, self.backbone, self.clock)
+        self.factory = SSMPServerFactory(
+            name="hub",
+            settings=SETTINGS,
+            hub=self.hub,
+            router=Router(RouteTable(), self.clock, GatewayMetrics()),
+            secrets=SECRETS,
+            clock=self.clock,
+        )
+        self.factory.login_failures = NO_LOGIN_WAIT
+
+    def login(self, identity: str, transport: StringTransport | None = None) -> Peer:
+        """Connect and log in (``open``); the 200 is consumed."""
+        transport = transport or StringTransport()
+        protocol = self.factory.buildProtocol(IPv4Address("TCP", "192.0.2.1", 40000))
+        assert isinstance(protocol, SSMPServerProtocol)
+        protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
+        peer = Peer(protocol, transport)
+        peer.send(f"LOGIN {identity} open\n".encode())
+        assert peer.received() == b"200\n"
+        return peer
+
+
+class Fleet:
+    """Nodes on one in-memory broker and one clock."""
+
+    def __init__(self, count: int = 3) -> None:
+        self.clock = Clock()
+        self.broker = MemoryBroker(self.clock)
+        self.nodes = [Node(self.broker, f"n{index}") for index in range(count)]
+        self.settle()
+
+    def settle(self) -> None:
+        """Run the world until nothing is left to do now."""
+        self.clock.advance(0)
+
+    def subscriber(self, node: int, identity: str, *topics: str, presence: bool = False) -> Peer:
+        """Log in on a node and subscribe (settled); every response is consumed."""
+        peer = self.nodes[node].login(identity)
+        flag = " PRESENCE" if presence else ""
+        peer.send(b"".join(f"SUBSCRIBE {topic}{flag}\n".encode() for topic in topics))
+        assert peer.received().startswith(b"200\n" * len(topics))
+        self.settle()
+        return peer
+
+
+@pytest.fixture
+def fleet() -> Fleet:
+    """Three nodes."""
+    return Fleet()
+
+
+def test_backbones_provide_the_interface(fleet: Fleet) -> None:
+    """The in-memory backbone is an `IBackbone`, as the real one is."""
+    assert verifyObject(IBackbone, fleet.nodes[0].backbone)
+
+
+def test_mcast_reaches_other_nodes_once_per_run(fleet: Fleet) -> None:
+    """A read's MCASTs to one topic cross as one message; each subscriber gets each once."""
+    alice = fleet.subscriber(0, "alice", "news")
+    carol = fleet.subscriber(2, "carol", "news")
+    local = fleet.subscriber(1, "dave", "news")
+    bob = fleet.nodes[1].login("bob")
+    fleet.settle()  # its login is announced
+    before = fleet.broker.published
+    bob.send(b"MCAST news one\nMCAST news two\nMCAST news three\n")
+    assert bob.received() == b"200\n" * 3
+    expected = b"000 bob MCAST news one\n000 bob MCAST news two\n000 bob MCAST news three\n"
+    assert local.received() == expected  # at once, on the publisher's node
+    fleet.settle()
+    assert alice.received() == expected
+    assert carol.received() == expected
+    assert local.received() == b""  # not again from the broker
+    assert fleet.broker.published == before + 1
+
+
+def test_mcast_to_a_topic_without_subscribers_anywhere(fleet: Fleet) -> None:
+    """MCAST never answers 404 (spec), whoever subscribes where."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST nobody hello\n")
+    assert bob.received() == b"200\n"
+    fleet.settle()
+
+
+def test_ucast_to_another_node_answers_when_that_node_has_it(fleet: Fleet) -> None:
+    """UCAST to a peer on another node: 200 once the broker routed it, and it is delivered."""
+    alice = fleet.nodes[0].login("alice")
+    fleet.settle()
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"UCAST alice hi\nMCAST x y\n")
+    assert bob.received() == b""  # the 200 waits for the confirm; the next answer after it
+    fleet.settle()
+    assert bob.received() == b"200\n200\n"
+    assert alice.received() == b"000 bob UCAST alice hi\n"
+
+
+def test_ucast_to_nobody_anywhere_is_404(fleet: Fleet) -> None:
+    """UCAST to a peer no node has: 404 (spec, "Unicast")."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"UCAST ghost hi\n")
+    fleet.settle()
+    assert bob.received().startswith(b"404 ")
+
+
+def test_bcast_reaches_each_peer_once_across_the_fleet(fleet: Fleet) -> None:
+    """BCAST: every peer sharing a topic with the sender, once, whatever it shares (spec)."""
+    both = fleet.subscriber(0, "both", "a", "b")
+    only_b = fleet.subscriber(2, "onlyb", "b")
+    other = fleet.subscriber(2, "other", "c")
+    near = fleet.subscriber(1, "near", "a", "b")
+    bob = fleet.subscriber(1, "bob", "a", "b")
+    for peer in (both, only_b, near):
+        peer.received()
+    bob.send(b"BCAST hello\n")
+    assert bob.received() == b"200\n"
+    fleet.settle()
+    for peer in (both, only_b, near):
+        assert peer.received() == b"000 bob BCAST hello\n"
+    assert other.received() == b""
+
+
+def test_presence_across_nodes_keeps_the_order(fleet: Fleet) -> None:
+    """The initial batch names subscribers on other nodes; later events follow in order."""
+    bob = fleet.subscriber(1, "bob", "room")
+    watcher = fleet.nodes[0].login("watcher")
+    watcher.send(b"SUBSCRIBE room PRESENCE\n")
+    fleet.settle()
+    assert watcher.received() == b"200\n000 bob SUBSCRIBE room\n"
+    carol = fleet.subscriber(2, "carol", "room")
+    assert watcher.received() == b"000 carol SUBSCRIBE room\n"
+    bob.send(b"UNSUBSCRIBE room\n")
+    carol.lose()
+    fleet.settle()
+    assert watcher.received() == b"000 bob UNSUBSCRIBE room\n000 carol UNSUBSCRIBE room\n"
+
+
+def test_presence_events_before_the_roll_call_answer_are_not_repeated(fleet: Fleet) -> None:
+    """A subscriber announced live and in a node's answer is announced once."""
+    bob = fleet.subscriber(1, "bob", "room")
+    watcher = fleet.nodes[0].login("watcher")
+    watcher.send(b"SUBSCRIBE room PRESENCE\n")
+    # carol subscribes on bob's node in the same turn: she may be announced live, and
+    # in bob's node's answer.
+    carol = fleet.nodes[1].login("carol")
+    carol.send(b"SUBSCRIBE room\n")
+    fleet.settle()
+    lines = watcher.received().splitlines()
+    assert lines[0] == b"200"
+    assert sorted(lines[1:]) == [b"000 bob SUBSCRIBE room", b"000 carol SUBSCRIBE room"]
+    del bob
+    fleet.clock.advance(ROLL_CALL_SECONDS)
+
+
+def test_login_elsewhere_closes_the_older_connection(fleet: Fleet) -> None:
+    """LOGIN of an identity logged in on another node closes the older connection (spec)."""
+    old = fleet.subscriber(0, "alice", "news")
+    watcher = fleet.subscriber(2, "watcher", "news", presence=True)
+    watcher.received()
+    fleet.clock.advance(1)
+    new = fleet.nodes[1].login("alice")
+    fleet.settle()
+    assert old.transport.disconnecting
+    assert watcher.received() == b"000 alice UNSUBSCRIBE news\n"
+    bob = fleet.nodes[2].login("bob")
+    bob.send(b"UCAST alice hi\n")
+    fleet.settle()
+    assert bob.received() == b"200\n"
+    assert new.received() == b"000 bob UCAST alice hi\n"
+    assert fleet.nodes[1].seam.evictions == 0
+    assert fleet.nodes[0].seam.evictions == 1
+
+
+def test_a_dead_node_takes_its_bindings_with_it(fleet: Fleet) -> None:
+    """Once a node's connection dies, UCAST to its peers is 404 and MCAST reaches no one there."""
+    alice = fleet.subscriber(0, "alice", "news")
+    fleet.nodes[0].backbone.kill()
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"UCAST alice hi\nMCAST news x\n")
+    fleet.settle()
+    assert bob.received().startswith(b"404 ")
+    assert alice.received() == b""
+
+
+def test_a_node_back_from_a_gap_is_reachable_again(fleet: Fleet) -> None:
+    """After a reconnection the node's bindings are declared again."""
+    alice = fleet.subscriber(0, "alice", "news")
+    node = fleet.nodes[0]
+    node.backbone.kill()
+    node.backbone.reconnect()
+    fleet.settle()
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"UCAST alice hi\nMCAST news x\n")
+    fleet.settle()
+    assert bob.received() == b"200\n200\n"
+    assert alice.received() == b"000 bob UCAST alice hi\n000 bob MCAST news x\n"
+
+
+def test_ucast_without_a_broker_is_retry(fleet: Fleet) -> None:
+    """With the node cut off from the broker, a UCAST to a peer not here is 400 retry."""
+    fleet.nodes[1].backbone.kill()
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"UCAST alice hi\n")
+    fleet.settle()
+    assert bob.received().startswith(b"400 retry:")
+
+
+def test_routed_ucast_and_bcast_take_the_same_path(fleet: Fleet) -> None:
+    """Routes into the hub reach peers on other nodes: ``!ucast.<peer>`` and ``!bcast``."""
+    alice = fleet.nodes[0].login("alice")
+    fleet.settle()
+    hub = fleet.nodes[1].hub
+    outcomes = hub.deliver(
+        [
+            Message(body=b"hi", address="!ucast.alice", sender="app"),
+            Message(body=b"hi", address="!ucast.ghost", sender="app"),
+            Message(body=b"all", address="!bcast", sender="app"),
+            Message(body=b"t", address="news", sender="app"),
+        ]
+    )
+    fleet.settle()
+    answered = fired(outcomes)
+    statuses = [outcome.status for outcome in answered]
+    assert statuses == [Status.ACCEPTED, Status.REJECTED, Status.ACCEPTED, Status.ACCEPTED]
+    assert answered[1].code == "404"
+    assert alice.received() == b"000 app UCAST alice hi\n000 app BCAST all\n"
+
+
+def test_a_congested_subscriber_holds_what_other_nodes_send(fleet: Fleet) -> None:
+    """A remote delivery that congests a local subscriber stops the node's deliveries."""
+    slow = fleet.subscriber(0, "slow", "news")
+    bob = fleet.nodes[1].login("bob")
+    slow.protocol.pauseProducing()  # its transport's buffer is full
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()
+    backbone = fleet.nodes[0].backbone
+    assert backbone.receiving.held
+    bob.send(b"MCAST news 2\n")
+    fleet.settle()
+    assert slow.received() == b"000 bob MCAST news 1\n"
+    slow.protocol.resumeProducing()
+    fleet.settle()
+    assert slow.received() == b"000 bob MCAST news 2\n"
+    assert not backbone.receiving.held
+
+
+def test_a_full_confirm_window_holds_local_publishers() -> None:
+    """While the backbone is congested, a publisher is held after its read, then released."""
+    world = Fleet(2)
+    backbone = world.nodes[1].backbone
+    bob = world.nodes[1].login("bob")
+    backbone.congestion.begin()
+    bob.send(b"MCAST news 1\n")
+    assert bob.protocol.throttle.held
+    backbone.congestion.drained()
+    assert not bob.protocol.throttle.held
+    world.settle()
+
+
+# --- the property: random interleavings over three nodes ------------------------------------
+
+_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["sub", "unsub", "pub", "settle"]),
+        st.integers(0, 5),  # peer
+        st.sampled_from(["a", "b"]),  # topic
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=_ACTIONS)
+def test_random_interleavings_keep_per_sender_order_and_at_most_once(
+    actions: list[tuple[str, int, str]],
+) -> None:
+    """Any interleaving of SUBSCRIBE, UNSUBSCRIBE and MCAST over three nodes, six peers.
+
+    Each receiver gets each sender's messages in the order they were sent
+    and never twice; a subscriber that was subscribed (settled) before a
+    message was sent and stayed subscribed until it was delivered gets it.
+    """
+    world = Fleet(3)
+    peers = [world.nodes[index % 3].login(f"p{index}") for index in range(6)]
+    subscribed: list[set[str]] = [set() for _ in peers]
+    settled_since: list[dict[str, int]] = [{} for _ in peers]
+    sent: list[tuple[int, str, int]] = []  # (sender, topic, seq)
+    unsubscribed_at: dict[tuple[int, str], list[int]] = defaultdict(list)
+    round_ = 0
+    for action, index, topic in actions:
+        peer = peers[index]
+        if action == "sub" and topic not in subscribed[index]:
+            peer.send(f"SUBSCRIBE {topic}\n".encode())
+            subscribed[index].add(topic)
+        elif action == "unsub" and topic in subscribed[index]:
+            peer.send(f"UNSUBSCRIBE {topic}\n".encode())
+            subscribed[index].discard(topic)
+            settled_since[index].pop(topic, None)
+            unsubscribed_at[(index, topic)].append(len(sent))
+        elif action == "pub":
+            peer.send(f"MCAST {topic} {index}.{len(sent)}\n".encode())
+            sent.append((index, topic, len(sent)))
+        elif action == "settle":
+            world.settle()
+            round_ += 1
+            for who, topics in enumerate(subscribed):
+                for name in topics:
+                    settled_since[who].setdefault(name, len(sent))
+    world.settle()
+    for who, peer in enumerate(peers):
+        got: dict[int, list[int]] = defaultdict(list)
+        seen: set[int] = set()
+        for line in peer.received().splitlines():
+            if b" MCAST " not in line:
+                continue
+            sender, seq = (int(part) for part in line.rsplit(b" ", 1)[1].split(b"."))
+            assert seq not in seen, "at most once"
+            seen.add(seq)
+            got[sender].append(seq)
+        for sequence in got.values():
+            assert sequence == sorted(sequence), "per-sender order"
+        for sender, topic, seq in sent:
+            since = settled_since[who].get(topic)
+            if sender != who and since is not None and seq >= since:
+                assert seq in seen, f"p{who} missed {seq} on {topic}"
+
+
+def test_answers_of_a_fleet_ucast_become_outcomes(fleet: Fleet) -> None:
+    """A routed UCAST's outcome is given once the other nodes answered."""
+    outcomes = fleet.nodes[0].hub.deliver([Message(body=b"x", address="!ucast.nobody")])
+    assert not outcomes.called
+    fleet.settle()
+    assert fired(outcomes) == [
+        Outcome.rejected("no peer 'nobody' is connected to any node", code="404")
+    ]
