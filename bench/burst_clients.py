@@ -434,7 +434,11 @@ class MTLWriter(Producer):
             if unsettled:
                 self.problem = f"{len(unsettled):,} unanswered"
         finally:
-            self._sock.close(linger=0)
+            # Without confirms, what ZeroMQ still queues here is sent while the socket
+            # lingers (the gateway holds writers back by not reading them): linger=0
+            # would drop it on our side, a loss no gateway could prevent.
+            linger = 0 if self._confirm else max(0, int((self._deadline - time.monotonic()) * 1000))
+            self._sock.close(linger=linger)
 
 
 class StreamPublisher(Producer):

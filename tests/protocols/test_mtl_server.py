@@ -345,12 +345,12 @@ def test_readers_without_confirmations_and_readers_gone() -> None:
     assert accepted.status is Status.ACCEPTED
     assert refused.status is Status.RETRY and "went away" in refused.reason
     assert unread.status is Status.RETRY and "no MTL reader" in unread.reason
-    assert b"gone" not in listener._peers
+    assert listener._peers[b"gone"].departed and not listener._peers[b"gone"].summoned
     [[before]] = earlier
     assert before.status is Status.RETRY and "went away" in before.reason
     assert [e["log_format"] for e in events if "gone" in e["log_format"]] == [
-        "MTL listener {listener}: forgot a data peer that is gone (ZeroMQ has no connection"
-        " with it any more)"
+        "MTL listener {listener}: a data peer is gone (ZeroMQ has no connection with it any"
+        " more): nothing more is sent to it"
     ]
     gone = metrics.registry.get_sample_value(
         "msggateway_protocol_errors_total", {"endpoint": "mtl", "kind": "gone-peer"}
@@ -379,7 +379,7 @@ def test_a_gone_reader_does_not_count_against_the_live_one() -> None:
         delivered = contents(world.readers_sent, b"r")[-3:]
         burst(readers, [(b"r", mtl.Confirm(c.sequence, False)) for c in delivered])
     assert answers(world.writers_sent, b"w") == {n: mtl.Confirm(n, False) for n in range(1, 7)}
-    assert b"dead" not in readers._peers
+    assert readers._peers[b"dead"].departed and not readers._peers[b"dead"].summoned
     to_dead = [
         frames
         for batch in world.readers_sent.batches[tried:]
@@ -398,7 +398,7 @@ def test_a_ping_finds_a_gone_peer() -> None:
     listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
     sent.gone.add(b"r")
     clock.advance(5)  # the ping round
-    assert b"r" not in listener._peers
+    assert listener._peers[b"r"].departed and not listener._peers[b"r"].summoned
     [[outcome]] = results
     assert outcome.status is Status.RETRY and "went away" in outcome.reason
 
@@ -648,3 +648,24 @@ def test_stop_cancels_the_reaper() -> None:
     assert any(call.func == listener.peers._reap for call in clock.getDelayedCalls())
     listener.stop()
     assert [call for call in clock.getDelayedCalls() if call.active()] == []
+
+
+def test_a_writer_gone_after_its_last_contents_still_has_them_routed() -> None:
+    """A writer that closed with Contents still queued here: they are its, routed as such.
+
+    ZeroMQ refusing a send to it (it left) makes it departed: nothing more
+    is sent to it, but what it sent before it left, read afterwards (the
+    data socket may not have been read meanwhile), keeps its lease.
+    """
+    listener, clock, control, sent = server()
+    reader = lease(listener, control, "Reader", "none", ["resource"], profile="test")
+    data(listener, b"r", mtl.Lease(1, reader))
+    data(listener, b"r", mtl.Summon(2, "resource"))
+    writer = lease(listener, control, "Writer", "none", ["resource"], profile="test")
+    data(listener, b"w", mtl.Lease(1, writer))
+    sent.gone.add(b"w")
+    clock.advance(5)  # the ping round finds it gone
+    assert listener._peers[b"w"].departed
+    burst(listener, [(b"w", mtl.Content(n, "resource", {}, b"m%d" % n)) for n in range(1, 4)])
+    assert [c.body for c in contents(sent, b"r")] == [b"m1", b"m2", b"m3"]
+    assert not [c for c in sent.commands(b"w") if isinstance(c, mtl.Reject)]

@@ -165,7 +165,7 @@ def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
     listener.deliver([Message(address="news", body=b"x")]).addCallback(results.append)
     assert results == []
     listener.peers.closed(21)
-    assert b"reader" not in listener._peers and listener.peers._by_fd == {}
+    assert listener._peers[b"reader"].departed and listener.peers._by_fd == {}
     [[outcome]] = results
     assert outcome.status is Status.RETRY and "went away" in outcome.reason
 

@@ -547,7 +547,7 @@ def test_a_congested_mtl_reader_found_gone_is_forgotten_and_reading_resumes() ->
     assert sent.paused and results == []
     sent.gone.add(b"r")
     clock.advance(HELD_RETRY_SECONDS)
-    assert b"r" not in listener._peers and not sent.paused
+    assert listener._peers[b"r"].departed and not sent.paused
     [[outcome]] = results
     assert outcome.status is Status.RETRY and "went away" in outcome.reason
     assert retry_timers(listener, clock) == []

@@ -7,11 +7,17 @@ number to each message (`ZmqSocket.connection`). A message under a known
 routing id from another connection means the first is gone: its peer is
 forgotten, and the new connection starts a peer without a lease.
 
-A peer is forgotten, at once:
+When ZeroMQ says a peer's connection closed (`DataPeers.closed`, from
+libzmq's socket monitor), or refuses a send to it for want of a connection
+(`DataPeers.gone`, ``EHOSTUNREACH``), the peer has *departed*: nothing is
+sent to it any more, it reads nothing (its summons go, what waits for it is
+retry later), but its lease still covers what it sent before it left. A
+writer that sends its last Contents and closes its socket leaves them
+queued here, unread while back-pressure holds the data socket; they are
+still its, and routed as such. A departed peer is forgotten once silent.
 
-* when ZeroMQ says its connection closed (`DataPeers.closed`, from
-  libzmq's socket monitor), or refuses a send to it for want of a
-  connection (`DataPeers.gone`, ``EHOSTUNREACH``);
+A peer is forgotten:
+
 * when its silence reaches ``dead_after_seconds``: one timer for all peers,
   armed for the earliest deadline, looks again at each; time the data
   socket was not read (`Backlogs.listened`) is the listener's silence, not
@@ -62,6 +68,8 @@ class DataPeer:
     backlog: Backlog = attrs.Factory(Backlog)
     """What ZeroMQ refused for it (its queue full), in order, offered again until taken."""
     forgotten: bool = False
+    departed: bool = False
+    """Its connection is gone: nothing is sent to it; its lease covers what it sent before."""
 
 
 class DataPeers:
@@ -134,16 +142,26 @@ class DataPeers:
             self.gone((peer,))
 
     def gone(self, peers: Iterable[DataPeer]) -> None:
-        """Forget peers ZeroMQ has no connection with any more (they left without a word)."""
+        """Peers ZeroMQ has no connection with any more (they left without a word) departed.
+
+        Nothing more is sent to them, they read nothing more (what waits for
+        them is retry later), but what they sent before they left and is
+        still to be read here is theirs: their lease stays until they are
+        forgotten for their silence.
+        """
         for peer in peers:
-            if not peer.forgotten:
+            if not peer.forgotten and not peer.departed:
                 self._count_error("gone-peer")
                 self._log.info(
-                    "MTL listener {listener}: forgot a data peer that is gone (ZeroMQ has"
-                    " no connection with it any more)",
+                    "MTL listener {listener}: a data peer is gone (ZeroMQ has no connection"
+                    " with it any more): nothing more is sent to it",
                     listener=self._listener,
                 )
-                self.forget(peer, "its connection is gone")
+                peer.departed = True
+                peer.summoned.clear()
+                if peer.fd is not None and self._by_fd.get(peer.fd) is peer:
+                    del self._by_fd[peer.fd]
+                self._give_back(peer, "its connection is gone")
 
     def forget(self, peer: DataPeer, why: str) -> None:
         """Drop a peer: its lease and summons go, what waits on it is retry later."""
@@ -152,6 +170,10 @@ class DataPeers:
         if peer.fd is not None and self._by_fd.get(peer.fd) is peer:
             del self._by_fd[peer.fd]
         peer.forgotten = True
+        self._give_back(peer, why)
+
+    def _give_back(self, peer: DataPeer, why: str) -> None:
+        """What waits for a peer that went away is retry later."""
         gone = Outcome.retry(f"an MTL reader of {self._listener} went away ({why})")
         self._backlogs.forget(peer, peer.backlog, gone)
         give_back(peer.unconfirmed, gone)

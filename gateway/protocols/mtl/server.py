@@ -521,8 +521,11 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
     def _send(self, peer: DataPeer, command: mtl.DataCommand) -> None:
         """Send a data command with the others of this burst or reactor turn (`Outbox`).
 
-        A congested peer's goes after what it holds, in order.
+        A congested peer's goes after what it holds, in order; a departed
+        peer's is dropped (ZeroMQ has no connection to send it on).
         """
+        if peer.departed:
+            return
         self.traffic.messages_out += 1
         frames = [peer.identity, *mtl.encode_data(command)]
         backlog = peer.backlog
