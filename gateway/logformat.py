@@ -19,6 +19,11 @@ and so on) as top-level keys, and ``traceback`` when the event carries a
 failure. A message spanning lines stays on one (JSON escapes the line
 breaks), so a log shipper never has to join lines.
 
+The worker processes of one host (``[fleet] processes``) write their lines
+to the same place; each tags its own with its node id (`tag_lines`): a
+``node`` key in JSON, and in text the start of the system field
+(``[gw-x-1,gateway.service#info]``, ``[gw-x-1,SSMPServerProtocol,3,127.0.0.1]``).
+
 twistd chooses its log observer before the gateway is built: from its own
 ``--logger`` option (a zero-argument factory, by qualified name), else
 from ``--logfile`` and ``--syslog``. `select_log_format` (called while the
@@ -67,6 +72,7 @@ __all__ = [
     "event_as_json",
     "json_observer",
     "select_log_format",
+    "tag_lines",
     "text_observer",
 ]
 
@@ -129,8 +135,21 @@ FIELDS: Final = frozenset(
 )
 """Event keys copied into the JSON object when a log call passes them."""
 
-_RESERVED: Final = frozenset({"time", "level", "namespace", "message", "traceback"})
+_RESERVED: Final = frozenset({"time", "level", "namespace", "node", "message", "traceback"})
 assert not FIELDS & _RESERVED
+
+
+_node: str | None = None
+"""The node id every line carries (`tag_lines`); None: lines carry none."""
+
+
+def tag_lines(node: str | None) -> None:
+    """Tag every line this process writes from now on with ``node`` (None: stop tagging).
+
+    A worker of a supervisor calls it: its lines go where its siblings' go.
+    """
+    global _node
+    _node = node
 
 
 def _iso_time(seconds: float | None) -> str | None:
@@ -244,8 +263,8 @@ def escaped_event(event: LogEvent) -> LogEvent:
     Its message is `escaped_message` followed by the escaped traceback, if
     any, as Twisted's text format would put it (and as a legacy observer
     such as syslog reads it): ``log_text`` under the format ``{log_text}``.
-    Time, level, namespace and system (escaped) are kept; other fields are
-    not, since the message holds them.
+    Time, level, namespace and system (escaped, and led by the node id
+    `tag_lines` set) are kept; other fields are not, since the message holds them.
 
     Args:
         event: A twisted.logger event.
@@ -259,6 +278,11 @@ def escaped_event(event: LogEvent) -> LogEvent:
         if key in event:
             escaped[key] = event[key]
     system = event.get("log_system")
+    if _node is not None:
+        if system is None:  # what twistd would show: namespace#level
+            level = getattr(event.get("log_level"), "name", "-")
+            system = f"{event.get('log_namespace', '-')}#{level}"
+        system = f"{_node},{system}"
     if system is not None:
         escaped["log_system"] = escape_controls(str(system))
     return escaped
@@ -281,6 +305,8 @@ def event_as_json(event: LogEvent) -> str:
         "namespace": escape_controls(str(event.get("log_namespace", "-"))),
         "message": escaped_message(event),
     }
+    if _node is not None:
+        record["node"] = _node
     for key, value in event.items():
         if key in FIELDS:
             record[key] = _plain(value)

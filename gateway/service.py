@@ -7,6 +7,13 @@ them. Only `makeService` (the twistd entry point) touches the global reactor.
 
 A clean stop (SIGTERM, SIGINT) drains before it closes anything: see
 `GatewayService.stopService`.
+
+With ``[fleet] processes`` above 1, `makeService` returns the supervisor
+of that many worker processes instead (`gateway.fleet.supervisor`), and
+each worker (``--worker I``) is a gateway built here like any other, from
+its own view of the configuration (`gateway.fleet.worker`), whose
+listeners share their ports with the other workers' (SO_REUSEPORT,
+`gateway.fleet.reuseport`).
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from gateway.config import (
     reload_routes,
     reload_secrets,
 )
-from gateway.config.fleet import node_id
+from gateway.config.fleet import node_id, worker_node
 from gateway.config.insecure import insecure_settings
 from gateway.core.batch import all_same
 from gateway.core.durable import DurableRoutes
@@ -705,13 +712,18 @@ _UPSTREAMS: dict[
 }
 
 
-def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) -> GatewayService:
+def build_gateway(
+    config: GatewayConfig, reactor: Any, node: str | None = None, *, reuse_port: bool = False
+) -> GatewayService:
     """Build the gateway's service tree; nothing listens until it starts.
 
     Args:
         config: The validated configuration.
         reactor: The reactor to listen, connect and keep time with.
         node: This process's node id; None: `node_id` of the configuration.
+        reuse_port: Listen on every listener's port (MTL's and the admin
+            endpoint's aside) with SO_REUSEPORT, sharing it with other
+            processes (`gateway.fleet.reuseport`): a worker of a supervisor.
 
     Raises:
         ConfigError: Without ``node``, the data dir's node id file is not usable.
@@ -737,6 +749,11 @@ def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) 
             ),
             dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
         )
+    listening: Any = reactor
+    if reuse_port:
+        from gateway.fleet.reuseport import ReusePortListening
+
+        listening = ReusePortListening(reactor)
     for listener in config.listeners:
         factory, destination = _LISTENERS[listener.protocol](gateway, listener)
         if isinstance(factory, ListenerFactory):
@@ -750,7 +767,7 @@ def build_gateway(config: GatewayConfig, reactor: Any, node: str | None = None) 
         if isinstance(factory, MTLEndpoint):  # ZeroMQ sockets, not a Twisted endpoint
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:
-            endpoint = serverFromString(reactor, listener.listen_endpoint)
+            endpoint = serverFromString(listening, listener.listen_endpoint)
         service = ListenerService(listener.name, endpoint, factory)
         service.setServiceParent(gateway)
         gateway.endpoints[listener.name] = _Endpoint(
@@ -799,7 +816,25 @@ class Options(usage.Options):
             "text (twistd's lines) or json (one JSON object per line, with listener,"
             " route, peer and identity as fields), to stdout or twistd's --logfile.",
         ],
+        [
+            "worker",
+            None,
+            None,
+            "Run as worker I of a supervisor ([fleet] processes): the supervisor passes it.",
+            int,
+        ],
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared_ports: dict[str, int] = {}
+
+    def opt_shared_port(self, value: str) -> None:
+        """NAME=PORT: the port the supervisor holds for listener NAME (with --worker)."""
+        name, equals, port = value.partition("=")
+        if not equals or not port.isdigit() or int(port) > 65535:
+            raise usage.UsageError(f"--shared-port {value}: expected NAME=PORT")
+        self.shared_ports[name] = int(port)
 
     def postOptions(self) -> None:
         """Choose the log format; load and validate the configuration before anything starts."""
@@ -813,6 +848,22 @@ class Options(usage.Options):
             raise usage.UsageError(
                 "invalid configuration:\n" + "\n".join(f"  {p}" for p in exc.problems)
             ) from None
+        worker = self["worker"]
+        processes = self.gateway_config.fleet.processes
+        if worker is None:
+            return
+        if not 0 <= worker < processes:
+            raise usage.UsageError(
+                f"--worker {worker}: [fleet] processes = {processes} has workers 0 to"
+                f" {processes - 1}"
+            )
+        from gateway.fleet.worker import worker_data_dir
+
+        data_dir = worker_data_dir(self.gateway_config.data_dir, worker)
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise usage.UsageError(f"cannot create {data_dir}: {exc.strerror}") from None
 
 
 GC_THRESHOLDS: Final = (10_000, 50, 100)
@@ -854,22 +905,58 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def makeService(options: Options) -> GatewayService:
-    """Build the gateway for twistd, on the global reactor."""
+def _reload_on_hangup(reactor: Any, reload: Callable[[], object]) -> None:
+    """Call ``reload`` in the reactor's thread on every SIGHUP."""
+    if not hasattr(signal, "SIGHUP"):
+        return
+
+    def on_hangup(signum: int, frame: object) -> None:
+        reactor.callFromThread(reload)
+
+    signal.signal(signal.SIGHUP, on_hangup)
+
+
+def makeService(options: Options) -> IService:
+    """Build the gateway for twistd, on the global reactor.
+
+    With ``[fleet] processes`` above 1 that is the supervisor of the
+    workers; with ``--worker I``, worker I (see the module docstring).
+    """
     from twisted.internet import reactor as _reactor
 
     reactor: Any = _reactor
 
     config: GatewayConfig = options.gateway_config
-    gateway = build_gateway(config, reactor, options.node)
+    node: str = options.node
+    worker: int | None = options["worker"]
+    if worker is None and config.fleet.processes > 1:
+        from gateway.fleet.supervisor import make_supervisor
+
+        supervisor = make_supervisor(
+            config,
+            node,
+            Path(options["config"]),
+            options["log-format"],
+            getattr(options, "parent", None),
+            reactor,
+        )
+        _reload_on_hangup(reactor, supervisor.reload)
+        return supervisor
+    if worker is not None:
+        from gateway.fleet import worker as fleet_worker
+        from gateway.logformat import tag_lines
+
+        node = worker_node(node, worker)
+        tag_lines(node)
+        fleet_worker.leave_process_group()
+        config = fleet_worker.worker_config(config, worker, options.shared_ports)
+    gateway = build_gateway(config, reactor, node, reuse_port=worker is not None)
+    if worker is not None:
+        fleet_worker.SupervisorLink(gateway, reactor, worker).setServiceParent(gateway)
     tune_garbage_collector()
     before, after = raise_open_file_limit()
-    if config.source != DEFAULT_CONFIG_NAME and hasattr(signal, "SIGHUP"):
-
-        def on_hangup(signum: int, frame: object) -> None:
-            reactor.callFromThread(gateway.reload)
-
-        signal.signal(signal.SIGHUP, on_hangup)
+    if config.source != DEFAULT_CONFIG_NAME:
+        _reload_on_hangup(reactor, gateway.reload)
     Logger().info(
         "msggateway starting as node {node} with {summary}"
         " (Python {python}; open files: {files}{raised})",

@@ -108,6 +108,7 @@ __all__ = [
     "parse_mtls_server",
     "peer_identities",
     "server_tls_options",
+    "split_endpoint_string",
     "tls_failure_reason",
 ]
 
@@ -765,7 +766,7 @@ def client_endpoint_at(description: str, host: str, port: int) -> str:
     Raises:
         ValueError: Not a ``tcp:`` or ``tls:`` description.
     """
-    fields = _split_unescaped(description)
+    fields = split_endpoint_string(description)
     kind = fields[0]
     if kind not in ("tcp", "tls"):
         raise ValueError(f"cannot move a {kind!r} endpoint to another host")
@@ -784,7 +785,7 @@ def mtls_verify_mode(description: str) -> str | None:
     None for another kind of endpoint, or one whose parameters do not parse
     (`parse_mtls_server` says why when the endpoint is built).
     """
-    fields = _split_unescaped(description)
+    fields = split_endpoint_string(description)
     if fields[0] != MTLSServerParser.prefix:
         return None
     args: list[str] = []
@@ -802,7 +803,7 @@ def mtls_verify_mode(description: str) -> str | None:
         return None
 
 
-def _split_unescaped(description: str) -> list[str]:
+def split_endpoint_string(description: str) -> list[str]:
     """Split an endpoint string at the colons a backslash does not escape (kept escaped)."""
     fields: list[str] = []
     start = index = 0

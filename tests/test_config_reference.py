@@ -114,6 +114,7 @@ def _everything(directory: Path) -> Path:
 
         [fleet]
         node = "edge-1"
+        processes = 1
 
         [listeners.hub]
         protocol = "ssmp"

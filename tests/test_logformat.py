@@ -281,6 +281,36 @@ def test_escaped_event_keeps_time_level_namespace_and_escapes_the_system() -> No
     }
 
 
+@pytest.fixture
+def tagged() -> Iterator[str]:
+    """Lines tagged with a worker's node id while the test runs."""
+    logformat.tag_lines("gw-x-1")
+    try:
+        yield "gw-x-1"
+    finally:
+        logformat.tag_lines(None)
+
+
+def test_a_workers_json_lines_carry_its_node(tagged: str) -> None:
+    """Every JSON line of a worker has its node id, whatever the event."""
+    record = json.loads(event_as_json({"log_format": "x", "log_namespace": "n"}))
+    assert record["node"] == tagged
+
+
+def test_a_workers_text_lines_start_their_system_with_its_node(tagged: str) -> None:
+    """Text: ``[NODE,SYSTEM]``, or ``[NODE,NAMESPACE#LEVEL]`` where twistd would show that."""
+    with_system = {"log_format": "x", "log_system": "SSMPServerProtocol,3,127.0.0.1"}
+    assert escaped_event(with_system)["log_system"] == f"{tagged},SSMPServerProtocol,3,127.0.0.1"
+    without = {"log_format": "x", "log_namespace": "gateway.service", "log_level": LogLevel.info}
+    assert escaped_event(without)["log_system"] == f"{tagged},gateway.service#info"
+
+
+def test_lines_carry_no_node_unless_tagged() -> None:
+    """A single gateway's lines are as they always were."""
+    assert "node" not in json.loads(event_as_json({"log_format": "x"}))
+    assert "log_system" not in escaped_event({"log_format": "x"})
+
+
 def test_a_failure_carries_its_traceback() -> None:
     """log.failure puts the traceback under "traceback", the message stays short."""
 

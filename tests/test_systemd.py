@@ -212,9 +212,16 @@ def test_exec_start_is_a_command_line_twistd_accepts(
 
 
 def test_sighup_is_what_reload_sends_and_the_gateway_reloads_on_it() -> None:
-    """ExecReload's SIGHUP is the gateway's reload (routes, secrets, certificates)."""
+    """ExecReload's SIGHUP is the gateway's reload, or the supervisor's passing it on."""
     source = inspect.getsource(service_module.makeService)
-    assert "signal.SIGHUP" in source and "gateway.reload" in source
+    assert "_reload_on_hangup(reactor, gateway.reload)" in source
+    assert "_reload_on_hangup(reactor, supervisor.reload)" in source
+    assert "signal.SIGHUP" in inspect.getsource(service_module._reload_on_hangup)
+
+
+def test_systemd_stops_the_supervisor_alone() -> None:
+    """KillMode=mixed: SIGTERM to twistd only, which stops its workers (each once)."""
+    assert "\nKillMode=mixed\n" in UNIT.read_text()
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:

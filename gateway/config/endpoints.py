@@ -9,15 +9,19 @@ from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.internet.testing import MemoryReactor
 
 from gateway.config.base import NAME, Key, Section
+from gateway.tls import split_endpoint_string
 
 __all__ = [
+    "PORT_ENDPOINT_KINDS",
     "TLS_SERVER_PREFIXES",
     "UNVERIFIED_TLS_CLIENT_PREFIX",
     "check_client_endpoint",
     "check_client_tls",
     "check_name",
     "check_server_endpoint",
+    "endpoint_port",
     "endpoint_with_backlog",
+    "endpoint_with_port",
     "has_backlog_parameter",
 ]
 
@@ -42,6 +46,49 @@ def endpoint_with_backlog(description: str, backlog: int) -> str:
     if not description.startswith(_BACKLOG_ENDPOINTS) or has_backlog_parameter(description):
         return description
     return f"{description}:backlog={backlog}"
+
+
+PORT_ENDPOINT_KINDS: Final = ("tcp", "tcp6", "ssl", "mtls")
+"""Server endpoint kinds whose port is the first positional parameter, or ``port=``."""
+
+
+def _port_field(fields: list[str]) -> int | None:
+    """Which of an endpoint string's fields names its port; None: none does."""
+    if fields[0] not in PORT_ENDPOINT_KINDS:
+        return None
+    for index, field in enumerate(fields[1:], start=1):
+        name, equals, _ = field.partition("=")
+        if not equals or name == "port":
+            return index
+    return None
+
+
+def endpoint_port(description: str) -> int | None:
+    """The port a ``tcp:``, ``tcp6:``, ``ssl:`` or ``mtls:`` server endpoint string names.
+
+    None for another kind, or a string that names no port as a whole number
+    (Twisted's parser, `check_server_endpoint`, says what is wrong with it).
+    """
+    fields = split_endpoint_string(description)
+    index = _port_field(fields)
+    if index is None:
+        return None
+    value = fields[index].rpartition("=")[2]
+    return int(value) if value.isdigit() else None
+
+
+def endpoint_with_port(description: str, port: int) -> str:
+    """The same server endpoint string with another port; everything else kept as written.
+
+    Raises:
+        ValueError: Not a kind of endpoint with a port (`endpoint_port` is None).
+    """
+    fields = split_endpoint_string(description)
+    index = _port_field(fields)
+    if index is None or endpoint_port(description) is None:
+        raise ValueError(f"{description!r} names no port to change")
+    fields[index] = f"port={port}" if "=" in fields[index] else str(port)
+    return ":".join(fields)
 
 
 def check_server_endpoint(section: Section, key: Key[Any] | str, description: str) -> None:

@@ -1,36 +1,91 @@
 """The ``[fleet]`` table: this process as one node of a fleet (DESIGN.md, "Scale").
 
-Only ``node`` for now. A gateway without the table is a single node whose id
-is generated once and kept in its data dir (`gateway.fleet.node`); `node_id`
+``node`` names the node; without it (or without the table) the node id is
+generated once and kept in the data dir (`gateway.fleet.node`); `node_id`
 gives the id a configuration stands for, reading or writing that file.
+
+``processes`` runs that many worker processes on this host under one
+supervisor (`gateway.fleet.supervisor`), worker ``i`` being node
+``<node>-<i>`` with its own data dir. `check_processes` checks what that
+asks of the rest of the configuration: every listener but MTL is shared by
+all workers through SO_REUSEPORT, so it must be a TCP endpoint (``tcp:``,
+``tcp6:``, ``ssl:``, ``mtls:``); ZeroMQ cannot share a port, nor can the
+admin endpoint usefully (each worker has its own metrics), so those take
+port + i in worker i, and those ranges must not run into other ports.
+
+Each key is read by `read_fleet`, one declaration each: a key added later
+is one more declaration, one more attribute of `FleetConfig`, and one more
+line there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from gateway.config.base import ConfigError, ConfigProblem, Section, TableSchema, optional_string
-from gateway.fleet.node import NODE_ID_FILE, NodeIdError, load_node_id, node_id_problem
+from gateway.config.base import (
+    ConfigError,
+    ConfigProblem,
+    Section,
+    TableSchema,
+    integer,
+    optional_string,
+)
+from gateway.config.endpoints import PORT_ENDPOINT_KINDS, endpoint_port
+from gateway.fleet.node import (
+    MAX_NODE_ID_CHARS,
+    NODE_ID_FILE,
+    NodeIdError,
+    load_node_id,
+    node_id_problem,
+)
+from gateway.protocols.mtl.settings import zmq_bind_address
 
-__all__ = ["FLEET", "FleetConfig", "node_id", "read_fleet"]
+if TYPE_CHECKING:
+    from gateway.config.gateway import AdminConfig
+    from gateway.config.listeners import ListenerConfig
+
+__all__ = [
+    "FLEET",
+    "MAX_PROCESSES",
+    "FleetConfig",
+    "check_processes",
+    "node_id",
+    "read_fleet",
+    "worker_node",
+]
+
+MAX_PROCESSES: Final = 256
+"""The most worker processes one supervisor runs: far more than the cores of a host, and
+few enough that a mistyped number does not start a fork storm."""
 
 NODE: Final = optional_string(
     "node",
     doc="This process's node id, part of every publisher reference it uses, so that two"
     " processes never share one: ASCII letters, digits, '-', '_' and '.', at most 64"
-    " characters. Each process of a fleet needs its own.",
+    " characters. Each process of a fleet needs its own; with processes > 1, worker i is"
+    " node NODE-i.",
     shown=f"generated once (``gw-`` and 8 random characters), kept in data_dir/{NODE_ID_FILE}",
+)
+PROCESSES: Final = integer(
+    "processes",
+    1,
+    minimum=1,
+    doc="Gateway processes on this host, under one supervisor: worker i (from 0) is node"
+    " NODE-i with data dir data_dir/worker-i; every listener but MTL is shared by all of them"
+    " through SO_REUSEPORT, and MTL listeners and the admin endpoint take port + i."
+    f" At most {MAX_PROCESSES}. 1: one process, no supervisor.",
 )
 
 FLEET: Final = TableSchema(
     "Fleet",
     "[fleet]",
-    (NODE,),
+    (NODE, PROCESSES),
     doc="This process as one node of several that act as one gateway. Without the table the"
-    " gateway is a single node with a generated id.",
+    " gateway is a single node with a generated id, in a single process.",
 )
 
 
@@ -40,21 +95,45 @@ class FleetConfig:
 
     Attributes:
         node: The configured node id, or None: the one kept in the data dir.
+        processes: Worker processes on this host; 1: no supervisor.
     """
 
     node: str | None = None
+    processes: int = 1
+
+
+def worker_node(node: str, index: int) -> str:
+    """The node id of worker ``index`` (from 0) of the supervisor whose node is ``node``."""
+    return f"{node}-{index}"
 
 
 def read_fleet(section: Section) -> FleetConfig:
     """The ``[fleet]`` table; a node id that could not be used is a problem."""
     node = section.read(NODE)
+    processes = section.read(PROCESSES)
+    if processes > MAX_PROCESSES:
+        section.problem(PROCESSES, f"must be at most {MAX_PROCESSES}, not {processes}")
+        processes = 1
     if node is not None:
         problem = node_id_problem(node)
+        if problem is None and processes > 1:
+            problem = _worker_node_problem(node, processes)
         if problem is not None:
             section.problem(NODE, problem)
             node = None
     section.done()
-    return FleetConfig(node=node)
+    return FleetConfig(node=node, processes=processes)
+
+
+def _worker_node_problem(node: str, processes: int) -> str | None:
+    """What is wrong with the workers' ids made from ``node``, or None."""
+    longest = worker_node(node, processes - 1)
+    if len(longest) > MAX_NODE_ID_CHARS:
+        return (
+            f"with processes = {processes} the workers are nodes {node}-0 to {longest}, which"
+            f" must be at most {MAX_NODE_ID_CHARS} characters: shorten it"
+        )
+    return None
 
 
 def node_id(fleet: FleetConfig, data_dir: Path) -> str:
@@ -65,6 +144,118 @@ def node_id(fleet: FleetConfig, data_dir: Path) -> str:
             the problem names the file.
     """
     try:
-        return load_node_id(data_dir, fleet.node)
+        node = load_node_id(data_dir, fleet.node)
     except NodeIdError as exc:
         raise ConfigError([ConfigProblem(str(exc.file), "-", exc.reason)]) from None
+    if fleet.processes > 1:
+        problem = _worker_node_problem(node, fleet.processes)
+        if problem is not None:
+            raise ConfigError([ConfigProblem(str(data_dir / NODE_ID_FILE), "-", problem)])
+    return node
+
+
+# --- what processes > 1 asks of the listeners and the admin endpoint -----------------------
+
+
+@attrs.frozen
+class _Ports:
+    """The ports one key claims: worker 0's, and those the other workers add (port + i)."""
+
+    key: str
+    base: frozenset[int]
+    extra: frozenset[int]
+
+
+def check_processes(
+    fleet: FleetConfig,
+    listeners: Sequence[ListenerConfig],
+    admin: AdminConfig,
+    file: str,
+    problems: list[ConfigProblem],
+) -> None:
+    """Check that every listener and the admin endpoint can run in ``fleet.processes`` workers.
+
+    Problems name the listener's or the admin endpoint's key; nothing is
+    checked for a single process.
+    """
+    processes = fleet.processes
+    if processes <= 1:
+        return
+    claims: list[_Ports] = []
+    kinds = ", ".join(f"{kind}:" for kind in PORT_ENDPOINT_KINDS)
+    for listener in listeners:
+        key = f"listeners.{listener.name}"
+        if listener.protocol == "mtl":
+            try:
+                _, control_port = zmq_bind_address(listener.endpoint)
+            except ValueError:
+                continue  # reported with the listener
+            claims.append(_offset(f"{key}.endpoint", control_port, processes))
+            claims.append(_offset(f"{key}.data_port", listener.settings.data_port, processes))
+            continue
+        port = endpoint_port(listener.endpoint)
+        if port is None:
+            problems.append(
+                ConfigProblem(
+                    file,
+                    f"{key}.endpoint",
+                    f"with [fleet] processes = {processes} every worker listens on this port"
+                    f" (SO_REUSEPORT): use a {kinds} endpoint with a port",
+                )
+            )
+            continue
+        claims.append(_Ports(f"{key}.endpoint", frozenset({port} - {0}), frozenset()))
+    if admin.endpoint is not None:
+        admin_port = endpoint_port(admin.endpoint)
+        if admin_port is None:
+            problems.append(
+                ConfigProblem(
+                    file,
+                    "admin.endpoint",
+                    f"with [fleet] processes = {processes} worker i listens on port + i:"
+                    f" use a {kinds} endpoint with a port (or enabled = false)",
+                )
+            )
+        else:
+            claims.append(_offset("admin.endpoint", admin_port, processes))
+    problems.extend(_collisions(claims, file, processes))
+
+
+def _offset(key: str, port: int, processes: int) -> _Ports:
+    """The ports of something worker i binds at ``port`` + i (port 0: each its own)."""
+    if port == 0:
+        return _Ports(key, frozenset(), frozenset())
+    return _Ports(key, frozenset({port}), frozenset(range(port + 1, port + processes)))
+
+
+def _collisions(claims: Iterable[_Ports], file: str, processes: int) -> list[ConfigProblem]:
+    """A problem for each port that only the workers past the first run into."""
+    found: list[ConfigProblem] = []
+    claims = list(claims)
+    for claim in claims:
+        if claim.extra and max(claim.extra) > 65535:
+            found.append(
+                ConfigProblem(
+                    file,
+                    claim.key,
+                    f"with [fleet] processes = {processes} the last worker's port would be"
+                    f" {max(claim.extra)}, past 65535",
+                )
+            )
+            continue
+        for other in claims:
+            if other is claim:
+                continue
+            shared = claim.extra & (other.base | other.extra)
+            if shared:
+                found.append(
+                    ConfigProblem(
+                        file,
+                        claim.key,
+                        f"with [fleet] processes = {processes} worker i takes port + i, and"
+                        f" port {min(shared)} is also {other.key}'s: leave {processes} ports"
+                        " free from each such port",
+                    )
+                )
+                break
+    return found

@@ -24,7 +24,7 @@ from gateway.config.base import (
     table,
     tables,
 )
-from gateway.config.fleet import FLEET, FleetConfig, read_fleet
+from gateway.config.fleet import FLEET, FleetConfig, check_processes, read_fleet
 from gateway.config.gateway import (
     ADMIN,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
@@ -103,7 +103,7 @@ class GatewayConfig:
         log: The embedded log's settings.
         shutdown_grace_seconds: The longest a clean stop waits for what was
             read to be answered, and for connections to close.
-        fleet: This process as a node of a fleet (its node id).
+        fleet: This process as a node of a fleet (its node id, its processes).
     """
 
     source: str
@@ -137,6 +137,7 @@ class GatewayConfig:
             f" {len(self.upstreams)} upstream(s) [{names(self.upstreams)}],"
             f" {len(self.routes)} route(s),"
             f" admin {'on ' + self.admin.endpoint if self.admin.endpoint else 'off'}"
+            + (f", {self.fleet.processes} processes" if self.fleet.processes > 1 else "")
         )
 
 
@@ -170,6 +171,7 @@ def _parse_main(
         if written[-1].route is not None:
             inline.append(written[-1].route)
     root.done()
+    check_processes(fleet, listeners, admin, file, problems)
 
     secrets = load_secrets(secrets_path, problems) if secrets_path else Secrets()
     check_secrets(listeners, upstreams, secrets, secrets_path, file, problems)

@@ -4,4 +4,9 @@ Every process is a node with an id (`gateway.fleet.node`), configured in
 ``[fleet] node`` or generated once and kept in its data dir; the id is part
 of every publisher reference the process uses towards RabbitMQ, so that two
 processes never share one.
+
+Several processes on one host (``[fleet] processes``) run under one
+supervisor (`gateway.fleet.supervisor`); each worker (`gateway.fleet.worker`)
+is a whole gateway, as node ``<node>-<i>``, whose listeners share their
+ports with the other workers' through SO_REUSEPORT (`gateway.fleet.reuseport`).
 """

@@ -3,7 +3,11 @@
 `GatewayProcess` writes a configuration into a directory, starts ``twistd
 msggateway`` on it, and waits for the ``msggateway ready:`` log line, which
 names the address of every listener (tests listen on port 0). Waiting is
-event-driven: blocking reads with deadlines, never sleeps.
+event-driven: blocking reads with deadlines, never sleeps. With
+``supervised=True`` (a configuration with ``[fleet] processes`` above 1) it
+waits for ``msggateway supervisor ready`` instead, and keeps each worker's
+node, pid and addresses from the supervisor's ``msggateway worker I ready``
+lines (`GatewayProcess.workers`), restarts included.
 
 `LineClient` is a blocking line-oriented socket client (optionally TLS) with a
 deadline on every read.
@@ -33,6 +37,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +47,7 @@ __all__ = [
     "GatewayProcess",
     "GatewayStartError",
     "LineClient",
+    "Worker",
     "read_stream_until",
     "start_rabbitmq",
     "stream_connection",
@@ -53,6 +59,27 @@ __all__ = [
 START_TIMEOUT_SECONDS: Final = 30.0
 READ_TIMEOUT_SECONDS: Final = 10.0
 _READY: Final = re.compile(r"msggateway ready: (.*)$")
+_SUPERVISOR_READY: Final = re.compile(r"msggateway supervisor ready: ")
+_WORKER_READY: Final = re.compile(r"msggateway worker (\d+) ready \(node (\S+), pid (\d+)\): (.*)$")
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker of a supervised gateway, as its last ready line named it."""
+
+    node: str
+    pid: int
+    addresses: dict[str, tuple[str, int]]
+
+
+def _addresses(text: str) -> dict[str, tuple[str, int]]:
+    """``NAME=HOST:PORT ...`` as a mapping."""
+    found: dict[str, tuple[str, int]] = {}
+    for item in text.split():
+        name, _, address = item.partition("=")
+        host, _, port = address.rpartition(":")
+        found[name] = (host, int(port))
+    return found
 
 
 def twistd_path() -> str:
@@ -73,6 +100,8 @@ class GatewayProcess:
         routes: Route file name (without ``.toml``) to TOML text.
         secrets: The secrets file's TOML text, if any.
         reactor: twistd's ``--reactor`` choice (e.g. ``asyncio``); its default if None.
+        supervised: The configuration runs workers under a supervisor
+            (``[fleet] processes`` above 1).
     """
 
     def __init__(
@@ -83,8 +112,12 @@ class GatewayProcess:
         secrets: str | None = None,
         reactor: str | None = None,
         twistd: str | None = None,
+        supervised: bool = False,
     ) -> None:
         self.directory = directory
+        self.supervised = supervised
+        self.workers: dict[int, Worker] = {}
+        """Each worker's last ready line (supervised only)."""
         self.reactor = reactor
         self.twistd = twistd or twistd_path()
         """The twistd to run (another virtualenv's, to test an installed wheel)."""
@@ -163,40 +196,78 @@ class GatewayProcess:
                     line = raw.decode("utf-8", "replace")
                     with self._lock:
                         self._output.append(line + "\n")
-                    found = _READY.search(line)
+                        self._note_worker(line)
+                    found = (_SUPERVISOR_READY if self.supervised else _READY).search(line)
                     if found:
-                        self._parse_ready(found.group(1))
+                        if self.supervised:
+                            self.addresses = dict(self.workers[0].addresses)
+                        else:
+                            self._parse_ready(found.group(1))
                         # Lines that came in the same read as the ready line
                         # (an upstream connecting at once) are kept too.
                         rest = b"".join(raw + b"\n" for raw in lines[index + 1 :]) + pending
                         with self._lock:
                             self._output.append(rest.decode("utf-8", "replace"))
+                            for later in rest.decode("utf-8", "replace").splitlines():
+                                self._note_worker(later)
                         self._drain = threading.Thread(target=self._drain_output, daemon=True)
                         self._drain.start()
                         return self
 
     def _parse_ready(self, text: str) -> None:
-        for item in text.split():
-            name, _, address = item.partition("=")
-            host, _, port = address.rpartition(":")
-            self.addresses[name] = (host, int(port))
+        self.addresses.update(_addresses(text))
+
+    def _note_worker(self, line: str) -> None:
+        """Keep a supervisor's ``msggateway worker I ready`` line (the lock is held)."""
+        found = _WORKER_READY.search(line)
+        if found:
+            index, node, pid, addresses = found.groups()
+            self.workers[int(index)] = Worker(node, int(pid), _addresses(addresses))
 
     def _drain_output(self) -> None:
         # Keep reading so that the gateway never blocks on a full pipe.
         assert self._process is not None and self._process.stdout is not None
         for raw in iter(self._process.stdout.readline, b""):
             with self._lock:
-                self._output.append(raw.decode("utf-8", "replace"))
+                line = raw.decode("utf-8", "replace")
+                self._output.append(line)
+                self._note_worker(line)
                 self._lock.notify_all()
         with self._lock:
             self._ended = True
             self._lock.notify_all()
 
-    def metrics(self, timeout: float = READ_TIMEOUT_SECONDS) -> str:
-        """The text of the admin endpoint's ``/metrics`` (the listener named ``admin``)."""
-        host, port = self.address("admin")
+    def metrics(self, timeout: float = READ_TIMEOUT_SECONDS, worker: int | None = None) -> str:
+        """The text of the admin endpoint's ``/metrics`` (the listener named ``admin``).
+
+        Args:
+            timeout: How long the request may take.
+            worker: Whose admin endpoint, when supervised (None: worker 0's).
+        """
+        if worker is None:
+            host, port = self.address("admin")
+        else:
+            with self._lock:
+                host, port = self.workers[worker].addresses["admin"]
         with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
             return str(response.read().decode())
+
+    def wait_for_worker(
+        self, index: int, not_pid: int | None = None, timeout: float = READ_TIMEOUT_SECONDS
+    ) -> Worker:
+        """Worker ``index`` once it is ready, as a process other than ``not_pid``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                worker = self.workers.get(index)
+                if worker is not None and worker.pid != not_pid:
+                    return worker
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    raise AssertionError(
+                        f"worker {index} not ready again (was pid {not_pid}):\n{self.output()}"
+                    )
+                self._lock.wait(left)
 
     def address(self, name: str) -> tuple[str, int]:
         """Where a listener listens."""
