@@ -65,6 +65,8 @@ from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
+from gateway.fleet.backbone import Backbone, make_backbone
+from gateway.fleet.hub import FleetHub
 from gateway.logformat import select_log_format
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
@@ -189,6 +191,8 @@ class GatewayService(MultiService):
     _log = Logger()
     node = ""
     """This process's node id (`gateway.fleet.node`), set by `build_gateway`."""
+    backbone: Backbone | None = None
+    """The node's connection to the fleet's RabbitMQ (``[fleet] amqp``), if any."""
 
     def __init__(
         self, config: GatewayConfig, reactor: Any, metrics: GatewayMetrics, router: Router
@@ -450,6 +454,8 @@ def _ssmp_listener(
     gateway: GatewayService, config: ListenerConfig
 ) -> tuple[IProtocolFactory, IDestination]:
     hub = Hub(config.name, gateway.reactor)
+    if gateway.backbone is not None:
+        FleetHub(hub, gateway.backbone, gateway.reactor)  # becomes hub.fleet
     factory = SSMPServerFactory(
         name=config.name,
         settings=config.settings,
@@ -735,6 +741,21 @@ def build_gateway(
     gateway = GatewayService(config, reactor, metrics, router)
     gateway.node = node or node_id(config.fleet, config.data_dir)
     metrics.set_node(gateway.node)
+    fleet = config.fleet
+    if fleet.amqp:
+        gateway.backbone = make_backbone(
+            node=gateway.node,
+            endpoints=fleet.amqp,
+            vhost=fleet.vhost,
+            heartbeat_seconds=fleet.heartbeat_seconds,
+            username=config.secrets.fleet_username,
+            password=config.secrets.fleet_password,
+            reactor=reactor,
+            metrics=metrics,
+        )
+        # Before the listeners: it stops after them, once their drain is answered.
+        backbone = _StartStopService("fleet", gateway.backbone.start, gateway.backbone.stop)
+        backbone.setServiceParent(gateway)
     needs_log = any(route.durable for route in config.routes) or any(
         listener.protocol == "stream" for listener in config.listeners
     )

@@ -75,6 +75,10 @@ def _everything(directory: Path) -> Path:
         [frontends.front]
         alice = "alice-at-the-backend"
         "*" = "everybody-else"
+
+        [fleet]
+        username = "gateways"
+        password = "fleet-secret"
         """,
     )
     _write(
@@ -115,6 +119,9 @@ def _everything(directory: Path) -> Path:
         [fleet]
         node = "edge-1"
         processes = 1
+        amqp = ["tcp:host=rabbit-1.example.org:port=5672", "tcp:host=rabbit-2.example.org"]
+        vhost = "gateways"
+        heartbeat_seconds = 15
 
         [listeners.hub]
         protocol = "ssmp"

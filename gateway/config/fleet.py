@@ -13,6 +13,17 @@ all workers through SO_REUSEPORT, so it must be a TCP endpoint (``tcp:``,
 admin endpoint usefully (each worker has its own metrics), so those take
 port + i in worker i, and those ranges must not run into other ports.
 
+``amqp`` joins the node to a fleet: RabbitMQ's AMQP 0-9-1 endpoint, or a
+list of them (the nodes of a cluster), tried in turn, as Twisted client
+endpoint strings like every upstream (``tcp:host=H:port=5672``, and
+``tls:host=H:port=5671:trustRoots=CA-DIR`` for TLS that verifies the broker's
+certificate and host name; ``ssl:``, which verifies neither, is refused).
+The virtual host is ``vhost``. The credentials are in the secrets file's
+``[fleet]`` table (``username``, ``password``), not here: one main file and
+one routes directory serve every node, and only the node id, ``data_dir``
+and advertised addresses differ. Without ``amqp`` nothing crosses processes
+(`gateway.fleet.backbone`).
+
 Each key is read by `read_fleet`, one declaration each: a key added later
 is one more declaration, one more attribute of `FleetConfig`, and one more
 line there.
@@ -33,8 +44,16 @@ from gateway.config.base import (
     TableSchema,
     integer,
     optional_string,
+    positive,
+    string,
+    strings,
 )
-from gateway.config.endpoints import PORT_ENDPOINT_KINDS, endpoint_port
+from gateway.config.endpoints import (
+    PORT_ENDPOINT_KINDS,
+    check_client_endpoint,
+    check_client_tls,
+    endpoint_port,
+)
 from gateway.fleet.node import (
     MAX_NODE_ID_CHARS,
     NODE_ID_FILE,
@@ -49,6 +68,7 @@ if TYPE_CHECKING:
     from gateway.config.listeners import ListenerConfig
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_SECONDS",
     "FLEET",
     "MAX_PROCESSES",
     "FleetConfig",
@@ -80,12 +100,32 @@ PROCESSES: Final = integer(
     f" At most {MAX_PROCESSES}. 1: one process, no supervisor.",
 )
 
+DEFAULT_HEARTBEAT_SECONDS: Final = 10.0
+"""AMQP heartbeats with the broker: a broker that went silent (a partition, not a crash,
+which closes the socket at once) is given up after two missed ones, about 20 s."""
+AMQP: Final = strings(
+    "amqp",
+    doc="RabbitMQ's AMQP 0-9-1 endpoint (a Twisted client endpoint string, ``tcp:host=H:port=P``"
+    " or ``tls:...`` that verifies the broker), or a list of them (a cluster's nodes), tried"
+    " in turn, for what crosses nodes (docs/fleet.rst). The user name and password are in"
+    " the secrets file's ``[fleet]`` table.",
+    shown="none: nothing crosses processes",
+)
+VHOST: Final = string("vhost", "/", doc="The RabbitMQ virtual host the fleet uses.")
+HEARTBEAT_SECONDS: Final = positive(
+    "heartbeat_seconds",
+    DEFAULT_HEARTBEAT_SECONDS,
+    doc="AMQP heartbeat interval with RabbitMQ: a broker that stops answering is given up"
+    " (and the next endpoint tried) after about twice this.",
+)
+
 FLEET: Final = TableSchema(
     "Fleet",
     "[fleet]",
-    (NODE, PROCESSES),
+    (NODE, PROCESSES, AMQP, VHOST, HEARTBEAT_SECONDS),
     doc="This process as one node of several that act as one gateway. Without the table the"
-    " gateway is a single node with a generated id, in a single process.",
+    " gateway is a single node with a generated id, in a single process; without ``amqp``"
+    " nothing crosses processes.",
 )
 
 
@@ -96,10 +136,17 @@ class FleetConfig:
     Attributes:
         node: The configured node id, or None: the one kept in the data dir.
         processes: Worker processes on this host; 1: no supervisor.
+        amqp: RabbitMQ's AMQP 0-9-1 endpoints (client endpoint strings), tried
+            in turn; empty: no fleet backbone.
+        vhost: The virtual host.
+        heartbeat_seconds: The AMQP heartbeat interval.
     """
 
     node: str | None = None
     processes: int = 1
+    amqp: tuple[str, ...] = ()
+    vhost: str = "/"
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
 
 
 def worker_node(node: str, index: int) -> str:
@@ -108,7 +155,12 @@ def worker_node(node: str, index: int) -> str:
 
 
 def read_fleet(section: Section) -> FleetConfig:
-    """The ``[fleet]`` table; a node id that could not be used is a problem."""
+    """The ``[fleet]`` table; a node id or an endpoint that could not be used is a problem."""
+    if isinstance(section.table.get(AMQP.name), str):
+        # One endpoint may be written as a string rather than a list of one.
+        table = dict(section.table)
+        table[AMQP.name] = [table[AMQP.name]]
+        section = Section(section.file, section.path, table, section.problems, section.schemas)
     node = section.read(NODE)
     processes = section.read(PROCESSES)
     if processes > MAX_PROCESSES:
@@ -121,8 +173,21 @@ def read_fleet(section: Section) -> FleetConfig:
         if problem is not None:
             section.problem(NODE, problem)
             node = None
+    amqp = section.read(AMQP)
+    for description in amqp:
+        check_client_endpoint(section, AMQP, description)
+        check_client_tls(section, AMQP, description)
+    if AMQP.name in section.table and not amqp:
+        section.problem(AMQP, "must name at least one endpoint (leave it out for no fleet)")
+    vhost = section.read(VHOST)
+    if not vhost:
+        section.problem(VHOST, "must not be empty (RabbitMQ's default virtual host is '/')")
+        vhost = "/"
+    heartbeat = section.read(HEARTBEAT_SECONDS)
     section.done()
-    return FleetConfig(node=node, processes=processes)
+    return FleetConfig(
+        node=node, processes=processes, amqp=amqp, vhost=vhost, heartbeat_seconds=heartbeat
+    )
 
 
 def _worker_node_problem(node: str, processes: int) -> str | None:

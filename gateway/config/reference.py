@@ -23,7 +23,7 @@ from gateway.config.fleet import FLEET
 from gateway.config.gateway import ADMIN, GATEWAY, LOG
 from gateway.config.loader import MAIN
 from gateway.config.routes import ROUTE
-from gateway.config.secrets import SECRETS
+from gateway.config.secrets import FLEET_SECRETS, SECRETS
 
 __all__ = ["PARTS", "Part", "declared_schemas", "main", "render_reference"]
 
@@ -80,7 +80,7 @@ PARTS: Final = (
         ),
     ),
     Part("Routes", "", (ROUTE,)),
-    Part("Secrets", "", (SECRETS,)),
+    Part("Secrets", "", (SECRETS, FLEET_SECRETS)),
 )
 """The reference's chapters, in order."""
 

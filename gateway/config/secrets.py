@@ -4,6 +4,8 @@ Its tables keep apart what must not be confused: ``[logins]`` holds login
 passwords and nothing else; DMP lease texts are in ``[leases]`` and the admin
 API's token is ``admin_token``, so that neither logs anyone in. A file
 written when both lived in ``[logins]`` is refused with what to move where.
+``[fleet]`` holds what a fleet node logs in to RabbitMQ with (``[fleet] amqp``
+of the main file): a user name and password of the broker, not of a peer.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from gateway.config.base import (
     read_toml,
     string_map,
     string_maps,
+    table,
 )
 from gateway.config.listeners import ListenerConfig
 from gateway.config.upstreams import UpstreamConfig
 from gateway.core.auth import Secrets
 
-__all__ = ["SECRETS", "check_secrets", "load_secrets"]
+__all__ = ["FLEET_SECRETS", "SECRETS", "check_secrets", "load_secrets"]
 
 ADMIN_IDENTITY: Final = "admin"
 """The ``[logins]`` name whose secret was the admin token before ``admin_token``."""
@@ -55,10 +58,29 @@ FRONTENDS: Final = string_maps(
     " presented to its backend.",
 )
 
+FLEET_USERNAME: Final = optional_string(
+    "username",
+    doc="The RabbitMQ user a fleet node logs in as (``[fleet] amqp`` of the main file).",
+    shown="guest (RabbitMQ lets guest in from loopback only)",
+)
+FLEET_PASSWORD: Final = optional_string(
+    "password", doc="That user's password.", shown="guest, with the user guest"
+)
+FLEET_SECRETS: Final = TableSchema(
+    "Fleet credentials",
+    "[fleet] (secrets file)",
+    (FLEET_USERNAME, FLEET_PASSWORD),
+    doc="What a fleet node logs in to RabbitMQ with; the same for every node. No login"
+    " password of a peer.",
+)
+FLEET: Final = table(
+    "fleet", FLEET_SECRETS, doc="RabbitMQ credentials of the fleet's nodes (below)."
+)
+
 SECRETS: Final = TableSchema(
     "Secrets file",
     "secrets.toml",
-    (ADMIN_TOKEN, LOGINS, LEASES, UPSTREAMS, FRONTENDS),
+    (ADMIN_TOKEN, LOGINS, LEASES, UPSTREAMS, FRONTENDS, FLEET),
     doc="The file that ``secrets`` in ``[gateway]`` names, kept out of the main file: tables of"
     " strings whose keys are names of your choosing. SIGHUP re-reads it; new logins are"
     " checked against the new secrets.",
@@ -80,6 +102,16 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
     leases = root.string_map(LEASES, _utf8)
     upstreams = root.string_map(UPSTREAMS, _utf8)
     frontends = root.string_maps(FRONTENDS, _utf8)
+    fleet = root.section(FLEET)
+    fleet_username = fleet.read(FLEET_USERNAME)
+    fleet_password = fleet.read(FLEET_PASSWORD)
+    if (fleet_username is None) != (fleet_password is None):
+        fleet.problem(
+            FLEET_PASSWORD if fleet_password is None else FLEET_USERNAME,
+            "username and password go together: give both, or neither (guest)",
+        )
+        fleet_username = fleet_password = None
+    fleet.done()
     if admin_token == "":
         root.problem(ADMIN_TOKEN, "an empty token would let any request in: give a long random one")
         admin_token = None
@@ -98,6 +130,8 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
         frontends=frontends,
         leases=leases,
         admin_token=_utf8(admin_token) if admin_token is not None else None,
+        fleet_username=fleet_username,
+        fleet_password=_utf8(fleet_password) if fleet_password is not None else None,
     )
 
 

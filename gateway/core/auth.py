@@ -67,6 +67,8 @@ class Secrets:
             text, what a DMP client presents. Not a login password.
         admin_token: The admin API's bearer token (None: the APIs that need
             it are off). Not a login password.
+        fleet_username: The RabbitMQ user a fleet node logs in as (None: guest).
+        fleet_password: Its password (None: guest's).
     """
 
     logins: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
@@ -76,6 +78,8 @@ class Secrets:
     )
     leases: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
     admin_token: bytes | None = None
+    fleet_username: str | None = None
+    fleet_password: bytes | None = attrs.field(default=None, repr=False)
 
     def verify(self, identity: str, secret: bytes | None) -> bool:
         """Whether ``secret`` is the right one for ``identity``.
@@ -101,6 +105,8 @@ class Secrets:
         self.frontends = other.frontends
         self.leases = other.leases
         self.admin_token = other.admin_token
+        self.fleet_username = other.fleet_username
+        self.fleet_password = other.fleet_password
 
     def is_admin_token(self, token: bytes | None) -> bool:
         """Whether ``token`` is the admin token (constant time; False without one)."""

@@ -84,6 +84,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.twisted_connection import TwistedProtocolConnection
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
@@ -103,6 +104,7 @@ __all__ = [
     "Backbone",
     "Delivery",
     "Published",
+    "make_backbone",
     "reconnect_delay",
 ]
 
@@ -607,7 +609,7 @@ class Backbone:
         closed = protocol.closed
 
         def close(_: object = None) -> None:
-            if not protocol.is_closed:
+            if protocol.is_open:
                 protocol.close()
 
         def finished(_: object) -> None:
@@ -791,7 +793,7 @@ class Backbone:
             self._log.warn(
                 "fleet: RabbitMQ closed the channel: {reason}; reconnecting", reason=str(reason)
             )
-        if protocol is not None and not protocol.is_closed:
+        if protocol is not None and protocol.is_open:
             protocol.close()
 
     def _closed(self, reason: object, protocol: TwistedProtocolConnection, endpoint: str) -> None:
@@ -849,3 +851,31 @@ def _reason_text(reason: object) -> str:
         reason = reason.value
     text = str(reason) if reason is not None else ""
     return text or type(reason).__name__
+
+
+def make_backbone(
+    *,
+    node: str,
+    endpoints: Sequence[str],
+    vhost: str,
+    heartbeat_seconds: float,
+    username: str | None,
+    password: bytes | None,
+    reactor: Any,
+    metrics: GatewayMetrics | None,
+) -> Backbone:
+    """The backbone for ``[fleet] amqp`` (client endpoint strings) and its credentials.
+
+    Without credentials in the secrets file, RabbitMQ's ``guest`` (which it
+    lets in from loopback only).
+    """
+    return Backbone(
+        node=node,
+        endpoints=[(text, clientFromString(reactor, text)) for text in endpoints],
+        vhost=vhost,
+        username=username if username is not None else "guest",
+        password=password if password is not None else b"guest",
+        heartbeat_seconds=heartbeat_seconds,
+        clock=reactor,
+        metrics=metrics,
+    )

@@ -191,7 +191,9 @@ class FleetHub:
         self.congestion: Congestion = backbone.congestion
         self._out: list[_Run] = []
         self._flush_call: IDelayedCall | None = None
-        self._logins: dict[bytes, float] = {}
+        self._logins: dict[bytes, int] = {}
+        """Local logins by identity, with their time in microseconds (AMQP tables have no
+        floats that pika encodes)."""
         self._roll_calls: dict[int, _RollCall] = {}
         self._open: dict[tuple[HubPeer, bytes], _RollCall] = {}
         self._roll_call_ids = 0
@@ -229,7 +231,7 @@ class FleetHub:
     def peer_added(self, peer: HubPeer) -> None:
         """Bind ``p.<identity>``, then tell the node with an older login of it to close that."""
         identity = peer.identity
-        login = self._clock.seconds()
+        login = int(self._clock.seconds() * 1_000_000)
         self._logins[identity] = login
         self.backbone.bind(self.exchange, "p." + identity.decode("ascii"))
         self.backbone.when_bound(lambda: self._announce(identity, login))
@@ -370,7 +372,7 @@ class FleetHub:
                     exchange, run.key.decode("ascii"), body, kind=kind, headers=run.headers
                 )
 
-    def _announce(self, identity: bytes, login: float) -> None:
+    def _announce(self, identity: bytes, login: int) -> None:
         """Tell every node with a login of ``identity`` about ours (the older one goes)."""
         if self._logins.get(identity) != login:
             return  # gone, or replaced here, meanwhile
@@ -466,7 +468,7 @@ class FleetHub:
         mine = self._logins.get(identity)
         if mine is None or identity not in self.hub.peers:
             return
-        theirs = float(delivery.headers.get("login", 0.0))
+        theirs = int(delivery.headers.get("login", 0))
         if (mine, self.node) < (theirs, delivery.origin):
             self.evictions += 1
             self._log.info(

@@ -143,6 +143,9 @@ class MemoryBackbone:
             if on_result is not None:
                 on_result(Published.LOST)
             return False
+        for name, value in (headers or {}).items():
+            # What pika can put in an AMQP table (it has no encoding for floats).
+            assert isinstance(value, str | int | list), (name, value)
         delivery = Delivery(exchange, key, self.node, kind, dict(headers or {}), body)
         self._unconfirmed += 1
         if self._unconfirmed >= self._max_unconfirmed:

@@ -1,0 +1,100 @@
+"""The ``[fleet]`` table's RabbitMQ keys and the secrets file's ``[fleet]`` credentials."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config
+from gateway.config.fleet import DEFAULT_HEARTBEAT_SECONDS, FleetConfig
+
+HUB = """
+[listeners.hub]
+protocol = "ssmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+"""
+
+
+def _load(tmp_path: Path, fleet: str, secrets: str | None = None) -> FleetConfig:
+    """Load a main file with ``fleet`` as its ``[fleet]`` table (and a secrets file)."""
+    main = f"[fleet]\n{textwrap.dedent(fleet)}\n{HUB}"
+    if secrets is not None:
+        (tmp_path / "secrets.toml").write_text(textwrap.dedent(secrets))
+        main = '[gateway]\nsecrets = "secrets.toml"\n' + main
+    path = tmp_path / "gateway.toml"
+    path.write_text(main)
+    return load_config(path).fleet
+
+
+def _problems(tmp_path: Path, fleet: str, secrets: str | None = None) -> list[str]:
+    """The problems, as ``key: reason``, of loading such a configuration."""
+    with pytest.raises(ConfigError) as raised:
+        _load(tmp_path, fleet, secrets)
+    return [f"{problem.key}: {problem.reason}" for problem in raised.value.problems]
+
+
+def test_without_amqp_there_is_no_backbone(tmp_path: Path) -> None:
+    """A ``[fleet]`` table with only a node id has no endpoints: a fleet of one."""
+    fleet = _load(tmp_path, 'node = "a"')
+    assert fleet == FleetConfig(node="a")
+    assert fleet.amqp == ()
+    assert fleet.heartbeat_seconds == DEFAULT_HEARTBEAT_SECONDS
+
+
+def test_one_endpoint_as_a_string(tmp_path: Path) -> None:
+    """``amqp`` may be one endpoint string."""
+    fleet = _load(tmp_path, 'amqp = "tcp:host=127.0.0.1:port=5672"')
+    assert fleet.amqp == ("tcp:host=127.0.0.1:port=5672",)
+    assert fleet.vhost == "/"
+
+
+def test_a_list_of_endpoints_in_order(tmp_path: Path) -> None:
+    """A cluster's endpoints are kept in the order written (tried in turn)."""
+    fleet = _load(
+        tmp_path,
+        """
+        amqp = ["tcp:host=r1:port=5672", "tls:host=r2:port=5671"]
+        vhost = "gateways"
+        heartbeat_seconds = 4
+        """,
+    )
+    assert fleet.amqp == ("tcp:host=r1:port=5672", "tls:host=r2:port=5671")
+    assert (fleet.vhost, fleet.heartbeat_seconds) == ("gateways", 4.0)
+
+
+@pytest.mark.parametrize(
+    ("fleet", "expected"),
+    [
+        ('amqp = "nonsense:x"', "fleet.amqp: bad client endpoint 'nonsense:x'"),
+        ('amqp = "ssl:host=r1:port=5671"', "fleet.amqp: ssl: does not verify the server"),
+        ("amqp = []", "fleet.amqp: must name at least one endpoint"),
+        ("amqp = 5672", "fleet.amqp: must be a list of strings"),
+        ('amqp = "tcp:host=r:port=1"\nvhost = ""', "fleet.vhost: must not be empty"),
+        ('amqp = "tcp:host=r:port=1"\nheartbeat_seconds = 0', "fleet.heartbeat_seconds: must"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, fleet: str, expected: str) -> None:
+    """Each bad value is a problem naming ``fleet.<key>`` and what is wrong."""
+    problems = _problems(tmp_path, fleet)
+    assert any(problem.startswith(expected) for problem in problems), problems
+
+
+def test_credentials_come_from_the_secrets_file(tmp_path: Path) -> None:
+    """The secrets file's ``[fleet]`` table holds the RabbitMQ user and password."""
+    main = tmp_path / "gateway.toml"
+    (tmp_path / "secrets.toml").write_text('[fleet]\nusername = "gw"\npassword = "pw"\n')
+    main.write_text(
+        '[gateway]\nsecrets = "secrets.toml"\n[fleet]\namqp = "tcp:host=r:port=1"\n' + HUB
+    )
+    secrets = load_config(main).secrets
+    assert (secrets.fleet_username, secrets.fleet_password) == ("gw", b"pw")
+
+
+def test_a_user_without_password_is_a_problem(tmp_path: Path) -> None:
+    """A user name without its password (or the reverse) names the missing key."""
+    problems = _problems(tmp_path, 'amqp = "tcp:host=r:port=1"', '[fleet]\nusername = "gw"\n')
+    assert problems == [
+        "fleet.password: username and password go together: give both, or neither (guest)"
+    ]
