@@ -119,7 +119,7 @@ def _everything(directory: Path) -> Path:
         [fleet]
         node = "edge-1"
         processes = 1
-        amqp = ["tcp:host=rabbit-1.example.org:port=5672", "tcp:host=rabbit-2.example.org"]
+        amqp = ["tcp:host=rabbit-1.example.org:port=5672", "tcp:host=rabbit-2:port=5672"]
         vhost = "gateways"
         heartbeat_seconds = 15
 
