@@ -204,3 +204,48 @@ def test_usage_errors_exit_2_and_command_errors_exit_1(monkeypatch: pytest.Monke
     out, err = io.StringIO(), io.StringIO()
     assert main(["stream", "consume", "--stream", "s", "-a", "127.0.0.1:1"], out, err) == 1
     assert err.getvalue().startswith("msggateway: cannot connect to 127.0.0.1:1: ")
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "passed"),
+    [
+        (["run"], []),
+        (["run", "--config", "etc/gateway.toml"], ["--config", "etc/gateway.toml"]),
+        (["run", "-c", "g.toml", "--log-format", "json"], ["-c", "g.toml", "--log-format", "json"]),
+        (["run", "--", "--config", "g.toml"], ["--config", "g.toml"]),
+    ],
+    ids=["nothing", "config", "short-and-more", "double-dash"],
+)
+def test_run_passes_every_option_to_the_plugin(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], passed: list[str]
+) -> None:
+    """``msggateway run OPTION...`` execs twistd with the options after ``msggateway``, unparsed.
+
+    argparse alone refused ``--config`` ("unrecognized arguments") and kept a
+    ``--``, which twistd then refused ("Wrong number of arguments").
+    """
+    execed: list[tuple[str, list[str]]] = []
+
+    def execv(path: str, args: list[str]) -> None:
+        execed.append((path, args))
+
+    monkeypatch.setattr("gateway.cli.config.os.execv", execv)
+    out, err = io.StringIO(), io.StringIO()
+    main(argv, out, err)
+    assert err.getvalue() == ""
+    [(path, args)] = execed
+    assert Path(path).name == "twistd"
+    assert args == [path, "--nodaemon", "--pidfile=", "--logfile=-", "msggateway", *passed]
+
+
+def test_run_help_is_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """``msggateway run --help`` prints the command's help, naming --config, and exits 0."""
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: msggateway run [-h] ...")
+    assert "--config PATH" in out

@@ -3,7 +3,7 @@
 One module per concern, each adding its commands to one argparse parser
 with an ``add_commands(commands)`` function:
 
-- `gateway.cli.config`: ``check-config [PATH]`` and ``run [TWISTD OPTIONS]``;
+- `gateway.cli.config`: ``check-config [PATH]`` and ``run [PLUGIN OPTIONS]``;
 - `gateway.cli.ssmp`: ``ssmp publish|subscribe``;
 - `gateway.cli.qmqp`: ``qmqp send`` (mail files over QMQP streaming, read
   by `gateway.cli.mail`);
@@ -14,7 +14,10 @@ with an ``add_commands(commands)`` function:
 - `gateway.cli.tap`, when present: watching what flows through a route;
 - and `gateway.spark.cli`: ``spark archive|report|send``.
 
-Every protocol command has the same flags (`gateway.cli.common`). A leaf
+Every protocol command has the same flags (`gateway.cli.common`). A command
+in `PASSED_ON` (``run``) hands every argument after its name to another
+program as it is: argparse would take ``--config`` for an option of its own
+(and keep a ``--``), so `main` takes those arguments off before parsing. A leaf
 command's parser sets ``run``, a function of the parsed arguments, stdout,
 stderr and stdin's bytes that returns the exit status; it raises
 `UsageError` (exit status 2) or `CommandError` (1) for what it cannot do.
@@ -28,15 +31,18 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import IO, TextIO
+from typing import IO, Final, TextIO
 
 from gateway import __version__
 from gateway.cli.common import CommandError, UsageError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["PASSED_ON", "build_parser", "main", "parse_arguments"]
 
 _COMMAND_MODULES = ("config", "ssmp", "qmqp", "stream", "dmp", "mtl", "tap")
 """The modules of `gateway.cli` that add commands, in the order the help lists them."""
+
+PASSED_ON: Final = frozenset({"run"})
+"""Commands whose arguments go on to another program unparsed, in ``args.passed_on``."""
 
 DESCRIPTION = (
     "What an operator does by hand with msggateway: check a configuration, run the"
@@ -71,6 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse the command line; a `PASSED_ON` command's arguments are kept as they are.
+
+    ``run --config FILE`` gives ``passed_on == ["--config", "FILE"]``; a
+    ``--`` right after the command's name is dropped, as argparse would;
+    ``run --help`` is the command's own help.
+    """
+    argv = list(argv)
+    if argv[:1] and argv[0] in PASSED_ON and argv[1:2] not in (["-h"], ["--help"]):
+        args = parser.parse_args(argv[:1])
+        rest = argv[1:]
+        args.passed_on = rest[1:] if rest[:1] == ["--"] else rest
+        return args
+    return parser.parse_args(argv)
+
+
 def main(
     argv: Sequence[str] | None = None,
     out: TextIO | None = None,
@@ -88,7 +110,7 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     stdin = stdin or sys.stdin.buffer
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), sys.argv[1:] if argv is None else argv)
     try:
         status: int = args.run(args, out, err, stdin)
     except UsageError as exc:

@@ -5,7 +5,9 @@ without PATH) and prints every problem as ``file: key: reason`` on stderr
 with exit status 1, or a one-line summary with exit status 0, after a
 ``warning:`` line on stderr for each insecure setting it accepts (those the
 gateway logs at every start: `gateway.config.insecure`). ``run
-[TWISTD OPTIONS]`` runs the gateway in the foreground under twistd.
+[PLUGIN OPTIONS]`` runs the gateway in the foreground under twistd, the
+options going to twistd's msggateway plugin as they are written
+(`gateway.cli.PASSED_ON`).
 """
 
 from __future__ import annotations
@@ -41,14 +43,17 @@ def add_commands(commands: Commands) -> None:
     run = commands.add_parser(
         "run",
         help="run the gateway in the foreground under twistd",
-        description="Run the gateway in the foreground under twistd, logging to stdout;"
-        " the options go to twistd's msggateway plugin.",
+        description="Run the gateway in the foreground under twistd (twistd --nodaemon"
+        " --pidfile= --logfile=- msggateway OPTION...), logging to stdout. Every option goes"
+        " to twistd's msggateway plugin as it is written: --config PATH (the main file;"
+        " default: the embedded default), --log-format json; 'twistd msggateway --help'"
+        " lists them all.",
     )
     run.add_argument(
-        "twistd_args",
+        "passed_on",
         nargs=argparse.REMAINDER,
         metavar="OPTION",
-        help="e.g. --config etc/gateway.toml",
+        help="e.g. --config /etc/msggateway/gateway.toml",
     )
     run.set_defaults(run=_run)
 
@@ -71,7 +76,7 @@ def _check_config(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
     """``run``: replace this process with twistd running the gateway."""
-    arguments: Sequence[str] = args.twistd_args
+    arguments: Sequence[str] = args.passed_on
     twistd = shutil.which("twistd", path=os.path.dirname(sys.executable)) or shutil.which("twistd")
     if twistd is None:
         raise CommandError("twistd not found next to this Python or on PATH")

@@ -102,6 +102,9 @@ class GatewayProcess:
         reactor: twistd's ``--reactor`` choice (e.g. ``asyncio``); its default if None.
         supervised: The configuration runs workers under a supervisor
             (``[fleet] processes`` above 1).
+        launcher: The command that runs the gateway, to which ``--config
+            PATH`` is added (default: ``twistd --nodaemon --pidfile=
+            --logfile=- msggateway``, with ``reactor``).
     """
 
     def __init__(
@@ -113,8 +116,10 @@ class GatewayProcess:
         reactor: str | None = None,
         twistd: str | None = None,
         supervised: bool = False,
+        launcher: list[str] | None = None,
     ) -> None:
         self.directory = directory
+        self.launcher = launcher
         self.supervised = supervised
         self.workers: dict[int, Worker] = {}
         """Each worker's last ready line (supervised only)."""
@@ -153,16 +158,15 @@ class GatewayProcess:
         Raises:
             GatewayStartError: It exited or did not get ready in time.
         """
-        command = [
+        launcher = self.launcher or [
             self.twistd,
             "--nodaemon",
             "--pidfile=",
             "--logfile=-",
             *([f"--reactor={self.reactor}"] if self.reactor else []),
             "msggateway",
-            "--config",
-            str(self.config_path),
         ]
+        command = [*launcher, "--config", str(self.config_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self._process = subprocess.Popen(
             command,
