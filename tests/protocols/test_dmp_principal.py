@@ -350,7 +350,7 @@ def ask(listener: Listener, identity: str, secret: bytes, mode: str, target: str
     """Run one `LeaseRequest` against the listener; the lease or the failure's message."""
     server = listener.factory.buildProtocol(None)
     assert server is not None
-    request = LeaseRequest(identity, secret, mode, target)
+    request = LeaseRequest(identity, secret, mode, target, clock=listener.clock)
     outcomes: list[object] = []
     request.result.addCallbacks(outcomes.append, lambda f: outcomes.append(f.value))
     pump = iosim.connect(

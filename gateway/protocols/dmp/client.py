@@ -327,7 +327,7 @@ class DMPUpstream(Upstream[DMPClientProtocol]):
         secret = self.secrets.credential_for(self.name) or b""
         factory = UpstreamFactory(
             lambda _: LeaseRequest(
-                settings.principal or "", secret, settings.mode, settings.target
+                settings.principal or "", secret, settings.mode, settings.target, self.clock
             ),
             self,
         )
