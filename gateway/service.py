@@ -31,6 +31,7 @@ from prometheus_client import ProcessCollector
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import (
     IListeningPort,
     IProtocolFactory,
@@ -94,7 +95,25 @@ from gateway.protocols.stream.server import StreamServerFactory
 from gateway.systemd import tell_systemd
 from gateway.tls import client_endpoint_at, reload_server_tls
 
-__all__ = ["GatewayService", "ListenerService", "Options", "build_gateway", "makeService"]
+__all__ = [
+    "GatewayService",
+    "ListenerService",
+    "Options",
+    "StartFailed",
+    "build_gateway",
+    "makeService",
+]
+
+
+class StartFailed(SystemExit):
+    """The gateway cannot start, and a critical line has said why.
+
+    A `SystemExit` with status 1: twistd lets it through, so the process
+    ends without a traceback repeating that line.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(1)
 
 
 class ListenerService(Service):
@@ -118,10 +137,9 @@ class ListenerService(Service):
         """Start listening.
 
         Raises:
-            twisted.internet.error.CannotListenError: The endpoint could not
-                listen right away (port in use, bad address). twistd then
-                reports it and exits with a non-zero status instead of
-                running without the listener.
+            StartFailed: The endpoint could not listen right away (port in
+                use, bad address); the reason is logged. twistd then exits
+                with status 1 instead of running without the listener.
         """
         super().startService()
         listening = self.endpoint.listen(self.factory).addCallback(self._listening)
@@ -130,12 +148,14 @@ class ListenerService(Service):
             listening.addErrback(failed.append)
             if failed:
                 self.listening = None
+                if not failed[0].check(CannotListenError):
+                    failed[0].raiseException()  # not a port's problem: a bug, with its traceback
                 self._log.critical(
                     "msggateway cannot start: listener {listener}: {reason}",
                     listener=self.name,
                     reason=failed[0].getErrorMessage(),
                 )
-                failed[0].raiseException()
+                raise StartFailed
         self.listening = listening
 
     def _listening(self, port: IListeningPort) -> IListeningPort:
