@@ -344,8 +344,8 @@ def _interleavings(processes: list[GatewayProcess]) -> None:
                     _record(got[who], line)
                 assert left == 0
             for who, peer in enumerate(peers):  # what is still on its way
-                while (line := read_line_within(peer, 0.3)) is not None:
-                    _record(got[who], line)
+                while (late := read_line_within(peer, 0.3)) is not None:
+                    _record(got[who], late)
             for per_sender in got.values():
                 for sequence in per_sender.values():
                     assert sequence == sorted(sequence), "per-sender order"
