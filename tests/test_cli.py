@@ -92,7 +92,7 @@ def test_missing_file_is_one_problem(tmp_path: Path) -> None:
     status, out, err = _check_config(str(path))
     assert status == 1
     assert out == ""
-    assert err == f"{path}: -: file not found\n1 problem(s) found\n"
+    assert err == f"{path}: file not found\n1 problem(s) found\n"
 
 
 def test_console_script_reports_problems_on_stderr(tmp_path: Path) -> None:

@@ -487,20 +487,33 @@ def test_missing_endpoint_does_not_blame_protocol_settings(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("section", "endpoint", "reason"),
     [
-        ("listeners.hub", "tcp:notaport", "bad server endpoint 'tcp:notaport': invalid literal"),
-        ("listeners.hub", "tcp:8787:bogus=1", "unknown parameter"),
-        ("upstreams.central", "tcp:host=x:port=abc", "bad client endpoint 'tcp:host=x:port=abc'"),
-        ("upstreams.central", "tcp:host=x:port=1:bogus=2", "unknown parameter"),
+        ("listeners.hub", "tcp:notaport", "port must be a whole number, not 'notaport'"),
+        ("listeners.hub", "tcp:port=87x", "port must be a whole number, not '87x'"),
+        ("listeners.hub", "tcp:8787:backlog=x", "backlog must be a whole number, not 'x'"),
+        ("listeners.hub", "tcp:8787:bogus=1", "unknown parameter 'bogus'"),
+        ("listeners.hub", "tcp:70000", "port 70000 is past 65535"),
+        ("upstreams.central", "tcp:host=x:port=9787x", "port must be a whole number, not '9787x'"),
+        ("upstreams.central", "tcp:host=x:port=1:bogus=2", "unknown parameter 'bogus'"),
+        ("upstreams.central", "tcp:x", "port is missing"),
+        ("upstreams.central", "tcp:host=x:port=99999", "port 99999 is past 65535"),
     ],
 )
 def test_bad_endpoint_strings(tmp_path: Path, section: str, endpoint: str, reason: str) -> None:
-    """An endpoint string Twisted cannot parse is reported with Twisted's reason."""
+    """An endpoint string Twisted cannot parse is reported naming the field, in plain words.
+
+    Not Python's own messages from inside Twisted's parser (``invalid
+    literal for int() with base 10``, ``__init__() missing 1 required
+    positional argument``), and not a port a socket cannot have.
+    """
     if section.startswith("listeners"):
         text = HUB.replace("tcp:0:interface=127.0.0.1", endpoint) + CENTRAL
     else:
         text = HUB + CENTRAL.replace("tcp:host=127.0.0.1:port=9787", endpoint)
     main = _write(tmp_path / "gateway.toml", text)
-    _only_problem(main, f"{section}.endpoint", reason)
+    kind = "server" if section.startswith("listeners") else "client"
+    _only_problem(main, f"{section}.endpoint", f"bad {kind} endpoint {endpoint!r}: {reason}")
+    [problem] = _problems(main)
+    assert problem.reason == f"bad {kind} endpoint {endpoint!r}: {reason}"
 
 
 def test_bad_admin_endpoint(tmp_path: Path) -> None:
@@ -867,6 +880,11 @@ def test_problem_text_is_file_key_reason() -> None:
     second = ConfigProblem("b.toml", "-", "file not found")
     assert str(first) == "a.toml: listeners.hub.endpoint: is required (a string)"
     assert str(ConfigError([first, second])) == f"{first}\n{second}"
+
+
+def test_a_problem_of_the_whole_file_prints_without_a_key() -> None:
+    """A problem of the file as a whole (key ``-``) prints as ``file: reason``, no ``-:``."""
+    assert str(ConfigProblem("b.toml", "-", "file not found")) == "b.toml: file not found"
 
 
 # --- reload -----------------------------------------------------------------------------------

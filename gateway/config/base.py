@@ -78,6 +78,9 @@ class ConfigProblem:
     reason: str
 
     def __str__(self) -> str:
+        """``file: key: reason``, or ``file: reason`` for the file as a whole."""
+        if self.key == "-":
+            return f"{self.file}: {self.reason}"
         return f"{self.file}: {self.key}: {self.reason}"
 
 

@@ -12,6 +12,7 @@ from gateway.config.base import NAME, Key, Section
 from gateway.tls import split_endpoint_string
 
 __all__ = [
+    "MAX_PORT",
     "PORT_ENDPOINT_KINDS",
     "TLS_SERVER_PREFIXES",
     "UNVERIFIED_TLS_CLIENT_PREFIX",
@@ -91,12 +92,20 @@ def endpoint_with_port(description: str, port: int) -> str:
     return ":".join(fields)
 
 
+MAX_PORT: Final = 65535
+
+
 def check_server_endpoint(section: Section, key: Key[Any] | str, description: str) -> None:
     """Report a server endpoint string that Twisted cannot parse, as a problem of ``key``."""
     try:
         serverFromString(MemoryReactor(), description)
     except (ValueError, TypeError, KeyError, OSError) as exc:
-        section.problem(key, f"bad server endpoint {description!r}: {_exc_text(exc)}")
+        reason = _exc_text(exc, description)
+        section.problem(key, f"bad server endpoint {description!r}: {reason}")
+        return
+    port = endpoint_port(description)
+    if port is not None and port > MAX_PORT:
+        section.problem(key, f"bad server endpoint {description!r}: port {port} is past 65535")
 
 
 def check_client_endpoint(section: Section, key: Key[Any] | str, description: str) -> None:
@@ -104,7 +113,23 @@ def check_client_endpoint(section: Section, key: Key[Any] | str, description: st
     try:
         clientFromString(MemoryReactor(), description)
     except (ValueError, TypeError, KeyError, OSError) as exc:
-        section.problem(key, f"bad client endpoint {description!r}: {_exc_text(exc)}")
+        reason = _exc_text(exc, description)
+        section.problem(key, f"bad client endpoint {description!r}: {reason}")
+        return
+    port = _client_port(description)
+    if port is not None and port > MAX_PORT:
+        section.problem(key, f"bad client endpoint {description!r}: port {port} is past 65535")
+
+
+def _client_port(description: str) -> int | None:
+    """The port a ``tcp:``, ``tls:`` or ``ssl:`` client endpoint string names, if a number."""
+    fields = split_endpoint_string(description)
+    if fields[0] not in ("tcp", "tls", "ssl"):
+        return None
+    positional = [field for field in fields[1:] if "=" not in field]
+    named = dict(field.partition("=")[::2] for field in fields[1:] if "=" in field)
+    value = named.get("port", positional[1] if len(positional) > 1 else "")
+    return int(value) if value.isdigit() else None
 
 
 def check_client_tls(
@@ -146,8 +171,38 @@ def check_name(section: Section, name: str, names: set[str]) -> None:
     names.add(name)
 
 
-def _exc_text(exc: BaseException) -> str:
+_NOT_A_NUMBER: Final = re.compile(r"invalid literal for int\(\) with base 10: '(.*)'")
+_UNKNOWN_PARAMETER: Final = re.compile(r"unexpected keyword argument '(\w+)'")
+_MISSING: Final = re.compile(r"missing \d+ required positional arguments?: (.*)")
+
+
+def _exc_text(exc: BaseException, description: str) -> str:
+    """What Twisted's endpoint parser found wrong, in the words of the endpoint string.
+
+    Its parser calls ``int()`` and the endpoint's constructor with the
+    fields, so a mistyped port or parameter surfaces as Python's own message
+    (``invalid literal for int() with base 10: '9787x'``); those are said
+    again naming the field. Other messages (a certificate file not found)
+    are readable as they are.
+    """
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, TypeError) and "unexpected keyword" in text:
-        return f"unknown parameter ({text})"
+    if found := _NOT_A_NUMBER.search(text):
+        return _not_a_number(found.group(1), description)
+    if found := _UNKNOWN_PARAMETER.search(text):
+        return f"unknown parameter {found.group(1)!r}"
+    if found := _MISSING.search(text):
+        names = re.findall(r"'(\w+)'", found.group(1)) or ["a parameter"]
+        return f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} missing"
     return text
+
+
+def _not_a_number(value: str, description: str) -> str:
+    """``port must be a whole number, not '9787x'``, naming the field that holds ``value``."""
+    fields = split_endpoint_string(description)
+    named = [field.partition("=")[0] for field in fields[1:] if field.endswith(f"={value}")]
+    if named:
+        return f"{named[0]} must be a whole number, not {value!r}"
+    index = _port_field(fields)
+    if index is not None and fields[index] == value:
+        return f"port must be a whole number, not {value!r}"
+    return f"{value!r} is not a whole number"
