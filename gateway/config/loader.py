@@ -3,7 +3,7 @@
 Each table is read by the module that declares its keys (`gateway.config.gateway`,
 `listeners`, `upstreams`, `routes`, `secrets`, one module per protocol); this
 module reads the main file's top level, then checks what spans tables: route
-ends, names, secrets.
+ends, names, ports (`gateway.config.ports`), secrets.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from gateway.config.gateway import (
     read_log,
 )
 from gateway.config.listeners import LISTENER, ListenerConfig, read_listener
+from gateway.config.ports import check_ports
 from gateway.config.routes import (
     ROUTE,
     UNDELIVERABLE_LISTENERS,
@@ -171,6 +172,7 @@ def _parse_main(
         if written[-1].route is not None:
             inline.append(written[-1].route)
     root.done()
+    check_ports(listeners, admin, file, problems)
     check_processes(fleet, listeners, admin, file, problems)
 
     secrets = load_secrets(secrets_path, problems) if secrets_path else Secrets()
