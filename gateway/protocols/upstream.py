@@ -29,7 +29,7 @@ reason: it is logged as a warning naming the upstream, its address and that
 reason, counted as ``tls-failed``, and the back-off keeps growing, also when
 the server refuses our certificate only after the handshake (TLS 1.3).
 ClientService's own "Scheduling retry" lines name the upstream and its
-address (`MovableEndpoint`).
+address (`MovableEndpoint`), and the wait, rounded to a tenth of a second.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from gateway.tls import tls_failure_reason
 __all__ = [
     "RECONNECT_INITIAL_DELAY_SECONDS",
     "RECONNECT_MAX_DELAY_SECONDS",
+    "RETRY_RESOLUTION_SECONDS",
     "MovableEndpoint",
     "Upstream",
     "UpstreamConnection",
@@ -75,6 +76,8 @@ RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
 """First wait before connecting again after a connection failed or ended."""
 RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 """Longest wait between attempts (the wait grows by half each time up to it)."""
+RETRY_RESOLUTION_SECONDS: Final = 0.1
+"""Waits are rounded to this, and are never shorter."""
 
 _BACKOFF: Final = backoffPolicy(
     initialDelay=RECONNECT_INITIAL_DELAY_SECONDS, maxDelay=RECONNECT_MAX_DELAY_SECONDS
@@ -318,9 +321,11 @@ class Upstream(Generic[C]):
 
     def _next_wait(self, _attempts: int) -> float:
         # ClientService counts from the last TCP connection; we count from the
-        # last ready one, so that a refused login backs off as well.
+        # last ready one, so that a refused login backs off as well. Rounded to
+        # a tenth: the jitter needs no more, and ClientService's "Scheduling
+        # retry ... in 29.5 seconds" line shows the number as it is.
         self._failures += 1
-        return self._retry_policy(self._failures)
+        return max(round(self._retry_policy(self._failures), 1), RETRY_RESOLUTION_SECONDS)
 
     def _not_connected(self, failure: Failure) -> None:
         if self.running:

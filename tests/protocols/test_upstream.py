@@ -8,6 +8,7 @@ told to); time is a `Clock`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -310,6 +311,26 @@ def test_the_service_scheduling_a_retry_names_the_upstream_and_address() -> None
     assert "Scheduling retry 1 to connect upstream far at relay.example:628 in 1.0 seconds." in (
         texts
     )
+    upstream.service.stopService()
+
+
+def test_the_scheduled_wait_is_rounded_to_a_tenth() -> None:
+    """With the jittered default back-off, the line says "in 1.3 seconds", not 1.2866920617."""
+    clock = Clock()
+    reactor = MemoryReactor()
+    endpoint = clientFromString(reactor, "tcp:host=relay.example:port=628")
+    upstream = HelloUpstream(endpoint, clock, GatewayMetrics())
+    upstream.service.startService()
+    for attempt in range(1, 6):
+        factory = reactor.tcpClients[-1][2]
+        with capturedLogs() as events:
+            factory.clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+        [line] = [_text(e) for e in events if "Scheduling retry" in _text(e)]
+        found = re.search(r" in (\S+) seconds\.$", line)
+        assert found is not None, line
+        assert re.fullmatch(r"\d+\.\d", found.group(1)), line
+        assert f"Scheduling retry {attempt} to connect upstream far at relay.example:628" in line
+        clock.advance(float(found.group(1)))
     upstream.service.stopService()
 
 
