@@ -311,8 +311,13 @@ class FleetHub:
         self._open[(peer, topic)] = call
         self._clock.callLater(ROLL_CALL_SECONDS, self._roll_call_over, number)
         headers = {"id": number, "reply": f"n.{self.node}"}
+
+        def call_the_roll() -> None:
+            if number in self._roll_calls:  # not over (a gap can outlast it)
+                self._queue(_Run(_ROLL_CALL, topic, b"", 0, headers))
+
         # Once t.<topic> is bound, every event after a node's answer reaches this node.
-        self.backbone.when_bound(lambda: self._queue(_Run(_ROLL_CALL, topic, b"", 0, headers)))
+        self.backbone.when_bound(call_the_roll)
 
     # --- sending ------------------------------------------------------------------------------
 
