@@ -57,6 +57,7 @@ from gateway.config import (
     reload_routes,
     reload_secrets,
 )
+from gateway.config.admintoken import provide_admin_token
 from gateway.config.fleet import node_id, worker_node
 from gateway.config.insecure import insecure_settings
 from gateway.core.batch import all_same
@@ -885,6 +886,7 @@ class Options(usage.Options):
         try:
             self.gateway_config = load_config(Path(path)) if path else load_default_config()
             self.node = node_id(self.gateway_config.fleet, self.gateway_config.data_dir)
+            provide_admin_token(self.gateway_config)
         except ConfigError as exc:
             raise usage.UsageError(
                 "invalid configuration:\n" + "\n".join(f"  {p}" for p in exc.problems)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.cli import main
-from gateway.cli.common import CommandError, Output
-from gateway.cli.tap import describe, follow, tap_url
+from gateway.cli.common import CommandError, Output, UsageError
+from gateway.cli.tap import Gateway, admin_token, admin_url, describe, follow, tap_url
+from gateway.config import load_config
 
 RECORD: dict[str, Any] = {
     "time": 1714564800.1234,
@@ -146,9 +148,10 @@ def test_usage_errors(argv: list[str], problem: str, capsys: pytest.CaptureFixtu
     assert problem in capsys.readouterr().err
 
 
-def test_missing_token_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The token's variable unset: status 2 naming it, before any connection."""
+def test_missing_token_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No variable and no token file: status 2 naming both, before any connection."""
     monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)  # the embedded default's data dir: var/ here, empty
     err = io.StringIO()
     status = main(
         ["tap", "--route", "r", "--token-env", "NO_SUCH_TOKEN", "--admin", "http://127.0.0.1:9"],
@@ -156,7 +159,91 @@ def test_missing_token_variable(monkeypatch: pytest.MonkeyPatch) -> None:
         err,
     )
     assert status == 2
-    assert "NO_SUCH_TOKEN is not set" in err.getvalue()
+    assert "no admin token: NO_SUCH_TOKEN is not set" in err.getvalue()
+    assert f"{tmp_path / 'var' / 'admin-token'} does not exist" in err.getvalue()
+
+
+def _config(directory: Path, admin: str, secrets: str | None = None) -> Path:
+    """A main file with this admin endpoint (and secrets file); data dir ``data``."""
+    text = f"[gateway]\ndata_dir = \"data\"\n[admin]\nendpoint = '{admin}'\n"
+    if secrets is not None:
+        (directory / "secrets.toml").write_text(secrets)
+        text = text.replace("[admin]", 'secrets = "secrets.toml"\n[admin]')
+    path = directory / "gateway.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "url"),
+    [
+        ("tcp:8790:interface=127.0.0.1", "http://127.0.0.1:8790"),
+        ("tcp:port=7790", "http://127.0.0.1:7790"),
+        ("tcp:7790:interface=0.0.0.0", "http://127.0.0.1:7790"),
+        ("tcp6:7790:interface=\\:\\:1", "http://[::1]:7790"),
+        ("tcp6:7790", "http://[::1]:7790"),
+        ("tcp:7790:interface=10.1.2.3", "http://10.1.2.3:7790"),
+    ],
+)
+def test_the_admin_url_comes_from_the_configuration(
+    tmp_path: Path, endpoint: str, url: str
+) -> None:
+    """Without --admin, tap connects where the configuration's admin endpoint listens."""
+    assert admin_url(load_config(_config(tmp_path, endpoint))) == url
+
+
+def test_an_admin_endpoint_that_is_off_or_no_port_needs_admin(tmp_path: Path) -> None:
+    """An admin endpoint that is off, or a Unix socket, cannot be guessed: a usage error."""
+    path = tmp_path / "gateway.toml"
+    path.write_text("[admin]\nenabled = false\n")
+    with pytest.raises(UsageError, match="the admin endpoint is off in"):
+        admin_url(load_config(path))
+    with pytest.raises(UsageError, match="give --admin URL"):
+        admin_url(load_config(_config(tmp_path, "unix:/run/msggateway-admin")))
+
+
+def test_the_token_comes_from_the_variable_the_secrets_file_or_the_data_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The variable when set; else the secrets file's admin_token; else the made token file."""
+    monkeypatch.delenv("TAP_TOKEN", raising=False)
+    made = _config(tmp_path, "tcp:0")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "admin-token").write_text("made-token\n")
+    assert admin_token("TAP_TOKEN", Gateway(str(made))) == (
+        "made-token",
+        str(tmp_path / "data" / "admin-token"),
+    )
+    monkeypatch.setenv("TAP_TOKEN", "from-env")
+    assert admin_token("TAP_TOKEN", Gateway(str(made)))[0] == "from-env"
+    monkeypatch.delenv("TAP_TOKEN")
+    given = tmp_path / "given"
+    given.mkdir()
+    path = _config(given, "tcp:0", secrets='admin_token = "file-token"\n')
+    assert admin_token("TAP_TOKEN", Gateway(str(path))) == (
+        "file-token",
+        f"admin_token in {given / 'secrets.toml'}",
+    )
+
+
+def test_an_unreadable_token_file_says_whose_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A token file the user may not read: status 1 naming it, and the way out."""
+    monkeypatch.delenv("TAP_TOKEN", raising=False)
+    path = _config(tmp_path, "tcp:0")
+    (tmp_path / "data" / "admin-token").mkdir(parents=True)  # reading it fails
+    err = io.StringIO()
+    status = main(
+        ["tap", "--route", "r", "--token-env", "TAP_TOKEN", "--config", str(path)],
+        io.StringIO(),
+        err,
+    )
+    assert status == 1
+    assert f"cannot read the admin token in {tmp_path / 'data' / 'admin-token'}: " in (
+        err.getvalue()
+    )
+    assert "run this as the gateway's user, or set TAP_TOKEN" in err.getvalue()
 
 
 def test_admin_must_be_a_url(monkeypatch: pytest.MonkeyPatch) -> None:

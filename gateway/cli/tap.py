@@ -1,9 +1,13 @@
 """``msggateway tap``: watch the messages on a listener or a route of a running gateway.
 
 It attaches to the admin endpoint's ``/tap`` (`gateway.admin`) with the
-admin token (the secret of ``admin`` in the gateway's secrets file), read
-from the environment variable ``--token-env`` names, never from the
-command line. It prints one line per message as the gateway routes it::
+admin token, never taken from the command line: from the environment
+variable ``--token-env`` names when it is set, else from the gateway's
+configuration (``--config``, by default the embedded default as run from
+this directory): its secrets file's ``admin_token``, or without one the
+token the gateway made in its data dir (`gateway.config.admintoken`). The
+admin endpoint's URL is ``--admin``, or the configuration's ``[admin]``
+endpoint. It prints one line per message as the gateway routes it::
 
     2025-05-01T12:00:00.123Z mail:ops@example.com -> to-hub -> hub:ops.mail
         id=1f2e-7 from=alice 1234 B accepted
@@ -22,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import ipaddress
 import json
+import os
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from typing import IO, Final, TextIO
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Final, TextIO
 
 from gateway.cli.common import (
     CommandError,
@@ -38,13 +45,13 @@ from gateway.cli.common import (
     add_timeout_argument,
     positive,
     progress_bar,
-    secret_from_env,
 )
 
-__all__ = ["add_commands", "describe", "follow", "tap_url"]
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
 
-DEFAULT_ADMIN: Final = "http://127.0.0.1:8790"
-"""Where the default configuration's admin endpoint listens."""
+__all__ = ["Gateway", "add_commands", "admin_token", "admin_url", "describe", "follow", "tap_url"]
+
 DEFAULT_TOKEN_ENV: Final = "MSGGATEWAY_ADMIN_TOKEN"
 MAX_LINE_BYTES: Final = 1024 * 1024
 """A record longer than this is not one the gateway writes: the stream is broken."""
@@ -58,14 +65,22 @@ def add_commands(commands: Commands) -> None:
         description="Attach to a running gateway's admin endpoint and print each message"
         " that arrives at a listener, or that a route takes, as it is routed: where it came"
         " from, the routes it took and where they delivered it, its id, sender, size and"
-        " outcome. Needs the admin token (the secret of admin in the secrets file) in an"
-        " environment variable. Ctrl-C stops.",
+        " outcome. Needs the admin token: from the environment variable --token-env names"
+        " if set, else from the gateway's configuration (its secrets file's admin_token, or"
+        " the token the gateway made in its data dir, which the user running this must be"
+        " allowed to read). Ctrl-C stops.",
+    )
+    tap.add_argument(
+        "--config",
+        metavar="PATH",
+        help="the gateway's main config file, for its admin endpoint and admin token"
+        " (default: the embedded default, its data dir var/ in this directory)",
     )
     tap.add_argument(
         "--admin",
-        default=DEFAULT_ADMIN,
         metavar="URL",
-        help=f"the gateway's admin endpoint (default: {DEFAULT_ADMIN})",
+        help="the gateway's admin endpoint, e.g. http://127.0.0.1:8790 (default: the"
+        " configuration's [admin] endpoint)",
     )
     which = tap.add_mutually_exclusive_group(required=True)
     which.add_argument("--listener", metavar="NAME", help="watch what arrives at this listener")
@@ -95,7 +110,8 @@ def add_commands(commands: Commands) -> None:
         "--token-env",
         default=DEFAULT_TOKEN_ENV,
         metavar="VAR",
-        help=f"environment variable holding the admin token (default: {DEFAULT_TOKEN_ENV})",
+        help="environment variable holding the admin token, used when set (default:"
+        f" {DEFAULT_TOKEN_ENV})",
     )
     add_timeout_argument(tap, what="seconds to wait for the gateway to answer")
     add_receiver_arguments(tap)
@@ -136,10 +152,108 @@ def tap_url(admin: str, args: argparse.Namespace) -> urllib.parse.SplitResult:
     return base._replace(path=path, query=urllib.parse.urlencode(query), fragment="")
 
 
+class Gateway:
+    """The configuration ``--config`` names, read once and only if needed."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._config: GatewayConfig | None = None
+
+    @property
+    def config(self) -> GatewayConfig:
+        """The configuration.
+
+        Raises:
+            CommandError: It has problems (or a file cannot be read).
+        """
+        if self._config is None:
+            from gateway.config import ConfigError, load_config, load_default_config
+
+            try:
+                self._config = load_config(Path(self.path)) if self.path else load_default_config()
+            except ConfigError as exc:
+                problems = "\n  ".join(map(str, exc.problems))
+                raise CommandError(
+                    f"cannot read the gateway's configuration:\n  {problems}\n(--admin and the"
+                    " variable --token-env names need none)"
+                ) from None
+        return self._config
+
+
+def admin_url(config: GatewayConfig) -> str:
+    """The URL a client on this host reaches the configuration's admin endpoint at.
+
+    A wildcard interface (none, ``0.0.0.0``, ``::``) is reached on loopback;
+    ``ssl:`` and ``mtls:`` endpoints are https.
+
+    Raises:
+        UsageError: The admin endpoint is off, or not a TCP port.
+    """
+    from gateway.config.endpoints import endpoint_port
+    from gateway.tls import split_endpoint_string
+
+    where = config.source
+    if config.admin.endpoint is None:
+        raise UsageError(f"the admin endpoint is off in {where} ([admin] enabled = false)")
+    fields = split_endpoint_string(config.admin.endpoint)
+    port = endpoint_port(config.admin.endpoint)
+    if not port:
+        raise UsageError(
+            f"give --admin URL: {where}'s admin endpoint {config.admin.endpoint!r} is no TCP port"
+        )
+    interface = next(
+        (field.partition("=")[2] for field in fields if field.startswith("interface=")), ""
+    ).replace("\\", "")
+    if interface in ("", "0.0.0.0"):
+        interface = "::1" if fields[0] == "tcp6" else "127.0.0.1"
+    elif interface == "::":
+        interface = "::1"
+    try:
+        host = f"[{interface}]" if ipaddress.ip_address(interface).version == 6 else interface
+    except ValueError:
+        host = interface
+    scheme = "https" if fields[0] in ("ssl", "mtls") else "http"
+    return f"{scheme}://{host}:{port}"
+
+
+def admin_token(variable: str, gateway: Gateway) -> tuple[str, str]:
+    """The admin token, and where it came from (for the hint when it is refused).
+
+    Raises:
+        CommandError: The configuration or the token file cannot be read.
+        UsageError: There is no token anywhere.
+    """
+    from gateway.config.admintoken import read_admin_token, token_path
+
+    value = os.environ.get(variable)
+    if value is not None:
+        return value, f"the environment variable {variable}"
+    config = gateway.config
+    if config.secrets.admin_token is not None:
+        return config.secrets.admin_token.decode("utf-8"), f"admin_token in {config.secrets_path}"
+    path = token_path(config.data_dir)
+    try:
+        token = read_admin_token(config.data_dir)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CommandError(
+            f"cannot read the admin token in {path}: {reason} (run this as the gateway's user,"
+            f" or set {variable})"
+        ) from None
+    if token is None:
+        raise UsageError(
+            f"no admin token: {variable} is not set, {config.source} has no admin_token, and"
+            f" {path} does not exist (the gateway makes it at its first start; --config names"
+            " the gateway's main file)"
+        )
+    return token, str(path)
+
+
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -> int:
-    token = secret_from_env(args.token_env)
-    url = tap_url(args.admin, args)
-    response, connection = _open(url, token, args.timeout)
+    gateway = Gateway(args.config)
+    token, source = admin_token(args.token_env, gateway)
+    url = tap_url(args.admin or admin_url(gateway.config), args)
+    response, connection = _open(url, token, args.timeout, source)
     bar = progress_bar(args, err, total=args.count or None, desc="tapped")
     output = Output(out, json_lines=args.json, bar=bar)
     shown = 0
@@ -167,9 +281,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO, stdin: IO[bytes]) -
 
 
 def _open(
-    url: urllib.parse.SplitResult, token: str, timeout: float | None
+    url: urllib.parse.SplitResult, token: str, timeout: float | None, source: str
 ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-    """Ask for the tap; return the streaming response once it is 200.
+    """Ask for the tap with ``token`` (from ``source``); return the response once it is 200.
 
     Raises:
         CommandError: The gateway could not be reached, or refused.
@@ -195,7 +309,7 @@ def _open(
         where = urllib.parse.urlunsplit(url._replace(query=""))
         raise CommandError(f"cannot reach {where}: {exc}") from None
     if response.status != http.HTTPStatus.OK:
-        reason = _refusal(response)
+        reason = _refusal(response, source)
         connection.close()
         raise CommandError(f"the gateway refused the tap ({response.status}): {reason}")
     # From now on, a quiet route is not a time-out: wait for lines for ever.
@@ -204,7 +318,7 @@ def _open(
     return response, connection
 
 
-def _refusal(response: http.client.HTTPResponse) -> str:
+def _refusal(response: http.client.HTTPResponse, source: str) -> str:
     """The error a refusing answer carries, with a hint for the usual ones."""
     body = response.read(MAX_LINE_BYTES)
     try:
@@ -218,7 +332,10 @@ def _refusal(response: http.client.HTTPResponse) -> str:
     else:
         reason = body.decode("utf-8", "replace").strip() or response.reason
     if response.status == http.HTTPStatus.UNAUTHORIZED:
-        reason += " (is the variable --token-env names the secret of admin in the secrets file?)"
+        reason += (
+            f" (the token came from {source}; the gateway's is admin_token in its secrets file,"
+            " or without one the admin-token file in its data dir)"
+        )
     return reason
 
 

@@ -230,8 +230,8 @@ ADMIN: Final = TableSchema(
     "Admin endpoint",
     "[admin]",
     (ADMIN_ENDPOINT, ENABLED, ALLOWED_HOSTS),
-    doc="The admin HTTP endpoint. Its token is the secret of ``admin`` in the secrets file's"
-    " ``[logins]``.",
+    doc="The admin HTTP endpoint. Its token is ``admin_token`` in the secrets file, or without"
+    " one the token the gateway makes in data_dir/admin-token (mode 0600).",
 )
 
 

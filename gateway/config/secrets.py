@@ -37,7 +37,7 @@ ADMIN_TOKEN: Final = optional_string(
     "admin_token",
     doc="The admin API's bearer token (``/leases``, ``/tap``); written before the tables."
     " It is no login password.",
-    shown="none: those APIs are off",
+    shown="none: the gateway makes one in data_dir/admin-token (mode 0600)",
 )
 LOGINS: Final = string_map(
     "logins",

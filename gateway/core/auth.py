@@ -66,7 +66,10 @@ class Secrets:
         leases: DMP lease name (a DMP listener's ``leases``) to its lease
             text, what a DMP client presents. Not a login password.
         admin_token: The admin API's bearer token (None: the APIs that need
-            it are off). Not a login password.
+            it are off, unless the gateway made one). Not a login password.
+        generated_admin_token: The token the gateway made and keeps in its
+            data dir (`gateway.config.admintoken`), accepted while
+            ``admin_token`` is None. Not from the file: a reload keeps it.
         fleet_username: The RabbitMQ user a fleet node logs in as (None: guest).
         fleet_password: Its password (None: guest's).
     """
@@ -80,6 +83,7 @@ class Secrets:
     admin_token: bytes | None = None
     fleet_username: str | None = None
     fleet_password: bytes | None = attrs.field(default=None, repr=False)
+    generated_admin_token: bytes | None = attrs.field(default=None, repr=False)
 
     def verify(self, identity: str, secret: bytes | None) -> bool:
         """Whether ``secret`` is the right one for ``identity``.
@@ -108,9 +112,14 @@ class Secrets:
         self.fleet_username = other.fleet_username
         self.fleet_password = other.fleet_password
 
+    @property
+    def effective_admin_token(self) -> bytes | None:
+        """The token the admin API accepts: the file's ``admin_token``, else the made one."""
+        return self.admin_token if self.admin_token is not None else self.generated_admin_token
+
     def is_admin_token(self, token: bytes | None) -> bool:
         """Whether ``token`` is the admin token (constant time; False without one)."""
-        expected = self.admin_token
+        expected = self.effective_admin_token
         if expected is None or token is None:
             return False
         return hmac.compare_digest(expected, token)

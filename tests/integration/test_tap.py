@@ -8,7 +8,8 @@ script taps a route or the listener as a subprocess while ``msggateway qmqp
 send`` (another subprocess) streams mail through it, and prints each
 message with its outcome; a wrong token, an unknown route and an HTTP
 client without a token are refused; Ctrl-C and a gateway that stops end the
-tap.
+tap. A gateway whose secrets file has no admin token makes one in its data
+dir, where the command finds it from the gateway's configuration.
 
 The admin token is checked with or without DMP listeners (whose lease desk
 also needs it).
@@ -21,6 +22,7 @@ import json
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -101,8 +103,10 @@ def _admin(gateway: GatewayProcess) -> str:
 class _TapProcess:
     """``msggateway tap ARGS`` running, its stdout and stderr read with deadlines."""
 
-    def __init__(self, gateway: GatewayProcess, *args: str, token: str = TOKEN) -> None:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TAP_TOKEN": token}
+    def __init__(self, gateway: GatewayProcess, *args: str, token: str | None = TOKEN) -> None:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if token is not None:
+            env["TAP_TOKEN"] = token
         self.process = subprocess.Popen(
             [MSGGATEWAY, "tap", "--admin", _admin(gateway), "--token-env", "TAP_TOKEN", *args],
             stdout=subprocess.PIPE,
@@ -253,5 +257,25 @@ def test_tap_without_dmp_listeners(tmp_path: Path) -> None:
         tap.read_until("msggateway: tapping route to-hub", timeout=10.0)
         tap.process.send_signal(signal.SIGINT)
         assert tap.finish()[0] == 0
+    finally:
+        process.stop()
+
+
+def test_tap_with_the_token_the_gateway_made(tmp_path: Path) -> None:
+    """No admin_token: the gateway makes one (mode 0600) that tap --config finds by itself."""
+    config = CONFIG.replace('secrets = "secrets.toml"\n', "")
+    process = GatewayProcess(tmp_path / "gateway", config, routes=ROUTES).start()
+    try:
+        made = tmp_path / "gateway" / "var" / "admin-token"
+        assert stat.S_IMODE(made.stat().st_mode) == 0o600
+        logged = f"admin API token: {made} (no secrets file gives admin_token;"
+        assert logged in process.output()
+        args = ["--config", str(process.config_path), "--route", "to-hub", "--count", "1"]
+        tap = _TapProcess(process, *args, token=None)
+        tap.read_until("msggateway: tapping route to-hub")
+        assert _send_mail(process, tmp_path / "mail", "ops@ok.example").startswith("K 1,")
+        status, out, err = tap.finish()
+        assert status == 0, err
+        assert " mail:ops@ok.example -> to-hub -> hub:mail.ops id=" in out
     finally:
         process.stop()

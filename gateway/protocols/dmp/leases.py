@@ -4,7 +4,8 @@ A lease made here is a random text (`secrets.token_urlsafe`) granting one
 sink or feed of one DMP listener until it expires; it is kept in that
 listener's factory (`DMPServerFactory.granted`) and lives as long as the
 process. Making and revoking need the admin token: ``admin_token`` in the
-secrets file (never a login password, nor a login password the token).
+secrets file (never a login password, nor a login password the token), or
+without one the token the gateway made (`gateway.config.admintoken`).
 
 A lease made for an identity is bound to it as a lease of the config with
 ``identity`` is (`LeaseGrant.identity`, ``certified``): only a connection
@@ -58,8 +59,8 @@ class LeaseDesk:
 
     @property
     def enabled(self) -> bool:
-        """Whether an admin token is configured."""
-        return self._secrets.admin_token is not None
+        """Whether there is an admin token (the secrets file's, or the one the gateway made)."""
+        return self._secrets.effective_admin_token is not None
 
     def authorized(self, token: bytes | None) -> bool:
         """Whether ``token`` is the admin token (constant-time)."""
