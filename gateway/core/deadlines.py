@@ -8,7 +8,7 @@ naming the route and its destination.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -17,10 +17,23 @@ from twisted.python.failure import Failure
 from gateway.core.batch import UNANSWERED
 from gateway.core.message import Outcome
 
-if TYPE_CHECKING:
-    from gateway.core.router import Route
+__all__ = ["RouteDeadlines", "TimedRoute"]
 
-__all__ = ["RouteDeadlines"]
+
+class TimedRoute(Protocol):
+    """What the deadlines need of a route (`gateway.core.router.Route` is one)."""
+
+    @property
+    def name(self) -> str:
+        """The route's name, for the retry's reason."""
+
+    @property
+    def destination(self) -> str:
+        """Where it delivers, for the retry's reason."""
+
+    @property
+    def timeout_seconds(self) -> float:
+        """How long a delivery may take."""
 
 
 class RouteDeadlines:
@@ -34,7 +47,7 @@ class RouteDeadlines:
 
     __slots__ = ("_call", "_clock", "_queue", "_route")
 
-    def __init__(self, route: Route, clock: IReactorTime) -> None:
+    def __init__(self, route: TimedRoute, clock: IReactorTime) -> None:
         self._route = route
         self._clock = clock
         self._queue: deque[tuple[float, Deferred[list[Outcome]]]] = deque()

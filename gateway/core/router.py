@@ -11,7 +11,7 @@ any route can become durable without the router or the adapters changing.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, succeed
@@ -26,7 +26,6 @@ from gateway.core.deadlines import RouteDeadlines
 from gateway.core.interfaces import IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
-from gateway.core.tap import BatchTap, Tap, observe_batch
 from gateway.core.transforms import ENVELOPE_TRANSFORMS, TransformError, transform
 from gateway.metrics import GatewayMetrics, RouteStats
 
@@ -36,7 +35,9 @@ __all__ = [
     "Result",
     "Route",
     "RouteTable",
+    "RouteTap",
     "Router",
+    "TappedBatch",
     "Unrouted",
     "bind_routes",
 ]
@@ -238,6 +239,34 @@ def bind_routes(
     return RouteTable(bound)
 
 
+class TappedBatch(Protocol):
+    """What a tap keeps of one routed batch until its routes answer (`gateway.core.tap`)."""
+
+    def answered(self, bound: BoundRoute, outcomes: Sequence[Outcome]) -> None:
+        """One route's batch was answered."""
+
+
+class RouteTap(Protocol):
+    """A watcher of routed batches (`gateway.core.tap.Tap` is one).
+
+    The router does not know the tap's module: it shows each batch to its
+    taps through the first tap's ``observe_batch``, which picks every tap's
+    messages at once (one pass per batch however many taps there are).
+    """
+
+    def observe_batch(
+        self,
+        taps: Sequence[RouteTap],
+        source: str,
+        messages: Sequence[Message],
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        refused: dict[int, list[tuple[int, Outcome]]],
+        table: RouteTable,
+        clock: IReactorTime,
+    ) -> TappedBatch | None:
+        """Pick each of ``taps``' messages out of a routed batch (`gateway.core.tap`)."""
+
+
 class Router:
     """Dispatches inbound messages along the routes that match them.
 
@@ -263,7 +292,7 @@ class Router:
         self._watches: dict[BoundRoute, RouteDeadlines] = {}
         self.recorder: OutcomeRecorder | None = None
         """Keeps each message's route, source, times and outcome (issue 9), when set."""
-        self.taps: tuple[Tap, ...] = ()
+        self.taps: tuple[RouteTap, ...] = ()
         """Who watches messages live (`gateway.core.tap`); looked at once per batch."""
         self.batches_in_flight = 0
         """Batches routed whose messages are not all answered yet."""
@@ -271,11 +300,11 @@ class Router:
         self._refusal: Outcome | None = None
         self._unanswered_sources: frozenset[str] = frozenset()
 
-    def add_tap(self, tap: Tap) -> None:
+    def add_tap(self, tap: RouteTap) -> None:
         """Show ``tap`` the batches routed from now on."""
         self.taps = (*self.taps, tap)
 
-    def remove_tap(self, tap: Tap) -> None:
+    def remove_tap(self, tap: RouteTap) -> None:
         """Stop showing ``tap`` anything (records of batches in flight still reach it)."""
         self.taps = tuple(other for other in self.taps if other is not tap)
 
@@ -369,7 +398,10 @@ class Router:
                 self._plan(plan, bound, index, message, addresses, refused)
         tapped = None
         if self.taps:  # all that a batch pays when nobody taps
-            tapped = observe_batch(self.taps, source, messages, plan, refused, table, self._clock)
+            taps = self.taps
+            tapped = taps[0].observe_batch(
+                taps, source, messages, plan, refused, table, self._clock
+            )
         if plan:
             self.batches_in_flight += 1  # until its last message is answered (when_idle)
         if len(plan) == 1 and not refused:  # the common case: one route, each message once
@@ -467,7 +499,11 @@ class Router:
             entry[1].append(translated)
 
     def _deliver(
-        self, bound: BoundRoute, batch: list[Message], source: str, tapped: BatchTap | None = None
+        self,
+        bound: BoundRoute,
+        batch: list[Message],
+        source: str,
+        tapped: TappedBatch | None = None,
     ) -> Deferred[list[Outcome]]:
         route = bound.route
         started = self._clock.seconds()
@@ -551,7 +587,7 @@ class _Combined:
             for index in indices:
                 left[index] = left.get(index, 0) + 1
 
-    def start(self, router: Router, source: str, tapped: BatchTap | None) -> None:
+    def start(self, router: Router, source: str, tapped: TappedBatch | None) -> None:
         """Answer the messages no route took, deliver each route's batch."""
         for index in [i for i in self._known if i not in self._routes_left]:
             self._answer(index, _combine(self._known.pop(index)))

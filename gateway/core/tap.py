@@ -34,7 +34,7 @@ import json
 import math
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.logger import Logger
@@ -44,7 +44,7 @@ from gateway.core.addressing import AddressPattern
 from gateway.core.message import Message, Outcome, worst
 
 if TYPE_CHECKING:
-    from gateway.core.router import BoundRoute, Router, RouteTable
+    from gateway.core.router import BoundRoute, Router, RouteTable, RouteTap
 
 __all__ = [
     "DEFAULT_TAP_RECORDS",
@@ -309,6 +309,21 @@ class Tap:
         """Tell the reader that records have come."""
         if self._lines and self.on_records is not None:
             self.on_records()
+
+    @staticmethod
+    def observe_batch(
+        taps: Sequence[RouteTap],
+        source: str,
+        messages: Sequence[Message],
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        refused: dict[int, list[tuple[int, Outcome]]],
+        table: RouteTable,
+        clock: IReactorTime,
+    ) -> BatchTap | None:
+        """How the router shows a batch to its taps (`observe_batch`; the router's `RouteTap`)."""
+        return observe_batch(
+            cast("Sequence[Tap]", taps), source, messages, plan, refused, table, clock
+        )
 
 
 class _Entry:

@@ -17,7 +17,6 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from zope.interface import implementer
 
-from gateway.core import router as router_module
 from gateway.core import tap as tap_module
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.interfaces import IRouteDelivery
@@ -164,7 +163,7 @@ def test_without_taps_the_router_does_no_tap_work(monkeypatch: pytest.MonkeyPatc
     def refuse(*args: object) -> None:
         raise AssertionError("observe_batch called without taps")
 
-    monkeypatch.setattr(router_module, "observe_batch", refuse)
+    monkeypatch.setattr(tap_module, "observe_batch", refuse)
     router, _ = _router((WEATHER, _Answering()))
     assert router.taps == ()
     results = _route(router, "ssmp-in", [Message(body=b"x", address="weather.oslo")])
