@@ -39,22 +39,51 @@ handshake time-out of the listener bounds the time to log in.
 from __future__ import annotations
 
 import secrets as random_texts
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, cast
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol, cast
 
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from gateway.codecs import amqp091
 from gateway.codecs.amqp091 import Method
+from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
-from gateway.protocols.dmp.settings import LeaseGrant
-from gateway.protocols.logins import UNCHECKED
+from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from gateway.protocols.logins import UNCHECKED, LoginRefusals
 
-if TYPE_CHECKING:
-    from gateway.protocols.dmp.server import DMPServerFactory
+__all__ = ["CHANNEL_MAX", "PrincipalConnection", "PrincipalListener"]
 
-__all__ = ["CHANNEL_MAX", "PrincipalConnection"]
+
+class PrincipalListener(Protocol):
+    """What a principal connection needs of its DMP listener (`DMPServerFactory` is one)."""
+
+    name: str
+    settings: DMPListenerSettings
+    secrets: Secrets
+    clock: IReactorTime
+    granted: dict[str, LeaseGrant]
+    """Leases made at run time: lease text to grant."""
+
+    @property
+    def readers(self) -> Mapping[str, object]:
+        """The feeds that have a reader now."""
+
+    @property
+    def logins(self) -> LoginRefusals:
+        """The listener's refused logins."""
+
+    def count_error(self, kind: str) -> None:
+        """Count a protocol error of some kind."""
+
+    def authorized(
+        self, action: Action, identity: str | None, address: str, peer: object = None
+    ) -> bool:
+        """Whether ``identity`` may publish to or consume from ``address`` here."""
+
+    def forget_expired_leases(self) -> None:
+        """Drop run-time leases whose time is over."""
+
 
 CHANNEL_MAX: Final = 16
 """Channels a principal connection may open (it needs one)."""
@@ -82,7 +111,7 @@ class PrincipalConnection:
 
     def __init__(
         self,
-        factory: DMPServerFactory,
+        factory: PrincipalListener,
         write: Callable[[bytes], None],
         close: Callable[[str], None],
         opened: Callable[[], None],
