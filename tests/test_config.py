@@ -316,6 +316,33 @@ def test_repository_example_is_valid() -> None:
     assert config.secrets.credential_for("central") is not None
 
 
+def test_repository_example_runs_beside_the_embedded_default() -> None:
+    """etc/gateway.toml is easy to try: own ports, a data dir that works, a central that answers.
+
+    Its listeners and admin endpoint share no port with the embedded default's;
+    its data dir is absolute (``../var`` became /etc/var once copied to
+    /etc/msggateway, read-only under the unit's sandbox) and is where the unit
+    lets the gateway write; its ``central`` upstream is the default's SSMP hub
+    with a scheme that hub takes (before: 127.0.0.1:9787, nothing there).
+    """
+    example = load_config(REPOSITORY / "etc" / "gateway.toml")
+    default = load_default_config()
+
+    def ports(config: GatewayConfig) -> set[int]:
+        found = {int(str(listener.endpoint).split(":")[1]) for listener in config.listeners}
+        assert config.admin.endpoint is not None
+        return found | {int(config.admin.endpoint.split(":")[1])}
+
+    assert ports(example).isdisjoint(ports(default))
+    assert example.data_dir == Path("/var/lib/msggateway")
+    unit = (REPOSITORY / "etc" / "msggateway.service").read_text()
+    assert f"ReadWritePaths={example.data_dir}\n" in unit
+    [central] = example.upstreams
+    [hub] = [listener for listener in default.listeners if listener.protocol == "ssmp"]
+    assert central.endpoint == "tcp:host=127.0.0.1:port=" + hub.endpoint.split(":")[1]
+    assert central.settings.scheme in hub.settings.schemes
+
+
 def test_summary_is_one_line(tmp_path: Path) -> None:
     """`GatewayConfig.summary` names the source and counts everything, on one line."""
     config = load_config(_full_tree(tmp_path))
