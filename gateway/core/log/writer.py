@@ -17,7 +17,7 @@ when the interval has passed, so nothing stays unsynced for much longer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -31,13 +31,30 @@ from gateway.core.log.values import CommitStats, FsyncPolicy, ILogReactor
 
 if TYPE_CHECKING:
     from gateway.core.log.commit import StreamCommit
-    from gateway.core.log.stream import StreamLog
 
-__all__ = ["GroupCommitter"]
+__all__ = ["CommittingStream", "GroupCommitter"]
+
+
+class CommittingStream(Protocol):
+    """What the committer needs of a stream (`gateway.core.log.stream.StreamLog` is one)."""
+
+    @property
+    def writer(self) -> SegmentWriter:
+        """The writer thread's files for the stream."""
+
+    def plan_commit(self, now_ms: int) -> StreamCommit | None:
+        """Turn the queued appends and offsets into a planned commit, if any."""
+
+    def commit_done(self, commit: StreamCommit) -> None:
+        """The commit is written (and synced as the policy says)."""
+
+    def commit_failed(self, commit: StreamCommit, reason: BaseException) -> None:
+        """Writing the commit failed."""
+
 
 _Outcome = int | CommitWriteError
 """Per stream in a commit: segment writes made, or the error that stopped it."""
-_Planned = tuple["StreamLog", "StreamCommit"]
+_Planned = tuple[CommittingStream, "StreamCommit"]
 
 
 def _run_commit(
@@ -96,7 +113,7 @@ class GroupCommitter:
         self._policy = policy
         self._interval = interval_seconds
         self._stats = stats
-        self._pending: dict[StreamLog, None] = {}
+        self._pending: dict[CommittingStream, None] = {}
         self._turn: IDelayedCall | None = None
         self._in_flight = False
         self._last_sync = clock.seconds()
@@ -110,12 +127,12 @@ class GroupCommitter:
         """The clock commits are timed by (and streams time their retries with)."""
         return self._clock
 
-    def request(self, stream: StreamLog) -> None:
+    def request(self, stream: CommittingStream) -> None:
         """A stream has queued work: commit it on the next turn (or after the current commit)."""
         self._pending[stream] = None
         self._schedule()
 
-    def forget(self, stream: StreamLog) -> None:
+    def forget(self, stream: CommittingStream) -> None:
         """A stream is gone: commit nothing more of it."""
         self._pending.pop(stream, None)
         self._unsynced.pop(stream.writer, None)
