@@ -4,6 +4,7 @@ One module per concern, each adding its commands to one argparse parser
 with an ``add_commands(commands)`` function:
 
 - `gateway.cli.config`: ``check-config [PATH]`` and ``run [PLUGIN OPTIONS]``;
+- `gateway.cli.init`: ``init DIR`` (an example configuration to start from);
 - `gateway.cli.ssmp`: ``ssmp publish|subscribe``;
 - `gateway.cli.qmqp`: ``qmqp send`` (mail files over QMQP streaming, read
   by `gateway.cli.mail`);
@@ -38,7 +39,7 @@ from gateway.cli.common import CommandError, UsageError
 
 __all__ = ["PASSED_ON", "build_parser", "main", "parse_arguments"]
 
-_COMMAND_MODULES = ("config", "ssmp", "qmqp", "stream", "dmp", "mtl", "tap")
+_COMMAND_MODULES = ("config", "init", "ssmp", "qmqp", "stream", "dmp", "mtl", "tap")
 """The modules of `gateway.cli` that add commands, in the order the help lists them."""
 
 PASSED_ON: Final = frozenset({"run"})

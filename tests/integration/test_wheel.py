@@ -11,7 +11,11 @@ has only what the wheel declares. From there:
   route;
 * an ``mtls:`` endpoint (the other plugin) parses in that install: an SSMP
   listener on one takes a client certificate login;
-* the ``msggateway`` console script answers ``check-config``.
+* the ``msggateway`` console script answers ``check-config``;
+* the wheel carries the example configurations: ``msggateway init`` lists
+  them, prints the embedded default, and writes the starter (config,
+  routes, secrets, a unit naming this install's twistd), which that twistd
+  then runs.
 
 Building and installing take about 20-30 s (the dependencies come from the
 package index, or pip's cache).
@@ -173,8 +177,52 @@ def test_the_console_script_checks_a_config(venv: Path) -> None:
     assert "OK" in done.stdout
 
 
+def test_init_from_the_wheel_writes_the_starter_and_twistd_runs_it(
+    venv: Path, tmp_path: Path
+) -> None:
+    """``msggateway init`` in the install: the examples are there, and what it writes runs."""
+    msggateway = str(venv / "bin" / "msggateway")
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            [msggateway, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = [line.split()[0] for line in run("init", "--list").splitlines()]
+    assert listed == [
+        "starter",
+        "mtl-ssmp",
+        "qmqp-to-dmp",
+        "ssmp-to-rabbitmq",
+        "tls-frontend",
+        "default",
+    ]
+    packaged = installed(
+        venv,
+        "import importlib.resources as r;"
+        "print(r.files('gateway').joinpath('default.toml').read_text(), end='')",
+    )
+    assert run("init", "--print") == packaged
+    conf = tmp_path / "conf"
+    out = run("init", "--data-dir", str(tmp_path / "state"), str(conf))
+    assert f"{conf / 'gateway.toml'}: OK: 2 listener(s)" in out
+    assert f"ExecStart={venv / 'bin' / 'twistd'} " in (conf / "msggateway.service").read_text()
+    assert "OK" in run("check-config", str(conf / "gateway.toml"))
+    config = re.sub(
+        r'(?m)^endpoint = "tcp:\d+:', 'endpoint = "tcp:0:', (conf / "gateway.toml").read_text()
+    )
+    gateway = GatewayProcess(conf, config, twistd=str(venv / "bin" / "twistd")).start()
+    try:
+        assert set(gateway.addresses) == {"hub", "mail", "admin"}
+        assert (tmp_path / "state" / "admin-token").exists()
+    finally:
+        gateway.stop()
+
+
 def test_the_sdist_carries_the_plugins_and_the_default(tmp_path: Path) -> None:
-    """The source distribution holds what the wheel is built from: both plugins, default.toml."""
+    """The source distribution holds what the wheel is built from: the plugins, the configs."""
     import tarfile
 
     subprocess.run(
@@ -195,5 +243,9 @@ def test_the_sdist_carries_the_plugins_and_the_default(tmp_path: Path) -> None:
         "twisted/plugins/msggateway_plugin.py",
         "twisted/plugins/msggateway_endpoints.py",
         "gateway/default.toml",
+        "gateway/examples/gateway.toml",
+        "gateway/examples/msggateway.service",
+        "gateway/examples/routes/mail-alerts.toml",
+        "gateway/examples/ssmp-to-rabbitmq/gateway.toml",
     } <= names
     assert "twisted/plugins/dropin.cache" not in names
