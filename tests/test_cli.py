@@ -148,6 +148,24 @@ def test_every_help_is_plain_text() -> None:
     assert {(), ("stream",), *PROTOCOL_COMMANDS, ("mtl", "keygen"), ("run",)} <= set(seen)
 
 
+def test_every_help_says_what_the_command_does_and_names_its_operands() -> None:
+    """Every command has a description; usage lines list real options and named operands.
+
+    No ``{archive,report,send}`` where a name belongs (``ACTION``), no
+    ``[options]`` in place of the options, and a help text for every operand.
+    """
+    for path, parser in parsers(build_parser()):
+        where = f"msggateway {' '.join(path)}"
+        assert parser.description, f"{where} has no description"
+        usage = parser.format_usage()
+        assert "[options]" not in usage, f"{where}: {usage}"
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert action.metavar, f"{where}: {usage}"  # not {archive,report,send}
+            elif not action.option_strings:
+                assert action.help, f"{where}: {action.metavar or action.dest} has no help"
+
+
 def test_top_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     """``msggateway --help`` exits 0 and lists each command with its one-line help."""
     with pytest.raises(SystemExit) as exited:

@@ -179,7 +179,7 @@ def add_commands(commands: Commands) -> None:
         " message got 200, 1 otherwise, 2 for usage errors.",
     )
     _add_connection_arguments(publish)
-    publish.add_argument("topic", metavar="TOPIC")
+    publish.add_argument("topic", metavar="TOPIC", help="the topic to MCAST to")
     add_body_arguments(publish)
     add_sender_arguments(publish)
     add_timeout_argument(publish)
@@ -191,7 +191,9 @@ def add_commands(commands: Commands) -> None:
         " (or a JSON object) until --count have come.",
     )
     _add_connection_arguments(subscribe)
-    subscribe.add_argument("topics", nargs="+", metavar="TOPIC")
+    subscribe.add_argument(
+        "topics", nargs="+", metavar="TOPIC", help="a topic to subscribe to (exact, no wildcards)"
+    )
     subscribe.add_argument("--presence", action="store_true", help="subscribe with PRESENCE")
     add_receiver_arguments(subscribe)
     add_timeout_argument(subscribe, None, "seconds to wait for each event")

@@ -20,17 +20,34 @@ _MASTER_HELP = "Spark master URL (default local[*]; e.g. spark://127.0.0.1:7077)
 
 def add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``spark`` command and its actions."""
-    command = commands.add_parser("spark", help="data pipeline jobs on Spark")
-    actions = command.add_subparsers(dest="action", required=True)
+    command = commands.add_parser(
+        "spark",
+        help="data pipeline jobs on Spark",
+        description="The data pipeline's jobs on Spark, over the gateway's durable log: archive"
+        " what it gained to Parquet, report counts, outcomes and latency, or send a dataset"
+        " into a gateway over QMQP streaming. They need PySpark (pip install"
+        " 'msggateway[spark]') and a Java 17 runtime. 'msggateway spark ACTION --help' says"
+        " more about each.",
+    )
+    actions = command.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     archive = actions.add_parser(
-        "archive", help="copy what the log gained since the last run to Parquet"
+        "archive",
+        help="copy what the log gained since the last run to Parquet",
+        description="Copy what the gateway's log gained since the last run to Parquet, by"
+        " stream and day; print a one-line JSON summary.",
     )
     archive.add_argument("log", help="the gateway's log directory (DATA_DIR/log)")
     archive.add_argument("out", help="the archive directory (Parquet, by stream and day)")
     archive.add_argument("--stream", action="append", dest="streams", help="only this stream")
 
-    report = actions.add_parser("report", help="counts, outcomes, latency: JSON, CSV and PNG")
+    report = actions.add_parser(
+        "report",
+        help="counts, outcomes, latency: JSON, CSV and PNG",
+        description="Report each route's counts, outcomes and latency, and its top senders"
+        " and domains, from the log, as JSON, CSV and PNG charts; print a one-line JSON"
+        " summary.",
+    )
     report.add_argument("log", help="the gateway's log directory (DATA_DIR/log)")
     report.add_argument("out", help="where the report goes")
     report.add_argument("--since", help="messages that arrived at or after (ISO 8601)")
@@ -38,7 +55,11 @@ def add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
     report.add_argument("--top", type=int, default=10, help="senders and domains per route")
 
     send = actions.add_parser(
-        "send", help="push a dataset of messages into a gateway over QMQP streaming"
+        "send",
+        help="push a dataset of messages into a gateway over QMQP streaming",
+        description="Push a dataset of messages (Parquet, CSV, JSON lines or RFC 822 files)"
+        " into a gateway over QMQP streaming; print a one-line JSON summary. Exit status 1"
+        " when a message was not accepted (running it again retries exactly those).",
     )
     send.add_argument("input", help="Parquet, CSV, JSON lines, or a directory of RFC 822 files")
     send.add_argument("address", help="the gateway's QMQP listener, HOST:PORT")

@@ -59,7 +59,6 @@ def add_commands(commands: Commands) -> None:
     send = actions.add_parser(
         "send",
         help="stream mail files to a QMQP streaming server",
-        usage="%(prog)s [options] [ADDRESS] PATH [PATH ...]",
         description="Stream RFC 822 files, directories of them and mbox files to a QMQP"
         " streaming server; print the K, Z and D counts and every Z, D and error (with"
         " --json, one object per message). The server is --address, or a first operand"
@@ -69,8 +68,9 @@ def add_commands(commands: Commands) -> None:
     send.add_argument(
         "operands",
         nargs="+",
-        metavar="[ADDRESS] PATH",
-        help="HOST:PORT of the server (unless --address), then files, directories or mboxes",
+        metavar="PATH",
+        help="files, directories or mboxes; before them, HOST:PORT of the server (unless"
+        " --address)",
     )
     add_address_argument(send, "qmqp")
     send.set_defaults(address=None)  # a first operand may name it instead
@@ -101,6 +101,10 @@ def add_commands(commands: Commands) -> None:
     add_sender_arguments(send)
     add_tls_arguments(send)
     send.set_defaults(run=_send)
+    # argparse cannot show an optional operand before a repeated one: its usage,
+    # every option listed, gets the [ADDRESS] put in by hand.
+    usage = send.format_usage().removeprefix("usage: ").rstrip()
+    send.usage = usage.replace(" PATH [PATH ...]", " [ADDRESS] PATH [PATH ...]")
 
 
 def _address_and_paths(args: argparse.Namespace) -> tuple[Address, list[str]]:
