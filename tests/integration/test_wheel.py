@@ -101,6 +101,8 @@ def test_the_wheel_is_not_this_checkout(venv: Path) -> None:
         "print(sorted(getCache(p)))",
     )
     assert "'msggateway_plugin'" in plugins and "'msggateway_endpoints'" in plugins
+    files = installed(venv, "import importlib.metadata as m; print(m.files('msggateway'))")
+    assert "LICENSE" in files
 
 
 def test_twistd_runs_the_packaged_default_and_serves(venv: Path, tmp_path: Path) -> None:
