@@ -212,7 +212,7 @@ class GatewayMetrics:
         # Every counter and histogram would also get a *_created series (when it was
         # made), which queries and the dashboard never use and every scrape carries.
         # prometheus_client's switch is for the whole process.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.connections = Gauge(
