@@ -15,8 +15,6 @@ in the main data dir: the first to start writes it, the others read it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 from pathlib import Path
 from typing import Final
@@ -25,6 +23,7 @@ from twisted.logger import Logger
 
 from gateway.config.base import ConfigError, ConfigProblem
 from gateway.config.loader import GatewayConfig
+from gateway.files import write_once
 
 __all__ = ["TOKEN_FILE", "provide_admin_token", "read_admin_token", "token_path"]
 
@@ -88,23 +87,5 @@ def provide_admin_token(config: GatewayConfig) -> None:
 
 
 def _create(path: Path, token: str) -> None:
-    """Write ``token`` to ``path`` (mode 0600) unless a file is there; never a partial file.
-
-    The token goes to a temporary file first, which is then linked as
-    ``path``: a link never replaces a file, so the first process to start wins.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-    try:
-        try:
-            os.fchmod(descriptor, _FILE_MODE)  # whatever the umask
-            os.write(descriptor, f"{token}\n".encode("ascii"))
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        with contextlib.suppress(FileExistsError):  # another process wrote it first
-            os.link(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+    """Write ``token`` to ``path`` (mode 0600) unless a file is there (`write_once`)."""
+    write_once(path, f"{token}\n", _FILE_MODE)

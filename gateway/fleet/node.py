@@ -20,13 +20,12 @@ configured id with `node_id_problem`.
 from __future__ import annotations
 
 import base64
-import contextlib
-import errno
-import os
 import re
 import secrets
 from pathlib import Path
 from typing import Final
+
+from gateway.files import write_once
 
 __all__ = [
     "MAX_NODE_ID_CHARS",
@@ -143,47 +142,8 @@ def _read(path: Path) -> str | None:
 
 
 def _create(path: Path, node: str) -> None:
-    """Write ``node`` to ``path`` unless a file is there already; never a partial file.
-
-    The id goes to a temporary file first (fsynced), which is then linked as
-    ``path``: a link never replaces an existing file, so the first writer wins.
-    """
+    """Write ``node`` to ``path`` unless a file is there already (`write_once`)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
-        try:
-            try:
-                os.fchmod(descriptor, _FILE_MODE)  # whatever the umask
-                os.write(descriptor, f"{node}\n".encode("ascii"))
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            _link_once(temporary, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
-        _fsync_directory(path.parent)
+        write_once(path, f"{node}\n", _FILE_MODE)
     except OSError as exc:
         raise NodeIdError(path, f"cannot write a new node id: {exc.strerror}") from None
-
-
-def _link_once(source: Path, target: Path) -> None:
-    """Make ``target`` a link to ``source`` unless it exists; rename where links are missing."""
-    try:
-        os.link(source, target)
-    except FileExistsError:
-        pass  # another start wrote one first: that one is the id
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        os.replace(source, target)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the new file's name durable, where the file system allows it."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
