@@ -93,6 +93,7 @@ from gateway.protocols.stream.bridge import (
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
 from gateway.protocols.stream.server import StreamServerFactory
+from gateway.startup import StartFailed
 from gateway.systemd import tell_systemd
 from gateway.tls import client_endpoint_at, reload_server_tls
 
@@ -104,17 +105,6 @@ __all__ = [
     "build_gateway",
     "makeService",
 ]
-
-
-class StartFailed(SystemExit):
-    """The gateway cannot start, and a critical line has said why.
-
-    A `SystemExit` with status 1: twistd lets it through, so the process
-    ends without a traceback repeating that line.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(1)
 
 
 class ListenerService(Service):

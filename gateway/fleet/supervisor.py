@@ -59,6 +59,7 @@ from gateway.config import GatewayConfig
 from gateway.config.fleet import worker_node
 from gateway.fleet.reuseport import PortReservation, PortReservations
 from gateway.fleet.worker import REPORT_FD, SUPERVISOR_FD
+from gateway.startup import StartFailed
 from gateway.systemd import NOTIFY_SOCKET, tell_systemd
 
 __all__ = [
@@ -206,8 +207,8 @@ class Supervisor(Service):
         """Hold every shared listener's port, then start the workers.
 
         Raises:
-            twisted.internet.error.CannotListenError: A port cannot be held
-                (in use); twistd reports it and exits with a non-zero status.
+            StartFailed: A port cannot be held (in use); the critical line
+                says why, and the process ends with status 1, no traceback.
         """
         super().startService()
         for name, endpoint in self._listeners.items():
@@ -221,7 +222,7 @@ class Supervisor(Service):
                     listener=name,
                     reason=failed[0].getErrorMessage(),
                 )
-                failed[0].raiseException()
+                raise StartFailed
             self.reservations[name] = held[0]
         self._log.info(
             "msggateway supervisor starting {count} worker(s), nodes {first} to {last};"

@@ -18,7 +18,7 @@ import attrs
 import pytest
 from twisted.application.internet import backoffPolicy
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.error import CannotListenError, ProcessExitedAlready, ProcessTerminated
+from twisted.internet.error import ProcessExitedAlready, ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
@@ -35,6 +35,7 @@ from gateway.fleet.supervisor import (
     worker_environment,
 )
 from gateway.fleet.worker import REPORT_FD, SUPERVISOR_FD
+from gateway.startup import StartFailed
 
 STOP_SECONDS: Final = 7.0
 NO_JITTER: Final = backoffPolicy(initialDelay=0.5, maxDelay=30.0, factor=2.0, jitter=lambda: 0)
@@ -198,15 +199,19 @@ def test_ready_once_every_worker_reported(reactor: _ProcessReactor) -> None:
 
 
 def test_a_port_in_use_fails_the_start(reactor: _ProcessReactor) -> None:
-    """A shared port another socket holds fails the start before any worker is spawned."""
+    """A shared port another socket holds fails the start before any worker is spawned.
+
+    The critical line says why; the process ends with status 1 and no traceback.
+    """
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
         endpoint = serverFromString(PortReservations(), f"tcp:{port}:interface=127.0.0.1")
         supervisor = _supervisor(reactor, listeners={"hub": endpoint})
-        with capturedLogs() as events, pytest.raises(CannotListenError):
+        with capturedLogs() as events, pytest.raises(StartFailed) as failed:
             supervisor.startService()
+    assert failed.value.code == 1
     assert reactor.spawned == []
     assert [event["log_level"] for event in events] == [LogLevel.critical]
 
