@@ -232,3 +232,38 @@ def test_loopback_tls_and_password_free_listeners_are_not_warned_about(
     """Loopback, Unix sockets, TLS, and listeners that take no password in clear: no warning."""
     config = load_config(write(tmp_path, f"[listeners.quiet]\n{table.format(mtls=mtls(pki))}"))
     assert insecure_settings(config) == []
+
+
+# --- relative key and certificate paths -------------------------------------------------
+
+
+def test_relative_key_and_certificate_paths_are_the_main_files(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``certKey=pki/server.pem`` is next to the main file, wherever the gateway runs.
+
+    Listeners, upstreams (``trustRoots``) and the admin endpoint alike; an
+    absolute path is kept as written.
+    """
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    relative = "mtls:0:certKey=pki/server.pem:privateKey=pki/server.key:caCerts=pki/ca.pem"
+    for name in ("server.pem", "server.key", "ca.pem"):
+        assert (tmp_path / "pki" / name).is_file(), name  # where Pki put them
+    main = write(
+        tmp_path,
+        f'[listeners.hub]\nprotocol = "ssmp"\nendpoint = "{relative}"\n'
+        '[upstreams.far]\nprotocol = "ssmp"\nidentity = "gw"\nscheme = "open"\n'
+        'endpoint = "tls:host=localhost:port=1:trustRoots=pki"\n',
+    )
+    config = load_config(main)
+    [listener] = config.listeners
+    base = tmp_path.resolve() / "pki"
+    assert listener.endpoint == (
+        f"mtls:0:certKey={base}/server.pem:privateKey={base}/server.key:caCerts={base}/ca.pem"
+    )
+    [upstream] = config.upstreams
+    assert upstream.endpoint == f"tls:host=localhost:port=1:trustRoots={base}"
+    absolute = write(tmp_path, f'[listeners.hub]\nprotocol = "ssmp"\nendpoint = "{mtls(pki)}"\n')
+    assert load_config(absolute).listeners[0].endpoint == mtls(pki)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Final
 
 from twisted.internet.endpoints import clientFromString, serverFromString
@@ -24,6 +25,7 @@ __all__ = [
     "endpoint_with_backlog",
     "endpoint_with_port",
     "has_backlog_parameter",
+    "with_paths_resolved",
 ]
 
 TLS_SERVER_PREFIXES: Final = ("mtls:", "ssl:")
@@ -93,6 +95,42 @@ def endpoint_with_port(description: str, port: int) -> str:
 
 
 MAX_PORT: Final = 65535
+
+PATH_PARAMETERS: Final = frozenset(
+    {
+        "certKey",
+        "privateKey",
+        "caCerts",
+        "caCertsDir",
+        "certificate",
+        "trustRoots",
+        "extraCertChain",
+        "dhParameters",
+    }
+)
+"""Endpoint parameters that name key and certificate files (``ssl:``, ``mtls:``, ``tls:``)."""
+
+
+def with_paths_resolved(description: str, section: Section) -> str:
+    """An endpoint string whose relative key and certificate paths are the config file's.
+
+    The configuration says relative paths are relative to the main file, not
+    to where the gateway happens to run: ``certKey=tls/server.pem`` in
+    ``/etc/msggateway/gateway.toml`` is ``/etc/msggateway/tls/server.pem``.
+    A string read from no file on disk (the embedded default) is kept.
+    """
+    source = Path(section.file)
+    if not source.is_file():
+        return description
+    base = source.resolve().parent
+    fields = split_endpoint_string(description)
+    changed = False
+    for index, field in enumerate(fields[1:], start=1):
+        name, equals, value = field.partition("=")
+        if equals and name in PATH_PARAMETERS and value and not Path(value).is_absolute():
+            fields[index] = f"{name}={(base / value).as_posix()}".replace(":", "\\:")
+            changed = True
+    return ":".join(fields) if changed else description
 
 
 def check_server_endpoint(section: Section, key: Key[Any] | str, description: str) -> None:

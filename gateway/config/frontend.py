@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import Final
 
 from gateway.config.base import Section, TableSchema, positive, required_choice, required_string
-from gateway.config.endpoints import check_client_endpoint, check_client_tls
+from gateway.config.endpoints import (
+    check_client_endpoint,
+    check_client_tls,
+    with_paths_resolved,
+)
 from gateway.protocols.frontend.settings import SPEAKS, FrontendSettings
 from gateway.tls import mtls_verify_mode
 
@@ -54,6 +58,7 @@ def read_listener(section: Section, tls: bool) -> FrontendSettings:
         section.problem("endpoint", "a front-end needs verify=required (the default)")
     backend = section.read(BACKEND)
     if backend:
+        backend = with_paths_resolved(backend, section)
         check_client_endpoint(section, BACKEND, backend)
         check_client_tls(section, BACKEND, backend)
     return FrontendSettings(

@@ -20,7 +20,7 @@ from gateway.config.base import (
     string,
     strings,
 )
-from gateway.config.endpoints import check_server_endpoint
+from gateway.config.endpoints import check_server_endpoint, with_paths_resolved
 
 __all__ = [
     "ADMIN",
@@ -245,6 +245,7 @@ def read_admin(section: Section) -> AdminConfig:
         except HostError as exc:
             section.problem(ALLOWED_HOSTS, f"{exc}: give a host name or an IP address, no port")
     if section.read(ENABLED):
+        endpoint = with_paths_resolved(endpoint, section)
         check_server_endpoint(section, ADMIN_ENDPOINT, endpoint)
         admin = AdminConfig(endpoint, tuple(dict.fromkeys(hosts)))
     else:

@@ -25,6 +25,7 @@ from gateway.config.endpoints import (
     check_server_endpoint,
     endpoint_with_backlog,
     has_backlog_parameter,
+    with_paths_resolved,
 )
 from gateway.core.addressing import AddressPattern, PatternError
 from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
@@ -265,6 +266,7 @@ def read_listener(name: str, section: Section, names: set[str]) -> ListenerConfi
         # No section.done(): without protocol and endpoint the protocol's own
         # settings were never read, and calling them unknown keys would mislead.
         return None
+    endpoint = with_paths_resolved(endpoint, section)
     check_server_endpoint(section, ENDPOINT, endpoint)
     schema, read_settings = PROTOCOLS[protocol]
     section = section.including(schema)

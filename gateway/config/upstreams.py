@@ -20,6 +20,7 @@ from gateway.config.endpoints import (
     check_client_endpoint,
     check_client_tls,
     check_name,
+    with_paths_resolved,
 )
 
 __all__ = ["PROTOCOLS", "UPSTREAM", "UpstreamConfig", "read_upstream"]
@@ -95,6 +96,7 @@ def read_upstream(name: str, section: Section, names: set[str]) -> UpstreamConfi
         # No section.done(): without protocol and endpoint the protocol's own
         # settings were never read, and calling them unknown keys would mislead.
         return None
+    endpoint = with_paths_resolved(endpoint, section)
     check_client_endpoint(section, ENDPOINT, endpoint)
     check_client_tls(section, ENDPOINT, endpoint, ALLOW_UNVERIFIED_TLS)
     schema, read_settings = PROTOCOLS[protocol]
