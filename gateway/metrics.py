@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["BackboneStats", "GatewayMetrics", "RouteStats", "TrafficCounters"]
+__all__ = ["BackboneStats", "GatewayMetrics", "LockStats", "RouteStats", "TrafficCounters"]
 
 _LATENCY_BUCKETS_SECONDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -205,6 +205,52 @@ class _BackboneCollector(Collector):
             yield metric
 
 
+class LockStats:
+    """One fleet lock's numbers on this node (`gateway.fleet.locks`), as plain ints.
+
+    Exposed at scrape time as ``msggateway_fleet_lock_held{lock}`` (1 while
+    this node holds it), ``_acquired_total`` (times this node got it),
+    ``_takeovers_total`` (of those, times another node held it before:
+    this node was refused first) and ``_lost_total`` (times this node lost
+    it without releasing it: its connection to RabbitMQ went, or went
+    unconfirmed).
+    """
+
+    __slots__ = ("acquired", "held", "lost", "takeovers")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.acquired = 0
+        self.takeovers = 0
+        self.lost = 0
+
+
+_LOCK: Final = (
+    ("held", GaugeMetricFamily, "1 while this node holds the fleet lock, else 0."),
+    ("acquired", CounterMetricFamily, "Times this node got the fleet lock."),
+    (
+        "takeovers",
+        CounterMetricFamily,
+        "Times this node got the fleet lock after another node had held it.",
+    ),
+    ("lost", CounterMetricFamily, "Times this node lost the fleet lock without releasing it."),
+)
+
+
+class _LockCollector(Collector):
+    """Reads every fleet lock's `LockStats` at scrape time."""
+
+    def __init__(self, locks: dict[str, LockStats]) -> None:
+        self._locks = locks
+
+    def collect(self) -> Iterator[Metric]:
+        for attribute, family, documentation in _LOCK:
+            metric = family(f"msggateway_fleet_lock_{attribute}", documentation, labels=["lock"])
+            for name, stats in sorted(self._locks.items()):
+                metric.add_metric([name], getattr(stats, attribute))
+            yield metric
+
+
 class GatewayMetrics:
     """The gateway's counters, gauges and histograms, in their own registry."""
 
@@ -262,6 +308,7 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self._locks: dict[str, LockStats] | None = None
         self._node = Info(
             "msggateway_node",
             "This process's node id (in every publisher reference it uses), as a label.",
@@ -272,6 +319,16 @@ class GatewayMetrics:
         """The fleet backbone's numbers, registered for scraping (one backbone per gateway)."""
         stats = BackboneStats()
         self.registry.register(_BackboneCollector(stats))
+        return stats
+
+    def fleet_lock(self, name: str) -> LockStats:
+        """A fleet lock's numbers, registered for scraping (made on first use)."""
+        if self._locks is None:
+            self._locks = {}
+            self.registry.register(_LockCollector(self._locks))
+        stats = self._locks.get(name)
+        if stats is None:
+            stats = self._locks[name] = LockStats()
         return stats
 
     def set_node(self, node: str) -> None:

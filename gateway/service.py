@@ -46,6 +46,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.admin import HealthReport, make_admin_site
+from gateway.codecs.ssmp import ANONYMOUS as SSMP_ANONYMOUS
 from gateway.config import (
     DEFAULT_CONFIG_NAME,
     ConfigError,
@@ -67,8 +68,9 @@ from gateway.core.log import FsyncPolicy, LogStore, Retention
 from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
-from gateway.fleet.backbone import Backbone, make_backbone
+from gateway.fleet.backbone import Backbone, heartbeat_interval, make_backbone
 from gateway.fleet.hub import FleetHub
+from gateway.fleet.locks import FleetLock, FleetLocks
 from gateway.logformat import select_log_format
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
@@ -204,6 +206,8 @@ class GatewayService(MultiService):
     """This process's node id (`gateway.fleet.node`), set by `build_gateway`."""
     backbone: Backbone | None = None
     """The node's connection to the fleet's RabbitMQ (``[fleet] amqp``), if any."""
+    locks: FleetLocks | None = None
+    """The node's locks for work that runs once per fleet (with ``backbone``)."""
 
     def __init__(
         self, config: GatewayConfig, reactor: Any, metrics: GatewayMetrics, router: Router
@@ -499,8 +503,10 @@ def _ssmp_upstream(
         clock=gateway.reactor,
         topics=route_topics,
         metrics=gateway.metrics,
+        # The server keeps one connection per identifier: one node logs in with it.
+        lock=_fleet_lock(gateway, config, config.settings.identity.encode() != SSMP_ANONYMOUS),
     )
-    return upstream.service, upstream, lambda: upstream.connected
+    return upstream.service, upstream, lambda: upstream.connected or upstream.standby
 
 
 def _qmqp_listener(
@@ -630,8 +636,16 @@ def _dmp_upstream(
         secrets=gateway.config.secrets,
         clock=gateway.reactor,
         metrics=gateway.metrics,
+        lock=_fleet_lock(gateway, config, config.settings.mode == "get"),  # a feed has one reader
     )
-    return upstream.service, upstream, lambda: upstream.connected
+    return upstream.service, upstream, lambda: upstream.connected or upstream.standby
+
+
+def _fleet_lock(gateway: GatewayService, config: UpstreamConfig, needed: bool) -> FleetLock | None:
+    """The upstream's fleet lock, ``upstream.<name>``, if ``needed`` and in a fleet."""
+    if gateway.locks is None or not needed:
+        return None
+    return gateway.locks.lock(f"upstream.{config.name}")
 
 
 class _StartStopService(Service):
@@ -674,6 +688,7 @@ def _stream_upstream(
         reactor=gateway.reactor,
         metrics=gateway.metrics,
         relocate=relocate if movable else None,
+        lock=_fleet_lock(gateway, config, bool(config.settings.subscribe)),
     )
     return upstream.service, upstream, lambda: upstream.connected
 
@@ -764,8 +779,20 @@ def build_gateway(
             reactor=reactor,
             metrics=metrics,
         )
-        # Before the listeners: it stops after them, once their drain is answered.
-        backbone = _StartStopService("fleet", gateway.backbone.start, gateway.backbone.stop)
+        locks = gateway.locks = FleetLocks(
+            gateway.backbone,
+            reactor,
+            lease_seconds=heartbeat_interval(fleet.heartbeat_seconds),
+            metrics=metrics,
+        )
+        # Before the listeners: it stops after them, once their drain is answered;
+        # and once the upstreams released their locks (their offsets stored).
+        stop_backbone = gateway.backbone.stop
+        backbone = _StartStopService(
+            "fleet",
+            gateway.backbone.start,
+            lambda: locks.stop().addCallback(lambda _: stop_backbone()),
+        )
         backbone.setServiceParent(gateway)
     needs_log = any(route.durable for route in config.routes) or any(
         listener.protocol == "stream" for listener in config.listeners

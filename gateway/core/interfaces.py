@@ -19,7 +19,13 @@ if TYPE_CHECKING:
 
     from gateway.core.message import Message, Outcome
 
-__all__ = ["IBackbone", "IDeduplicatingDestination", "IDestination", "IRouteDelivery"]
+__all__ = [
+    "IBackbone",
+    "IDeduplicatingDestination",
+    "IDestination",
+    "IFleetLock",
+    "IRouteDelivery",
+]
 
 
 class IDestination(Interface):
@@ -145,4 +151,45 @@ class IBackbone(Interface):
 
         ``on_result`` gets one `gateway.fleet.backbone.Published` value: routed,
         unroutable (mandatory, nobody bound), nacked, or lost.
+        """
+
+    def claim(queue: str) -> Deferred[bool]:
+        """Declare the queue ``queue`` exclusive to this connection (the fleet's locks).
+
+        Fires with True once this connection holds it (declared now, or
+        held already: claiming again confirms the hold), False when another
+        connection holds it, or when there is no connection or it ends
+        first. RabbitMQ deletes the queue with the connection that holds it.
+        """
+
+    def release(queue: str) -> Deferred[None]:
+        """Delete the queue ``queue`` this connection holds; fires once it is gone."""
+
+
+class IFleetLock(Interface):
+    """Work that must run on one node of the fleet at a time (`gateway.fleet.locks`).
+
+    Every node asks for the lock of the same name; one holds it. The holder
+    does the work while it holds the lock, and stops it the moment it is
+    told the lock is lost; another node then takes it over.
+    """
+
+    name = Attribute("The lock's name, the same on every node (``upstream.<name>``).")
+    held = Attribute("Whether this node holds the lock now.")
+
+    def start(acquired: Callable[[], None], lost: Callable[[], None]) -> None:
+        """Ask for the lock, now and until `stop`.
+
+        ``acquired()`` is called each time this node gets it; ``lost()``
+        the moment this node can no longer be sure it holds it (its
+        connection to RabbitMQ is gone or unconfirmed): the work must stop
+        then, before ``lost`` returns, as another node may take over.
+        """
+
+    def stop(finished: Deferred[Any] | None = None) -> Deferred[None]:
+        """Stop asking: no more calls of ``acquired`` or ``lost`` from now on.
+
+        A held lock is released once ``finished`` fires (the holder's work
+        is over and what it must leave for the next holder, such as stored
+        offsets, is out), at once without it. Fires once released.
         """

@@ -9,4 +9,10 @@ Several processes on one host (``[fleet] processes``) run under one
 supervisor (`gateway.fleet.supervisor`); each worker (`gateway.fleet.worker`)
 is a whole gateway, as node ``<node>-<i>``, whose listeners share their
 ports with the other workers' through SO_REUSEPORT (`gateway.fleet.reuseport`).
+
+With ``[fleet] amqp``, each node holds one connection to RabbitMQ (the
+backbone, `gateway.fleet.backbone`), over which the SSMP hub crosses nodes
+(`gateway.fleet.hub`) and work that must run once per fleet, such as a
+consuming upstream, runs on one node at a time under a lock
+(`gateway.fleet.locks`).
 """

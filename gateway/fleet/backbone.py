@@ -22,7 +22,11 @@ backbone declares it on every (re)connection:
   of bindings stalls publishing when it is deleted (rabbitmq-server#12926).
   `when_bound` calls back once what was asked so far is in place;
 - consumers (`consume`): a handler per exchange for what arrives on the
-  node's queue.
+  node's queue;
+- exclusive queues claimed (`claim`) and released (`release`) on a channel
+  of their own (`gateway.fleet.exclusive`): the fleet's locks
+  (`gateway.fleet.locks`). They belong to the connection, not to what is
+  declared again: a reconnection holds none of them until claimed again.
 
 Publishing (`publish`) takes one AMQP message (the users batch: one message
 per run of events, never one per event), optionally ``mandatory``, with a
@@ -93,6 +97,7 @@ from zope.interface import implementer
 
 from gateway.core.flow import Congestion, Throttle
 from gateway.core.interfaces import IBackbone
+from gateway.fleet.exclusive import ExclusiveQueues
 from gateway.metrics import BackboneStats, GatewayMetrics
 
 __all__ = [
@@ -104,6 +109,7 @@ __all__ = [
     "Backbone",
     "Delivery",
     "Published",
+    "heartbeat_interval",
     "make_backbone",
     "reconnect_delay",
 ]
@@ -125,6 +131,11 @@ _FIRST_BACKOFF_SECONDS: Final = 0.25
 _MAX_BACKOFF_SECONDS: Final = 5.0
 _STOP_SECONDS: Final = 5.0
 """How long a clean stop waits for RabbitMQ to close the connection before aborting it."""
+
+
+def heartbeat_interval(heartbeat_seconds: float) -> int:
+    """The AMQP heartbeat the backbone asks for: whole seconds, at least one."""
+    return max(1, round(heartbeat_seconds))
 
 
 def reconnect_delay(attempt: int, endpoints: int) -> float:
@@ -221,7 +232,7 @@ class Backbone:
         self._parameters = pika.ConnectionParameters(
             virtual_host=vhost,
             credentials=pika.PlainCredentials(username, password.decode("utf-8")),
-            heartbeat=max(1, round(heartbeat_seconds)),
+            heartbeat=heartbeat_interval(heartbeat_seconds),
             client_properties={"connection_name": f"msggateway {node}", "product": "msggateway"},
         )
         self._clock = clock
@@ -268,6 +279,7 @@ class Backbone:
         self._ack_upto = 0
         self._ack_call: IDelayedCall | None = None
         self._held_tag = 0
+        self._exclusive = ExclusiveQueues()
 
         self._running = False
         self._attempt = 0
@@ -330,6 +342,26 @@ class Backbone:
             callback()
         else:
             self._bound_waiters.append(callback)
+
+    # --- exclusive queues (locks) ---------------------------------------------------------
+
+    def claim(self, queue: str) -> Deferred[bool]:
+        """Declare ``queue`` exclusive to this connection (`ExclusiveQueues.claim`).
+
+        Returns:
+            Fires with True once this connection holds it, False when
+            another connection does (or RabbitMQ refused it otherwise), or
+            at once when there is no connection, or when it ends first.
+        """
+        if not self.ready:
+            return succeed(False)
+        return self._exclusive.claim(queue)
+
+    def release(self, queue: str) -> Deferred[None]:
+        """Delete ``queue``; fires once deleted, or once the connection (and the queue) is gone."""
+        if not self.ready:
+            return succeed(None)
+        return self._exclusive.release(queue)
 
     # --- publishing ------------------------------------------------------------------------
 
@@ -702,6 +734,7 @@ class Backbone:
         connection: pika.connection.Connection = protocol._impl
         connection.add_on_connection_blocked_callback(self._connection_blocked)
         connection.add_on_connection_unblocked_callback(self._connection_unblocked)
+        self._exclusive.attach(connection)
         closed = protocol.closed
         if closed is not None:
             closed.addBoth(self._closed, protocol, description)
@@ -842,6 +875,8 @@ class Backbone:
         if was_ready:
             for callback in list(self._on_lost):
                 callback()
+        # After the users heard of the loss: what they asked for is answered as gone with it.
+        self._exclusive.detach()
         if self._running:
             self._retry()
 

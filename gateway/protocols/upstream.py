@@ -30,6 +30,13 @@ reason, counted as ``tls-failed``, and the back-off keeps growing, also when
 the server refuses our certificate only after the handshake (TLS 1.3).
 ClientService's own "Scheduling retry" lines name the upstream and its
 address (`MovableEndpoint`), and the wait, rounded to a tenth of a second.
+
+In a fleet, an upstream whose connection must be one per fleet (a DMP feed
+has one reader; an SSMP server keeps one connection per identity) is given
+a ``lock`` (`gateway.fleet.locks`): it connects only while this node holds
+it, closes its connection the moment the lock is lost (nothing read after
+that is handled), and releases the lock once stopped. On the other nodes
+it is on `standby`.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import alsoProvides, implementer
 
+from gateway.core.interfaces import IFleetLock
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.tcp import UpstreamFactory, disable_nagle
 from gateway.tls import tls_failure_reason
@@ -243,6 +251,8 @@ class Upstream(Generic[C]):
             first); by default from `RECONNECT_INITIAL_DELAY_SECONDS`, half
             as long again each time, to `RECONNECT_MAX_DELAY_SECONDS`, with
             up to a second of jitter.
+        lock: Connect only while this node holds this fleet lock (None:
+            always).
     """
 
     kind: ClassVar[str]
@@ -258,8 +268,10 @@ class Upstream(Generic[C]):
         clock: IReactorTime,
         metrics: GatewayMetrics | None,
         retry_policy: Callable[[int], float] | None = None,
+        lock: IFleetLock | None = None,
     ) -> None:
         self.name = name
+        self._lock = lock
         self.clock = clock
         self._metrics = metrics
         self.traffic = metrics.traffic(name) if metrics is not None else TrafficCounters()
@@ -293,22 +305,51 @@ class Upstream(Generic[C]):
         """Whether the upstream is started (connecting, connected or waiting to)."""
         return bool(self.service.running)
 
+    @property
+    def standby(self) -> bool:
+        """Whether another node of the fleet runs this upstream (its lock is not held here)."""
+        return self._lock is not None and not self._lock.held
+
     # --- the service's life ---------------------------------------------------
 
     def start(self) -> None:
-        """Connect, and connect again after a back-off whenever the connection ends."""
-        self.service.start_connecting()
+        """Connect, and connect again after a back-off whenever the connection ends.
+
+        With a lock: ask for it, and connect while it is held.
+        """
+        if self._lock is None:
+            self.service.start_connecting()
+        else:
+            self._lock.start(self._lock_acquired, self._lock_lost)
 
     def stop(self) -> Deferred[None]:
         """Stop connecting and close the connection; fire once it is closed.
 
         A subclass that has something to finish on the open connection
-        first (store what was consumed) does it, then calls this.
+        first (store what was consumed) does it, then calls this. A lock
+        is released once the connection is closed.
         """
         current = self._current
         if current is not None:
             current.close("the gateway is stopping")
-        return self.service.stop_connecting()
+        stopped = self.service.stop_connecting()
+        if self._lock is not None:
+            return self._lock.stop(stopped)
+        return stopped
+
+    def _lock_acquired(self) -> None:
+        self._log.info(
+            "upstream {upstream}: this node holds the upstream's fleet lock; connecting",
+            upstream=self.name,
+        )
+        self.service.start_connecting()
+
+    def _lock_lost(self) -> None:
+        """Close at once: another node may take over the moment this returns."""
+        current = self._current
+        if current is not None:
+            current.close("this node lost the upstream's fleet lock")
+        self.service.stop_connecting()
 
     def move_to(self, endpoint: IStreamClientEndpoint, connection: C, why: str) -> None:
         """Connect elsewhere: close ``connection``; the next attempt goes to ``endpoint``.

@@ -3,9 +3,10 @@
 `MemoryBroker` is a small, real implementation of what the fleet uses of
 RabbitMQ: durable direct exchanges, one exclusive queue per node with its
 bindings (gone when the node's connection is), publishing with ``CC``
-(one copy per queue), ``mandatory`` returns and confirms, and deliveries
-with a prefetch window. `MemoryBackbone` provides `IBackbone` over it, as
-`gateway.fleet.backbone.Backbone` does over RabbitMQ.
+(one copy per queue), ``mandatory`` returns and confirms, deliveries
+with a prefetch window, and exclusive queues claimed by name (the fleet's
+locks: one connection holds each; gone with it). `MemoryBackbone` provides
+`IBackbone` over it, as `gateway.fleet.backbone.Backbone` does over RabbitMQ.
 
 As on RabbitMQ, a node's methods (publishes and binding changes) are
 handled in the order the node sent them, a turn after it sent them
@@ -20,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from zope.interface import implementer
 
@@ -42,6 +44,8 @@ class MemoryBroker:
         self.bindings: dict[tuple[str, str], set[MemoryBackbone]] = {}
         self.exchanges: set[str] = set()
         self.published = 0
+        self.exclusive: dict[str, MemoryBackbone] = {}
+        """Exclusive queues claimed by name, and the connection holding each."""
 
     def route(self, exchange: str, keys: Sequence[str]) -> set[MemoryBackbone]:
         """The queues (nodes) a message to ``exchange`` with ``keys`` reaches, once each."""
@@ -51,9 +55,11 @@ class MemoryBroker:
         return found
 
     def forget(self, node: MemoryBackbone) -> None:
-        """A node's connection died: its queue and bindings go."""
+        """A node's connection died: its queue and bindings go, and its exclusive queues."""
         for holders in self.bindings.values():
             holders.discard(node)
+        for queue in [queue for queue, holder in self.exclusive.items() if holder is node]:
+            del self.exclusive[queue]
 
 
 @implementer(IBackbone)
@@ -87,6 +93,9 @@ class MemoryBackbone:
         self._methods: deque[Callable[[], None]] = deque()
         self._queue: deque[Delivery] = deque()
         self._unacked = 0
+        self._answers: list[tuple[Deferred[Any], Any]] = []
+        """Claims and releases sent and not answered yet."""
+        self.stalled = False
         self.generation = 0
         self.deliveries = 0
 
@@ -163,6 +172,46 @@ class MemoryBackbone:
         self._send(route)
         return True
 
+    def claim(self, queue: str) -> Deferred[bool]:
+        """Take the exclusive queue ``queue`` unless another connection holds it."""
+
+        def declare() -> bool:
+            holder = self.broker.exclusive.setdefault(queue, self)
+            return holder is self
+
+        return self._ask(declare, False)
+
+    def release(self, queue: str) -> Deferred[None]:
+        """Delete the exclusive queue ``queue`` if this connection holds it."""
+
+        def delete() -> None:
+            if self.broker.exclusive.get(queue) is self:
+                del self.broker.exclusive[queue]
+
+        return self._ask(delete, None)
+
+    def _ask(self, method: Callable[[], Any], gone: Any) -> Deferred[Any]:
+        """Send a synchronous method; its answer comes a turn after the broker handled it."""
+        answer: Deferred[Any] = Deferred()
+        if not self.ready:
+            answer.callback(gone)
+            return answer
+        self._answers.append((answer, gone))
+        generation = self.generation
+
+        def handle() -> None:
+            result = method()
+
+            def reply() -> None:
+                if generation == self.generation and not answer.called:
+                    self._answers.remove((answer, gone))
+                    answer.callback(result)
+
+            self.broker.clock.callLater(0, reply)
+
+        self._send(handle)
+        return answer
+
     # --- the broker's side -----------------------------------------------------------------
 
     def _send(self, method: Callable[[], None]) -> None:
@@ -171,7 +220,7 @@ class MemoryBackbone:
             self.broker.clock.callLater(0, self._handle_methods, self.generation)
 
     def _handle_methods(self, generation: int) -> None:
-        if generation != self.generation:
+        if generation != self.generation or self.stalled:
             return
         while self._methods:
             self._methods.popleft()()
@@ -228,6 +277,15 @@ class MemoryBackbone:
 
     # --- faults ----------------------------------------------------------------------------
 
+    def stall(self) -> None:
+        """Nothing this node sends reaches the broker any more (a partition); still connected."""
+        self.stalled = True
+
+    def unstall(self) -> None:
+        """What the node sent meanwhile reaches the broker now."""
+        self.stalled = False
+        self.broker.clock.callLater(0, self._handle_methods, self.generation)
+
     def kill(self) -> None:
         """The node's connection dies: its queue, bindings and unconfirmed messages go."""
         self.ready = False
@@ -241,6 +299,9 @@ class MemoryBackbone:
         self.congestion.drained()
         for callback in list(self._lost):
             callback()
+        answers, self._answers = self._answers, []
+        for answer, gone in answers:
+            answer.callback(gone)  # a claim is not held, a release is done: the queues went
 
     def reconnect(self) -> None:
         """A new connection: the exchanges and bindings are declared again."""

@@ -45,7 +45,7 @@ from gateway.codecs import stream as sp
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
 from gateway.core.batch import Answers, all_same
-from gateway.core.interfaces import IDestination
+from gateway.core.interfaces import IDestination, IFleetLock
 from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS
 from gateway.core.log import FsyncPolicy, LogStore
 from gateway.core.message import Message, Outcome, Status
@@ -319,8 +319,10 @@ class World:
         secret: bytes | None = None,
         relocate: Callable[[str, int], TCP4ClientEndpoint] | None = None,
         node: str = NODE,
+        reactor: MemoryReactorClock | None = None,
+        lock: IFleetLock | None = None,
     ) -> None:
-        self.reactor = MemoryReactorClock()
+        self.reactor = reactor or MemoryReactorClock()
         self.metrics = GatewayMetrics()
         self.sink = Sink()
         self.upstream = StreamUpstream(
@@ -334,6 +336,7 @@ class World:
             reactor=self.reactor,
             metrics=self.metrics,
             relocate=relocate,
+            lock=lock,
         )
         self.upstream.router.replace_table(
             bind_routes([CONSUMED], {SINK: self.sink, UPSTREAM: self.upstream})

@@ -47,7 +47,7 @@ from gateway.core.auth import Secrets
 from gateway.core.batch import all_same
 from gateway.core.flow import Congestion, answer_when_drained
 from gateway.core.inbox import Inbox, Result
-from gateway.core.interfaces import IDestination
+from gateway.core.interfaces import IDestination, IFleetLock
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
@@ -271,6 +271,7 @@ class DMPUpstream(Upstream[DMPClientProtocol]):
         secrets: The lease (this upstream's secret).
         clock: Timers.
         metrics: Counters, or None.
+        lock: In a fleet, the lock under which it connects (`gateway.protocols.upstream`).
     """
 
     kind = "dmp"
@@ -285,9 +286,15 @@ class DMPUpstream(Upstream[DMPClientProtocol]):
         secrets: Secrets,
         clock: IReactorTime,
         metrics: GatewayMetrics | None = None,
+        lock: IFleetLock | None = None,
     ) -> None:
         super().__init__(
-            name=name, endpoint=endpoint, connection=DMPClientProtocol, clock=clock, metrics=metrics
+            name=name,
+            endpoint=endpoint,
+            connection=DMPClientProtocol,
+            clock=clock,
+            metrics=metrics,
+            lock=lock,
         )
         self.settings = settings
         self.router = router

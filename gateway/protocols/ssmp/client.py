@@ -30,7 +30,7 @@ from gateway.codecs import ssmp
 from gateway.core.auth import Secrets
 from gateway.core.batch import Answers, all_same
 from gateway.core.inbox import Inbox, Result
-from gateway.core.interfaces import IDestination
+from gateway.core.interfaces import IDestination, IFleetLock
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.metrics import GatewayMetrics
@@ -323,6 +323,7 @@ class SSMPUpstream(Upstream[SSMPClientProtocol]):
             plus exact topics of routes from this upstream, after a reload
             too).
         metrics: Counters, or None.
+        lock: In a fleet, the lock under which it connects (`gateway.protocols.upstream`).
     """
 
     kind = "ssmp"
@@ -338,6 +339,7 @@ class SSMPUpstream(Upstream[SSMPClientProtocol]):
         clock: IReactorTime,
         topics: Callable[[], Iterable[str]] | None = None,
         metrics: GatewayMetrics | None = None,
+        lock: IFleetLock | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -345,6 +347,7 @@ class SSMPUpstream(Upstream[SSMPClientProtocol]):
             connection=SSMPClientProtocol,
             clock=clock,
             metrics=metrics,
+            lock=lock,
         )
         self.settings = settings
         self.router = router

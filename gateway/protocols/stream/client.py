@@ -53,6 +53,13 @@ one batch, credit is granted once they all have outcomes, and the last
 offset whose messages all have outcomes is stored every
 ``store_offset_interval_seconds`` and at stop.
 
+In a fleet (``lock``), the subscriptions run only while this node holds
+the upstream's lock (`gateway.fleet.locks`): every node connects and
+publishes, one consumes. Losing the lock stops the consuming at once
+(`Subscriptions.forbid`); the node that takes over reads on from the
+offsets stored under ``consumer_name``, which has no node id in it.
+Stopping stores the offsets, closes, and only then releases the lock.
+
 With ``consume_from = "replica"`` the subscriptions are read over a
 connection of their own, by a consumer-only `StreamUpstream` inside this
 one (``<upstream>.consumer`` in metrics and in its connection name), which
@@ -78,7 +85,7 @@ from zope.interface import implementer
 from gateway import __version__
 from gateway.codecs import stream as sp
 from gateway.core.auth import Secrets
-from gateway.core.interfaces import IDeduplicatingDestination
+from gateway.core.interfaces import IDeduplicatingDestination, IFleetLock
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router
 from gateway.fleet.node import node_reference
@@ -307,6 +314,8 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
             the locator's TLS settings).
         source: For a consumer link: the upstream it reads for (its route
             source, secret and default names); None for a configured upstream.
+        lock: The fleet lock under which the subscriptions run (None: no
+            fleet, they always run).
     """
 
     kind = "stream"
@@ -325,6 +334,7 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         metrics: GatewayMetrics | None = None,
         relocate: Callable[[str, int], IStreamClientEndpoint] | None = None,
         source: str | None = None,
+        lock: IFleetLock | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -373,6 +383,8 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
             self, settings.subscribe if self.consumer is None else ()
         )
         """The streams read here (none when the consumer link reads them)."""
+        self._consume_lock = lock
+        """The fleet lock the subscriptions run under (the connection is every node's)."""
 
     @property
     def connected(self) -> bool:
@@ -381,20 +393,36 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
 
     # --- service life ---------------------------------------------------------
 
+    @property
+    def reading(self) -> Subscriptions:
+        """The subscriptions that consume: the consumer link's, or this upstream's."""
+        return self.consumer.subscriptions if self.consumer is not None else self.subscriptions
+
     def start(self) -> None:
-        """Connect (and keep reconnecting); the consumer link too."""
+        """Connect (and keep reconnecting); the consumer link too; ask for the lock."""
+        lock = self._consume_lock
+        if lock is not None:
+            self.reading.forbid()  # until this node holds the lock
         super().start()
         if self.consumer is not None:
             self.consumer.start()
+        if lock is not None:
+            lock.start(self.reading.allow, self.reading.forbid)
 
     def stop(self) -> Deferred[None]:
-        """Store consumed offsets, close, and stop reconnecting; the consumer link too."""
+        """Store consumed offsets, close, and stop reconnecting; the consumer link too.
+
+        The lock is released once both are closed: the stored offsets are
+        then in, for the node that takes over.
+        """
         self.subscriptions.stop()
-        own = super().stop()
-        if self.consumer is None:
-            return own
-        both: Deferred[Any] = DeferredList([own, self.consumer.stop()])
-        return both.addCallback(lambda _: None)
+        stopped = super().stop()
+        if self.consumer is not None:
+            both: Deferred[Any] = DeferredList([stopped, self.consumer.stop()])
+            stopped = both.addCallback(lambda _: None)
+        if self._consume_lock is not None:
+            return self._consume_lock.stop(stopped)
+        return stopped
 
     def forget_member(self) -> None:
         """Connect through the locator next time: the leader or replica may have moved."""

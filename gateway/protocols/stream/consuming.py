@@ -8,15 +8,25 @@ Deliver chunk's messages go along the routes from the upstream as one
 batch (DESIGN.md, "The batch is the unit of work"); credit is granted once
 they all have outcomes, and the last offset whose messages all have
 outcomes is stored every ``store_offset_interval_seconds`` and at stop.
+
+In a fleet, the subscriptions run on the node holding the upstream's lock
+(`gateway.fleet.locks`): `forbid` stops them at once when the lock is
+lost (the settled offsets are stored, the subscriptions cancelled, and any
+delivery still coming is dropped), `allow` subscribes again when it is
+held, from the offsets stored under ``consumer_name``, which has no node id
+in it, so that a node taking over goes on where the last holder stopped.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import deque
+from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
@@ -93,6 +103,12 @@ class Subscriptions:
         self._streams = streams
         self._subscriptions: dict[int, _Subscription] = {}
         self._store_call: IDelayedCall | None = None
+        self._allowed = True
+        """Whether this node may consume (it holds the fleet lock, or there is none)."""
+        self._epoch = 0
+        """Bumped by `allow` and `forbid`: a subscribing run that sees it change stops."""
+        self._subscribed_on: StreamConnection | None = None
+        """The connection subscribed on (or being subscribed), while allowed."""
 
     @property
     def streams(self) -> tuple[str, ...]:
@@ -105,8 +121,79 @@ class Subscriptions:
             self._store_call.cancel()
         self.store_offsets()
 
+    @property
+    def allowed(self) -> bool:
+        """Whether the subscriptions may run on this node."""
+        return self._allowed
+
+    def allow(self) -> None:
+        """This node may consume (it holds the fleet lock): subscribe on the ready connection.
+
+        Without one, the next connection's handshake subscribes.
+        """
+        if self._allowed:
+            return
+        self._allowed = True
+        self._epoch += 1
+        connection = self._upstream.connection
+        if connection is not None and not connection.closing:
+            resumed = Deferred.fromCoroutine(self._resume(connection))
+            resumed.addErrback(self._resume_failed, connection)
+
+    async def _resume(self, connection: StreamConnection) -> None:
+        await self.subscribe_all(connection)
+        self.schedule_store()
+
+    def _resume_failed(self, failure: Failure, connection: StreamConnection) -> None:
+        # As a failed handshake does: the next connection subscribes again.
+        if not connection.closing:
+            connection.close(f"subscribing failed: {failure.getErrorMessage()}")
+
+    def forbid(self) -> None:
+        """Stop consuming at once (the fleet lock is lost, or not held yet).
+
+        The settled offsets are stored first (the next holder goes on from
+        them), the subscriptions cancelled, and what is still delivered for
+        them dropped, unrouted and without credit. Messages already routed
+        still get their outcomes; their offsets are not stored here.
+        """
+        self._allowed = False
+        self._epoch += 1
+        self._subscribed_on = None
+        if self._store_call is not None and self._store_call.active():
+            self._store_call.cancel()
+        self._store_call = None
+        self.store_offsets()
+        subscriptions, self._subscriptions = self._subscriptions, {}
+        connection = self._upstream.connection
+        if connection is not None and not connection.closing:
+            for subscription in subscriptions.values():
+                self._unsubscribe(connection, subscription.id, subscription.stream)
+
+    def _unsubscribe(self, connection: StreamConnection, subscription_id: int, stream: str) -> None:
+        def answered(answer: Any) -> None:
+            code = getattr(answer, "code", 1)
+            if code != 1:
+                self._log.warn(
+                    "upstream {upstream}: cannot unsubscribe from {stream} (code {code})",
+                    upstream=self._name,
+                    stream=stream,
+                    code=code,
+                )
+
+        unsubscribing = connection.request(sp.Unsubscribe, subscription_id=subscription_id)
+        # No answer: the connection is closing (or closed), which ends the subscription too.
+        unsubscribing.addCallbacks(answered, lambda _: None)
+
     async def subscribe_all(self, protocol: StreamConnection) -> None:
-        """Subscribe to each stream on a new connection, from where reading should go on."""
+        """Subscribe to each stream on a new connection, from where reading should go on.
+
+        Nothing while not `allowed`, nor twice on one connection.
+        """
+        if not self._allowed or self._subscribed_on is protocol:
+            return
+        self._subscribed_on = protocol
+        epoch = self._epoch
         # What the last connection settled but had not stored yet: resuming
         # from the stored offset alone would route those messages twice.
         settled = {sub.stream: sub.settled for sub in self._subscriptions.values()}
@@ -115,6 +202,8 @@ class Subscriptions:
             stored = await protocol.request(
                 sp.QueryOffset, reference=self._consumer_name, stream=stream
             )
+            if epoch != self._epoch:
+                return  # forbidden meanwhile
             subscription = _Subscription(index, stream)
             stored_offset = stored.offset if stored.code == 1 else -1
             resume = max(stored_offset, settled.get(stream, -1))
@@ -135,6 +224,11 @@ class Subscriptions:
                 credit=self._settings.credit,
                 properties={"name": self._consumer_name},
             )
+            if epoch != self._epoch:
+                # Forbidden while it was being made: it must not consume.
+                if answer.code == 1 and not protocol.closing:
+                    self._unsubscribe(protocol, index, stream)
+                return
             if answer.code == 1:
                 self._subscriptions[index] = subscription
             else:
@@ -229,7 +323,11 @@ class Subscriptions:
         self._credit(protocol, subscription)
 
     def _credit(self, protocol: StreamConnection, subscription: _Subscription) -> None:
-        if protocol is self._upstream.connection and not protocol.closing:
+        if (
+            protocol is self._upstream.connection
+            and not protocol.closing
+            and self._subscriptions.get(subscription.id) is subscription
+        ):
             protocol.send(sp.Credit(subscription_id=subscription.id, credit=1))
 
     def schedule_store(self) -> None:
