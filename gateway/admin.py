@@ -101,19 +101,29 @@ class HealthReport:
     outcomes for routes towards that upstream, and it reconnects on its own;
     taking the gateway out of a balancer would not bring the upstream back.
 
+    In a fleet, a node that has had no connection to RabbitMQ for longer
+    than ``[fleet] unhealthy_after_seconds`` is unavailable too (``reason``
+    says so): it serves its own clients, but nothing crosses to or from the
+    other nodes, so a load balancer should send its clients to one that can.
+
     Attributes:
         listeners: Each listener by config name: True when it is listening.
         upstreams: Each upstream by config name: True when it is connected
             (and logged in, where its protocol has a login).
+        fleet: The node's fleet state (`gateway.fleet.members.Membership.health`),
+            or None outside a fleet.
+        fleet_problem: Why the node is unavailable to the fleet, or None.
     """
 
     listeners: Mapping[str, bool] = attrs.field(factory=dict, converter=_frozen, hash=False)
     upstreams: Mapping[str, bool] = attrs.field(factory=dict, converter=_frozen, hash=False)
+    fleet: Mapping[str, object] | None = attrs.field(default=None, hash=False)
+    fleet_problem: str | None = None
 
     @property
     def ok(self) -> bool:
-        """Whether the gateway is serving: every listener is listening."""
-        return all(self.listeners.values())
+        """Whether the gateway is serving: every listener listens, and it is in its fleet."""
+        return all(self.listeners.values()) and self.fleet_problem is None
 
     @property
     def status(self) -> str:
@@ -126,7 +136,7 @@ class HealthReport:
 
     def to_json(self) -> dict[str, object]:
         """Return the report as the JSON value ``/healthz`` serves, names sorted."""
-        return {
+        report: dict[str, object] = {
             "status": self.status,
             "listeners": {
                 name: {"listening": state} for name, state in sorted(self.listeners.items())
@@ -135,6 +145,11 @@ class HealthReport:
                 name: {"connected": state} for name, state in sorted(self.upstreams.items())
             },
         }
+        if self.fleet is not None:
+            report["fleet"] = dict(self.fleet)
+        if self.fleet_problem is not None:
+            report["reason"] = self.fleet_problem
+        return report
 
 
 def _json_body(request: IRequest, code: int, value: object) -> bytes:

@@ -21,7 +21,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["BackboneStats", "GatewayMetrics", "LockStats", "RouteStats", "TrafficCounters"]
+__all__ = [
+    "BackboneStats",
+    "FleetStats",
+    "GatewayMetrics",
+    "LockStats",
+    "RouteStats",
+    "TrafficCounters",
+]
 
 _LATENCY_BUCKETS_SECONDS: Final = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -251,6 +258,41 @@ class _LockCollector(Collector):
             yield metric
 
 
+class FleetStats:
+    """The fleet's membership as this node sees it (`gateway.fleet.members`), as plain ints.
+
+    Exposed at scrape time as ``msggateway_fleet_nodes`` (live nodes, this
+    one included) and ``msggateway_fleet_config_mismatch`` (live nodes whose
+    configuration hash differs from this node's).
+    """
+
+    __slots__ = ("config_mismatch", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes = 1
+        self.config_mismatch = 0
+
+
+class _FleetCollector(Collector):
+    """Reads the membership's `FleetStats` at scrape time."""
+
+    def __init__(self, stats: FleetStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        nodes = GaugeMetricFamily(
+            "msggateway_fleet_nodes", "Live nodes of the fleet, this one included."
+        )
+        nodes.add_metric([], self._stats.nodes)
+        yield nodes
+        mismatch = GaugeMetricFamily(
+            "msggateway_fleet_config_mismatch",
+            "Live nodes whose configuration hash differs from this node's.",
+        )
+        mismatch.add_metric([], self._stats.config_mismatch)
+        yield mismatch
+
+
 class GatewayMetrics:
     """The gateway's counters, gauges and histograms, in their own registry."""
 
@@ -329,6 +371,12 @@ class GatewayMetrics:
         stats = self._locks.get(name)
         if stats is None:
             stats = self._locks[name] = LockStats()
+        return stats
+
+    def fleet(self) -> FleetStats:
+        """The fleet membership's numbers, registered for scraping (one per gateway)."""
+        stats = FleetStats()
+        self.registry.register(_FleetCollector(stats))
         return stats
 
     def set_node(self, node: str) -> None:

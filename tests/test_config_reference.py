@@ -122,6 +122,10 @@ def _everything(directory: Path) -> Path:
         amqp = ["tcp:host=rabbit-1.example.org:port=5672", "tcp:host=rabbit-2:port=5672"]
         vhost = "gateways"
         heartbeat_seconds = 15
+        unhealthy_after_seconds = 20
+
+        [fleet.streams]
+        "orders" = "edge-2"
 
         [listeners.hub]
         protocol = "ssmp"

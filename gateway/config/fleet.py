@@ -24,6 +24,11 @@ one routes directory serve every node, and only the node id, ``data_dir``
 and advertised addresses differ. Without ``amqp`` nothing crosses processes
 (`gateway.fleet.backbone`).
 
+``unhealthy_after_seconds``: ``/healthz`` answers 503 once the node has had
+no connection to RabbitMQ for longer than this (`gateway.fleet.members`).
+``[fleet.streams]`` pins streams of the embedded log to the node that owns
+them; the others are placed by rendezvous hashing (`gateway.fleet.streams`).
+
 Each key is read by `read_fleet`, one declaration each: a key added later
 is one more declaration, one more attribute of `FleetConfig`, and one more
 line there.
@@ -46,6 +51,7 @@ from gateway.config.base import (
     optional_string,
     positive,
     string,
+    string_map,
     strings,
 )
 from gateway.config.endpoints import (
@@ -69,6 +75,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_HEARTBEAT_SECONDS",
+    "DEFAULT_UNHEALTHY_AFTER_SECONDS",
     "FLEET",
     "MAX_PROCESSES",
     "FleetConfig",
@@ -119,10 +126,26 @@ HEARTBEAT_SECONDS: Final = positive(
     " (and the next endpoint tried) after about twice this.",
 )
 
+DEFAULT_UNHEALTHY_AFTER_SECONDS: Final = 10.0
+"""A node cut off from RabbitMQ this long is unhealthy: past one reconnection round with its
+back-off (a RabbitMQ node restarting takes about 5 s), not past a load balancer's patience."""
+UNHEALTHY_AFTER_SECONDS: Final = positive(
+    "unhealthy_after_seconds",
+    DEFAULT_UNHEALTHY_AFTER_SECONDS,
+    doc="``/healthz`` answers 503 (with the reason) once the node has had no connection to"
+    " RabbitMQ for longer than this: nothing crosses to or from it meanwhile.",
+)
+STREAMS: Final = string_map(
+    "streams",
+    doc="``[fleet.streams]``: stream name = the node that owns it (its log keeps the stream)."
+    " While that node is not live the stream has no owner (code 6, stream not available)."
+    " Streams not named are placed on the live nodes by rendezvous hashing (docs/fleet.rst).",
+)
+
 FLEET: Final = TableSchema(
     "Fleet",
     "[fleet]",
-    (NODE, PROCESSES, AMQP, VHOST, HEARTBEAT_SECONDS),
+    (NODE, PROCESSES, AMQP, VHOST, HEARTBEAT_SECONDS, UNHEALTHY_AFTER_SECONDS, STREAMS),
     doc="This process as one node of several that act as one gateway. Without the table the"
     " gateway is a single node with a generated id, in a single process; without ``amqp``"
     " nothing crosses processes.",
@@ -140,6 +163,8 @@ class FleetConfig:
             in turn; empty: no fleet backbone.
         vhost: The virtual host.
         heartbeat_seconds: The AMQP heartbeat interval.
+        unhealthy_after_seconds: How long without RabbitMQ makes ``/healthz`` 503.
+        streams: Pinned streams: (stream name, owner node) pairs, sorted.
     """
 
     node: str | None = None
@@ -147,6 +172,8 @@ class FleetConfig:
     amqp: tuple[str, ...] = ()
     vhost: str = "/"
     heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    unhealthy_after_seconds: float = DEFAULT_UNHEALTHY_AFTER_SECONDS
+    streams: tuple[tuple[str, str], ...] = ()
 
 
 def worker_node(node: str, index: int) -> str:
@@ -184,10 +211,30 @@ def read_fleet(section: Section) -> FleetConfig:
         section.problem(VHOST, "must not be empty (RabbitMQ's default virtual host is '/')")
         vhost = "/"
     heartbeat = section.read(HEARTBEAT_SECONDS)
+    unhealthy_after = section.read(UNHEALTHY_AFTER_SECONDS)
+    streams = section.string_map(STREAMS, _pinned_node)
     section.done()
     return FleetConfig(
-        node=node, processes=processes, amqp=amqp, vhost=vhost, heartbeat_seconds=heartbeat
+        node=node,
+        processes=processes,
+        amqp=amqp,
+        vhost=vhost,
+        heartbeat_seconds=heartbeat,
+        unhealthy_after_seconds=unhealthy_after,
+        streams=tuple(sorted(streams.items())),
     )
+
+
+def _pinned_node(text: str) -> str:
+    """A ``[fleet.streams]`` value: a node id.
+
+    Raises:
+        ValueError: It is not a valid node id.
+    """
+    problem = node_id_problem(text)
+    if problem is not None:
+        raise ValueError(f"the node that owns the stream {problem}")
+    return text
 
 
 def _worker_node_problem(node: str, processes: int) -> str | None:

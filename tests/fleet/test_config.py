@@ -98,3 +98,31 @@ def test_a_user_without_password_is_a_problem(tmp_path: Path) -> None:
     assert problems == [
         "fleet.password: username and password go together: give both, or neither (guest)"
     ]
+
+
+def test_health_and_pinned_streams(tmp_path: Path) -> None:
+    """``unhealthy_after_seconds`` (10 by default) and ``[fleet.streams]`` pins, sorted."""
+    assert _load(tmp_path, 'node = "a"').unhealthy_after_seconds == 10.0
+    fleet = _load(
+        tmp_path,
+        """
+        unhealthy_after_seconds = 2.5
+        [fleet.streams]
+        "ticks" = "edge-2"
+        "orders" = "edge-1"
+        """,
+    )
+    assert fleet.unhealthy_after_seconds == 2.5
+    assert fleet.streams == (("orders", "edge-1"), ("ticks", "edge-2"))
+
+
+def test_a_stream_pinned_to_no_node_id_is_a_problem(tmp_path: Path) -> None:
+    """A pin's value must be a node id; a threshold must be positive."""
+    problems = _problems(tmp_path, '[fleet.streams]\n"orders" = "not a node"')
+    assert problems == [
+        "fleet.streams.orders: the node that owns the stream must be ASCII letters, digits,"
+        " '-', '_' and '.', starting with a letter or a digit, not 'not a node'"
+    ]
+    assert _problems(tmp_path, "unhealthy_after_seconds = 0")[0].startswith(
+        "fleet.unhealthy_after_seconds: must"
+    )
