@@ -26,6 +26,12 @@ refusal is logged and counted as ``internal-stream``. Metadata answers for
 them as for any stream (RabbitMQ's does not check rights either): that a
 route's stream exists is no secret.
 
+In a fleet (``factory.fleet``, docs/fleet.rst) each stream has one owner
+node; Metadata names it as the leader, Subscribe on a stream owned
+elsewhere is answered 6 (stream not available), and the other commands on
+such a stream are relayed to its owner (`gateway.protocols.stream.relay`).
+A connection that is another node's relay is served from this log.
+
 Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
 client does not read what it is sent; deliveries stop while the client is
@@ -63,6 +69,8 @@ from gateway.core.log import (
 )
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
+from gateway.protocols.stream.owner import RELAY_PROPERTY
+from gateway.protocols.stream.relay import StreamFleet, StreamRelays
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.tls import external_identity, peer_identities
 
@@ -202,6 +210,20 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         """The waiting SaslAuthenticate, the frames after it in its read, and its error."""
         self._waited = False
         """The SaslAuthenticate waited once: if a wait is still owed, it is refused unchecked."""
+        self._relays: StreamRelays | None = None
+        """In a fleet: commands on streams other nodes own go there (None: all served here)."""
+        fleet = factory.fleet
+        if fleet is not None:
+            self._relays = StreamRelays(
+                fleet=fleet,
+                listener=factory.name,
+                client=self,
+                clock=factory.clock,
+                frame_max=factory.settings.frame_max,
+                exists=lambda name: factory.store.get(name) is not None,
+                advertised=factory.advertised,
+                local_publisher=self._publishers.__contains__,
+            )
 
     # --- connection life ------------------------------------------------------------
 
@@ -225,6 +247,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             self._stop_waiting(subscription)
         self._subscriptions.clear()
         self._publishers.clear()
+        if self._relays is not None:
+            self._relays.close()
 
     def _partial_frame_bytes(self) -> int:
         return self._codec.pending_bytes
@@ -301,6 +325,9 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
                 handler = _HANDLERS.get(type(event))
                 if handler is None or (self._state == "closing" and not _CLOSING_OK(event)):
                     continue
+                relays = self._relays
+                if relays is not None and self._state == "open" and relays.take(event):
+                    continue  # a stream another node owns
                 handler(self, event)
                 if self._closing:
                     return False
@@ -328,6 +355,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     # --- handshake ----------------------------------------------------------------------------
 
     def _on_peer_properties(self, event: sp.PeerProperties) -> None:
+        if RELAY_PROPERTY in (event.properties or {}):
+            self._relays = None  # another node's relay: served from this log, never relayed on
         self._send(
             sp.PeerPropertiesResponse(
                 correlation_id=event.correlation_id,
@@ -397,6 +426,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
                 self._refuse_login(event.correlation_id, code)
             return
         logins.accepted(claimed)
+        if self._relays is not None and event.mechanism != "EXTERNAL":
+            self._relays.login = (event.mechanism, data)  # relays log in as the client did
         self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=OK))
         self._state = "tuning"
         settings = self.factory.settings
@@ -486,6 +517,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             return
         self._state = "open"
         self._codec.set_frame_max(self._frame_max)
+        if self._relays is not None:
+            self._relays.virtual_host = event.virtual_host
         host, port = self.factory.advertised()
         self._send(
             sp.OpenResponse(
@@ -631,6 +664,35 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         if used:
             self._send(sp.MetadataUpdate(code=6, stream=name))
 
+    # --- in a fleet (`gateway.protocols.stream.relay`) -------------------------------------------
+
+    def answer(self, event: sp.Event) -> None:
+        """Send a relayed answer (or a refusal of the relay) to the client."""
+        if not self._closing:
+            self._send(event)
+
+    def relaying(self, change: int) -> None:
+        """Relayed messages awaiting their confirm: they count against ``max_unconfirmed``."""
+        self._unconfirmed += change
+        if change > 0:
+            self.factory.traffic.messages_in += change
+            if self._unconfirmed > self.factory.settings.max_unconfirmed:
+                self._pause_reading()
+        else:
+            self._resume_reading()
+
+    def owners_changed(self) -> None:
+        """Streams may have moved: tell the client of those it uses that are owned elsewhere now."""
+        relays = self._relays
+        if relays is None or self._state != "open":
+            return  # no fleet, or another node's relay (served here whoever owns the stream)
+        used = {p.stream.name for p in self._publishers.values()}
+        used.update(s.stream.name for s in self._subscriptions.values())
+        for name in sorted(used):
+            if relays.remote(name):
+                self.stream_gone(name)
+        relays.owners_changed()
+
     def _on_metadata(self, event: sp.Metadata) -> None:
         if not self._require_open(event):
             return
@@ -730,11 +792,15 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             return
         reference = event.reference or None
         stream = self.factory.store.get(event.stream)
-        taken = event.publisher_id in self._publishers or (
-            reference is not None
-            and any(
-                p.reference == reference and p.stream.name == event.stream
-                for p in self._publishers.values()
+        taken = (
+            event.publisher_id in self._publishers
+            or (self._relays is not None and self._relays.has_publisher(event.publisher_id))
+            or (
+                reference is not None
+                and any(
+                    p.reference == reference and p.stream.name == event.stream
+                    for p in self._publishers.values()
+                )
             )
         )
         too_long = reference is not None and len(reference.encode()) > MAX_REFERENCE_BYTES
@@ -1116,6 +1182,17 @@ class StreamServerFactory(ListenerFactory[StreamServerProtocol, StreamListenerSe
         self.store = store
         self._bound: tuple[str, int] = ("127.0.0.1", 0)
         self.on_stream_created: list[Callable[[str], None]] = []
+        self.fleet: StreamFleet | None = None
+        """In a fleet: who owns each stream, and how to relay to its owner (`join_fleet`)."""
+
+    def join_fleet(self, fleet: StreamFleet) -> None:
+        """Act as one node of a fleet: streams owned elsewhere are relayed or refused there."""
+        self.fleet = fleet
+        fleet.placement.on_change(self._owners_changed)
+
+    def _owners_changed(self) -> None:
+        for connection in list(self.connections):
+            connection.owners_changed()
 
     def listening_on(self, address: IAddress) -> None:
         """Learn the address the listener got (port 0 in tests) to advertise it."""
