@@ -59,6 +59,7 @@ from gateway.config import (
     reload_secrets,
 )
 from gateway.config.admintoken import provide_admin_token
+from gateway.config.endpoints import TLS_SERVER_PREFIXES
 from gateway.config.fleet import node_id, worker_node
 from gateway.config.insecure import insecure_settings
 from gateway.core.batch import all_same
@@ -69,8 +70,11 @@ from gateway.core.message import Message, Outcome
 from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.fleet.backbone import Backbone, heartbeat_interval, make_backbone
+from gateway.fleet.confighash import live_config_hash
 from gateway.fleet.hub import FleetHub
 from gateway.fleet.locks import FleetLock, FleetLocks
+from gateway.fleet.members import Membership
+from gateway.fleet.streams import StreamOwnership
 from gateway.logformat import select_log_format
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
@@ -94,6 +98,7 @@ from gateway.protocols.stream.bridge import (
 )
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.relay import StreamFleet, connect_tcp
 from gateway.protocols.stream.server import StreamServerFactory
 from gateway.startup import StartFailed
 from gateway.systemd import tell_systemd
@@ -208,6 +213,11 @@ class GatewayService(MultiService):
     """The node's connection to the fleet's RabbitMQ (``[fleet] amqp``), if any."""
     locks: FleetLocks | None = None
     """The node's locks for work that runs once per fleet (with ``backbone``)."""
+
+    membership: Membership | None = None
+    """The fleet as this node sees it (with ``backbone``)."""
+    streams: StreamOwnership | None = None
+    """Which node owns each stream of the embedded log (with ``backbone``)."""
 
     def __init__(
         self, config: GatewayConfig, reactor: Any, metrics: GatewayMetrics, router: Router
@@ -405,7 +415,10 @@ class GatewayService(MultiService):
             for name, endpoint in self.endpoints.items()
             if endpoint.upstream
         }
-        return HealthReport(listeners=listening, upstreams=upstreams)
+        fleet, problem = self.membership.health() if self.membership else (None, None)
+        return HealthReport(
+            listeners=listening, upstreams=upstreams, fleet=fleet, fleet_problem=problem
+        )
 
     def reload(self) -> bool:
         """Re-read secrets, listener certificates and route files; connections stay up.
@@ -564,6 +577,9 @@ def _stream_listener(
         clock=gateway.reactor,
         metrics=gateway.metrics,
     )
+    if gateway.streams is not None:
+        relays = not config.endpoint.startswith(TLS_SERVER_PREFIXES)  # relays are plain TCP
+        factory.join_fleet(StreamFleet(gateway.streams, connect_tcp(gateway.reactor), relays))
     feeds = StreamRouteFeeds(config.name, store, gateway.router, gateway.reactor)
     factory.on_stream_created.append(feeds.stream_created)
     gateway.feeds.append(feeds)
@@ -745,7 +761,12 @@ _UPSTREAMS: dict[
 
 
 def build_gateway(
-    config: GatewayConfig, reactor: Any, node: str | None = None, *, reuse_port: bool = False
+    config: GatewayConfig,
+    reactor: Any,
+    node: str | None = None,
+    *,
+    reuse_port: bool = False,
+    shared: GatewayConfig | None = None,
 ) -> GatewayService:
     """Build the gateway's service tree; nothing listens until it starts.
 
@@ -756,6 +777,8 @@ def build_gateway(
         reuse_port: Listen on every listener's port (MTL's and the admin
             endpoint's aside) with SO_REUSEPORT, sharing it with other
             processes (`gateway.fleet.reuseport`): a worker of a supervisor.
+        shared: The configuration as every node reads it, before a worker's
+            own ports (its hash is compared across the fleet); ``config`` if None.
 
     Raises:
         ConfigError: Without ``node``, the data dir's node id file is not usable.
@@ -808,6 +831,17 @@ def build_gateway(
             ),
             dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
         )
+    if gateway.backbone is not None:
+        gateway.membership = Membership(
+            gateway.backbone,
+            reactor,
+            config_hash=live_config_hash(shared or config, router),
+            addresses=lambda: _advertised(gateway),
+            unhealthy_after_seconds=fleet.unhealthy_after_seconds,
+            stats=metrics.fleet(),
+        )
+        stream_listeners = [item.name for item in config.listeners if item.protocol == "stream"]
+        gateway.streams = StreamOwnership(gateway.membership, stream_listeners, dict(fleet.streams))
     listening: Any = reactor
     if reuse_port:
         from gateway.fleet.reuseport import ReusePortListening
@@ -832,6 +866,12 @@ def build_gateway(
         gateway.endpoints[listener.name] = _Endpoint(
             listener.name, destination, service, lambda: True, upstream=False
         )
+    if gateway.membership is not None:
+        # After the listeners: it announces where they are, and says goodbye before they stop.
+        members = _StartStopService(
+            "fleet-members", gateway.membership.start, gateway.membership.stop
+        )
+        members.setServiceParent(gateway)
     for upstream in config.upstreams:
         client, destination, healthy = _UPSTREAMS[upstream.protocol](gateway, upstream)
         client.setServiceParent(gateway)
@@ -858,6 +898,23 @@ def build_gateway(
         )
         gateway.admin.setServiceParent(gateway)
     return gateway
+
+
+def _advertised(gateway: GatewayService) -> dict[str, tuple[str, int]]:
+    """Each listening listener's advertised address (a stream listener's is its Metadata's)."""
+    found: dict[str, tuple[str, int]] = {}
+    for name, service in gateway.listeners().items():
+        if service.port is None:
+            continue
+        advertised = getattr(service.factory, "advertised", None)
+        if advertised is not None:
+            host, port = advertised()
+        else:
+            bound = service.port.getHost()
+            host, port = getattr(bound, "host", ""), getattr(bound, "port", 0)
+        if port:
+            found[name] = (str(host), int(port))
+    return found
 
 
 # --- twistd ------------------------------------------------------------------------------------
@@ -987,6 +1044,7 @@ def makeService(options: Options) -> IService:
     reactor: Any = _reactor
 
     config: GatewayConfig = options.gateway_config
+    shared = config  # what every node reads, before a worker's own ports
     node: str = options.node
     worker: int | None = options["worker"]
     if worker is None and config.fleet.processes > 1:
@@ -1010,7 +1068,7 @@ def makeService(options: Options) -> IService:
         tag_lines(node)
         fleet_worker.leave_process_group()
         config = fleet_worker.worker_config(config, worker, options.shared_ports)
-    gateway = build_gateway(config, reactor, node, reuse_port=worker is not None)
+    gateway = build_gateway(config, reactor, node, reuse_port=worker is not None, shared=shared)
     if worker is not None:
         fleet_worker.SupervisorLink(gateway, reactor, worker).setServiceParent(gateway)
     tune_garbage_collector()
