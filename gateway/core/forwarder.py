@@ -241,6 +241,8 @@ class LogForwarder:
         self._held_bytes = 0
         self.delivered = 0
         self.dead_lettered = 0
+        self.retried = 0
+        """Refused messages put back for another delivery (each time they are)."""
         self.chunks_from_memory = 0
         """Chunks delivered from held messages, without reading the log."""
         self.chunks_read = 0
@@ -598,6 +600,7 @@ class LogForwarder:
         self._timers.add(timer)
         messages = chunk.messages
         batch = [messages[index] for index in again]
+        self.retried += len(batch)
         return retried.addCallback(lambda _: self._attempt(chunk, batch, again))
 
     def _forwarded(self, _: object, chunk: _Chunk) -> None:

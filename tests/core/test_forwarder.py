@@ -118,7 +118,10 @@ async def test_delivers_in_order_and_resumes_after_the_stored_offset(store: LogS
 
 @pytest_twisted.ensureDeferred
 async def test_retry_later_waits_and_delivers_again(store: LogStore) -> None:
-    """A retry outcome is delivered again after a growing delay, as long as it takes."""
+    """A retry outcome is delivered again after a growing delay, as long as it takes.
+
+    Each delivery again is counted in ``retried``.
+    """
     stream = store.create("s")
     await stream.append([b"a"])
     clock = Clock()
@@ -134,7 +137,7 @@ async def test_retry_later_waits_and_delivers_again(store: LogStore) -> None:
         clock.advance(0.01)
         assert len(destination.deliveries) == count
     assert stream.query_offset("fw") == 0
-    assert (running.delivered, running.dead_lettered) == (1, 0)
+    assert (running.delivered, running.dead_lettered, running.retried) == (1, 0, 4)
     running.stop()
 
 
@@ -156,7 +159,7 @@ async def test_rejected_max_attempts_goes_to_the_dead_letter(store: LogStore) ->
     clock.advance(0)
     assert [body for _, body in destination.deliveries].count(b"bad") == 3
     assert destination.dead == [(b"bad", "no")]
-    assert (running.delivered, running.dead_lettered) == (2, 1)
+    assert (running.delivered, running.dead_lettered, running.retried) == (2, 1, 2)
     assert stream.query_offset("fw") == 2
     running.stop()
 
