@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics
 from prometheus_client.core import (
@@ -20,6 +20,12 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from gateway.logmetrics import ForwarderCollector, LogCollector
+
+if TYPE_CHECKING:
+    from gateway.core.forwarder import LogForwarder
+    from gateway.core.log import LogStore
 
 __all__ = [
     "BackboneStats",
@@ -413,3 +419,15 @@ class GatewayMetrics:
     def routes(self) -> dict[str, RouteStats]:
         """Every route's numbers so far, by route name."""
         return dict(self._routes)
+
+    # The embedded log and the durable routes' forwarders (`gateway.logmetrics`).
+
+    def durable_log(self, store: LogStore, forwarders: Mapping[str, LogForwarder]) -> None:
+        """Expose the log's streams, commits and file system, and the forwarders' progress.
+
+        Args:
+            store: The embedded log (one per gateway).
+            forwarders: The durable routes' forwarders by route name, a live mapping.
+        """
+        self.registry.register(LogCollector(store))
+        self.registry.register(ForwarderCollector(forwarders))

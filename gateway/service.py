@@ -831,6 +831,7 @@ def build_gateway(
             ),
             dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
         )
+        metrics.durable_log(store, gateway.durable.forwarders)
     if gateway.backbone is not None:
         gateway.membership = Membership(
             gateway.backbone,

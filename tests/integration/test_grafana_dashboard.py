@@ -4,10 +4,13 @@ The unit tests read the file: every panel has the Prometheus datasource
 variable and a query, every query follows the job and instance variables,
 panels do not overlap. The integration test starts a real ``twistd
 msggateway`` with the admin endpoint, a listener of each protocol, an
-upstream and a route, sends one message through the route and one bad line,
+upstream and two durable routes (one to the hub, one to the upstream, which
+refuses connections), sends a message through each route and one bad line,
 scrapes ``/metrics``, and checks that every metric name any query uses is
 there (a counter's ``_total``, a histogram's ``_bucket``, ``_sum`` and
-``_count`` included).
+``_count`` included), and that the log's metrics follow the traffic: the
+hub route's forwarder catches up (lag 0, one delivered), the upstream's
+stays one behind, retrying.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -235,7 +239,9 @@ scheme = "open"
 """
 ROUTES = {
     "mail": 'from = "mail"\nmatch = "#@example.org"\nto = "hub"\naddress = "mail"\n'
-    'body = "subject"\n'
+    'body = "subject"\ndurable = true\n',
+    "central": 'from = "mail"\nmatch = "#@central.example.org"\nto = "central"\n'
+    'address = "mail"\ndurable = true\n',
 }
 
 
@@ -259,12 +265,12 @@ def _exported(text: str) -> tuple[set[str], set[str]]:
     return declared | sampled, sampled
 
 
-def _send_one_mail(address: tuple[str, int]) -> None:
+def _send_one_mail(address: tuple[str, int], recipient: bytes = b"ops@example.org") -> None:
     block = qmqp.MessageBlock(
         id=b"m1",
         message=b"Subject: dashboard\n\nhello\n",
         sender=b"app@example.org",
-        recipients=(b"ops@example.org",),
+        recipients=(recipient,),
     )
     codec = qmqp.QMQPCodec(qmqp.Role.CLIENT)
     with socket.create_connection(address, timeout=10) as sock:
@@ -275,6 +281,30 @@ def _send_one_mail(address: tuple[str, int]) -> None:
             assert data, "the gateway closed without answering"
             replies.extend(codec.receive_data(data))
     assert isinstance(replies[0], qmqp.ReplyBlock)
+    assert replies[0].status == b"K", replies[0]
+
+
+def _route_samples(text: str) -> dict[tuple[str, str], float]:
+    """The forwarder samples of a scrape, by metric name and route."""
+    return {
+        (sample.name, sample.labels["route"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("msggateway_forwarder_")
+        for sample in family.samples
+    }
+
+
+def _forwarded(gateway: GatewayProcess, timeout: float = 10.0) -> dict[tuple[str, str], float]:
+    """The forwarder samples once the hub route's has caught up and the upstream's retried."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _route_samples(gateway.metrics())
+        if (
+            found.get(("msggateway_forwarder_delivered_total", "mail")) == 1
+            and found.get(("msggateway_forwarder_retried_total", "central"), 0) >= 1
+        ) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.mark.integration
@@ -285,10 +315,12 @@ def test_every_metric_the_dashboard_uses_is_exported(tmp_path: Path, refusing_po
     ).start()
     try:
         _send_one_mail(gateway.address("mail"))
+        _send_one_mail(gateway.address("mail"), b"ops@central.example.org")
         with LineClient(gateway.address("hub")) as client:
             client.send("NOT-A-REQUEST")  # one protocol error
             client.expect_code(400)
             client.expect_closed()
+        forwarded = _forwarded(gateway)
         exported, sampled = _exported(gateway.metrics())
     finally:
         gateway.stop()
@@ -303,5 +335,16 @@ def test_every_metric_the_dashboard_uses_is_exported(tmp_path: Path, refusing_po
         "msggateway_protocol_errors_total",
         "msggateway_upstream_connected",
         "process_resident_memory_bytes",
+        "msggateway_log_appends_total",
+        "msggateway_log_commit_seconds_bucket",
+        "msggateway_log_fsync_seconds_bucket",
+        "msggateway_log_filesystem_free_bytes",
     ):
         assert name in sampled, f"{name}: no samples after traffic"
+    # The hub took its message: its forwarder caught up. The upstream is down:
+    # its message waits in the log, delivered again and again.
+    assert forwarded[("msggateway_forwarder_lag_messages", "mail")] == 0, forwarded
+    assert forwarded[("msggateway_forwarder_delivered_total", "mail")] == 1, forwarded
+    assert forwarded[("msggateway_forwarder_lag_messages", "central")] == 1, forwarded
+    assert forwarded[("msggateway_forwarder_delivered_total", "central")] == 0, forwarded
+    assert forwarded[("msggateway_forwarder_retried_total", "central")] >= 1, forwarded

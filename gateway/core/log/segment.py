@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ from gateway.codecs.osiris import (
     INDEX_HEADER,
     INDEX_RECORD_BYTES,
     SEGMENT_HEADER,
+    USER,
     SubBatch,
     encode_chunk,
     index_file_name,
@@ -53,6 +55,7 @@ __all__ = [
     "chunk_size",
     "pwrite_all",
     "roll_back",
+    "user_records_after",
     "write_stream",
 ]
 
@@ -212,6 +215,36 @@ class Segment:
         return FILE_HEADER_BYTES + INDEX_RECORD_BYTES * len(self.chunk_ids)
 
 
+def user_records_after(segments: Sequence[Segment], offset: int) -> int:
+    """How many user records the segments hold at offsets above ``offset``.
+
+    What a reader that has read up to ``offset`` still has to read: tracking
+    chunks take one offset each and hold no message, so they are left out.
+    From the in-memory index alone (a count of chunk types per segment),
+    without reading a file; segments wholly at or below ``offset`` are not
+    looked at.
+    """
+    total = 0
+    start = offset + 1
+    for segment in reversed(segments):
+        if segment.next_id <= start:
+            break
+        count = len(segment)
+        if not count:
+            continue
+        holding = segment.locate(start)
+        if holding >= 0 and segment.types[holding] == USER:
+            # The chunk holding ``start``: only its records from ``start`` on.
+            total += segment.chunk_next_id(holding) - start
+        after = holding + 1
+        if after < count:
+            others = (count - after) - segment.types.count(USER, after)
+            total += segment.next_id - segment.chunk_ids[after] - others
+        if holding >= 0:
+            break  # the older segments are all below ``start``
+    return total
+
+
 @dataclass(slots=True, kw_only=True)
 class PlannedChunk:
     """A chunk planned on the reactor thread and encoded in the writer thread.
@@ -277,6 +310,7 @@ class SegmentWriter:
         self._segment_fd: int | None = None
         self._index_fd: int | None = None
         self.first_id: int | None = None
+        self._sync_seconds: list[float] = []
 
     def segment_path(self, first_id: int | None = None) -> Path:
         """The segment file ``first_id`` (the open one by default)."""
@@ -334,14 +368,23 @@ class SegmentWriter:
     def sync(self) -> None:
         """Flush the segment file to disk (the index can be rebuilt, so it is not).
 
+        Its duration is kept for `take_sync_seconds`.
+
         Raises:
             OSError: The fsync failed; its ``filename`` names the file.
         """
         if self._segment_fd is not None:
+            started = time.perf_counter()
             try:
                 _datasync(self._segment_fd)
             except OSError as exc:
                 raise _named(exc, self.segment_path()) from None
+            self._sync_seconds.append(time.perf_counter() - started)
+
+    def take_sync_seconds(self) -> list[float]:
+        """The durations of the fsyncs `sync` made since the last call (writer thread)."""
+        taken, self._sync_seconds = self._sync_seconds, []
+        return taken
 
     def truncate(self, size: int, index_size: int) -> None:
         """Cut the open segment and index back to these sizes (taking back a failed write).

@@ -192,6 +192,12 @@ class StreamLog:
         self._full_failures = 0
         self._full_since = 0.0
         self._retry_timer: IDelayedCall | None = None
+        self.appends = 0
+        """Appends committed since the store opened (one per batch, duplicates or not)."""
+        self.records = 0
+        """Records those appends stored (a sub-batch counts each record)."""
+        self.written_bytes = 0
+        """Bytes of the chunks written since the store opened (tracking chunks too)."""
 
     def __repr__(self) -> str:
         return f"<StreamLog {self.name!r} offsets {self.first_offset}..{self._next_id}>"
@@ -404,6 +410,10 @@ class StreamLog:
             segment = self._segments[-1]
             for chunk in write.chunks:
                 segment.add(chunk)
+                if chunk.chunk_type == USER:
+                    self.records += chunk.num_records
+            self.written_bytes += segment.size - write.position
+        self.appends += len(commit.appends)
         self._tracking = commit.tracking
         self._next_id = commit.next_id
         for reference, sequence in list(self._sequences_ahead.items()):

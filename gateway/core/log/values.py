@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left
 from typing import Final
 
 import attrs
@@ -12,9 +13,11 @@ from gateway.codecs.osiris import ChunkHeader
 
 __all__ = [
     "DEFAULT_MAX_SEGMENT_BYTES",
+    "DURATION_BUCKETS_SECONDS",
     "MAX_SEGMENT_BYTES_LIMIT",
     "AppendResult",
     "CommitStats",
+    "Durations",
     "FsyncPolicy",
     "ILogReactor",
     "LogClosedError",
@@ -31,6 +34,13 @@ DEFAULT_MAX_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 """Roll to a new segment once the active one holds 64 MiB (osiris uses 500 MB)."""
 MAX_SEGMENT_BYTES_LIMIT: Final = 2**31
 """Index records hold a chunk's position as a u32; segments roll well before that."""
+DURATION_BUCKETS_SECONDS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Upper bounds of the commit and fsync histograms: a commit without fsync on a fast
+disk takes tens of microseconds, an fsync on an SSD about a millisecond, on a
+spinning or network disk tens of milliseconds, and a stalled one seconds."""
 
 
 class ILogReactor(IReactorTime, IReactorFromThreads):
@@ -123,6 +133,25 @@ class StoredChunk:
 
 
 @attrs.define
+class Durations:
+    """A histogram of durations as plain numbers, kept on the reactor thread.
+
+    Attributes:
+        counts: Observations per bucket of `DURATION_BUCKETS_SECONDS`, each
+            counted once (not cumulative); the last bucket is above them all.
+        total_seconds: The observations' sum.
+    """
+
+    counts: list[int] = attrs.field(factory=lambda: [0] * (len(DURATION_BUCKETS_SECONDS) + 1))
+    total_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration (a bucket holds what is at most its bound, as Prometheus says)."""
+        self.counts[bisect_left(DURATION_BUCKETS_SECONDS, seconds)] += 1
+        self.total_seconds += seconds
+
+
+@attrs.define
 class CommitStats:
     """Counters of the group commit, for metrics and the benchmark.
 
@@ -135,6 +164,11 @@ class CommitStats:
         appends: Appends acknowledged.
         synced_appends: Appends acknowledged by a commit that fsynced.
         messages: Messages stored.
+        commit_seconds: How long commit rounds that wrote something took,
+            from planning on the reactor thread to the writer thread's
+            answer back there (encoding, writing, fsync as the policy says).
+        fsync_seconds: How long each segment fsync of a commit took, in the
+            writer thread (those before a segment roll included).
     """
 
     commits: int = 0
@@ -145,6 +179,8 @@ class CommitStats:
     appends: int = 0
     synced_appends: int = 0
     messages: int = 0
+    commit_seconds: Durations = attrs.field(factory=Durations)
+    fsync_seconds: Durations = attrs.field(factory=Durations)
 
 
 class LogError(Exception):
