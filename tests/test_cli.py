@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser, main
-from gateway.cli.common import DEFAULT_ADDRESSES
+from gateway.cli.connection import DEFAULT_ADDRESSES
 from gateway.config import DEFAULT_CONFIG_NAME, load_config, load_default_config
 
 REPOSITORY = Path(__file__).parents[1]

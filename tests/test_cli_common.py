@@ -1,4 +1,4 @@
-"""Tests of `gateway.cli.common`: what every protocol command shares.
+"""Tests of what every protocol command shares: `gateway.cli.bodies`, `.connection`, `.output`.
 
 Bodies from operands, files and standard input, ``--count`` going round
 them, addresses, JSON output of bodies and values, and the progress bar's
@@ -14,19 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli.common import (
-    Address,
-    CommandError,
-    Output,
-    add_body_arguments,
-    add_sender_arguments,
-    body_fields,
-    json_value,
-    message_bodies,
-    parse_address,
-    printable,
-    progress_bar,
-)
+from gateway.cli.arguments import add_sender_arguments
+from gateway.cli.bodies import add_body_arguments, message_bodies
+from gateway.cli.connection import Address, parse_address
+from gateway.cli.errors import CommandError
+from gateway.cli.output import Output, body_fields, json_value, printable, progress_bar
 
 
 def sender_args(*argv: str) -> argparse.Namespace:

@@ -16,8 +16,8 @@ from pathlib import Path
 import zmq
 
 from gateway.cli import main
-from gateway.cli.common import Output
 from gateway.cli.mtl import MTLSession, _Writer
+from gateway.cli.output import Output
 from gateway.codecs import mtl
 from gateway.config import load_config
 from gateway.protocols.mtl.settings import MTLListenerSettings

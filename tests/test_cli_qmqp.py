@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.cli.common import connect, tls_context
+from gateway.cli.connection import connect, tls_context
 from gateway.cli.qmqp.mail import Envelope, Item, LocalFailure, Outgoing
 from gateway.cli.qmqp.session import QMQPAuthRefusedError, QMQPSender, Summary
 from gateway.codecs import qmqp

@@ -14,7 +14,7 @@ from collections import deque
 
 import pytest
 
-from gateway.cli.common import Output
+from gateway.cli.output import Output
 from gateway.cli.stream import SUBSCRIPTION_ID, _Publisher, _Reader, parse_offset
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp

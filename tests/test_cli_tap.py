@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from gateway.cli.common import CommandError, Output, UsageError
+from gateway.cli.errors import CommandError, UsageError
+from gateway.cli.output import Output
 from gateway.cli.tap import Gateway, admin_token, admin_url, describe, follow, tap_url
 from gateway.config import load_config
 

@@ -15,7 +15,9 @@ with an ``add_commands(commands)`` function:
 - `gateway.cli.tap`, when present: watching what flows through a route;
 - and `gateway.spark.cli`: ``spark archive|report|send``.
 
-Every protocol command has the same flags (`gateway.cli.common`). A command
+Every protocol command has the same flags (`gateway.cli.arguments`), connects
+as `gateway.cli.connection` says, reads its bodies through `gateway.cli.bodies`
+and writes through `gateway.cli.output` and `gateway.cli.results`. A command
 in `PASSED_ON` (``run``) hands every argument after its name to another
 program as it is: argparse would take ``--config`` for an option of its own
 (and keep a ``--``), so `main` takes those arguments off before parsing. A leaf
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 from typing import IO, Final, TextIO
 
 from gateway import __version__
-from gateway.cli.common import CommandError, UsageError
+from gateway.cli.errors import CommandError, UsageError
 
 __all__ = ["PASSED_ON", "build_parser", "main", "parse_arguments"]
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TextIO
 
-from gateway.cli.common import CommandError, Commands
+from gateway.cli.arguments import Commands
+from gateway.cli.errors import CommandError
 from gateway.config import ConfigError, load_config, load_default_config
 from gateway.config.insecure import insecure_settings
 

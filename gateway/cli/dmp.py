@@ -18,28 +18,23 @@ import socket
 from collections.abc import Iterable, Iterator
 from typing import IO, Final, TextIO
 
-from gateway.cli.common import (
+from gateway.cli.arguments import (
     DEFAULT_TIMEOUT_SECONDS,
-    CommandError,
     Commands,
     add_address_argument,
-    add_body_arguments,
     add_header_argument,
     add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
     add_tls_arguments,
-    body_fields,
-    json_value,
-    message_bodies,
-    open_connection,
-    print_received,
-    printable,
-    receive,
-    reporting,
     secret_from_env,
 )
+from gateway.cli.bodies import add_body_arguments, message_bodies
+from gateway.cli.connection import open_connection, receive
+from gateway.cli.errors import CommandError
+from gateway.cli.output import body_fields, json_value, printable, reporting
+from gateway.cli.results import print_received
 from gateway.codecs import dmp
 
 __all__ = ["add_commands"]

@@ -35,7 +35,8 @@ from typing import IO, Final, TextIO
 
 import attrs
 
-from gateway.cli.common import CommandError, Commands, UsageError
+from gateway.cli.arguments import Commands
+from gateway.cli.errors import CommandError, UsageError
 
 __all__ = ["DEFAULT", "STARTER", "Example", "add_commands", "examples", "write_example"]
 

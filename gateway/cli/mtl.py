@@ -31,30 +31,23 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, TextIO
 
-from gateway.cli.common import (
+from gateway.cli.arguments import (
     DEFAULT_TIMEOUT_SECONDS,
-    Address,
-    CommandError,
     Commands,
-    InOrderOutcomes,
-    Output,
-    UsageError,
     add_address_argument,
-    add_body_arguments,
     add_header_argument,
     add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
     add_window_argument,
-    body_fields,
-    json_value,
-    message_bodies,
-    print_received,
-    printable,
-    reporting,
     secret_from_env,
 )
+from gateway.cli.bodies import add_body_arguments, message_bodies
+from gateway.cli.connection import Address
+from gateway.cli.errors import CommandError, UsageError
+from gateway.cli.output import Output, body_fields, json_value, printable, reporting
+from gateway.cli.results import InOrderOutcomes, print_received
 from gateway.codecs import mtl, scram
 from gateway.codecs.fieldtable import FieldValue
 

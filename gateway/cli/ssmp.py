@@ -21,28 +21,22 @@ import ssl
 from collections.abc import Callable, Iterator
 from typing import IO, TextIO
 
-from gateway.cli.common import (
+from gateway.cli.arguments import (
     DEFAULT_TIMEOUT_SECONDS,
-    READ_BYTES,
-    Address,
-    CommandError,
     Commands,
     add_address_argument,
-    add_body_arguments,
     add_protocol_command,
     add_receiver_arguments,
     add_sender_arguments,
     add_timeout_argument,
     add_tls_arguments,
-    body_fields,
-    connect,
-    message_bodies,
-    print_received,
-    printable,
-    reporting,
     secret_from_env,
-    tls_from,
 )
+from gateway.cli.bodies import add_body_arguments, message_bodies
+from gateway.cli.connection import READ_BYTES, Address, connect, tls_from
+from gateway.cli.errors import CommandError
+from gateway.cli.output import body_fields, printable, reporting
+from gateway.cli.results import print_received
 from gateway.codecs import ssmp
 
 __all__ = ["SSMPProbe", "SSMPProbeError", "add_commands", "describe", "outcome_of"]

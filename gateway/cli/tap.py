@@ -36,16 +36,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final, TextIO
 
-from gateway.cli.common import (
-    CommandError,
-    Commands,
-    Output,
-    UsageError,
-    add_receiver_arguments,
-    add_timeout_argument,
-    positive,
-    progress_bar,
-)
+from gateway.cli.arguments import Commands, add_receiver_arguments, add_timeout_argument, positive
+from gateway.cli.errors import CommandError, UsageError
+from gateway.cli.output import Output, progress_bar
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig

@@ -51,7 +51,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from gateway.cli.common import connect, parse_address, tls_context
+from gateway.cli.connection import connect, parse_address, tls_context
 from gateway.cli.qmqp.mail import Item, LocalFailure, prepare
 from gateway.cli.qmqp.session import QMQPSender
 from gateway.core.outcomes import OUTCOME_STREAM

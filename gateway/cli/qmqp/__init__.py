@@ -16,25 +16,19 @@ from typing import IO, Never, TextIO
 
 from tqdm import tqdm
 
-from gateway.cli.common import (
-    DEFAULT_ADDRESSES,
-    Address,
-    CommandError,
+from gateway.cli.arguments import (
     Commands,
-    Output,
-    UsageError,
     add_address_argument,
     add_protocol_command,
     add_sender_arguments,
     add_timeout_argument,
     add_tls_arguments,
     add_window_argument,
-    open_connection,
-    parse_address,
-    printable,
-    progress_bar,
     secret_from_env,
 )
+from gateway.cli.connection import DEFAULT_ADDRESSES, Address, open_connection, parse_address
+from gateway.cli.errors import CommandError, UsageError
+from gateway.cli.output import Output, printable, progress_bar
 from gateway.cli.qmqp.mail import Item, MailSource
 from gateway.cli.qmqp.session import (
     DEFAULT_TIMEOUT_SECONDS,

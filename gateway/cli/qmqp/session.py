@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, cast
 
-from gateway.cli.common import printable
+from gateway.cli.output import printable
 from gateway.cli.qmqp.mail import Item, LocalFailure
 from gateway.codecs import qmqp
 

@@ -33,14 +33,10 @@ import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Final, TextIO
 
-from gateway.cli.common import (
+from gateway.cli.arguments import (
     DEFAULT_TIMEOUT_SECONDS,
-    CommandError,
     Commands,
-    InOrderOutcomes,
-    Output,
     add_address_argument,
-    add_body_arguments,
     add_header_argument,
     add_protocol_command,
     add_receiver_arguments,
@@ -48,16 +44,14 @@ from gateway.cli.common import (
     add_timeout_argument,
     add_tls_arguments,
     add_window_argument,
-    body_fields,
-    json_value,
-    message_bodies,
-    open_connection,
     positive,
-    print_messages,
-    printable,
-    reporting,
     secret_from_env,
 )
+from gateway.cli.bodies import add_body_arguments, message_bodies
+from gateway.cli.connection import open_connection
+from gateway.cli.errors import CommandError
+from gateway.cli.output import Output, body_fields, json_value, printable, reporting
+from gateway.cli.results import InOrderOutcomes, print_messages
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.codecs.amqp import AMQPEncodeError, AMQPMessage, encode_message

@@ -27,7 +27,7 @@ timed out, malformed) is a `StreamClientError`, a `ConnectionError`.
 `connect` opens the socket a client endpoint string describes
 (`parse_endpoint`: ``tcp:`` and ``tls:``, read as Twisted's
 ``clientFromString`` reads them), for the sink's ``endpoint`` option; the
-command line connects with its own flags (`gateway.cli.common`).
+command line connects with its own flags (`gateway.cli.connection`).
 """
 
 from __future__ import annotations
