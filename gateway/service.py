@@ -59,7 +59,7 @@ from gateway.config import (
     reload_secrets,
 )
 from gateway.config.admintoken import provide_admin_token
-from gateway.config.endpoints import TLS_SERVER_PREFIXES
+from gateway.config.endpoints import endpoint_with_port
 from gateway.config.fleet import node_id, worker_node
 from gateway.config.insecure import insecure_settings
 from gateway.core.batch import all_same
@@ -75,6 +75,7 @@ from gateway.fleet.hub import FleetHub
 from gateway.fleet.locks import FleetLock, FleetLocks
 from gateway.fleet.members import Membership
 from gateway.fleet.streams import StreamOwnership
+from gateway.fleet.worker import WORKER_PORT_SUFFIX
 from gateway.logformat import select_log_format
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.dmp.client import DMPUpstream
@@ -98,7 +99,8 @@ from gateway.protocols.stream.bridge import (
 )
 from gateway.protocols.stream.client import StreamUpstream
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
-from gateway.protocols.stream.relay import StreamFleet, connect_tcp
+from gateway.protocols.stream.relay import StreamFleet, connect_tcp, connect_tls
+from gateway.protocols.stream.routed import OwnerAppends
 from gateway.protocols.stream.server import StreamServerFactory
 from gateway.startup import StartFailed
 from gateway.systemd import tell_systemd
@@ -119,14 +121,25 @@ class ListenerService(Service):
 
     Like Twisted's `StreamServerEndpointService`, but it reports the bound
     address (port 0 in tests) and a Deferred that fires once listening.
+    A factory that advertises its own address (``listening_on``) learns the
+    address bound, unless ``advertised`` is False (a worker's stream
+    listener advertises its own port, not the shared one).
     """
 
     _log = Logger()
 
-    def __init__(self, name: str, endpoint: IStreamServerEndpoint, factory: IProtocolFactory):
+    def __init__(
+        self,
+        name: str,
+        endpoint: IStreamServerEndpoint,
+        factory: IProtocolFactory,
+        *,
+        advertised: bool = True,
+    ) -> None:
         self.setName(name)
         self.endpoint = endpoint
         self.factory = factory
+        self.advertised = advertised
         self.port: IListeningPort | None = None
         self.listening: Deferred[IListeningPort] | None = None
         self._stopped: Deferred[None] | None = None
@@ -160,7 +173,7 @@ class ListenerService(Service):
         self.port = port
         # Factories that advertise their own address (stream metadata) learn it here.
         hook = getattr(self.factory, "listening_on", None)
-        if hook is not None:
+        if hook is not None and self.advertised:
             hook(port.getHost())
         return port
 
@@ -306,11 +319,13 @@ class GatewayService(MultiService):
         """
         grace = self.config.shutdown_grace_seconds
         started = self._now()
-        factories = [
-            svc.factory
-            for svc in self.listeners().values()
-            if isinstance(svc.factory, ListenerFactory)
-        ]
+        factories = list(  # a worker's stream listener serves two ports
+            dict.fromkeys(
+                svc.factory
+                for svc in self.listeners().values()
+                if isinstance(svc.factory, ListenerFactory)
+            )
+        )
         connections = sum(len(factory.connections) for factory in factories)
         self._log.info(
             "msggateway stopping: no longer listening or reading; answering what {connections}"
@@ -577,13 +592,30 @@ def _stream_listener(
         clock=gateway.reactor,
         metrics=gateway.metrics,
     )
+    destination = StreamDestination(config.name, store, count_error=factory.count_error)
     if gateway.streams is not None:
-        relays = not config.endpoint.startswith(TLS_SERVER_PREFIXES)  # relays are plain TCP
-        factory.join_fleet(StreamFleet(gateway.streams, connect_tcp(gateway.reactor), relays))
+        tls = config.tls  # relays are TLS too, with the fleet's relay secret
+        secrets = gateway.config.secrets
+        fleet = StreamFleet(
+            gateway.streams,
+            connect_tls(gateway.reactor, config.endpoint) if tls else connect_tcp(gateway.reactor),
+            tls=tls,
+            relay_secret=lambda: secrets.fleet_relay_secret,
+        )
+        factory.join_fleet(fleet)
+        destination.join_fleet(
+            OwnerAppends(
+                fleet=fleet,
+                listener=config.name,
+                clock=gateway.reactor,
+                frame_max=config.settings.frame_max,
+                virtual_host=min(config.settings.virtual_hosts),
+            )
+        )
     feeds = StreamRouteFeeds(config.name, store, gateway.router, gateway.reactor)
     factory.on_stream_created.append(feeds.stream_created)
     gateway.feeds.append(feeds)
-    return factory, StreamDestination(config.name, store, count_error=factory.count_error)
+    return factory, destination
 
 
 def _dmp_listener(
@@ -862,8 +894,14 @@ def build_gateway(
             endpoint: IStreamServerEndpoint = factory  # type: ignore[assignment]
         else:
             endpoint = serverFromString(listening, listener.listen_endpoint)
-        service = ListenerService(listener.name, endpoint, factory)
+        own_port = getattr(listener.settings, "worker_port", None)  # a worker's stream listener
+        service = ListenerService(listener.name, endpoint, factory, advertised=own_port is None)
         service.setServiceParent(gateway)
+        if own_port is not None:
+            own = serverFromString(reactor, endpoint_with_port(listener.listen_endpoint, own_port))
+            ListenerService(f"{listener.name}{WORKER_PORT_SUFFIX}", own, factory).setServiceParent(
+                gateway
+            )
         gateway.endpoints[listener.name] = _Endpoint(
             listener.name, destination, service, lambda: True, upstream=False
         )
@@ -905,7 +943,7 @@ def _advertised(gateway: GatewayService) -> dict[str, tuple[str, int]]:
     """Each listening listener's advertised address (a stream listener's is its Metadata's)."""
     found: dict[str, tuple[str, int]] = {}
     for name, service in gateway.listeners().items():
-        if service.port is None:
+        if service.port is None or name.endswith(WORKER_PORT_SUFFIX):
             continue
         advertised = getattr(service.factory, "advertised", None)
         if advertised is not None:

@@ -62,6 +62,7 @@ login name.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import ipaddress
@@ -81,6 +82,7 @@ from OpenSSL import SSL, crypto
 from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IAcceptableCiphers,
+    IOpenSSLClientConnectionCreator,
     IOpenSSLContextFactory,
     IReactorCore,
     IReactorSSL,
@@ -107,6 +109,7 @@ __all__ = [
     "mtls_verify_mode",
     "parse_mtls_server",
     "peer_identities",
+    "relay_client_tls",
     "server_tls_options",
     "split_endpoint_string",
     "tls_failure_reason",
@@ -627,6 +630,89 @@ def _load_private_key(param: str, path: _PathArg) -> _PrivateKey:
     if not isinstance(key, _PrivateKey):
         raise ValueError(f"{where}: unsupported key type {type(key).__name__} for a TLS server")
     return key
+
+
+# --- a fleet relay's client side -------------------------------------------------------------
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class _RelayClientTLS:
+    """TLS to another node's listener: this node's certificate if asked for, nothing verified.
+
+    The files are read again when they changed (a certificate renewed), for
+    the next connection.
+    """
+
+    def __init__(self, cert_key: _PathArg | None, private_key: _PathArg | None) -> None:
+        self._paths = [Path(path) for path in (cert_key, private_key) if path is not None]
+        self._cert_key = cert_key
+        self._private_key = private_key
+        self._stamp: tuple[int, ...] | None = None
+        self._options = self._load()
+
+    def _stamps(self) -> tuple[int, ...]:
+        try:
+            return tuple(path.stat().st_mtime_ns for path in self._paths)
+        except OSError:
+            return ()
+
+    def _load(self) -> CertificateOptions:
+        stamp = self._stamps()
+        if self._paths:
+            key, chain = _server_identity(self._cert_key, self._private_key)
+            options = CertificateOptions(
+                privateKey=crypto.PKey.from_cryptography_key(key),
+                certificate=crypto.X509.from_cryptography(chain[0]),
+                extraCertChain=[crypto.X509.from_cryptography(c) for c in chain[1:]] or None,
+                verify=False,
+                raiseMinimumTo=TLSVersion.TLSv1_2,
+            )
+        else:
+            options = CertificateOptions(verify=False, raiseMinimumTo=TLSVersion.TLSv1_2)
+        options.getContext()
+        self._stamp = stamp
+        return options
+
+    def clientConnectionForTLS(self, tlsProtocol: object) -> SSL.Connection:  # noqa: N802, N803
+        """A client TLS connection (Twisted's name and argument)."""
+        if self._paths and self._stamps() != self._stamp:
+            # Being replaced, say: the files as they were read last still serve.
+            with contextlib.suppress(ValueError):
+                self._options = self._load()
+        connection = SSL.Connection(self._options.getContext(), None)
+        connection.set_app_data(tlsProtocol)
+        return connection
+
+
+def relay_client_tls(description: str) -> IOpenSSLClientConnectionCreator:
+    """TLS for a fleet relay to another node's listener like the one ``description`` names.
+
+    Where that ``mtls:`` listener requires client certificates
+    (``verify=required``), the relay presents this node's own certificate
+    (the endpoint's ``certKey`` and ``privateKey``), which the listener's
+    ``caCerts`` must have signed; elsewhere (``verify`` optional or none,
+    ``ssl:``) none. The relay verifies nothing of the owner's certificate:
+    the fleet's relay login proves both sides to each other, bound to the
+    TLS session (`gateway.protocols.stream.fleetlogin`).
+
+    Raises:
+        ValueError: The certificate or its key cannot be read.
+    """
+    fields = split_endpoint_string(description)
+    if fields[0] != MTLSServerParser.prefix:
+        return _RelayClientTLS(None, None)
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    for field in fields[1:]:
+        name, equals, value = field.partition("=")
+        if equals:
+            kwargs[name] = value.replace("\\:", ":")
+        else:
+            args.append(field)
+    _port, options = _endpoint_arguments(tuple(args), kwargs)
+    if _verify_mode(options.get("verify"), options.get("ca_certs")) != "required":
+        return _RelayClientTLS(None, None)
+    return _RelayClientTLS(options.get("cert_key"), options.get("private_key"))
 
 
 # --- identities ---------------------------------------------------------------------------

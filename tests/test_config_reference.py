@@ -79,6 +79,7 @@ def _everything(directory: Path) -> Path:
         [fleet]
         username = "gateways"
         password = "fleet-secret"
+        relay_secret = "a-relay-secret-for-every-node"
         """,
     )
     _write(
@@ -167,6 +168,7 @@ def _everything(directory: Path) -> Path:
         endpoint = "tcp:0:interface=127.0.0.1"
         advertised_host = "gateway.example.org"
         advertised_port = 5552
+        worker_ports = 5562
         guest = true
         anonymous = true
         virtual_hosts = ["/", "test"]

@@ -11,7 +11,10 @@ asks of the rest of the configuration: every listener but MTL is shared by
 all workers through SO_REUSEPORT, so it must be a TCP endpoint (``tcp:``,
 ``tcp6:``, ``ssl:``, ``mtls:``); ZeroMQ cannot share a port, nor can the
 admin endpoint usefully (each worker has its own metrics), so those take
-port + i in worker i, and those ranges must not run into other ports.
+port + i in worker i, and those ranges must not run into other ports. A
+stream listener also listens on a port of each worker's own
+(`worker_ports_base` + i), which Metadata names, so that a client reaches
+the worker that owns a stream; that range is checked the same way.
 
 ``amqp`` joins the node to a fleet: RabbitMQ's AMQP 0-9-1 endpoint, or a
 list of them (the nodes of a cluster), tried in turn, as Twisted client
@@ -83,6 +86,7 @@ __all__ = [
     "node_id",
     "read_fleet",
     "worker_node",
+    "worker_ports_base",
 ]
 
 MAX_PROCESSES: Final = 256
@@ -269,6 +273,18 @@ def node_id(fleet: FleetConfig, data_dir: Path) -> str:
 # --- what processes > 1 asks of the listeners and the admin endpoint -----------------------
 
 
+def worker_ports_base(listener: ListenerConfig) -> int:
+    """Worker 0's own port of a stream listener (worker i's is this + i); 0: each picks one.
+
+    ``worker_ports`` if set, else the listener's port + 1 (0 when its port is 0).
+    """
+    configured = int(getattr(listener.settings, "worker_ports", 0) or 0)
+    if configured:
+        return configured
+    port = endpoint_port(listener.endpoint)
+    return port + 1 if port else 0
+
+
 @attrs.frozen
 class _Ports:
     """The ports one key claims: worker 0's, and those the other workers add (port + i)."""
@@ -276,6 +292,7 @@ class _Ports:
     key: str
     base: frozenset[int]
     extra: frozenset[int]
+    note: str = ""
 
 
 def check_processes(
@@ -317,6 +334,18 @@ def check_processes(
             )
             continue
         claims.append(_Ports(f"{key}.endpoint", frozenset({port} - {0}), frozenset()))
+        own = worker_ports_base(listener) if listener.protocol == "stream" else 0
+        if own:
+            # Every worker's own port is one more than one process would bind.
+            claims.append(
+                _Ports(
+                    f"{key}.worker_ports",
+                    frozenset(),
+                    frozenset(range(own, own + processes)),
+                    note=" (worker_ports: each worker's own stream port; by default the"
+                    " listener's port + 1 + i)",
+                )
+            )
     if admin.endpoint is not None:
         admin_port = endpoint_port(admin.endpoint)
         if admin_port is None:
@@ -351,7 +380,7 @@ def _collisions(claims: Iterable[_Ports], file: str, processes: int) -> list[Con
                     file,
                     claim.key,
                     f"with [fleet] processes = {processes} the last worker's port would be"
-                    f" {max(claim.extra)}, past 65535",
+                    f" {max(claim.extra)}, past 65535{claim.note}",
                 )
             )
             continue
@@ -366,7 +395,7 @@ def _collisions(claims: Iterable[_Ports], file: str, processes: int) -> list[Con
                         claim.key,
                         f"with [fleet] processes = {processes} worker i takes port + i, and"
                         f" port {min(shared)} is also {other.key}'s: leave {processes} ports"
-                        " free from each such port",
+                        f" free from each such port{claim.note}",
                     )
                 )
                 break

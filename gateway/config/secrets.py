@@ -5,7 +5,9 @@ passwords and nothing else; DMP lease texts are in ``[leases]`` and the admin
 API's token is ``admin_token``, so that neither logs anyone in. A file
 written when both lived in ``[logins]`` is refused with what to move where.
 ``[fleet]`` holds what a fleet node logs in to RabbitMQ with (``[fleet] amqp``
-of the main file): a user name and password of the broker, not of a peer.
+of the main file): a user name and password of the broker, not of a peer;
+and ``relay_secret``, what the nodes prove to each other when one relays to
+another's stream listener (`gateway.protocols.stream.fleetlogin`).
 """
 
 from __future__ import annotations
@@ -66,15 +68,29 @@ FLEET_USERNAME: Final = optional_string(
 FLEET_PASSWORD: Final = optional_string(
     "password", doc="That user's password.", shown="guest, with the user guest"
 )
+MIN_RELAY_SECRET_CHARS: Final = 16
+"""A relay secret vouches for every identity on every node: not a short word."""
+FLEET_RELAY_SECRET: Final = optional_string(
+    "relay_secret",
+    doc="What the nodes of a fleet prove (never send) to each other when one relays to"
+    " another's stream listener: with it, relays carry their client's identity (PLAIN,"
+    " EXTERNAL or ANONYMOUS), run over TLS on TLS listeners, and routes into a stream"
+    f" listener append at the stream's owner. At least {MIN_RELAY_SECRET_CHARS} characters;"
+    " the same on every node; no login password.",
+    shown="none: relays log in as their clients did (PLAIN only, not on TLS listeners),"
+    " and routes append to the routing node's own log",
+)
 FLEET_SECRETS: Final = TableSchema(
     "Fleet credentials",
     "[fleet] (secrets file)",
-    (FLEET_USERNAME, FLEET_PASSWORD),
-    doc="What a fleet node logs in to RabbitMQ with; the same for every node. No login"
-    " password of a peer.",
+    (FLEET_USERNAME, FLEET_PASSWORD, FLEET_RELAY_SECRET),
+    doc="What a fleet node logs in to RabbitMQ with, and what the nodes prove to each other;"
+    " the same for every node. No login password of a peer.",
 )
 FLEET: Final = table(
-    "fleet", FLEET_SECRETS, doc="RabbitMQ credentials of the fleet's nodes (below)."
+    "fleet",
+    FLEET_SECRETS,
+    doc="RabbitMQ credentials of the fleet's nodes, and their relay secret (below).",
 )
 
 SECRETS: Final = TableSchema(
@@ -111,6 +127,14 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
             "username and password go together: give both, or neither (guest)",
         )
         fleet_username = fleet_password = None
+    relay_secret = fleet.read(FLEET_RELAY_SECRET)
+    if relay_secret is not None and len(relay_secret) < MIN_RELAY_SECRET_CHARS:
+        fleet.problem(
+            FLEET_RELAY_SECRET,
+            f"must be at least {MIN_RELAY_SECRET_CHARS} characters (it vouches for every"
+            " identity on every node): give a long random one",
+        )
+        relay_secret = None
     fleet.done()
     if admin_token == "":
         root.problem(ADMIN_TOKEN, "an empty token would let any request in: give a long random one")
@@ -132,6 +156,7 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
         admin_token=_utf8(admin_token) if admin_token is not None else None,
         fleet_username=fleet_username,
         fleet_password=_utf8(fleet_password) if fleet_password is not None else None,
+        fleet_relay_secret=_utf8(relay_secret) if relay_secret is not None else None,
     )
 
 

@@ -15,6 +15,7 @@ from gateway.config.base import (
     string,
     strings,
 )
+from gateway.config.endpoints import MAX_PORT
 from gateway.fleet.node import MAX_REFERENCE_PREFIX_BYTES
 from gateway.protocols.stream.client import parse_offset
 from gateway.protocols.stream.settings import (
@@ -37,7 +38,20 @@ ADVERTISED_HOST: Final = optional_string(
     shown="the address it listens on",
 )
 ADVERTISED_PORT: Final = integer(
-    "advertised_port", 0, doc="The port clients are told in Metadata.", shown="the port it got"
+    "advertised_port",
+    0,
+    doc="The port clients are told in Metadata. With [fleet] processes, worker i advertises"
+    " this + i.",
+    shown="the port it got (a worker's: its own port, worker_ports + i)",
+)
+WORKER_PORTS: Final = integer(
+    "worker_ports",
+    0,
+    doc="With [fleet] processes, worker i also listens on this port + i, a port of its own"
+    " that its Metadata and Open name, so that a client reaches the worker that owns a"
+    " stream; the listener's port stays the entry point, shared by all workers."
+    " check-config refuses a range that runs into another port.",
+    shown="the listener's port + 1 (0 when that is 0: each worker picks a free port)",
 )
 GUEST: Final = boolean(
     "guest",
@@ -73,6 +87,7 @@ LISTENER: Final = TableSchema(
     (
         ADVERTISED_HOST,
         ADVERTISED_PORT,
+        WORKER_PORTS,
         GUEST,
         ANONYMOUS,
         VIRTUAL_HOSTS,
@@ -89,9 +104,14 @@ LISTENER: Final = TableSchema(
 def read_listener(section: Section, tls: bool) -> StreamListenerSettings:
     """A stream listener's own keys."""
     port = section.read(ADVERTISED_PORT)
+    worker_ports = section.read(WORKER_PORTS)
+    for key, value in ((ADVERTISED_PORT, port), (WORKER_PORTS, worker_ports)):
+        if value > MAX_PORT:
+            section.problem(key, f"must be a TCP port, at most {MAX_PORT}, not {value}")
     return StreamListenerSettings(
         advertised_host=section.read(ADVERTISED_HOST),
         advertised_port=port or None,
+        worker_ports=worker_ports,
         guest=section.read(GUEST),
         anonymous=section.read(ANONYMOUS),
         virtual_hosts=frozenset(section.read(VIRTUAL_HOSTS)),

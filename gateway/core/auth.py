@@ -72,6 +72,10 @@ class Secrets:
             ``admin_token`` is None. Not from the file: a reload keeps it.
         fleet_username: The RabbitMQ user a fleet node logs in as (None: guest).
         fleet_password: Its password (None: guest's).
+        fleet_relay_secret: What the nodes of a fleet prove to each other
+            when one relays to another's stream listener
+            (`gateway.protocols.stream.fleetlogin`); None: relays log in as
+            their clients did, and routes append locally.
     """
 
     logins: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
@@ -83,6 +87,7 @@ class Secrets:
     admin_token: bytes | None = None
     fleet_username: str | None = None
     fleet_password: bytes | None = attrs.field(default=None, repr=False)
+    fleet_relay_secret: bytes | None = attrs.field(default=None, repr=False)
     generated_admin_token: bytes | None = attrs.field(default=None, repr=False)
 
     def verify(self, identity: str, secret: bytes | None) -> bool:
@@ -111,6 +116,7 @@ class Secrets:
         self.admin_token = other.admin_token
         self.fleet_username = other.fleet_username
         self.fleet_password = other.fleet_password
+        self.fleet_relay_secret = other.fleet_relay_secret
 
     @property
     def effective_admin_token(self) -> bytes | None:

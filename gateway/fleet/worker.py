@@ -15,6 +15,12 @@ differences, made by `worker_config` and `serve_supervisor`:
   a socket of its own in the port's SO_REUSEPORT group
   (`gateway.fleet.reuseport`), so the kernel spreads connections over the
   workers;
+- a stream listener also listens, in worker i, on a port of the worker's
+  own, ``worker_ports`` + i (by default the listener's port + 1 + i; port
+  0: a free one), served as ``NAME/worker`` (`WORKER_PORT_SUFFIX`), and
+  advertises that one (or ``advertised_port`` + i) in Metadata and Open: a
+  client that follows Metadata reaches the worker that owns a stream, while
+  the shared port stays the entry point;
 - an MTL listener binds port + i for control and ``data_port`` + i for data
   (ZeroMQ sets no SO_REUSEPORT), and the admin endpoint port + i (each
   worker's metrics are its own); port 0 stays 0: each worker picks its own.
@@ -53,11 +59,13 @@ from zope.interface import implementer
 
 from gateway.config import GatewayConfig, ListenerConfig
 from gateway.config.endpoints import endpoint_port, endpoint_with_port
+from gateway.config.fleet import worker_ports_base
 
 __all__ = [
     "REPORT_FD",
     "SUPERVISOR_FD",
     "WORKER_DIR_PREFIX",
+    "WORKER_PORT_SUFFIX",
     "SupervisorLink",
     "SupervisorWatch",
     "leave_process_group",
@@ -68,6 +76,10 @@ __all__ = [
 
 WORKER_DIR_PREFIX: Final = "worker-"
 """Worker i's data dir is ``<data_dir>/worker-<i>``."""
+
+WORKER_PORT_SUFFIX: Final = "/worker"
+"""A stream listener's own port in a worker is served as ``<listener>/worker`` (a name no
+listener can have), and reported so with the worker's addresses."""
 
 REPORT_FD: Final = 3
 """The descriptor a worker writes its reports to, read by the supervisor."""
@@ -113,10 +125,27 @@ def _worker_listener(
         if settings.data_port:
             settings = attrs.evolve(settings, data_port=settings.data_port + index)
         return attrs.evolve(listener, endpoint=_offset(listener.endpoint, index), settings=settings)
+    if listener.protocol == "stream":
+        listener = _stream_worker_listener(listener, index)
     port = shared_ports.get(listener.name)
     if port is None:
         return listener
     return attrs.evolve(listener, endpoint=endpoint_with_port(listener.endpoint, port))
+
+
+def _stream_worker_listener(listener: ListenerConfig, index: int) -> ListenerConfig:
+    """Worker ``index``'s own port of a stream listener, and the port it advertises."""
+    settings = listener.settings
+    base = worker_ports_base(listener)
+    advertised = settings.advertised_port
+    return attrs.evolve(
+        listener,
+        settings=attrs.evolve(
+            settings,
+            worker_port=base + index if base else 0,
+            advertised_port=advertised + index if advertised else None,
+        ),
+    )
 
 
 def _offset(description: str, index: int) -> str:

@@ -18,15 +18,21 @@ import pytest
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.main import CONNECTION_DONE
 from twisted.internet.protocol import Factory
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock
 from twisted.python import usage
 from twisted.python.failure import Failure
 
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.config.endpoints import endpoint_port, endpoint_with_port
 from gateway.config.fleet import MAX_PROCESSES, FleetConfig, node_id, worker_node
-from gateway.fleet.worker import SupervisorWatch, report, worker_config, worker_data_dir
-from gateway.service import Options
+from gateway.fleet.worker import (
+    WORKER_PORT_SUFFIX,
+    SupervisorWatch,
+    report,
+    worker_config,
+    worker_data_dir,
+)
+from gateway.service import Options, build_gateway
 
 HUB = """
 [listeners.hub]
@@ -164,6 +170,36 @@ def test_port_zero_and_one_process_are_never_in_the_way(tmp_path: Path) -> None:
     assert problem.startswith("admin.endpoint: with [fleet] processes = 2 the last worker's port")
 
 
+def test_stream_worker_ports_must_not_run_into_others(tmp_path: Path) -> None:
+    """Each worker's own stream port (port + 1 + i, or worker_ports + i) must miss the others."""
+    text = """
+        [fleet]
+        processes = 3
+        [listeners.streams]
+        protocol = "stream"
+        endpoint = "tcp:5552:interface=127.0.0.1"
+        {worker_ports}
+        [listeners.hub]
+        protocol = "ssmp"
+        endpoint = "tcp:5554:interface=127.0.0.1"
+        """
+    note = " (worker_ports: each worker's own stream port; by default the listener's port + 1 + i)"
+    assert _problems(tmp_path, text.format(worker_ports="")) == [
+        "listeners.streams.worker_ports: with [fleet] processes = 3 worker i takes port + i,"
+        " and port 5554 is also listeners.hub.endpoint's: leave 3 ports free from each such"
+        f" port{note}"
+    ]
+    assert load_config(_main(tmp_path, text.format(worker_ports="worker_ports = 6000")))
+    [onto_itself] = _problems(tmp_path, text.format(worker_ports="worker_ports = 5551"))
+    assert "port 5552 is also listeners.streams.endpoint's" in onto_itself
+    [past] = _problems(tmp_path, text.format(worker_ports="worker_ports = 65534"))
+    assert "the last worker's port would be 65536, past 65535" in past
+    not_a_port = _problems(tmp_path, text.format(worker_ports="worker_ports = 70000"))
+    assert "listeners.streams.worker_ports: must be a TCP port, at most 65535, not 70000" in (
+        not_a_port
+    )
+
+
 # --- endpoint ports ---------------------------------------------------------------------------
 
 
@@ -259,6 +295,90 @@ def test_mtl_and_admin_take_port_plus_i(shared: GatewayConfig) -> None:
         assert listeners["any"].settings.data_port == 0
         assert config.admin.endpoint == f"tcp:{8790 + index}:interface=127.0.0.1"
         assert config.routes == shared.routes
+
+
+@pytest.mark.parametrize(
+    ("keys", "own", "advertised"),
+    [
+        ("", [5553, 5554, 5555], [None, None, None]),
+        ("worker_ports = 6000", [6000, 6001, 6002], [None, None, None]),
+        ("advertised_port = 7000", [5553, 5554, 5555], [7000, 7001, 7002]),
+    ],
+)
+def test_a_stream_listener_has_a_port_of_each_workers_own(
+    tmp_path: Path, keys: str, own: list[int], advertised: list[int | None]
+) -> None:
+    """Worker i listens on port + 1 + i (or worker_ports + i) too, and advertises it (or + i)."""
+    config = load_config(
+        _main(
+            tmp_path,
+            f"""
+            [fleet]
+            processes = 3
+            [listeners.streams]
+            protocol = "stream"
+            endpoint = "tcp:5552:interface=127.0.0.1"
+            {keys}
+            """,
+        )
+    )
+    assert config.listeners[0].settings.worker_port is None  # the supervisor's: no own port
+    for index in range(3):
+        [listener] = worker_config(config, index, {"streams": 5552}).listeners
+        assert listener.endpoint == "tcp:5552:interface=127.0.0.1"
+        assert listener.settings.worker_port == own[index]
+        assert listener.settings.advertised_port == advertised[index]
+
+
+def test_a_stream_listener_on_port_zero_gives_each_worker_a_free_port(tmp_path: Path) -> None:
+    """Port 0: the shared port is the supervisor's pick, each worker's own port 0 (its pick)."""
+    config = load_config(
+        _main(
+            tmp_path,
+            """
+            [fleet]
+            processes = 2
+            [listeners.streams]
+            protocol = "stream"
+            endpoint = "tcp:0:interface=127.0.0.1"
+            """,
+        )
+    )
+    [listener] = worker_config(config, 1, {"streams": 40001}).listeners
+    assert listener.endpoint == "tcp:40001:interface=127.0.0.1"
+    assert listener.settings.worker_port == 0
+
+
+def test_a_worker_serves_and_advertises_its_own_stream_port(tmp_path: Path) -> None:
+    """Built for a worker: the listener listens on both ports, and names its own in Open."""
+    config = load_config(
+        _main(
+            tmp_path,
+            """
+            [gateway]
+            data_dir = "data"
+            [fleet]
+            processes = 2
+            [admin]
+            enabled = false
+            [listeners.streams]
+            protocol = "stream"
+            endpoint = "tcp:5552:interface=127.0.0.1"
+            """,
+        )
+    )
+    reactor = MemoryReactorClock()
+    gateway = build_gateway(worker_config(config, 1, {"streams": 5552}), reactor, node="gw-1")
+    gateway.startService()
+    try:
+        listeners = gateway.listeners()
+        assert sorted(listeners) == ["streams", f"streams{WORKER_PORT_SUFFIX}"]
+        assert sorted(port for port, *_ in reactor.tcpServers) == [5552, 5554]
+        factory = listeners["streams"].factory
+        assert factory is listeners[f"streams{WORKER_PORT_SUFFIX}"].factory
+        assert factory.advertised() == ("127.0.0.1", 5554)
+    finally:
+        gateway.stopService()
 
 
 # --- options -------------------------------------------------------------------------------

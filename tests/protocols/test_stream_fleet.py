@@ -307,7 +307,7 @@ async def test_a_relay_is_served_by_the_node_it_reaches(nodes: Nodes) -> None:
 
 def test_without_relays_metadata_names_the_owner_unasked(nodes: Nodes) -> None:
     """A listener that cannot relay (TLS) names the owner; publishers there are refused 6."""
-    nodes.a.fleet = StreamFleet(nodes.placement, connect_tcp(_reactor()), relays=False)
+    nodes.a.fleet = StreamFleet(nodes.placement, connect_tcp(_reactor()), tls=True)
     peer = nodes.client()
     response = peer.ask(sp.Metadata(correlation_id=1, streams=("far",)))
     assert isinstance(response, sp.MetadataResponse)

@@ -7,6 +7,10 @@ and headers natively, and the outcome is accepted once the log committed it.
 A stream that does not exist yet is created. A durable route's forwarder
 appends with the route's publisher reference and each message's log offset
 as publishing id, so what it delivers again after a crash is stored once.
+In a fleet with ``[fleet] relay_secret``, a stream another node owns is
+appended at that node, over a relay (`gateway.protocols.stream.routed`),
+so that its consumers there see what every node's routes deliver; without
+the secret, and for the streams this node owns, the local log takes it.
 
 Two things are never written (`gateway.core.internal`): a message bound for
 one of the gateway's own streams (``msggateway.*``: a route's own stream,
@@ -54,6 +58,7 @@ from gateway.core.log import LogError, LogFullError, LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
 from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.routed import OwnerAppends
 
 __all__ = ["StreamDestination", "StreamRouteFeeds", "dead_letter_writer", "decode_entry"]
 
@@ -124,6 +129,13 @@ class StreamDestination:
         clock = store.clock if clock is None else clock
         self.refused: dict[str, Tally] = {INTERNAL_STREAM: Tally(clock), HOP_LIMIT: Tally(clock)}
         """The refusals by kind: how many, and how many not logged yet."""
+        self.fleet: OwnerAppends | None = None
+        """In a fleet: appends at the owners of streams other nodes own (`join_fleet`)."""
+        self._told_local = False
+
+    def join_fleet(self, appends: OwnerAppends) -> None:
+        """Append at each stream's owner, when it is another node (and the relay secret is set)."""
+        self.fleet = appends
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Append the batch to the streams named by its addresses: one append per stream."""
@@ -140,6 +152,8 @@ class StreamDestination:
         stream upstream's: these streams are in this process's own log (its
         data dir), which no other process appends to; another gateway
         reaches them through a stream upstream, under references of its own.
+        At another node that owns the stream, this node's id is added to it
+        (`gateway.protocols.stream.routed.node_reference`).
         """
         return self._deliver(messages, producer_reference(GATEWAY_REFERENCE, producer), ids)
 
@@ -257,6 +271,21 @@ class StreamDestination:
         ids: Sequence[int] | None,
     ) -> Deferred[list[Outcome]]:
         count = len(entries)
+        fleet = self.fleet
+        if fleet is not None and not fleet.available():
+            self._appending_locally(fleet, name)
+        elif fleet is not None:
+            owner = fleet.owner(name)
+            if owner is None:
+                return all_same(
+                    count,
+                    Outcome.retry(
+                        f"stream listener {self.name}: stream {name!r} has no owner now"
+                        " (the node it is pinned to is down)"
+                    ),
+                )
+            if owner != fleet.node:
+                return fleet.append(owner, name, entries, reference, ids)
         stream = self._store.get(name)
         if stream is None:
             try:
@@ -272,6 +301,23 @@ class StreamDestination:
             return all_same(count, Outcome.rejected(f"stream {name!r}: {exc}"))
         return appended.addCallbacks(
             lambda _: [Outcome.accepted()] * count, self._failed, errbackArgs=(count,)
+        )
+
+    def _appending_locally(self, fleet: OwnerAppends, name: str) -> None:
+        """Say once that routes append here what another node owns (no relay secret)."""
+        if self._told_local:
+            return
+        owner = fleet.owner(name)
+        if owner == fleet.node:
+            return
+        self._told_local = True
+        self._log.warn(
+            "{listener}: routes append to stream {stream}, owned by node {owner}, in this"
+            " node's own log: relaying them to the owner needs [fleet] relay_secret in the"
+            " secrets file (docs/fleet.rst); said once",
+            listener=self.name,
+            stream=name,
+            owner=owner or "none now",
         )
 
     def _failed(self, failure: Failure, count: int) -> list[Outcome]:

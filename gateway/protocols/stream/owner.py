@@ -7,14 +7,23 @@ over an `OwnerConnection`: a stream protocol client of the owner's listener
 of the same name, at the address the owner advertises, one per client
 connection and owner, made when first needed.
 
-It logs in as the client did (the same SASL mechanism and response, the
-client's virtual host), so that the owner checks the client's rights
-itself, with the same allow-lists; the connection is the client's, as far
-as the owner is concerned, in its per-identity limits too. Its peer
-properties carry `RELAY_PROPERTY` (the relaying node's id): the owner
-serves what comes on it from its own log without relaying it again, so
-that two nodes that disagree for a moment about an owner (one heard of a
-node joining before the other) never relay in a circle.
+It logs in one of two ways (`Login`), and opens the client's virtual host:
+
+- `FleetLogin`, with ``[fleet] relay_secret``: as the fleet, stating the
+  identity the client authenticated as here (`gateway.protocols.stream.fleetlogin`),
+  which the owner takes from a relay that proved the secret; the relay
+  checks the owner's proof in turn before anything else is sent. Over TLS
+  on a TLS listener, the proofs bound to the TLS session;
+- `ClientLogin`, without it: as the client did (the same SASL mechanism and
+  response), over plain TCP only.
+
+Either way the owner checks the client's rights itself, with the same
+allow-lists; the connection is the client's, as far as the owner is
+concerned, in its per-identity limits too. Its peer properties carry
+`RELAY_PROPERTY` (the relaying node's id): the owner serves what comes on
+it from its own log without relaying it again, so that two nodes that
+disagree for a moment about an owner (one heard of a node joining before
+the other) never relay in a circle.
 
 Requests (anything with a correlation id) go out under a correlation id
 of this connection and their answers come back under the client's; a
@@ -38,6 +47,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any, Final, Protocol, cast
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol as TwistedProtocol
@@ -48,11 +58,23 @@ from zope.interface import implementer
 from gateway import __version__
 from gateway.codecs import stream as sp
 from gateway.core.flow import Congestion, Throttle
+from gateway.protocols.stream.fleetlogin import (
+    NONCE_PROPERTY,
+    RELAY_MECHANISM,
+    RelayIdentity,
+    channel_binding,
+    check_owner_proof,
+    new_nonce,
+    relay_response,
+)
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_SECONDS",
     "RELAY_PROPERTY",
     "REQUEST_TIMEOUT_SECONDS",
+    "ClientLogin",
+    "FleetLogin",
+    "Login",
     "OwnerConnection",
     "OwnerEvents",
 ]
@@ -67,6 +89,25 @@ _OK: Final = 1
 
 Answer = Callable[[sp.Event | None], None]
 """Gets the owner's response under the client's correlation id, or None: no answer."""
+
+
+@attrs.frozen
+class ClientLogin:
+    """Log in as the client did: its SASL mechanism and response."""
+
+    mechanism: str
+    data: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
+class FleetLogin:
+    """Log in as the fleet (`RELAY_MECHANISM`), on behalf of ``who``."""
+
+    secret: bytes = attrs.field(repr=False)
+    who: RelayIdentity
+
+
+Login = ClientLogin | FleetLogin
 
 
 class OwnerEvents(Protocol):
@@ -96,7 +137,7 @@ class OwnerConnection(TwistedProtocol):
     Args:
         node: This node's id (announced to the owner as the relay).
         owner: The owner's node id (for the log).
-        login: The client's SASL mechanism and response.
+        login: How it logs in.
         virtual_host: The virtual host the client opened.
         frame_max: The largest frame to tune to (the listener's).
         clock: Timers.
@@ -111,7 +152,7 @@ class OwnerConnection(TwistedProtocol):
         *,
         node: str,
         owner: str,
-        login: tuple[str, bytes],
+        login: Login,
         virtual_host: str,
         frame_max: int,
         clock: IReactorTime,
@@ -133,6 +174,8 @@ class OwnerConnection(TwistedProtocol):
         self._tune: Deferred[sp.Tune] = Deferred()
         self._handshake_call: IDelayedCall | None = None
         self.congestion = Congestion()
+        self.frame_max = frame_max
+        """The frame_max tuned with the owner (0: no limit); ours until then."""
         self.open = False
         """Through Open: what is relayed goes out at once."""
         self.closed = False
@@ -193,18 +236,30 @@ class OwnerConnection(TwistedProtocol):
         self._fail("the connection ended")
 
     async def _handshake(self) -> None:
-        await self._ask(
-            sp.PeerProperties(
-                correlation_id=0,
-                properties={
-                    "product": "msggateway",
-                    "version": __version__,
-                    "connection_name": f"msggateway relay from {self.node}",
-                    RELAY_PROPERTY: self.node,
-                },
+        login = self._login
+        properties = {
+            "product": "msggateway",
+            "version": __version__,
+            "connection_name": f"msggateway relay from {self.node}",
+            RELAY_PROPERTY: self.node,
+        }
+        relay_nonce = new_nonce()
+        if isinstance(login, FleetLogin):
+            properties[NONCE_PROPERTY] = relay_nonce
+        theirs = await self._ask(sp.PeerProperties(correlation_id=0, properties=properties))
+        owner_nonce = str((theirs.properties or {}).get(NONCE_PROPERTY, ""))
+        if isinstance(login, FleetLogin):
+            mechanism = RELAY_MECHANISM
+            binding = channel_binding(self.transport)
+            data = relay_response(
+                login.secret,
+                owner_nonce=owner_nonce,
+                relay_nonce=relay_nonce,
+                binding=binding,
+                who=login.who,
             )
-        )
-        mechanism, data = self._login
+        else:
+            mechanism, data = login.mechanism, login.data
         offered = await self._ask(sp.SaslHandshake(correlation_id=0))
         if mechanism not in offered.mechanisms:
             raise _RefusedError(f"it does not offer SASL {mechanism}")
@@ -212,10 +267,21 @@ class OwnerConnection(TwistedProtocol):
             sp.SaslAuthenticate(correlation_id=0, mechanism=mechanism, data=data)
         )
         if answer.code != _OK:
-            raise _RefusedError(f"it refused the client's login (code {answer.code})")
+            whose = "the fleet's" if isinstance(login, FleetLogin) else "the client's"
+            raise _RefusedError(f"it refused {whose} login (code {answer.code})")
+        if isinstance(login, FleetLogin) and not check_owner_proof(
+            login.secret,
+            answer.challenge,
+            owner_nonce=owner_nonce,
+            relay_nonce=relay_nonce,
+            binding=binding,
+            who=login.who,
+        ):
+            raise _RefusedError("its answer does not prove the fleet's relay secret")
         tune = await self._tune
-        theirs, ours = tune.frame_max, self._frame_max
-        frame_max = min(theirs, ours) if theirs and ours else theirs or ours
+        theirs_max, ours = tune.frame_max, self._frame_max
+        frame_max = min(theirs_max, ours) if theirs_max and ours else theirs_max or ours
+        self.frame_max = frame_max
         self._write(sp.Tune(frame_max=frame_max, heartbeat=0))
         opened = await self._ask(sp.Open(correlation_id=0, virtual_host=self._virtual_host))
         if opened.code != _OK:
@@ -254,6 +320,7 @@ class OwnerConnection(TwistedProtocol):
         self._answer_all()
         if not self._tune.called:
             self._tune.errback(ConnectionError(reason))
+            self._tune.addErrback(lambda _failure: None)  # the handshake may not wait for it yet
         if self.transport is not None:
             self.transport.loseConnection()
         self._events.owner_lost(self, reason)

@@ -24,12 +24,16 @@ does not own:
   owner's log keeps the reference's last publishing id, and a message sent
   again (through any node) is confirmed without being stored twice.
 
-What cannot be relayed is answered code 6: a client logged in with
-EXTERNAL (its certificate cannot be presented by another node), a listener
-on TLS (``mtls:``: relays are plain TCP), an owner that cannot be reached or
-refuses the relay. Metadata for such a client or listener names the owner
-without asking it whether the stream exists (code 1): the client learns
-that there.
+With ``[fleet] relay_secret`` (the secrets file) a relay logs in as the
+fleet, on behalf of the identity the client authenticated as here,
+whatever its mechanism (`gateway.protocols.stream.fleetlogin`), and a TLS
+listener's relays are TLS (`connect_tls`). Without it, a relay logs in as
+the client did, over plain TCP; then a client logged in with EXTERNAL (its
+certificate cannot be presented by another node) and every client of a TLS
+listener cannot be relayed. What cannot be relayed is answered code 6, as
+is what an owner that cannot be reached or refuses the relay is asked.
+Metadata for such a client or listener names the owner without asking it
+whether the stream exists (code 1): the client learns that there.
 
 When owners change (nodes join or leave), or the connection to an owner
 ends, the client's relayed publishers on the streams concerned are told
@@ -46,14 +50,16 @@ from typing import Any, Final, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
 from gateway.codecs import stream as sp
 from gateway.core.flow import Throttle
-from gateway.protocols.stream.owner import OwnerConnection
+from gateway.protocols.stream.fleetlogin import ANONYMOUS, CLIENT, RelayIdentity
+from gateway.protocols.stream.owner import ClientLogin, FleetLogin, Login, OwnerConnection
+from gateway.tls import relay_client_tls
 
 __all__ = [
     "CONNECT_TIMEOUT_SECONDS",
@@ -62,6 +68,7 @@ __all__ = [
     "StreamPlacement",
     "StreamRelays",
     "connect_tcp",
+    "connect_tls",
 ]
 
 STREAM_NOT_AVAILABLE: Final = int(sp.ResponseCode.STREAM_NOT_AVAILABLE)
@@ -105,19 +112,74 @@ def connect_tcp(reactor: Any) -> Connect:
     return connect
 
 
+def connect_tls(reactor: Any, listener_endpoint: str) -> Connect:
+    """Relays over TLS with ``reactor``, to a listener that ``listener_endpoint`` describes.
+
+    The relay presents this node's certificate (the listener's ``certKey``)
+    where the listener requires client certificates, and does not verify
+    the owner's: the fleet login proves both sides, bound to the TLS
+    session (`gateway.protocols.stream.fleetlogin`).
+
+    Raises:
+        ValueError: The endpoint's certificate or key cannot be read.
+    """
+    tls = relay_client_tls(listener_endpoint)
+
+    def connect(host: str, port: int, connection: OwnerConnection) -> Deferred[Any]:
+        endpoint = wrapClientTLS(
+            tls, HostnameEndpoint(reactor, host, port, timeout=CONNECT_TIMEOUT_SECONDS)
+        )
+        factory = Factory.forProtocol(lambda: connection)
+        factory.noisy = False
+        connecting: Deferred[Any] = endpoint.connect(factory)
+        return connecting
+
+    return connect
+
+
+def _no_secret() -> bytes | None:
+    return None
+
+
 @attrs.frozen
 class StreamFleet:
     """What a stream listener needs to act as one node of a fleet.
 
     Attributes:
         placement: Who owns each stream.
-        connect: Connects a relay to an owner's address.
-        relays: Whether commands may be relayed at all (not on a TLS listener).
+        connect: Connects a relay to an owner's address (`connect_tcp`,
+            `connect_tls` on a TLS listener).
+        tls: Whether the listener is TLS: it relays only with the relay secret.
+        relay_secret: The fleet's ``relay_secret`` now (a reload may change
+            it); None: relays log in as their clients did.
     """
 
     placement: StreamPlacement
     connect: Connect
-    relays: bool = True
+    tls: bool = False
+    relay_secret: Callable[[], bytes | None] = _no_secret
+
+    @property
+    def relays(self) -> bool:
+        """Whether commands may be relayed at all (not on TLS without the secret)."""
+        return not self.tls or self.relay_secret() is not None
+
+    def login_for(self, client: tuple[str, bytes], principal: str | None) -> Login | None:
+        """How a relay logs in for a client who logged in with ``client`` (None: it cannot).
+
+        Args:
+            client: The client's SASL mechanism and response.
+            principal: The identity it authenticated as (None: ANONYMOUS).
+        """
+        secret = self.relay_secret()
+        if secret is not None:
+            role = CLIENT if principal is not None else ANONYMOUS
+            who = RelayIdentity(node=self.placement.node, role=role, principal=principal)
+            return FleetLogin(secret=secret, who=who)
+        mechanism, data = client
+        if self.tls or mechanism == "EXTERNAL":
+            return None  # TLS needs the fleet's proof; a certificate cannot be passed on
+        return ClientLogin(mechanism=mechanism, data=data)
 
 
 class RelayedClient(Protocol):
@@ -182,7 +244,9 @@ class StreamRelays:
         self._advertised = advertised
         self._local_publisher = local_publisher
         self.login: tuple[str, bytes] | None = None
-        """The client's SASL mechanism and response, when it may be relayed."""
+        """The client's SASL mechanism and response, once it logged in."""
+        self.principal: str | None = None
+        """The identity it authenticated as (None: ANONYMOUS)."""
         self.virtual_host = "/"
         self._owners: dict[str, OwnerConnection] = {}
         self._publishers: dict[int, _Publisher] = {}
@@ -260,7 +324,7 @@ class StreamRelays:
                     brokers[owner] = sp.Broker(
                         reference=len(brokers), host=address[0], port=address[1]
                     )
-                if self._fleet.relays and self.login is not None:
+                if self._login() is not None:
                     asked.setdefault(owner, []).append(name)
                 else:  # the owner cannot be asked from here: the client asks it there
                     answers[name] = _stream(name, _OK, brokers[owner].reference)
@@ -387,12 +451,13 @@ class StreamRelays:
         if connection is not None:
             return connection
         address = self._placement.address(owner, self._listener)
-        if address is None or self.login is None or not self._fleet.relays:
+        login = self._login()
+        if address is None or login is None:
             return None
         connection = OwnerConnection(
             node=self._node,
             owner=owner,
-            login=self.login,
+            login=login,
             virtual_host=self.virtual_host,
             frame_max=self._frame_max,
             clock=self._clock,
@@ -403,6 +468,12 @@ class StreamRelays:
         connecting = self._fleet.connect(address[0], address[1], connection)
         connecting.addErrback(connection.connect_failed)
         return connection
+
+    def _login(self) -> Login | None:
+        """How relays log in for this client now; None: they cannot."""
+        if self.login is None or not self._fleet.relays:
+            return None
+        return self._fleet.login_for(self.login, self.principal)
 
     def _of(self, connection: OwnerConnection) -> list[int]:
         return [pid for pid, p in self._publishers.items() if p.connection is connection]

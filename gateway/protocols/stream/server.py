@@ -30,7 +30,13 @@ In a fleet (``factory.fleet``, docs/fleet.rst) each stream has one owner
 node; Metadata names it as the leader, Subscribe on a stream owned
 elsewhere is answered 6 (stream not available), and the other commands on
 such a stream are relayed to its owner (`gateway.protocols.stream.relay`).
-A connection that is another node's relay is served from this log.
+A connection that is another node's relay is served from this log. With the
+fleet's relay secret, a relay may log in as the fleet (SASL
+``MSGGATEWAY-RELAY``, `gateway.protocols.stream.fleetlogin`): it is then
+the identity its client authenticated as on the relaying node, checked
+against the allow-lists here as that client would be; or the relaying
+node's routes, which write as this node's own routes do (no allow-lists,
+the gateway's references allowed, its own streams still refused).
 
 Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
@@ -69,6 +75,16 @@ from gateway.core.log import (
 )
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
+from gateway.protocols.stream.fleetlogin import (
+    NONCE_PROPERTY,
+    RELAY_MECHANISM,
+    ROUTES,
+    RelayIdentity,
+    channel_binding,
+    check_relay_response,
+    new_nonce,
+    owner_proof,
+)
 from gateway.protocols.stream.owner import RELAY_PROPERTY
 from gateway.protocols.stream.relay import StreamFleet, StreamRelays
 from gateway.protocols.stream.settings import StreamListenerSettings
@@ -212,6 +228,10 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         """The SaslAuthenticate waited once: if a wait is still owed, it is refused unchecked."""
         self._relays: StreamRelays | None = None
         """In a fleet: commands on streams other nodes own go there (None: all served here)."""
+        self._relay_nonces: tuple[str, str] | None = None
+        """Another node's relay, with the fleet's secret: (our nonce, its nonce)."""
+        self._relayed: RelayIdentity | None = None
+        """Another node's relay logged in as the fleet: on whose behalf it acts."""
         fleet = factory.fleet
         if fleet is not None:
             self._relays = StreamRelays(
@@ -355,25 +375,34 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     # --- handshake ----------------------------------------------------------------------------
 
     def _on_peer_properties(self, event: sp.PeerProperties) -> None:
-        if RELAY_PROPERTY in (event.properties or {}):
+        properties = {
+            "product": "msggateway",
+            "version": __version__,
+            "platform": "Python/Twisted",
+            "copyright": "msggateway developers",
+            "information": "msggateway stream listener over its embedded log",
+            "cluster_name": self.factory.name,
+        }
+        theirs = event.properties or {}
+        if RELAY_PROPERTY in theirs:
             self._relays = None  # another node's relay: served from this log, never relayed on
+            if self._relay_secret() is not None:
+                self._relay_nonces = (new_nonce(), str(theirs.get(NONCE_PROPERTY, "")))
+                properties[NONCE_PROPERTY] = self._relay_nonces[0]
         self._send(
             sp.PeerPropertiesResponse(
-                correlation_id=event.correlation_id,
-                code=OK,
-                properties={
-                    "product": "msggateway",
-                    "version": __version__,
-                    "platform": "Python/Twisted",
-                    "copyright": "msggateway developers",
-                    "information": "msggateway stream listener over its embedded log",
-                    "cluster_name": self.factory.name,
-                },
+                correlation_id=event.correlation_id, code=OK, properties=properties
             )
         )
 
+    def _relay_secret(self) -> bytes | None:
+        fleet = self.factory.fleet
+        return fleet.relay_secret() if fleet is not None else None
+
     def _mechanisms(self) -> list[str]:
         mechanisms = ["PLAIN"]
+        if self._relay_nonces is not None:
+            mechanisms.append(RELAY_MECHANISM)  # another node's relay, as the fleet
         if peer_identities(self.transport, self.factory.cert_identity):
             mechanisms.append("EXTERNAL")  # a verified client certificate names the identity
         if self.factory.settings.anonymous:
@@ -426,9 +455,24 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
                 self._refuse_login(event.correlation_id, code)
             return
         logins.accepted(claimed)
-        if self._relays is not None and event.mechanism != "EXTERNAL":
-            self._relays.login = (event.mechanism, data)  # relays log in as the client did
-        self._send(sp.SaslAuthenticateResponse(correlation_id=event.correlation_id, code=OK))
+        if self._relays is not None:
+            self._relays.login = (event.mechanism, data)
+            self._relays.principal = self._principal
+        proof = None
+        relayed, nonces, secret = self._relayed, self._relay_nonces, self._relay_secret()
+        if relayed is not None and nonces is not None and secret is not None:
+            proof = owner_proof(
+                secret,
+                owner_nonce=nonces[0],
+                relay_nonce=nonces[1],
+                binding=channel_binding(self.transport),
+                who=relayed,
+            )
+        self._send(
+            sp.SaslAuthenticateResponse(
+                correlation_id=event.correlation_id, code=OK, challenge=proof
+            )
+        )
         self._state = "tuning"
         settings = self.factory.settings
         self._send(sp.Tune(frame_max=settings.frame_max, heartbeat=settings.heartbeat_seconds))
@@ -451,6 +495,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
 
     def _authenticate(self, mechanism: str, data: bytes) -> int:
         settings = self.factory.settings
+        if mechanism == RELAY_MECHANISM and self._relay_nonces is not None:
+            return self._authenticate_relay(data)
         if mechanism == "ANONYMOUS" and settings.anonymous:
             self.identity = "anonymous"
             self._principal = None
@@ -485,6 +531,39 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             self.identity = self._principal = username
             return OK
         return AUTHENTICATION_FAILURE
+
+    def _authenticate_relay(self, data: bytes) -> int:
+        """Another node's relay logs in as the fleet: its proof, then on whose behalf."""
+        secret = self._relay_secret()
+        nonces = self._relay_nonces
+        assert nonces is not None
+        who = (
+            None
+            if secret is None
+            else check_relay_response(
+                secret,
+                data,
+                owner_nonce=nonces[0],
+                relay_nonce=nonces[1],
+                binding=channel_binding(self.transport),
+            )
+        )
+        if who is None:
+            self._log.warn(
+                "{listener}: a relay's fleet login from {peer} was refused: its proof does not"
+                " hold (another relay_secret, or not a node of this fleet)",
+                listener=self.factory.name,
+                peer=self._peer(),
+            )
+            return AUTHENTICATION_FAILURE
+        self._relayed = who
+        if who.role == ROUTES:
+            self.identity, self._principal = f"routes of node {who.node}", None
+        elif who.principal is None:  # an ANONYMOUS client's
+            self.identity, self._principal = "anonymous", None
+        else:
+            self.identity = self._principal = who.principal
+        return OK
 
     def _on_tune(self, event: sp.Tune) -> None:
         server = self.factory.settings.frame_max
@@ -581,9 +660,13 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
     def _refused(self, action: Action, stream: str) -> bool:
         """Whether the allow-lists refuse ``action`` on ``stream`` (counted and logged)."""
         factory = self.factory
-        if not factory.authorization.restricted:
-            return False
+        if not factory.authorization.restricted or self._routes():
+            return False  # routes write as this node's own routes do
         return not factory.authorized(action, self._principal, stream, self._peer())
+
+    def _routes(self) -> bool:
+        """Whether this is another node's relay of its routes' deliveries."""
+        return self._relayed is not None and self._relayed.role == ROUTES
 
     def _internal(
         self, command: str, stream: str, reference: str | None = None, *, read: bool = False
@@ -594,6 +677,8 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         grant only; nothing else is. The refusal is counted and logged.
         """
         factory = self.factory
+        if self._routes():
+            reference = None  # the routes' own references: msggateway.route.*
         return not check_internal(
             factory.authorization,
             command,

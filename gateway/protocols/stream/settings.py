@@ -22,6 +22,14 @@ class StreamListenerSettings:
         advertised_host: The host clients are told to connect to in Metadata
             (default: the address the listener is bound to).
         advertised_port: The port they are told (default: the port it got).
+            A worker of ``[fleet] processes`` advertises this + its index.
+        worker_ports: With ``[fleet] processes``, worker i also listens on
+            this port + i, its own (0: the listener's port + 1; each worker
+            a free port of its own when the listener's port is 0).
+        worker_port: This worker's own port (`worker_ports` + its index,
+            0: a free one), set for a worker only: it listens there too, and
+            advertises that port unless ``advertised_port`` is set. None
+            outside a worker.
         guest: Whether user ``guest`` with password ``guest`` may log in from
             loopback addresses only, as on a fresh RabbitMQ.
         anonymous: Whether SASL ANONYMOUS is offered.
@@ -36,6 +44,8 @@ class StreamListenerSettings:
 
     advertised_host: str | None = None
     advertised_port: int | None = None
+    worker_ports: int = 0
+    worker_port: int | None = None
     guest: bool = False
     anonymous: bool = False
     virtual_hosts: frozenset[str] = frozenset({"/"})
@@ -68,7 +78,8 @@ class StreamUpstreamSettings:
             ``consumer_name``.
         consumer_name: Name offsets are stored under; default
             ``msggateway.<upstream>``.
-        store_offset_interval_seconds: How often consumed offsets are stored.
+        store_offset_interval_seconds: Consumed offsets are stored as chunks
+            settle, at most this often.
         credit: Chunks granted to a subscription at a time.
         create_streams: Create the streams it publishes to and consumes from.
         consume_from: ``leader``: subscriptions share the publishing
@@ -89,7 +100,7 @@ class StreamUpstreamSettings:
     subscribe: tuple[str, ...] = ()
     offset: str = "next"
     consumer_name: str | None = None
-    store_offset_interval_seconds: float = 5.0
+    store_offset_interval_seconds: float = 0.2
     credit: int = 10
     create_streams: bool = False
     consume_from: str = "leader"
