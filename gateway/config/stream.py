@@ -165,7 +165,9 @@ MAX_QUEUE: Final = integer(
 )
 SUBSCRIBE: Final = strings("subscribe", doc="Streams consumed into the routes from this upstream.")
 STORE_OFFSET_INTERVAL_SECONDS: Final = positive(
-    "store_offset_interval_seconds", 5.0, doc="How often consumed offsets are stored."
+    "store_offset_interval_seconds",
+    0.2,
+    doc="Consumed offsets are stored as chunks settle, at most this often.",
 )
 CREDIT: Final = integer("credit", 10, minimum=1, doc="Chunks granted to a subscription at a time.")
 CREATE_STREAMS: Final = boolean(

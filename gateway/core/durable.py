@@ -15,6 +15,16 @@ deduplicates (`IDeduplicatingDestination`: a local stream, a RabbitMQ
 stream) is handed the route's name as producer and each message's offset
 plus one as its publishing id, and stores each message once.
 
+What a consumer read (a message with an `Origin`) keeps its origin in the
+route's stream, and is delivered under it instead (`gateway.core.origins`):
+so a message that a consumer reads again after a takeover, a restart or a
+reconnection, and that the route commits again, is stored once in the
+destination all the same. Into a fleet-wide destination (a RabbitMQ stream)
+the route also keeps what it committed and has not delivered yet
+(`PendingOrigins`): the consumer stores no offset past it, so that what a
+node killed before delivering it had committed is read again by whoever
+reads next.
+
 The committed batch is also handed to the forwarder (`LogForwarder.hold`,
 one call per chunk the append went into, at the offsets the log gave it),
 so that while the forwarder keeps up with the tail it delivers these very
@@ -46,10 +56,17 @@ from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRo
 from gateway.core.internal import FORWARDER_REFERENCE_PREFIX, ROUTE_STREAM_PREFIX
 from gateway.core.log import AppendResult, LogClosedError, LogFullError
 from gateway.core.message import Message, Outcome
+from gateway.core.origins import PendingOrigins, deliver_once
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.router import Route
 
-__all__ = ["DurableDelivery", "DurableRoutes", "producer_reference", "route_stream_name"]
+__all__ = [
+    "DurableDelivery",
+    "DurableRoutes",
+    "producer_reference",
+    "reader_reference",
+    "route_stream_name",
+]
 
 MAX_REFERENCE_BYTES: Final = 255
 """Publisher references are short strings in the stream protocol and the log's tracking."""
@@ -63,14 +80,16 @@ def route_stream_name(route: str) -> str:
 def _once(
     destination: IDestination, route: str
 ) -> Callable[[Sequence[Message], Sequence[int]], Deferred[list[Outcome]]] | None:
-    """Deliver with the route as producer, where the destination can store each id once."""
+    """Deliver with the route as producer, where the destination can store each id once.
+
+    Messages a consumer read go under their origin's ids, the others under
+    the route's own (`gateway.core.origins.deliver_once`).
+    """
     if not IDeduplicatingDestination.providedBy(destination):
         return None
-    deliver_once = destination.deliver_once
 
     def deliver(messages: Sequence[Message], ids: Sequence[int]) -> Deferred[list[Outcome]]:
-        result: Deferred[list[Outcome]] = deliver_once(messages, route, ids)
-        return result
+        return deliver_once(destination, route, messages, ids)
 
     return deliver
 
@@ -86,6 +105,20 @@ def producer_reference(prefix: str, producer: str) -> str:
         return reference
     digest = hashlib.sha256(producer.encode("utf-8")).hexdigest()[:32]
     return f"{prefix[: MAX_REFERENCE_BYTES - 40]}.route.{digest}"
+
+
+def reader_reference(reader: str, producer: str) -> str:
+    """The publisher reference for what ``reader`` read, delivered by ``producer``.
+
+    ``<reader>.route.<producer>``: no node id, the same on every node (see
+    `gateway.core.origins`); a pair too long for 255 UTF-8 bytes is
+    replaced by its hash.
+    """
+    reference = f"{reader}.route.{producer}"
+    if len(reference.encode("utf-8")) <= MAX_REFERENCE_BYTES:
+        return reference
+    digest = hashlib.sha256(f"{reader}\0{producer}".encode()).hexdigest()[:32]
+    return f"msggateway.reader.{digest}"
 
 
 class _Log(Protocol):
@@ -107,6 +140,9 @@ class DurableDelivery:
         recorder: Keeps the outcome records, if any.
         log_closed: Told the route and the count of a batch refused because
             the log is closed (the gateway is stopping), if given.
+        pending: Keeps what consumers read and the route committed until
+            the forwarder delivered it (`PendingOrigins`), if the route
+            delivers by origin into a fleet-wide destination.
     """
 
     _log = Logger()
@@ -121,6 +157,7 @@ class DurableDelivery:
         forwarder: LogForwarder | None = None,
         recorder: OutcomeRecorder | None = None,
         log_closed: Callable[[str, int], None] | None = None,
+        pending: PendingOrigins | None = None,
     ) -> None:
         if recorder is not None and clock is None:
             raise ValueError("outcome records need a clock")
@@ -131,6 +168,14 @@ class DurableDelivery:
         self._forwarder = forwarder
         self._recorder = recorder
         self._log_closed = log_closed
+        self._pending = pending
+
+    def unforwarded(self, reader: str) -> int | None:
+        """The lowest offset of ``reader`` committed here and not delivered yet, if any.
+
+        A consumer stores no offset at or past it (`gateway.core.router.Router.unforwarded`).
+        """
+        return None if self._pending is None else self._pending.lowest(reader)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Commit the batch as one append (one chunk, one fsync); forwarded later."""
@@ -154,6 +199,9 @@ class DurableDelivery:
     ) -> list[Outcome]:
         count = len(messages)
         spans = result.spans
+        if self._pending is not None and spans and messages[0].origin is not None:
+            last, taken = spans[-1]
+            self._pending.committed(last + taken - 1, messages[: result.stored])
         forwarder = self._forwarder
         if forwarder is not None and result.stored == count and count:
             if len(spans) == 1:
@@ -252,6 +300,9 @@ class DurableRoutes:
         self._decode = decode
         self._dead_letter = dead_letter
         self.forwarders: dict[str, LogForwarder] = {}
+        self._pending: dict[str, PendingOrigins] = {}
+        """What each route delivering by origin into a fleet-wide destination has not
+        delivered yet; kept across reloads, which replace the route's forwarder."""
         self._running = False
         self.recorder: OutcomeRecorder | None = None
         """Keeps what each route commits and each forwarder forwards (the
@@ -288,6 +339,12 @@ class DurableRoutes:
         self.forwarders[route.name] = forwarder
         if self._running:
             forwarder.start()
+        pending: PendingOrigins | None = None
+        if IDeduplicatingDestination.providedBy(destination) and destination.fleet_wide:
+            pending = self._pending.get(route.name)
+            if pending is None:
+                pending = self._pending[route.name] = PendingOrigins(forwarder.done_offset)
+            pending.delivered = forwarder.done_offset
         return DurableDelivery(
             route,
             stream,
@@ -296,6 +353,7 @@ class DurableRoutes:
             forwarder=forwarder,
             recorder=recorder,
             log_closed=self._refused_closed,
+            pending=pending,
         )
 
     def _refused_closed(self, route: str, count: int) -> None:

@@ -255,6 +255,14 @@ class LogForwarder:
         """Whether it is forwarding."""
         return self._running
 
+    def done_offset(self) -> int:
+        """The last offset of the stream whose chunk is done (-1: none since it was made).
+
+        Done means every message of the chunk has its outcome, as the stored
+        offset says (`gateway.core.origins.PendingOrigins` asks it).
+        """
+        return self._after_offset
+
     @property
     def held_messages(self) -> int:
         """Messages held now for delivery from memory."""

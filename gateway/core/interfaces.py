@@ -56,25 +56,41 @@ class IDeduplicatingDestination(IDestination):
     stored offset after a crash, one chunk back at most). A destination that
     keeps a last publishing id per producer, as a stream does, turns that
     into exactly once: the route's forwarder delivers with its route's name
-    as the producer and each message's log offset plus one as its id.
+    as the producer and each message's log offset plus one as its id. What a
+    consumer read is delivered with its reader's offsets instead
+    (`gateway.core.origins`), by direct and durable routes alike.
     """
 
+    fleet_wide = Attribute(
+        "Whether other gateway processes deliver into it too (a RabbitMQ stream), so that"
+        " a reader's ids reach it from whichever node reads; False for this process's own"
+        " log."
+    )
+
     def deliver_once(
-        messages: Sequence[Message], producer: str, ids: Sequence[int]
+        messages: Sequence[Message],
+        producer: str,
+        ids: Sequence[int],
+        reader: str | None = None,
     ) -> Deferred[list[Outcome]]:
         """Deliver as `IDestination.deliver` does, storing each message at most once.
 
         Args:
             messages: The batch.
-            producer: Who delivers: a durable route's name. Each destination
-                derives its own publisher reference from it; one that other
-                gateway processes write to as well (a RabbitMQ stream) puts
-                this process's node id in it, since each process numbers
-                its ids on its own.
+            producer: Who delivers: a route's name. Each destination derives
+                its own publisher reference from it; one that other gateway
+                processes write to as well (a RabbitMQ stream) puts this
+                process's node id in it, since each process numbers its
+                ids on its own.
             ids: One publishing id per message, each above 0 and rising
                 from one call to the next. A message whose id is not above
                 the last one the destination stored for ``producer`` is
                 accepted without being stored again.
+            reader: The consumer that read the messages (`Origin.reader`),
+                when ``ids`` are its offsets plus one rather than the
+                producer's own: the reference is then derived from the
+                reader and the producer, with no node id, the same on every
+                node (one node at a time reads, under its fleet lock).
         """
 
 

@@ -13,13 +13,14 @@ import itertools
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Final
+from typing import Final, NamedTuple
 
 import attrs
 
 __all__ = [
     "HeaderValue",
     "Message",
+    "Origin",
     "Outcome",
     "Status",
     "new_message_id",
@@ -50,6 +51,27 @@ def _freeze_headers(value: Mapping[str, HeaderValue]) -> Mapping[str, HeaderValu
     return MappingProxyType(dict(value))
 
 
+class Origin(NamedTuple):
+    """Where a consumer read a message: a position that reading again finds again.
+
+    A consuming upstream reads a stream from a stored offset; whoever reads
+    it next (the same process after a reconnection, or another node of the
+    fleet after a takeover) reads the same message at the same offset. Routes
+    deliver such a message to a destination that stores each id once
+    (`gateway.core.interfaces.IDeduplicatingDestination`) under the reader's
+    name and its offset plus one, so that reading it again stores nothing
+    twice (`gateway.core.origins`).
+
+    Attributes:
+        reader: Who read it where: the consumer's name and the stream,
+            ``<consumer name>@<stream>``, the same on every node.
+        offset: Its offset in that stream.
+    """
+
+    reader: str
+    offset: int
+
+
 @attrs.frozen(kw_only=True)
 class Message:
     """One message in flight, independent of any wire format.
@@ -63,6 +85,8 @@ class Message:
         recipients: Envelope recipients (QMQP), empty where the protocol has none.
         headers: Extra properties (AMQP application properties, protocol verbs).
         timestamp: Arrival time in seconds since the epoch, from the adapter's clock.
+        origin: Where a consumer read it (`Origin`), if it was; not part of
+            what the message is (equality ignores it).
     """
 
     body: bytes
@@ -74,6 +98,7 @@ class Message:
         default=_EMPTY_HEADERS, converter=_freeze_headers, hash=False
     )
     timestamp: float = 0.0
+    origin: Origin | None = attrs.field(default=None, eq=False)
 
     def with_address(self, address: str) -> Message:
         """Return this message bound for another address (same id and body)."""

@@ -23,8 +23,9 @@ from zope.interface import implementer
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.batch import UNANSWERED
 from gateway.core.deadlines import RouteDeadlines
-from gateway.core.interfaces import IDestination, IRouteDelivery
+from gateway.core.interfaces import IDeduplicatingDestination, IDestination, IRouteDelivery
 from gateway.core.message import Message, Outcome, worst
+from gateway.core.origins import deliver_once
 from gateway.core.outcomes import KIND_ROUTE, OutcomeRecorder
 from gateway.core.transforms import ENVELOPE_TRANSFORMS, TransformError, transform
 from gateway.metrics import GatewayMetrics, RouteStats
@@ -96,15 +97,31 @@ class Route:
 @implementer(IRouteDelivery)
 @attrs.frozen
 class DirectDelivery:
-    """Deliver straight to the destination and answer with its outcomes."""
+    """Deliver straight to the destination and answer with its outcomes.
+
+    Messages a consumer read (with an `Origin`) go to a destination that
+    stores each id once under their origin's ids, with the route's name as
+    producer (`gateway.core.origins`): read again, they are stored once.
+    """
 
     destination: IDestination
+    route: str = ""
+    """The route's name: the producer of what it delivers by origin."""
     _log: Logger = attrs.field(factory=Logger, eq=False, repr=False)
+    _once: bool = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        once = IDeduplicatingDestination.providedBy(self.destination)
+        object.__setattr__(self, "_once", once)
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Hand the batch to the destination."""
         try:
-            d: Deferred[list[Outcome]] = self.destination.deliver(messages)
+            d: Deferred[list[Outcome]]
+            if self._once and messages and messages[0].origin is not None:
+                d = deliver_once(self.destination, self.route, messages)  # type: ignore[arg-type]
+            else:
+                d = self.destination.deliver(messages)
         except Exception:
             return succeed(self._failed(Failure(), len(messages)))
         return d.addErrback(self._failed, len(messages))
@@ -234,9 +251,15 @@ def bind_routes(
                 raise ValueError(f"route {route.name}: durable routes need the embedded log")
             delivery = durable(route, destination)
         else:
-            delivery = DirectDelivery(destination)
+            delivery = DirectDelivery(destination, route.name)
         bound.append(BoundRoute(route, delivery))
     return RouteTable(bound)
+
+
+class _HoldsOrigins(Protocol):
+    """A route delivery's `unforwarded` (`gateway.core.durable.DurableDelivery` has it)."""
+
+    def __call__(self, reader: str) -> int | None: ...
 
 
 class TappedBatch(Protocol):
@@ -311,6 +334,24 @@ class Router:
     def replace_table(self, table: RouteTable) -> None:
         """Use a new route table for messages dispatched from now on."""
         self.table = table
+
+    def unforwarded(self, source: str, reader: str) -> int | None:
+        """The lowest offset of ``reader`` that a route from ``source`` holds undelivered.
+
+        Durable routes that deliver by origin into a fleet-wide destination
+        keep what they committed until their forwarder delivered it
+        (`gateway.core.origins.PendingOrigins`): a consumer stores no offset
+        at or past it. None when no route holds any.
+        """
+        lowest: int | None = None
+        for bound in self.table.routes:
+            if bound.route.source != source:
+                continue
+            holds: _HoldsOrigins | None = getattr(bound.delivery, "unforwarded", None)
+            found = None if holds is None else holds(reader)
+            if found is not None and (lowest is None or found < lowest):
+                lowest = found
+        return lowest
 
     def has_routes(self, source: str, address: str) -> bool:
         """Whether any route takes messages from ``source`` on ``address``."""
@@ -668,4 +709,5 @@ def _translate(route: Route, message: Message, addresses: list[str]) -> Message:
         recipients=recipients,
         headers=message.headers,
         timestamp=message.timestamp,
+        origin=message.origin,
     )

@@ -566,7 +566,10 @@ def test_bind_routes_gives_each_route_its_delivery() -> None:
     plain = _route("plain", "weather.#")
     kept = _route("kept", "orders", durable=True)
     table = bind_routes([plain, kept], {"central": central}, durable)
-    assert (table.routes[0].route, table.routes[0].delivery) == (plain, DirectDelivery(central))
+    assert (table.routes[0].route, table.routes[0].delivery) == (
+        plain,
+        DirectDelivery(central, "plain"),
+    )
     assert (table.routes[1].route, table.routes[1].delivery) == (kept, made[0])
     assert made[0].route == kept
     assert made[0].destination is central

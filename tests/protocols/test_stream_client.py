@@ -48,7 +48,7 @@ from gateway.core.batch import Answers, all_same
 from gateway.core.interfaces import IDestination, IFleetLock
 from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS
 from gateway.core.log import FsyncPolicy, LogStore
-from gateway.core.message import Message, Outcome, Status
+from gateway.core.message import Message, Origin, Outcome, Status
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.stream.bridge import StreamDestination
@@ -869,23 +869,31 @@ def test_chunks_routed_and_credit_granted_once_settled() -> None:
     assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
 
 
-def test_offsets_stored_at_the_interval_and_at_stop() -> None:
-    """The last settled offset is stored every interval (once) and again at stop."""
+def test_offsets_stored_as_chunks_settle_at_most_once_an_interval_and_at_stop() -> None:
+    """A settled chunk's offset is stored on the next turn, then at most once per interval.
+
+    And again at stop.
+    """
     world = consuming(store_offset_interval_seconds=5.0)
     node = world.open()
     node.deliver_chunk(0, 0, b"a", b"b")
+    world.reactor.advance(0)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)
+    ]
+    node.deliver_chunk(0, 2, b"c")
     world.reactor.advance(4.9)
     assert node.of(sp.StoreOffset) == []
     world.reactor.advance(0.1)
     assert node.of(sp.StoreOffset) == [
-        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=2)
     ]
-    world.reactor.advance(5)
+    world.reactor.advance(10)
     assert node.of(sp.StoreOffset) == []
-    node.deliver_chunk(0, 2, b"c")
+    node.deliver_chunk(0, 3, b"d")
     stopped = tracked(world.upstream.stop())
     assert node.of(sp.StoreOffset) == [
-        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=2)
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=3)
     ]
     assert node.transport.disconnecting
     node.lose()
@@ -1395,8 +1403,13 @@ def test_reconnect_resumes_after_what_was_settled_but_not_stored() -> None:
     assert [event.offset for event in node.of(sp.StoreOffset)] == [2]
 
 
-def test_reconnect_redelivers_what_was_not_settled() -> None:
-    """A chunk still without outcomes when the connection ended is read again."""
+def test_reconnect_goes_on_after_what_was_routed() -> None:
+    """A chunk routed before the connection ended is not read again: its outcomes still come.
+
+    Reading goes on after it; it counts against the credit until it
+    settles, then gives it back on the new connection and its offset is
+    stored.
+    """
     world = consuming(offset="first")
     node = world.open()
     world.sink.auto = False
@@ -1407,10 +1420,80 @@ def test_reconnect_redelivers_what_was_not_settled() -> None:
     node.login()
     node.tune()
     node.metadata()
-    assert node.subscribe(stored=None).offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.FIRST)
+    subscribe = node.subscribe(stored=None)
+    assert subscribe.offset_spec == sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=1)
+    assert subscribe.credit == 1  # of 2: the open chunk holds one
+    world.sink.answer(0, Outcome.accepted())
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+    world.reactor.advance(SETTINGS.store_offset_interval_seconds)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=0)
+    ]
     world.sink.auto = True
+    node.deliver_chunk(0, 1, b"b")
+    assert [m.body for m in world.sink.messages] == [b"a", b"b"]
+
+
+def test_reconnect_makes_up_for_credit_settled_while_subscribing() -> None:
+    """A routed chunk that settles while the new subscription is made gives its credit back."""
+    world = consuming(offset="first")
+    node = world.open()
+    world.sink.auto = False
     node.deliver_chunk(0, 0, b"a")
-    assert [m.body for m in world.sink.messages] == [b"a", b"a"]
+    node.deliver_chunk(0, 1, b"b")
+    node.lose()
+    world.reactor.advance(0.5)
+    node = world.accept()
+    node.login()
+    node.tune()
+    node.metadata()
+    query = node.one(sp.QueryOffset)
+    node.say(sp.QueryOffsetResponse(correlation_id=query.correlation_id, code=19, offset=0))
+    subscribe = node.one(sp.Subscribe)
+    assert subscribe.credit == 1  # both open: at least one
+    world.sink.answer(0, Outcome.accepted())
+    world.sink.answer(1, Outcome.accepted())
+    node.say(sp.Response(key=sp.Key.SUBSCRIBE, correlation_id=subscribe.correlation_id, code=1))
+    assert node.of(sp.Credit) == [sp.Credit(subscription_id=0, credit=1)]
+
+
+def test_an_offset_held_by_a_durable_route_is_stored_once_it_delivered() -> None:
+    """The stored offset stays below what a durable route committed and has not delivered.
+
+    It is stored as far as it may, and again once the route let go.
+    """
+    world = consuming()
+    node = world.open()
+    lowest: list[int | None] = [1]
+    asked: list[tuple[str, str]] = []
+
+    def unforwarded(source: str, reader: str) -> int | None:
+        asked.append((source, reader))
+        return lowest[0]
+
+    world.upstream.router.unforwarded = unforwarded  # type: ignore[method-assign]
+    node.deliver_chunk(0, 0, b"a", b"b")
+    world.reactor.advance(0)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=0)
+    ]
+    assert asked == [(UPSTREAM, f"msggateway.{UPSTREAM}@in")]
+    lowest[0] = None
+    world.reactor.advance(SETTINGS.store_offset_interval_seconds)
+    assert node.of(sp.StoreOffset) == [
+        sp.StoreOffset(reference=f"msggateway.{UPSTREAM}", stream="in", offset=1)
+    ]
+
+
+def test_consumed_messages_carry_their_origin() -> None:
+    """Each consumed message says where it was read: the consumer's name, the stream, the offset."""
+    world = consuming()
+    node = world.open()
+    node.deliver_chunk(0, 7, b"a", b"b")
+    assert [m.origin for m in world.sink.messages] == [
+        Origin(f"msggateway.{UPSTREAM}@in", 7),
+        Origin(f"msggateway.{UPSTREAM}@in", 8),
+    ]
 
 
 # --- paired with the gateway's own stream listener ------------------------------------------

@@ -105,3 +105,79 @@ def test_a_refused_message_below_a_stored_one_goes_through_the_plain_publisher()
     assert list(frame.publishing_ids) == [1]
     node.confirm(plain.publisher_id, 1)
     assert statuses(second) == [Status.ACCEPTED]
+
+
+def test_a_confirmed_id_delivered_again_goes_under_its_id_for_the_broker_to_drop() -> None:
+    """An id below the next one that the broker confirmed goes again under the same reference.
+
+    What a consumer reads again (or a durable route commits twice) comes
+    with ids already confirmed: the broker confirms them without storing
+    them twice, where the upstream's own publisher would store a copy.
+    """
+    world = World()
+    node = world.open()
+    first = once(world, ["m1", "m2", "m3"], [1, 2, 3])
+    declared = node.declare()
+    node.of(sp.Publish)
+    node.confirm(declared.publisher_id, 1, 2, 3)
+    assert statuses(first) == [Status.ACCEPTED] * 3
+    again = once(world, ["m2", "m3"], [2, 3])
+    [frame] = node.of(sp.Publish)
+    assert frame.publisher_id == declared.publisher_id
+    assert list(frame.publishing_ids) == [2, 3]
+    node.confirm(declared.publisher_id, 2, 3)
+    assert statuses(again) == [Status.ACCEPTED] * 2
+
+
+def test_an_id_still_on_its_way_delivered_again_goes_through_the_plain_publisher() -> None:
+    """A second copy of an id not confirmed yet is not sent under it (its first may fail)."""
+    world = World()
+    node = world.open()
+    once(world, ["m1", "m2"], [1, 2])
+    declared = node.declare()
+    node.of(sp.Publish)
+    again = once(world, ["m2"], [2])
+    plain = node.declare()
+    assert plain.reference == f"msggateway.{UPSTREAM}.{NODE}"
+    [frame] = node.of(sp.Publish)
+    assert frame.publisher_id == plain.publisher_id
+    node.confirm(plain.publisher_id, 1)
+    assert statuses(again) == [Status.ACCEPTED]
+    assert declared.publisher_id != plain.publisher_id
+
+
+def test_a_cancelled_id_is_a_hole_delivered_again_through_the_plain_publisher() -> None:
+    """Cancelled while queued (never sent), while later ids went: its copy goes plain."""
+    world = World()
+    node = world.open()
+    cancelled = world.upstream.deliver_once(
+        [Message(body=b"x", address="anything", id="m1")], "r", [1]
+    )
+    cancelled.addErrback(lambda _: None)
+    cancelled.cancel()
+    later = once(world, ["m2"], [2])
+    declared = node.declare()
+    [frame] = node.of(sp.Publish)
+    assert list(frame.publishing_ids) == [2]
+    node.confirm(declared.publisher_id, 2)
+    assert statuses(later) == [Status.ACCEPTED]
+    again = once(world, ["m1"], [1])
+    plain = node.declare()
+    [frame] = node.of(sp.Publish)
+    assert frame.publisher_id == plain.publisher_id
+    node.confirm(plain.publisher_id, 1)
+    assert statuses(again) == [Status.ACCEPTED]
+
+
+def test_what_a_consumer_read_goes_under_the_readers_reference_without_the_node() -> None:
+    """With a reader, the reference is ``<reader>.route.<route>``: the same on every node."""
+    world = World()
+    node = world.open()
+    messages = [Message(body=b"hello", address="anything", id="m")]
+    results = tracked(world.upstream.deliver_once(messages, "r", [8], reader="msggateway.in@s"))
+    declared = node.declare()
+    assert declared.reference == "msggateway.in@s.route.r"
+    [frame] = node.of(sp.Publish)
+    assert list(frame.publishing_ids) == [8]
+    node.confirm(declared.publisher_id, 8)
+    assert statuses(results) == [Status.ACCEPTED]

@@ -114,6 +114,8 @@ class StreamDestination:
     """
 
     _log = Logger()
+    fleet_wide = False
+    """These streams are this process's own log: no other node appends to them."""
 
     def __init__(
         self,
@@ -142,7 +144,11 @@ class StreamDestination:
         return self._deliver(messages, None, None)
 
     def deliver_once(
-        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+        self,
+        messages: Sequence[Message],
+        producer: str,
+        ids: Sequence[int],
+        reader: str | None = None,
     ) -> Deferred[list[Outcome]]:
         """Append as `deliver` does, deduplicated by ``ids`` under the producer's reference.
 
@@ -153,9 +159,12 @@ class StreamDestination:
         data dir), which no other process appends to; another gateway
         reaches them through a stream upstream, under references of its own.
         At another node that owns the stream, this node's id is added to it
-        (`gateway.protocols.stream.routed.node_reference`).
+        (`gateway.protocols.stream.routed.node_reference`). What a consumer
+        read (``reader``) goes under ``msggateway.route.<producer>@<reader>``,
+        its ids being the reader's offsets plus one (`gateway.core.origins`).
         """
-        return self._deliver(messages, producer_reference(GATEWAY_REFERENCE, producer), ids)
+        name = producer if reader is None else f"{producer}@{reader}"
+        return self._deliver(messages, producer_reference(GATEWAY_REFERENCE, name), ids)
 
     def _deliver(
         self, messages: Sequence[Message], reference: str | None, ids: Sequence[int] | None

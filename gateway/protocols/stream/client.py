@@ -319,6 +319,8 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
     """
 
     kind = "stream"
+    fleet_wide = True
+    """Other gateway processes publish into RabbitMQ's streams too."""
 
     def __init__(
         self,
@@ -558,7 +560,11 @@ class StreamUpstream(Upstream[StreamClientProtocol]):
         return self.publishers.deliver(messages)
 
     def deliver_once(
-        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+        self,
+        messages: Sequence[Message],
+        producer: str,
+        ids: Sequence[int],
+        reader: str | None = None,
     ) -> Deferred[list[Outcome]]:
-        """Publish a durable route's batch under its own reference (`Publishers.deliver_once`)."""
-        return self.publishers.deliver_once(messages, producer, ids)
+        """Publish a route's batch under a reference of its own (`Publishers.deliver_once`)."""
+        return self.publishers.deliver_once(messages, producer, ids, reader)

@@ -3,11 +3,20 @@
 `Subscriptions` is the consuming half of `StreamUpstream`. Each stream of
 ``subscribe`` is read under credit from the offset stored under
 ``consumer_name`` (or the configured offset the first time; after a
-reconnect, from past what was already settled if that is further). Each
+reconnect, from past what was already routed on the connection before:
+those messages still get their outcomes, and are not routed twice). Each
 Deliver chunk's messages go along the routes from the upstream as one
 batch (DESIGN.md, "The batch is the unit of work"); credit is granted once
 they all have outcomes, and the last offset whose messages all have
-outcomes is stored every ``store_offset_interval_seconds`` and at stop.
+outcomes is stored as soon as a chunk settles, at most once every
+``store_offset_interval_seconds``, and at stop.
+
+Each message carries its `Origin`, ``<consumer_name>@<stream>`` and its
+offset, so that routes deliver it under ids that whoever reads it again
+uses too (`gateway.core.origins`): into a stream (RabbitMQ's or a local
+one), what is read again after a reconnection, a restart or a takeover is
+stored once. A durable route that has committed such messages and not yet
+delivered them holds the stored offset below them (`Router.unforwarded`).
 
 In a fleet, the subscriptions run on the node holding the upstream's lock
 (`gateway.fleet.locks`): `forbid` stops them at once when the lock is
@@ -31,7 +40,7 @@ from twisted.python.failure import Failure
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
 from gateway.core.inbox import Inbox
-from gateway.core.message import Message
+from gateway.core.message import Message, Origin
 from gateway.core.router import Result, Unrouted
 from gateway.protocols.stream.link import StreamConnection, StreamLink
 from gateway.protocols.stream.mapping import message_from_entry
@@ -61,11 +70,16 @@ def parse_offset(text: str) -> sp.OffsetSpec:
 class _Subscription:
     """One consumed stream."""
 
-    __slots__ = ("after", "chunks", "id", "last_stored", "settled", "stream")
+    __slots__ = ("after", "chunks", "id", "last_stored", "reader", "settled", "skip", "stream")
 
-    def __init__(self, subscription_id: int, stream: str) -> None:
+    def __init__(self, subscription_id: int, stream: str, reader: str) -> None:
         self.id = subscription_id
         self.stream = stream
+        self.reader = reader
+        """`Origin.reader` of its messages: ``<consumer name>@<stream>``."""
+        self.skip = 0
+        """Settled chunks to grant no credit for: a new connection's subscription was
+        given credit while chunks routed on the one before were still open."""
         self.after = -1
         """Offsets up to this one were dispatched already (whole chunks come again)."""
         self.settled = -1
@@ -79,6 +93,11 @@ class _Subscription:
         chunk[1] = 1
         while self.chunks and self.chunks[0][1]:
             self.settled = max(self.settled, self.chunks.popleft()[0])
+
+
+def _open_chunks(subscription: _Subscription) -> int:
+    """The chunks routed and not settled yet."""
+    return sum(1 for chunk in subscription.chunks if not chunk[1])
 
 
 class Subscriptions:
@@ -103,6 +122,8 @@ class Subscriptions:
         self._streams = streams
         self._subscriptions: dict[int, _Subscription] = {}
         self._store_call: IDelayedCall | None = None
+        self._stored_at = float("-inf")
+        """When offsets were last stored (a store waits out the interval after it)."""
         self._allowed = True
         """Whether this node may consume (it holds the fleet lock, or there is none)."""
         self._epoch = 0
@@ -119,6 +140,7 @@ class Subscriptions:
         """The upstream stops: store what was settled, and nothing more later."""
         if self._store_call is not None and self._store_call.active():
             self._store_call.cancel()
+        self._store_call = None
         self.store_offsets()
 
     @property
@@ -194,34 +216,43 @@ class Subscriptions:
             return
         self._subscribed_on = protocol
         epoch = self._epoch
-        # What the last connection settled but had not stored yet: resuming
-        # from the stored offset alone would route those messages twice.
-        settled = {sub.stream: sub.settled for sub in self._subscriptions.values()}
+        # What the last connection routed: those messages get their outcomes
+        # all the same (the router answers every batch), so reading goes on
+        # past them, and their chunks settle into the same subscription.
+        before = {sub.stream: sub for sub in self._subscriptions.values()}
         self._subscriptions.clear()
+        credit = self._settings.credit
         for index, stream in enumerate(self._streams):
             stored = await protocol.request(
                 sp.QueryOffset, reference=self._consumer_name, stream=stream
             )
             if epoch != self._epoch:
                 return  # forbidden meanwhile
-            subscription = _Subscription(index, stream)
             stored_offset = stored.offset if stored.code == 1 else -1
-            resume = max(stored_offset, settled.get(stream, -1))
+            subscription = before.get(stream)
+            if subscription is None:
+                subscription = _Subscription(index, stream, f"{self._consumer_name}@{stream}")
+                subscription.last_stored = stored_offset
+            resume = max(stored_offset, subscription.after)
             if resume >= 0:
                 spec = sp.OffsetSpec(kind=sp.OffsetKind.OFFSET, value=resume + 1)
                 subscription.after = resume
-                subscription.settled = resume
-                subscription.last_stored = stored_offset
+                subscription.settled = max(subscription.settled, stored_offset)
+                if not subscription.chunks:
+                    subscription.settled = resume
             else:
                 spec = parse_offset(self._settings.offset)
                 if spec.kind is sp.OffsetKind.OFFSET and spec.value is not None:
                     subscription.after = spec.value - 1
+            # The chunks still open count against the credit, which their
+            # settling gives back on this connection.
+            granted = max(credit - _open_chunks(subscription), 1)
             answer = await protocol.request(
                 sp.Subscribe,
                 subscription_id=index,
                 stream=stream,
                 offset_spec=spec,
-                credit=self._settings.credit,
+                credit=granted,
                 properties={"name": self._consumer_name},
             )
             if epoch != self._epoch:
@@ -231,6 +262,11 @@ class Subscriptions:
                 return
             if answer.code == 1:
                 self._subscriptions[index] = subscription
+                # Chunks that settled meanwhile granted nothing: make up for them.
+                owed = credit - granted - _open_chunks(subscription)
+                subscription.skip = max(-owed, 0)
+                if owed > 0 and not protocol.closing:
+                    protocol.send(sp.Credit(subscription_id=index, credit=owed))
             else:
                 self._log.warn(
                     "upstream {upstream}: cannot subscribe to {stream} (code {code})",
@@ -272,7 +308,9 @@ class Subscriptions:
                 reason=exc.reason,
             )
         timestamp = header.timestamp / 1000
-        last = header.first_offset + header.num_records - 1
+        first_offset = header.first_offset
+        reader = subscription.reader
+        last = first_offset + header.num_records - 1
         first_new = subscription.after + 1 - header.first_offset
         subscription.after = max(subscription.after, last)
         chunk_state = [last, 0]
@@ -303,11 +341,13 @@ class Subscriptions:
         # message has its result, whatever the result.
         inbox: Inbox[Message] = Inbox(self._router, self._source, answer)
         for index in range(max(first_new, 0), len(entries)):
+            offset = first_offset + index
             message = message_from_entry(
                 entries[index],
                 stream=stream,
                 timestamp=timestamp,
-                offset=header.first_offset + index,
+                offset=offset,
+                origin=Origin(reader, offset),
             )
             inbox.add(message, message)
         left = len(inbox)
@@ -320,43 +360,68 @@ class Subscriptions:
         self, protocol: StreamConnection, subscription: _Subscription, chunk: list[int]
     ) -> None:
         subscription.settle(chunk)
-        self._credit(protocol, subscription)
+        if self._subscriptions.get(subscription.id) is not subscription:
+            return  # forbidden since: the next holder reads on from the stored offset
+        self._credit(subscription)
+        self.schedule_store()
 
-    def _credit(self, protocol: StreamConnection, subscription: _Subscription) -> None:
-        if (
-            protocol is self._upstream.connection
-            and not protocol.closing
-            and self._subscriptions.get(subscription.id) is subscription
-        ):
-            protocol.send(sp.Credit(subscription_id=subscription.id, credit=1))
+    def _credit(self, subscription: _Subscription) -> None:
+        """Grant one chunk of credit on the connection subscribed now (whichever routed it)."""
+        if subscription.skip:
+            subscription.skip -= 1
+            return
+        connection = self._upstream.connection
+        if connection is not None and not connection.closing and self._subscribed_on is connection:
+            connection.send(sp.Credit(subscription_id=subscription.id, credit=1))
 
     def schedule_store(self) -> None:
-        """Store the settled offsets after ``store_offset_interval_seconds`` (once armed)."""
-        if self._store_call is None or not self._store_call.active():
-            self._store_call = self._upstream.clock.callLater(
-                self._settings.store_offset_interval_seconds, self._store_tick
-            )
+        """Store the settled offsets soon, once the store interval passed since the last one.
+
+        On the next reactor turn if ``store_offset_interval_seconds`` has
+        passed already: what settles in this turn goes in the same store.
+        """
+        if self._store_call is not None and self._store_call.active():
+            return
+        clock = self._upstream.clock
+        wait = self._stored_at + self._settings.store_offset_interval_seconds - clock.seconds()
+        self._store_call = clock.callLater(max(wait, 0.0), self._store_tick)
 
     def _store_tick(self) -> None:
         self._store_call = None
-        self.store_offsets()
-        if self._upstream.running and self._subscriptions:
-            self.schedule_store()
+        self._stored_at = self._upstream.clock.seconds()
+        if self.store_offsets() and self._upstream.running and self._subscriptions:
+            self.schedule_store()  # a route holds an offset back: ask again later
 
-    def store_offsets(self) -> None:
-        """Store each subscription's settled offset, if it moved, on the ready connection."""
+    def store_offsets(self) -> bool:
+        """Store each subscription's settled offset, if it moved, on the ready connection.
+
+        Only offsets whose messages all have outcomes, so that a restart
+        does not skip messages that were routed but never delivered; and
+        below what a durable route committed and has not delivered yet
+        (`Router.unforwarded`), so that whoever reads next reads it again.
+
+        Returns:
+            Whether a route held an offset back (stored later, then).
+        """
         connection = self._upstream.connection
         if connection is None or connection.closing:
-            return
+            return False
+        held = False
         for subscription in self._subscriptions.values():
-            # Only offsets whose messages all have outcomes: a restart must not
-            # skip messages that were dispatched but never delivered.
-            if subscription.settled > subscription.last_stored:
+            offset = subscription.settled
+            if offset <= subscription.last_stored:
+                continue
+            lowest = self._router.unforwarded(self._source, subscription.reader)
+            if lowest is not None and lowest <= offset:
+                offset = lowest - 1
+                held = True
+            if offset > subscription.last_stored:
                 connection.send(
                     sp.StoreOffset(
                         reference=self._consumer_name,
                         stream=subscription.stream,
-                        offset=subscription.settled,
+                        offset=offset,
                     )
                 )
-                subscription.last_stored = subscription.settled
+                subscription.last_stored = offset
+        return held

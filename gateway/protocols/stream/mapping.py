@@ -58,6 +58,11 @@ stream client reads natively:
   three names are replaced by the message's own fields;
 - one data section with the body, even when it is empty.
 
+The entries of a durable route's stream also keep the message's `Origin`
+(where a consumer read it; ``origin=True``): application property
+``x-gateway-origin``, ``<offset> <reader>``, read back only with
+``address_from_to`` (as their entries are read), else an ordinary header.
+
 A route that writes a message into a stream counts the write as one hop
 (`gateway.core.internal`): it passes ``hops``, which is written as the
 ``x-gateway-hops`` application property (a small integer) in place of the
@@ -80,6 +85,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Final
 
+import attrs
+
 from gateway.codecs.amqp import (
     AMQPDecodeError,
     AMQPMessage,
@@ -95,12 +102,14 @@ from gateway.codecs.amqp import (
     looks_like_amqp,
 )
 from gateway.core.internal import HOPS_HEADER
-from gateway.core.message import HeaderValue, Message, new_message_id
+from gateway.core.message import HeaderValue, Message, Origin, new_message_id
 
 __all__ = [
+    "ORIGIN_HEADER",
     "RECIPIENTS_HEADER",
     "SENDER_HEADER",
     "TIMESTAMP_HEADER",
+    "durable_entry",
     "entry_from_message",
     "message_from_entry",
 ]
@@ -113,6 +122,10 @@ RECIPIENTS_HEADER: Final = "x-gateway-recipients"
 
 TIMESTAMP_HEADER: Final = "x-gateway-timestamp"
 """The application property that carries `Message.timestamp`, in seconds."""
+
+ORIGIN_HEADER: Final = "x-gateway-origin"
+"""The application property that keeps `Message.origin` in a durable route's entries:
+``<offset> <reader>``."""
 
 _RESERVED: Final = frozenset({SENDER_HEADER, RECIPIENTS_HEADER, TIMESTAMP_HEADER})
 _ESCAPES: Final = {"%": "%25", ",": "%2C"}
@@ -132,6 +145,7 @@ def message_from_entry(
     timestamp: float,
     offset: int | None = None,
     address_from_to: bool = False,
+    origin: Origin | None = None,
 ) -> Message:
     """Map a stream entry to a message bound for the stream's name.
 
@@ -145,7 +159,9 @@ def message_from_entry(
         address_from_to: Take the address from the properties' ``to``, when
             set, instead of the stream's name: for streams that keep
             messages bound elsewhere (durable routes), written by
-            `entry_from_message`.
+            `entry_from_message`; and the origin (``x-gateway-origin``)
+            that `entry_from_message` kept with ``origin=True``.
+        origin: Where a consumer read the entry, if it did (`Origin`).
 
     Returns:
         The message (see the module docstring for the mapping).
@@ -160,12 +176,15 @@ def message_from_entry(
             if address_from_to and decoded.properties is not None:
                 to = decoded.properties.to
                 address = stream if to is None else to
-            return _from_amqp(decoded, address, timestamp, _fallback_id(stream, offset))
+            return _from_amqp(
+                decoded, address, timestamp, _fallback_id(stream, offset), origin, address_from_to
+            )
     return Message(
         body=bytes(entry),
         address=stream,
         id=_fallback_id(stream, offset),
         timestamp=timestamp,
+        origin=origin,
     )
 
 
@@ -173,7 +192,14 @@ def _fallback_id(stream: str, offset: int | None) -> str:
     return new_message_id() if offset is None else f"{stream}:{offset}"
 
 
-def _from_amqp(decoded: AMQPMessage, address: str, timestamp: float, fallback_id: str) -> Message:
+def _from_amqp(
+    decoded: AMQPMessage,
+    address: str,
+    timestamp: float,
+    fallback_id: str,
+    origin: Origin | None,
+    kept_origin: bool,
+) -> Message:
     message_id = decoded.properties.message_id if decoded.properties is not None else None
     headers: dict[str, HeaderValue] = {}
     sender: str | None = None
@@ -188,6 +214,10 @@ def _from_amqp(decoded: AMQPMessage, address: str, timestamp: float, fallback_id
                 timestamp = _seconds(value, timestamp)
         elif value is not None:
             headers[key] = _header_value(value)
+    if kept_origin:
+        kept = headers.pop(ORIGIN_HEADER, None)
+        if isinstance(kept, str):
+            origin = _origin(kept) or origin
     return Message(
         body=_body_bytes(decoded.body),
         address=address,
@@ -196,7 +226,16 @@ def _from_amqp(decoded: AMQPMessage, address: str, timestamp: float, fallback_id
         recipients=recipients,
         headers=headers,
         timestamp=timestamp,
+        origin=origin,
     )
+
+
+def _origin(text: str) -> Origin | None:
+    """An origin as ``x-gateway-origin`` keeps it (``<offset> <reader>``), if it is one."""
+    offset, _, reader = text.partition(" ")
+    if not reader or not offset.isdigit():
+        return None
+    return Origin(reader, int(offset))
 
 
 def _text(value: Value) -> str:
@@ -260,7 +299,7 @@ def _body_bytes(body: Body) -> bytes:
 # --- message to entry ---------------------------------------------------------------
 
 
-def entry_from_message(message: Message, hops: int | None = None) -> bytes:
+def entry_from_message(message: Message, hops: int | None = None, origin: bool = False) -> bytes:
     """Map a message to the AMQP 1.0 entry a stream stores.
 
     Messages whose texts are all short ASCII strings and whose other
@@ -272,12 +311,25 @@ def entry_from_message(message: Message, hops: int | None = None) -> bytes:
         message: The message.
         hops: Written as the ``x-gateway-hops`` header instead of the
             message's own, if given (a route's write into a stream).
+        origin: Keep the message's origin, if it has one, as
+            ``x-gateway-origin`` (a durable route's entries: where their
+            consumer read them).
 
     Returns:
         The entry's bytes (see the module docstring for the mapping).
     """
+    if origin and message.origin is not None:
+        kept = f"{message.origin.offset} {message.origin.reader}"
+        headers = {key: value for key, value in message.headers.items() if key != ORIGIN_HEADER}
+        headers[ORIGIN_HEADER] = kept
+        message = attrs.evolve(message, headers=headers)
     fast = _ascii_entry(message, hops)
     return fast if fast is not None else _general_entry(message, hops)
+
+
+def durable_entry(message: Message) -> bytes:
+    """The entry a durable route commits: `entry_from_message`, keeping the origin."""
+    return entry_from_message(message, origin=True)
 
 
 _NULL: Final = b"\x40"

@@ -22,11 +22,18 @@ its messages go through a publisher of their own per stream, whose
 reference names the route (``<upstream reference>.route.<route>``, so it
 carries the node id too) and whose publishing ids are the route log's
 offsets (plus one), so that the chunk a forwarder delivers again after a
-gateway crash is confirmed by the broker without being stored twice. A
-message such a publisher has to send again below an id it already sent
-in this process (the broker refused it while later ones were stored)
-goes through the upstream's own publisher instead, which the broker would
-otherwise drop as a duplicate: at least once, never lost.
+gateway crash is confirmed by the broker without being stored twice. What
+a consumer read goes under its reader's ids (`gateway.core.origins`), with
+the reference ``<reader>.route.<route>``, the same on every node.
+
+Such a *keyed* publisher takes the ids it is given. One below an id it
+already sent in this process is sent again under its id (the broker
+confirms it without storing it twice) when this process knows nothing
+against it: it was confirmed, or never sent here. It goes through the
+upstream's own publisher instead, which the broker would otherwise drop
+as a duplicate, when its earlier copy is still on its way, or was given up
+without a confirm (refused, cancelled, not sent: a *hole*, which later ids
+may have passed): at least once, never lost.
 
 Each message published counts one hop in its ``x-gateway-hops`` header
 (`gateway.core.internal`): one that routes have written into streams
@@ -49,7 +56,7 @@ from twisted.python.failure import Failure
 from gateway.codecs import stream as sp
 from gateway.codecs.stream import ENTRY_OVERHEAD_BYTES, PUBLISH_OVERHEAD_BYTES, REJECTING_CODES
 from gateway.core.batch import Answers, all_same
-from gateway.core.durable import producer_reference
+from gateway.core.durable import producer_reference, reader_reference
 from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS, Tally, hop_limit_refusal, hops
 from gateway.core.message import Message, Outcome
 from gateway.protocols.stream.link import StreamConnection, StreamLink
@@ -64,6 +71,9 @@ __all__ = [
 
 MAX_PUBLISHER_ID: Final = 255
 """Publisher ids are a uint8 on the wire."""
+MAX_HOLES: Final = 65_536
+"""Ids a keyed publisher remembers as given up without a confirm; past that it forgets
+them and takes every id below its next one for such (at least once, as before it knew)."""
 
 _ACCEPTED: Final = Outcome.accepted()
 
@@ -75,7 +85,7 @@ class _Job:
     the batch it came in (`gateway.core.batch.Answers`).
     """
 
-    __slots__ = ("answers", "entry", "index", "publishing_id", "queued")
+    __slots__ = ("answers", "entry", "index", "keyed", "publishing_id", "queued")
 
     def __init__(self, answers: Answers, index: int, entry: bytes) -> None:
         self.answers = answers
@@ -83,6 +93,8 @@ class _Job:
         self.entry = entry
         self.publishing_id = 0
         """0 until first published; the same id ever after (deduplication)."""
+        self.keyed: _Publisher | None = None
+        """The keyed publisher whose id it has, if any: told when it is done."""
         self.queued = True
         """Waiting in its publisher's queue; False once sent, or when its batch was
         cancelled there (`pump` then drops it)."""
@@ -91,7 +103,19 @@ class _Job:
 class _Publisher:
     """A declared publisher: one per stream and reference, declared on each connection."""
 
-    __slots__ = ("id", "in_flight", "keyed", "next_id", "queue", "ready", "reference", "stream")
+    __slots__ = (
+        "floor",
+        "holes",
+        "id",
+        "in_flight",
+        "keyed",
+        "next_id",
+        "open",
+        "queue",
+        "ready",
+        "reference",
+        "stream",
+    )
 
     def __init__(self, publisher_id: int, stream: str, reference: str, keyed: bool) -> None:
         self.id = publisher_id
@@ -104,6 +128,35 @@ class _Publisher:
         """Keyed: above every id sent in this process. Else: the next id to give."""
         self.queue: deque[_Job] = deque()
         self.in_flight: dict[int, _Job] = {}
+        self.open: dict[int, _Job] = {}
+        """Keyed: the jobs queued or in flight, by id."""
+        self.holes: set[int] = set()
+        """Keyed: ids given up without a confirm (refused, cancelled, never sent)."""
+        self.floor = 0
+        """Keyed: every id below it counts as a hole (`MAX_HOLES` were passed)."""
+
+    def closed(self, job: _Job, confirmed: bool) -> None:
+        """A keyed job is done: a hole unless the broker confirmed it."""
+        if self.open.get(job.publishing_id) is job:
+            del self.open[job.publishing_id]
+        if not confirmed:
+            self.hole(job.publishing_id)
+
+    def hole(self, publishing_id: int) -> None:
+        """Remember ``publishing_id`` as given up without a confirm."""
+        holes = self.holes
+        if len(holes) >= MAX_HOLES:
+            holes.clear()
+            self.floor = self.next_id
+        holes.add(publishing_id)
+
+    def resend_keyed(self, publishing_id: int) -> bool:
+        """Whether an id below `next_id` may go again under this reference (see the module)."""
+        return (
+            publishing_id >= self.floor
+            and publishing_id not in self.holes
+            and publishing_id not in self.open
+        )
 
 
 class Publishers:
@@ -153,10 +206,23 @@ class Publishers:
         return self._publish(messages, self._reference, None)
 
     def deliver_once(
-        self, messages: Sequence[Message], producer: str, ids: Sequence[int]
+        self,
+        messages: Sequence[Message],
+        producer: str,
+        ids: Sequence[int],
+        reader: str | None = None,
     ) -> Deferred[list[Outcome]]:
-        """Publish as `deliver` does, through the producer's publishers, with these ids."""
-        return self._publish(messages, producer_reference(self._reference, producer), ids)
+        """Publish as `deliver` does, through the producer's publishers, with these ids.
+
+        The reference is ``<upstream reference>.route.<producer>`` (it has the
+        node id), or for what ``reader`` read ``<reader>.route.<producer>``.
+        """
+        reference = (
+            producer_reference(self._reference, producer)
+            if reader is None
+            else reader_reference(reader, producer)
+        )
+        return self._publish(messages, reference, ids)
 
     def _publish(
         self, messages: Sequence[Message], reference: str, ids: Sequence[int] | None
@@ -187,6 +253,8 @@ class Publishers:
             )
             for index in range(max(room, 0), count):
                 answers.settle(index, full)
+            if ids is not None:  # never sent: later ids may pass them
+                self._holes(messages, reference, ids, range(max(room, 0), count))
         fixed = self._settings.stream
         publishers = self._publishers
         plain = self._reference
@@ -201,6 +269,8 @@ class Publishers:
             if hop > MAX_HOPS:
                 self._looped(address)
                 answers.settle(index, hop_limit_refusal(f"upstream {self._name}", address))
+                if ids is not None:
+                    self._holes(messages, reference, ids, (index,))
                 continue
             if address != stream:
                 stream = address
@@ -216,13 +286,17 @@ class Publishers:
                 publisher.queue.append(job)
                 continue
             publishing_id = ids[index]
-            if publishing_id >= publisher.next_id:
+            if publishing_id >= publisher.next_id or publisher.resend_keyed(publishing_id):
                 job.publishing_id = publishing_id
-                publisher.next_id = publishing_id + 1
+                job.keyed = publisher
+                if publishing_id >= publisher.next_id:
+                    publisher.next_id = publishing_id + 1
+                publisher.open[publishing_id] = job
                 publisher.queue.append(job)
                 continue
-            # Sent before by this process and refused, while a later id was
-            # stored: the broker would take this id for a duplicate.
+            # Sent before by this process and given up, while a later id may
+            # have been stored, or on its way still: the broker would take
+            # this id for a duplicate.
             again = publishers.get((address, plain)) or self._add(address, plain, False)
             if again is None:
                 answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
@@ -233,6 +307,23 @@ class Publishers:
         if jobs:
             self.pump()
         return answers.deferred
+
+    def _holes(
+        self,
+        messages: Sequence[Message],
+        reference: str,
+        ids: Sequence[int],
+        indices: Sequence[int],
+    ) -> None:
+        """Remember keyed messages answered without being sent as holes of their publisher."""
+        fixed = self._settings.stream
+        for index in indices:
+            address = fixed or messages[index].address
+            publisher = self._publishers.get((address, reference)) or self._add(
+                address, reference, True
+            )
+            if publisher is not None:
+                publisher.hole(ids[index])
 
     def _add(self, stream: str, reference: str, keyed: bool) -> _Publisher | None:
         """A publisher for a new stream or reference, declared on the open connection.
@@ -298,9 +389,13 @@ class Publishers:
             job = in_flight[publishing_id]
             if publishing_id <= sequence:
                 job.answers.settle(job.index, _ACCEPTED)
+                if job.keyed is not None:
+                    job.keyed.closed(job, True)
             elif job.answers.outcomes[job.index] is None:
                 job.queued = True
                 again.append(job)
+            elif job.keyed is not None:
+                job.keyed.closed(job, False)  # cancelled: not sent again
         if not publisher.keyed:
             # A keyed publisher's ids are its producer's: those up to the
             # sequence are the broker's to deduplicate, not to skip here.
@@ -408,6 +503,8 @@ class Publishers:
         # Answered last: an answer may reach a sender that delivers again at
         # once, and that pump must find this one's counts and frames done.
         for job in too_large:
+            if job.keyed is not None:
+                job.keyed.closed(job, False)
             job.answers.settle(
                 job.index,
                 Outcome.rejected(
@@ -422,10 +519,13 @@ class Publishers:
         if publisher is None:
             return
         take = publisher.in_flight.pop
+        keyed = publisher.keyed
         for publishing_id in event.publishing_ids:
             job = take(publishing_id, None)
             if job is not None:
                 self.unconfirmed -= 1
+                if keyed and job.keyed is not None:
+                    job.keyed.closed(job, True)
                 job.answers.settle(job.index, _ACCEPTED)
         self.pump()
 
@@ -440,6 +540,8 @@ class Publishers:
             if job is None:
                 continue
             self.unconfirmed -= 1
+            if job.keyed is not None:
+                job.keyed.closed(job, False)
             reason = f"{self._name} refused the message on {publisher.stream} (code {code})"
             job.answers.settle(
                 job.index,
@@ -476,4 +578,6 @@ class Publishers:
             if job.queued:
                 job.queued = False
                 dropped += 1
+                if job.keyed is not None:
+                    job.keyed.closed(job, False)
         self.queued -= dropped
