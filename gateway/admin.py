@@ -33,12 +33,13 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar, cast
 
 import attrs
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IAddress, IReactorCore, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
@@ -353,8 +354,12 @@ class LeaseMaker(AdminToken, Protocol):
             ValueError: With ``status`` and ``reason``: it cannot be granted.
         """
 
-    def revoke(self, text: str) -> bool:
-        """Revoke a lease; whether it existed."""
+    def revoke(self, text: str) -> bool | Deferred[bool]:
+        """Revoke a lease; whether it existed (later, when other nodes must hear of it).
+
+        The Deferred fails with a ValueError carrying ``status`` and
+        ``reason`` when the revocation could not be passed on.
+        """
 
 
 LEASE_KEYS: Final = frozenset({"listener", "sink", "feed", "ttl_seconds", "identity"})
@@ -436,9 +441,11 @@ class _Leases(_AdminResource):
         if refusal is not None:
             return refusal
         if self._text is not None:
-            if self._desk.revoke(self._text):
-                return _json_body(request, http.OK, {"revoked": True})
-            return _json_body(request, http.NOT_FOUND, {"error": "no such lease"})
+            revoked = self._desk.revoke(self._text)
+            if isinstance(revoked, Deferred):
+                _answer_later(request, revoked)
+                return NOT_DONE_YET  # type: ignore[return-value]  # twisted.web's marker
+            return _revocation(request, revoked)
         try:
             asked = _lease_asked(request.content.read() if request.content else b"")
         except ValueError as exc:
@@ -453,6 +460,31 @@ class _Leases(_AdminResource):
             status = getattr(exc, "status", http.BAD_REQUEST)
             return _json_body(request, status, {"error": getattr(exc, "reason", str(exc))})
         return _json_body(request, http.CREATED, made)
+
+
+def _revocation(request: IRequest, found: bool) -> bytes:
+    """The answer to ``DELETE /leases/TEXT``: 200, or 404 for a lease that is not known."""
+    if found:
+        return _json_body(request, http.OK, {"revoked": True})
+    return _json_body(request, http.NOT_FOUND, {"error": "no such lease"})
+
+
+def _answer_later(request: IRequest, revoked: Deferred[bool]) -> None:
+    """Answer ``DELETE /leases/TEXT`` once the revocation reached the fleet (or did not)."""
+    gone: list[bool] = []
+    cast(Request, request).notifyFinish().addErrback(lambda _: gone.append(True))
+
+    def write(body: bytes) -> None:
+        if not gone:
+            request.write(body)
+            request.finish()
+
+    def failed(failure: Failure) -> None:
+        refusal = failure.value
+        status = getattr(refusal, "status", http.INTERNAL_SERVER_ERROR)
+        write(_json_body(request, status, {"error": getattr(refusal, "reason", str(refusal))}))
+
+    revoked.addCallbacks(lambda found: write(_revocation(request, found)), failed)
 
 
 class _TapRefusedError(Exception):

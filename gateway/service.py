@@ -71,7 +71,9 @@ from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, RouteTable, bind_routes
 from gateway.fleet.backbone import Backbone, heartbeat_interval, make_backbone
 from gateway.fleet.confighash import live_config_hash
+from gateway.fleet.dmp import FleetDMP
 from gateway.fleet.hub import FleetHub
+from gateway.fleet.leases import FleetLeases, Revocations
 from gateway.fleet.locks import FleetLock, FleetLocks
 from gateway.fleet.members import Membership
 from gateway.fleet.streams import StreamOwnership
@@ -226,6 +228,8 @@ class GatewayService(MultiService):
     """The node's connection to the fleet's RabbitMQ (``[fleet] amqp``), if any."""
     locks: FleetLocks | None = None
     """The node's locks for work that runs once per fleet (with ``backbone``)."""
+    dmp_leases: FleetLeases | None = None
+    """The fleet's run-time DMP leases and their revocations (with ``backbone``)."""
 
     membership: Membership | None = None
     """The fleet as this node sees it (with ``backbone``)."""
@@ -629,6 +633,11 @@ def _dmp_listener(
         clock=gateway.reactor,
         metrics=gateway.metrics,
     )
+    if gateway.dmp_leases is not None and gateway.backbone and gateway.locks:
+        fleet = FleetDMP(
+            factory, gateway.dmp_leases, gateway.backbone, gateway.locks, gateway.reactor
+        )
+        factory.join_fleet(fleet)
     return factory, factory  # the feeds are its route destination
 
 
@@ -840,6 +849,11 @@ def build_gateway(
             lease_seconds=heartbeat_interval(fleet.heartbeat_seconds),
             metrics=metrics,
         )
+        if any(listener.protocol == "dmp" for listener in config.listeners):
+            revocations = Revocations(
+                gateway.backbone, reactor, stale_after_seconds=fleet.unhealthy_after_seconds
+            )
+            gateway.dmp_leases = FleetLeases(config.secrets, revocations, reactor)
         # Before the listeners: it stops after them, once their drain is answered;
         # and once the upstreams released their locks (their offsets stored).
         stop_backbone = gateway.backbone.stop

@@ -80,6 +80,7 @@ def _everything(directory: Path) -> Path:
         username = "gateways"
         password = "fleet-secret"
         relay_secret = "a-relay-secret-for-every-node"
+        lease_secret = "a-lease-secret-of-32-characters!!"
         """,
     )
     _write(

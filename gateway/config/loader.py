@@ -45,7 +45,7 @@ from gateway.config.routes import (
     load_routes,
     read_route,
 )
-from gateway.config.secrets import check_secrets, load_secrets
+from gateway.config.secrets import check_lease_secret, check_secrets, load_secrets
 from gateway.config.upstreams import UPSTREAM, UpstreamConfig, read_upstream
 from gateway.core.auth import Secrets
 from gateway.core.internal import INTERNAL_PREFIX, is_internal
@@ -177,6 +177,8 @@ def _parse_main(
 
     secrets = load_secrets(secrets_path, problems) if secrets_path else Secrets()
     check_secrets(listeners, upstreams, secrets, secrets_path, file, problems)
+    in_fleet, admin_on = bool(fleet.amqp), admin.endpoint is not None
+    check_lease_secret(in_fleet, admin_on, listeners, secrets, secrets_path, file, problems)
     config = GatewayConfig(
         source=file,
         listeners=tuple(listeners),

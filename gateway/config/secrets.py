@@ -7,7 +7,10 @@ written when both lived in ``[logins]`` is refused with what to move where.
 ``[fleet]`` holds what a fleet node logs in to RabbitMQ with (``[fleet] amqp``
 of the main file): a user name and password of the broker, not of a peer;
 and ``relay_secret``, what the nodes prove to each other when one relays to
-another's stream listener (`gateway.protocols.stream.fleetlogin`).
+another's stream listener (`gateway.protocols.stream.fleetlogin`); and
+``lease_secret``, the key that signs the DMP leases nodes make at run time
+(`gateway.fleet.leases`), which `check_lease_secret` asks for where a fleet
+makes them.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from gateway.config.listeners import ListenerConfig
 from gateway.config.upstreams import UpstreamConfig
 from gateway.core.auth import Secrets
 
-__all__ = ["FLEET_SECRETS", "SECRETS", "check_secrets", "load_secrets"]
+__all__ = ["FLEET_SECRETS", "SECRETS", "check_lease_secret", "check_secrets", "load_secrets"]
 
 ADMIN_IDENTITY: Final = "admin"
 """The ``[logins]`` name whose secret was the admin token before ``admin_token``."""
@@ -80,10 +83,21 @@ FLEET_RELAY_SECRET: Final = optional_string(
     shown="none: relays log in as their clients did (PLAIN only, not on TLS listeners),"
     " and routes append to the routing node's own log",
 )
+MIN_LEASE_SECRET_CHARS: Final = 32
+"""A lease secret signs every run-time DMP lease of the fleet: 32 random characters or more."""
+FLEET_LEASE_SECRET: Final = optional_string(
+    "lease_secret",
+    doc="The key (HMAC-SHA256) that signs the DMP leases a fleet's nodes make at run time"
+    " (the admin API, principal connections), so that every node accepts a lease any node"
+    f" made. At least {MIN_LEASE_SECRET_CHARS} characters; the same on every node; no login"
+    " password. Needed with [fleet] amqp, a DMP listener, and the admin endpoint or"
+    " principals.",
+    shown="none: a fleet makes no run-time DMP leases",
+)
 FLEET_SECRETS: Final = TableSchema(
     "Fleet credentials",
     "[fleet] (secrets file)",
-    (FLEET_USERNAME, FLEET_PASSWORD, FLEET_RELAY_SECRET),
+    (FLEET_USERNAME, FLEET_PASSWORD, FLEET_RELAY_SECRET, FLEET_LEASE_SECRET),
     doc="What a fleet node logs in to RabbitMQ with, and what the nodes prove to each other;"
     " the same for every node. No login password of a peer.",
 )
@@ -135,6 +149,14 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
             " identity on every node): give a long random one",
         )
         relay_secret = None
+    lease_secret = fleet.read(FLEET_LEASE_SECRET)
+    if lease_secret is not None and len(lease_secret) < MIN_LEASE_SECRET_CHARS:
+        fleet.problem(
+            FLEET_LEASE_SECRET,
+            f"must be at least {MIN_LEASE_SECRET_CHARS} characters (it signs every run-time"
+            " DMP lease of the fleet): give a long random one",
+        )
+        lease_secret = None
     fleet.done()
     if admin_token == "":
         root.problem(ADMIN_TOKEN, "an empty token would let any request in: give a long random one")
@@ -157,6 +179,7 @@ def load_secrets(path: Path, problems: list[ConfigProblem]) -> Secrets:
         fleet_username=fleet_username,
         fleet_password=_utf8(fleet_password) if fleet_password is not None else None,
         fleet_relay_secret=_utf8(relay_secret) if relay_secret is not None else None,
+        fleet_lease_secret=_utf8(lease_secret) if lease_secret is not None else None,
     )
 
 
@@ -228,6 +251,51 @@ def check_secrets(
                     + ("" if secrets_path else " (and gateway.secrets names no secrets file)"),
                 )
             )
+
+
+def check_lease_secret(
+    in_fleet: bool,
+    admin_on: bool,
+    listeners: Sequence[ListenerConfig],
+    secrets: Secrets,
+    secrets_path: Path | None,
+    main_file: str,
+    problems: list[ConfigProblem],
+) -> None:
+    """Report a fleet that makes DMP leases at run time without ``[fleet] lease_secret``.
+
+    In a fleet (``[fleet] amqp``) a lease made at run time is signed so that
+    every node accepts it (`gateway.fleet.leases`); a DMP listener makes
+    them through the admin endpoint's ``/leases`` and for its principals.
+
+    Args:
+        in_fleet: Whether ``[fleet] amqp`` is set.
+        admin_on: Whether the admin endpoint is on.
+        listeners: The configuration's listeners.
+        secrets: Its secrets file's contents.
+        secrets_path: The secrets file (None: there is none; reported in ``main_file``).
+        main_file: The main file.
+        problems: Where problems go.
+    """
+    if not in_fleet or secrets.fleet_lease_secret is not None:
+        return
+    makers = [
+        listener.name
+        for listener in listeners
+        if listener.protocol == "dmp" and (admin_on or listener.settings.principals)
+    ]
+    if makers:
+        problems.append(
+            ConfigProblem(
+                str(secrets_path) if secrets_path else main_file,
+                f"{FLEET.name}.{FLEET_LEASE_SECRET.name}",
+                f"DMP listener(s) {', '.join(map(repr, makers))} make leases at run time"
+                " (the admin endpoint's /leases, principals), which every node of the fleet"
+                " must accept: put a random lease_secret of at least"
+                f" {MIN_LEASE_SECRET_CHARS} characters, the same on every node, in the"
+                " secrets file's [fleet] table",
+            )
+        )
 
 
 def _how_upstream_logs_in(upstream: UpstreamConfig) -> str | None:

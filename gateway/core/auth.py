@@ -76,6 +76,9 @@ class Secrets:
             when one relays to another's stream listener
             (`gateway.protocols.stream.fleetlogin`); None: relays log in as
             their clients did, and routes append locally.
+        fleet_lease_secret: The key that signs the DMP leases the nodes of a
+            fleet make at run time, so that every node accepts them
+            (`gateway.fleet.leases`); the same on every node. No login password.
     """
 
     logins: Mapping[str, bytes] = attrs.field(factory=dict, converter=_frozen)
@@ -88,6 +91,7 @@ class Secrets:
     fleet_username: str | None = None
     fleet_password: bytes | None = attrs.field(default=None, repr=False)
     fleet_relay_secret: bytes | None = attrs.field(default=None, repr=False)
+    fleet_lease_secret: bytes | None = attrs.field(default=None, repr=False)
     generated_admin_token: bytes | None = attrs.field(default=None, repr=False)
 
     def verify(self, identity: str, secret: bytes | None) -> bool:
@@ -117,6 +121,7 @@ class Secrets:
         self.fleet_username = other.fleet_username
         self.fleet_password = other.fleet_password
         self.fleet_relay_secret = other.fleet_relay_secret
+        self.fleet_lease_secret = other.fleet_lease_secret
 
     @property
     def effective_admin_token(self) -> bytes | None:

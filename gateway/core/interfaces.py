@@ -137,6 +137,15 @@ class IBackbone(Interface):
     def consume(exchange: str, handler: Callable[[Any], None]) -> None:
         """Hand each delivery on this node's queue from ``exchange`` to ``handler``."""
 
+    def replay(stream: str, handler: Callable[[Any], None], arguments: Mapping[str, Any]) -> None:
+        """Read the durable stream ``stream`` from its first message, after every connection.
+
+        Declared with ``arguments`` on every connection; ``handler`` gets each
+        of its messages (``exchange`` being the stream's name), the whole
+        stream again after each reconnection. Publish to it through the
+        default exchange (``""``, the stream's name as the key).
+        """
+
     def on_connected(callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every (re)connection, once everything is declared."""
 
@@ -193,13 +202,18 @@ class IFleetLock(Interface):
     name = Attribute("The lock's name, the same on every node (``upstream.<name>``).")
     held = Attribute("Whether this node holds the lock now.")
 
-    def start(acquired: Callable[[], None], lost: Callable[[], None]) -> None:
+    def start(
+        acquired: Callable[[], None],
+        lost: Callable[[], None],
+        refused: Callable[[], None] | None = None,
+    ) -> None:
         """Ask for the lock, now and until `stop`.
 
         ``acquired()`` is called each time this node gets it; ``lost()``
         the moment this node can no longer be sure it holds it (its
         connection to RabbitMQ is gone or unconfirmed): the work must stop
         then, before ``lost`` returns, as another node may take over.
+        ``refused()``, if given, each time another node is found holding it.
         """
 
     def stop(finished: Deferred[Any] | None = None) -> Deferred[None]:

@@ -14,5 +14,8 @@ With ``[fleet] amqp``, each node holds one connection to RabbitMQ (the
 backbone, `gateway.fleet.backbone`), over which the SSMP hub crosses nodes
 (`gateway.fleet.hub`) and work that must run once per fleet, such as a
 consuming upstream, runs on one node at a time under a lock
-(`gateway.fleet.locks`).
+(`gateway.fleet.locks`). DMP listeners' run-time leases are signed texts
+every node checks, revoked through a stream every node replays
+(`gateway.fleet.leases`); a feed's reader holds a lock fleet-wide, and
+deliveries to it cross nodes (`gateway.fleet.dmp`).
 """

@@ -23,6 +23,13 @@ backbone declares it on every (re)connection:
   `when_bound` calls back once what was asked so far is in place;
 - consumers (`consume`): a handler per exchange for what arrives on the
   node's queue;
+- streams replayed (`replay`): a durable RabbitMQ stream (``x-queue-type``
+  ``stream``) declared with its arguments, and consumed on the backbone's
+  channel from its first message, again after every reconnection, under
+  the same prefetch and acknowledgements as the node's queue: every node
+  reads the whole stream (the fleet's lease revocations,
+  `gateway.fleet.leases`). Its deliveries name the stream as their
+  ``exchange``;
 - exclusive queues claimed (`claim`) and released (`release`) on a channel
   of their own (`gateway.fleet.exclusive`): the fleet's locks
   (`gateway.fleet.locks`). They belong to the connection, not to what is
@@ -251,6 +258,8 @@ class Backbone:
         """The description of the endpoint connected to, if any."""
 
         self._exchanges: dict[str, str] = {}
+        self._streams: dict[str, dict[str, Any]] = {}
+        """Streams replayed, with their declared arguments."""
         self._handlers: dict[str, Callable[[Delivery], None]] = {}
         self._on_connected: list[Callable[[], None]] = []
         self._on_lost: list[Callable[[], None]] = []
@@ -305,6 +314,24 @@ class Backbone:
     def consume(self, exchange: str, handler: Callable[[Delivery], None]) -> None:
         """Hand what arrives on this node's queue from ``exchange`` to ``handler``."""
         self._handlers[exchange] = handler
+
+    def replay(
+        self, stream: str, handler: Callable[[Delivery], None], arguments: Mapping[str, Any]
+    ) -> None:
+        """Read the stream ``stream`` from its first message, on this and every later connection.
+
+        It is declared durable with ``arguments`` (``x-queue-type`` and
+        retention), then consumed from offset ``first``: ``handler`` gets each
+        message (``exchange`` is the stream's name), the whole stream again
+        after every reconnection. Publish to it through the default exchange
+        (``""``, with the stream's name as the key).
+        """
+        self._streams[stream] = dict(arguments)
+        self._handlers[stream] = handler
+        channel = self._channel
+        if channel is not None and self.ready:
+            channel.queue_declare(stream, durable=True, arguments=self._streams[stream])
+            self._consume_stream(channel, stream)
 
     def on_connected(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every (re)connection, once everything is declared."""
@@ -504,16 +531,30 @@ class Backbone:
     ) -> None:
         if channel is not self._channel:
             return
-        delivery = Delivery(
-            exchange=method.exchange,
-            routing_key=method.routing_key,
-            origin=properties.app_id or "",
-            kind=properties.type or "",
-            headers=properties.headers or {},
-            body=body,
+        self._take(int(method.delivery_tag), _delivery(method.exchange, method, properties, body))
+
+    def _consume_stream(self, channel: pika.channel.Channel, stream: str) -> None:
+        """Consume ``stream`` from its first message on ``channel``.
+
+        A stream consumer needs a prefetch (the channel has one) and
+        acknowledgements, which give it credit (the node's own).
+        """
+
+        def delivered(
+            channel: pika.channel.Channel,
+            method: pika.spec.Basic.Deliver,
+            properties: pika.spec.BasicProperties,
+            body: bytes,
+        ) -> None:
+            if channel is self._channel:
+                self._take(int(method.delivery_tag), _delivery(stream, method, properties, body))
+
+        channel.basic_consume(
+            stream, delivered, auto_ack=False, arguments={"x-stream-offset": "first"}
         )
+
+    def _take(self, tag: int, delivery: Delivery) -> None:
         self.stats.received += 1
-        tag = int(method.delivery_tag)
         if self.receiving.held or self._backlog:
             self._backlog.append((tag, delivery))
             return
@@ -753,6 +794,8 @@ class Backbone:
         def qos(_: object) -> None:
             for exchange, kind in self._exchanges.items():
                 channel.exchange_declare(exchange, kind, durable=True)  # nowait
+            for stream, arguments in self._streams.items():
+                channel.queue_declare(stream, durable=True, arguments=arguments)  # nowait
             channel.queue_declare(queue, exclusive=True, auto_delete=True, callback=declared)
 
         def declared(_: object) -> None:
@@ -760,6 +803,8 @@ class Backbone:
             for exchange, key in list(self._wanted)[:BIND_BATCH]:
                 channel.queue_bind(queue, exchange, key)  # nowait
                 self._applied.add((exchange, key))
+            for stream in self._streams:
+                self._consume_stream(channel, stream)
             channel.basic_consume(
                 queue, self._delivered, auto_ack=False, exclusive=True, callback=consuming
             )
@@ -879,6 +924,22 @@ class Backbone:
         self._exclusive.detach()
         if self._running:
             self._retry()
+
+
+def _delivery(
+    exchange: str,
+    method: pika.spec.Basic.Deliver,
+    properties: pika.spec.BasicProperties,
+    body: bytes,
+) -> Delivery:
+    return Delivery(
+        exchange=exchange,
+        routing_key=method.routing_key,
+        origin=properties.app_id or "",
+        kind=properties.type or "",
+        headers=properties.headers or {},
+        body=body,
+    )
 
 
 def _reason_text(reason: object) -> str:

@@ -3,7 +3,8 @@
 DESIGN.md, "Scale: a fleet on RabbitMQ": consuming upstreams (a stream
 upstream that subscribes, an SSMP upstream that logs in with a name, a DMP
 ``get``) run on one node at a time. Without a lock, N nodes would consume
-everything N times. RabbitMQ 3.10 has no single active consumer for
+everything N times (and a DMP feed's reader holds one while it reads,
+`gateway.fleet.dmp`). RabbitMQ 3.10 has no single active consumer for
 streams, so the lock is an exclusive AMQP 0-9-1 queue with a well-known
 name, ``msggateway.lock.<name>`` (`lock_queue`), claimed on the node's
 backbone connection (`gateway.fleet.exclusive`):
@@ -124,6 +125,7 @@ class FleetLock:
         self._stats = stats
         self._acquired: Callable[[], None] | None = None
         self._lost: Callable[[], None] | None = None
+        self._refused_by: Callable[[], None] | None = None
         self._wanted = False
         self._held_until: float | None = None
         """When the hold ends unless confirmed again (None: not held)."""
@@ -142,14 +144,30 @@ class FleetLock:
         """Whether this node holds the lock now."""
         return self._held_until is not None
 
+    @property
+    def stopped(self) -> bool:
+        """Whether `stop` was called (a lock of the same name may be made again)."""
+        return self._released is not None
+
     # --- IFleetLock -----------------------------------------------------------------------
 
-    def start(self, acquired: Callable[[], None], lost: Callable[[], None]) -> None:
-        """Ask for the lock now (if connected) and until `stop`; see `IFleetLock.start`."""
+    def start(
+        self,
+        acquired: Callable[[], None],
+        lost: Callable[[], None],
+        refused: Callable[[], None] | None = None,
+    ) -> None:
+        """Ask for the lock now (if connected) and until `stop`; see `IFleetLock.start`.
+
+        ``refused()``, if given, is called each time RabbitMQ answers that
+        another connection holds the lock (work that only wants it now, such
+        as a DMP feed's reader, stops asking then).
+        """
         if self._wanted or self._released is not None:
             raise RuntimeError(f"lock {self.name} is started once")
         self._acquired = acquired
         self._lost = lost
+        self._refused_by = refused
         self._wanted = True
         self._ask()
 
@@ -158,7 +176,7 @@ class FleetLock:
         if self._released is not None:
             return self._released
         self._wanted = False
-        self._acquired = self._lost = None
+        self._acquired = self._lost = self._refused_by = None
         self._cancel_calls()
         done: Deferred[None] = Deferred()
         self._released = done
@@ -243,6 +261,8 @@ class FleetLock:
                 self._lose("RabbitMQ gave it to another connection")
             self._refused = True
             self._later(locks.retry_delay())
+            if self._refused_by is not None:
+                self._refused_by()
 
     def _hold(self, until: float) -> None:
         clock = self._locks.clock
@@ -345,8 +365,14 @@ class FleetLocks:
         backbone.on_lost(self._lost)
 
     def lock(self, name: str) -> FleetLock:
-        """The lock ``name`` (one object per name; start it to ask for it)."""
-        if name in self._locks:
+        """The lock ``name`` (one object per name at a time; start it to ask for it).
+
+        A lock that was stopped may be made again: the new one asks anew.
+        The old one's release (if it held the lock) must be over first, or
+        it would delete what the new one claims.
+        """
+        known = self._locks.get(name)
+        if known is not None and not known.stopped:
             raise ValueError(f"lock {name} is made once per node")
         stats = self._metrics.fleet_lock(name) if self._metrics is not None else LockStats()
         lock = self._locks[name] = FleetLock(self, name, stats)

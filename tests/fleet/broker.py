@@ -4,8 +4,10 @@
 RabbitMQ: durable direct exchanges, one exclusive queue per node with its
 bindings (gone when the node's connection is), publishing with ``CC``
 (one copy per queue), ``mandatory`` returns and confirms, deliveries
-with a prefetch window, and exclusive queues claimed by name (the fleet's
-locks: one connection holds each; gone with it). `MemoryBackbone` provides
+with a prefetch window, exclusive queues claimed by name (the fleet's
+locks: one connection holds each; gone with it), and durable streams that
+each reader reads from the first message (published to through the default
+exchange, ``""``). `MemoryBackbone` provides
 `IBackbone` over it, as `gateway.fleet.backbone.Backbone` does over RabbitMQ.
 
 As on RabbitMQ, a node's methods (publishes and binding changes) are
@@ -46,6 +48,10 @@ class MemoryBroker:
         self.published = 0
         self.exclusive: dict[str, MemoryBackbone] = {}
         """Exclusive queues claimed by name, and the connection holding each."""
+        self.streams: dict[str, list[Delivery]] = {}
+        """Durable streams and their messages (they outlive every connection)."""
+        self.readers: dict[str, set[MemoryBackbone]] = {}
+        """The connections reading each stream live."""
 
     def route(self, exchange: str, keys: Sequence[str]) -> set[MemoryBackbone]:
         """The queues (nodes) a message to ``exchange`` with ``keys`` reaches, once each."""
@@ -58,6 +64,8 @@ class MemoryBroker:
         """A node's connection died: its queue and bindings go, and its exclusive queues."""
         for holders in self.bindings.values():
             holders.discard(node)
+        for readers in self.readers.values():
+            readers.discard(node)
         for queue in [queue for queue, holder in self.exclusive.items() if holder is node]:
             del self.exclusive[queue]
 
@@ -87,6 +95,7 @@ class MemoryBackbone:
         self._unconfirmed = 0
         self._wanted: dict[tuple[str, str], None] = {}
         self._exchanges: set[str] = set()
+        self._streams: set[str] = set()
         self._handlers: dict[str, Callable[[Delivery], None]] = {}
         self._connected: list[Callable[[], None]] = []
         self._lost: list[Callable[[], None]] = []
@@ -109,6 +118,16 @@ class MemoryBackbone:
     def consume(self, exchange: str, handler: Callable[[Any], None]) -> None:
         """Hand deliveries from ``exchange`` to ``handler``."""
         self._handlers[exchange] = handler
+
+    def replay(
+        self, stream: str, handler: Callable[[Any], None], arguments: Mapping[str, Any]
+    ) -> None:
+        """Read ``stream`` from its first message, now and after every reconnection."""
+        self._handlers[stream] = handler
+        self._streams.add(stream)
+        self.broker.streams.setdefault(stream, [])
+        if self.ready:
+            self._send(functools.partial(self._read_stream, stream))
 
     def on_connected(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every reconnection."""
@@ -162,6 +181,12 @@ class MemoryBackbone:
         generation = self.generation
 
         def route() -> None:
+            if exchange == "" and key in self.broker.streams:
+                self._append(key, delivery)
+                self.broker.clock.callLater(
+                    0, self._confirm, on_result, Published.ROUTED, generation
+                )
+                return
             queues = self.broker.route(exchange, [key, *cc])
             self.broker.published += 1
             for queue in queues:
@@ -224,6 +249,21 @@ class MemoryBackbone:
             return
         while self._methods:
             self._methods.popleft()()
+
+    def _read_stream(self, stream: str) -> None:
+        """The broker's side of a stream consumer from offset first."""
+        for delivery in self.broker.streams[stream]:
+            self.enqueue(delivery)
+        self.broker.readers.setdefault(stream, set()).add(self)
+
+    def _append(self, stream: str, delivery: Delivery) -> None:
+        """A message published to a stream: kept, and delivered to its live readers."""
+        kept = Delivery(
+            stream, stream, delivery.origin, delivery.kind, delivery.headers, delivery.body
+        )
+        self.broker.streams[stream].append(kept)
+        for reader in self.broker.readers.get(stream, ()):
+            reader.enqueue(kept)
 
     def _apply(self, exchange: str, key: str, bound: bool) -> None:
         holders = self.broker.bindings.setdefault((exchange, key), set())
@@ -309,5 +349,7 @@ class MemoryBackbone:
         self.lost_since = None
         for exchange, key in self._wanted:
             self._send(functools.partial(self._apply, exchange, key, True))
+        for stream in self._streams:
+            self._send(functools.partial(self._read_stream, stream))
         for callback in list(self._connected):
             callback()

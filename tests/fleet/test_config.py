@@ -126,3 +126,61 @@ def test_a_stream_pinned_to_no_node_id_is_a_problem(tmp_path: Path) -> None:
     assert _problems(tmp_path, "unhealthy_after_seconds = 0")[0].startswith(
         "fleet.unhealthy_after_seconds: must"
     )
+
+
+DMP = """
+[gateway]
+secrets = "secrets.toml"
+
+[fleet]
+amqp = "tcp:host=127.0.0.1:port=5672"
+{admin}
+[listeners.dmp]
+protocol = "dmp"
+endpoint = "tcp:0:interface=127.0.0.1"
+sinks = ["orders"]
+{principals}
+"""
+
+
+def _dmp_fleet(tmp_path: Path, secrets: str, admin: str = "", principals: str = "") -> Path:
+    """A fleet node with a DMP listener; its main file."""
+    (tmp_path / "secrets.toml").write_text(secrets)
+    path = tmp_path / "gateway.toml"
+    path.write_text(DMP.format(admin=admin, principals=principals))
+    return path
+
+
+def test_a_fleet_that_makes_dmp_leases_needs_a_lease_secret(tmp_path: Path) -> None:
+    """Admin endpoint and a DMP listener in a fleet, no lease_secret: the secrets file's key."""
+    path = _dmp_fleet(tmp_path, 'admin_token = "a-token"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    [problem] = raised.value.problems
+    assert problem.file == str(tmp_path / "secrets.toml")
+    assert problem.key == "fleet.lease_secret"
+    assert "'dmp' make leases at run time" in problem.reason
+
+
+def test_a_short_lease_secret_is_a_problem(tmp_path: Path) -> None:
+    """A lease secret under 32 characters is refused, naming the key."""
+    path = _dmp_fleet(tmp_path, '[fleet]\nlease_secret = "short"\n')
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    keys = [problem.key for problem in raised.value.problems]
+    assert keys[0] == "fleet.lease_secret" and "at least 32" in raised.value.problems[0].reason
+
+
+def test_the_lease_secret_is_read_and_needed_only_where_leases_are_made(tmp_path: Path) -> None:
+    """With it, it is kept; without the admin endpoint or principals, none is needed."""
+    secret = "0123456789abcdef0123456789abcdef"
+    config = load_config(_dmp_fleet(tmp_path, f'[fleet]\nlease_secret = "{secret}"\n'))
+    assert config.secrets.fleet_lease_secret == secret.encode()
+    quiet = _dmp_fleet(tmp_path, "", admin="[admin]\nenabled = false\n")
+    assert load_config(quiet).secrets.fleet_lease_secret is None
+    with pytest.raises(ConfigError, match=r"fleet\.lease_secret"):
+        load_config(
+            _dmp_fleet(
+                tmp_path, "", admin="[admin]\nenabled = false\n", principals='principals = ["app"]'
+            )
+        )

@@ -370,3 +370,33 @@ def test_a_lock_is_made_once_and_started_once(world: World) -> None:
     with pytest.raises(RuntimeError, match="once"):
         node.start()
     assert isinstance(node.lock, FleetLock)
+
+
+def test_a_node_told_refused_can_stop_asking() -> None:
+    """``refused()`` comes with each refusal; a stopped lock of the name can be made again."""
+    world = World(2)
+    first, second = world.nodes
+    first.start()
+    world.settle()
+    refusals: list[str] = []
+    second.lock.start(second.work.acquired, second.work.lost, lambda: refusals.append("refused"))
+    world.settle()
+    assert refusals == ["refused"] and not second.lock.held
+    with pytest.raises(ValueError, match="once per node"):
+        second.locks.lock(LOCK)  # still asking
+    second.lock.stop()
+    world.advance(2 * LONGEST_RETRY)
+    assert refusals == ["refused"]  # stopped: no more asking
+    again = second.locks.lock(LOCK)
+    assert again is not second.lock and not again.stopped
+    first.work.finish()
+    first.lock.stop()
+    world.settle()
+    again.start(second.work.acquired, second.work.lost)
+    world.settle()
+    assert again.held and second.work.running
+    second.work.finish()
+    again.stop()
+    world.settle()
+    assert world.broker.exclusive == {}
+    assert world.at_most_one_ran_at_a_time(), world.log

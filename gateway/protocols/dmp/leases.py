@@ -1,11 +1,15 @@
 """Leases made and revoked at run time (the admin API), for DMP listeners.
 
-A lease made here is a random text (`secrets.token_urlsafe`) granting one
-sink or feed of one DMP listener until it expires; it is kept in that
-listener's factory (`DMPServerFactory.granted`) and lives as long as the
-process. Making and revoking need the admin token: ``admin_token`` in the
-secrets file (never a login password, nor a login password the token), or
-without one the token the gateway made (`gateway.config.admintoken`).
+A lease made here grants one sink or feed of one DMP listener until it
+expires (`DMPServerFactory.issue_lease`). Outside a fleet it is a random
+text (`secrets.token_urlsafe`) kept in that listener's factory
+(`DMPServerFactory.granted`), living as long as the process; in a fleet it
+is a text signed with the fleet's lease secret that every node accepts
+(`gateway.fleet.leases`), and revoking it reaches every node through
+RabbitMQ (the answer waits for RabbitMQ to take it). Making and revoking
+need the admin token: ``admin_token`` in the secrets file (never a login
+password, nor a login password the token), or without one the token the
+gateway made (`gateway.config.admintoken`).
 
 A lease made for an identity is bound to it as a lease of the config with
 ``identity`` is (`LeaseGrant.identity`, ``certified``): only a connection
@@ -14,16 +18,15 @@ whose verified client certificate names that identity may use it.
 
 from __future__ import annotations
 
-import secrets as random_texts
 import unicodedata
 from collections.abc import Mapping
 from typing import Final
 
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
 
 from gateway.core.auth import ANY_IDENTITY, Secrets
 from gateway.protocols.dmp.server import DMPServerFactory
-from gateway.protocols.dmp.settings import LeaseGrant
 
 __all__ = ["LeaseDesk", "LeaseRefusedError"]
 
@@ -104,11 +107,11 @@ class LeaseDesk:
             )
         if identity is not None:
             _check_identity(identity)
-        text = random_texts.token_urlsafe(24)
         expires = self._clock.seconds() + ttl_seconds
-        factory.granted[text] = LeaseGrant(
-            kind=kind, target=target, expires=expires, identity=identity, certified=True
-        )
+        try:
+            text = factory.issue_lease(kind, target, expires, identity, certified=True)
+        except ValueError as exc:
+            raise LeaseRefusedError(400, str(exc)) from exc
         self._forget_expired()
         made: dict[str, object] = {"lease": text, "listener": listener, kind: target}
         if identity is not None:
@@ -116,12 +119,35 @@ class LeaseDesk:
         made["expires"] = expires
         return made
 
-    def revoke(self, text: str) -> bool:
-        """Revoke a run-time lease; whether it existed. Open connections stay open."""
+    def revoke(self, text: str) -> bool | Deferred[bool]:
+        """Revoke a run-time lease; whether it existed. Open connections stay open.
+
+        Returns:
+            Whether it existed; in a fleet, a Deferred with that once
+            RabbitMQ took the revocation for every node, failing with
+            `LeaseRefusedError` (503) when it could not.
+        """
         found = False
+        published: list[Deferred[bool]] = []
         for factory in self._listeners.values():
-            found = factory.granted.pop(text, None) is not None or found
-        return found
+            revoked = factory.revoke_lease(text)
+            if isinstance(revoked, Deferred):
+                published.append(revoked)
+            elif revoked:
+                found = True
+        if not published:
+            return found
+
+        def taken(results: list[bool]) -> bool:
+            if not all(results):
+                raise LeaseRefusedError(
+                    503,
+                    "revoked on this node, but RabbitMQ did not take the revocation: the other"
+                    " nodes accept the lease until it expires; try again",
+                )
+            return True
+
+        return gatherResults(published).addCallback(taken)
 
     def _forget_expired(self) -> None:
         for factory in self._listeners.values():

@@ -22,7 +22,9 @@ address or identity still owes one is checked when it is over; nothing
 more is read meanwhile. A Put or Get names one of the
 listener's sinks or feeds (else Channel.Close 404 NOT_FOUND; a feed that
 already has its reader gets 405 RESOURCE_LOCKED) and is granted a lease
-valid for ``principal_lease_seconds``, kept with the admin API's leases.
+valid for ``principal_lease_seconds``, made as the admin API's leases are
+(`DMPServerFactory.issue_lease`: in a fleet, a signed text every node
+accepts).
 
 Spec ambiguity: the spec says the server announces ``direct = 1`` "when
 sending a Connection.Start-Ok response", but Start-Ok is the client's; the
@@ -38,7 +40,6 @@ handshake time-out of the listener bounds the time to log in.
 
 from __future__ import annotations
 
-import secrets as random_texts
 from collections.abc import Callable, Mapping
 from typing import Final, Protocol, cast
 
@@ -49,7 +50,7 @@ from gateway.codecs import amqp091
 from gateway.codecs.amqp091 import Method
 from gateway.core.auth import Secrets
 from gateway.core.authorization import Action
-from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from gateway.protocols.dmp.settings import DMPListenerSettings
 from gateway.protocols.logins import UNCHECKED, LoginRefusals
 
 __all__ = ["CHANNEL_MAX", "PrincipalConnection", "PrincipalListener"]
@@ -62,8 +63,6 @@ class PrincipalListener(Protocol):
     settings: DMPListenerSettings
     secrets: Secrets
     clock: IReactorTime
-    granted: dict[str, LeaseGrant]
-    """Leases made at run time: lease text to grant."""
 
     @property
     def readers(self) -> Mapping[str, object]:
@@ -81,14 +80,21 @@ class PrincipalListener(Protocol):
     ) -> bool:
         """Whether ``identity`` may publish to or consume from ``address`` here."""
 
-    def forget_expired_leases(self) -> None:
-        """Drop run-time leases whose time is over."""
+    def issue_lease(
+        self, kind: str, target: str, expires: float, identity: str | None, *, certified: bool
+    ) -> str:
+        """Make a run-time lease and return its text.
+
+        Raises:
+            ValueError: It cannot be made (in a fleet: too long for a DMP lease).
+        """
 
 
 CHANNEL_MAX: Final = 16
 """Channels a principal connection may open (it needs one)."""
 ACCESS_REFUSED: Final = 403
 NOT_FOUND: Final = 404
+NOT_ALLOWED: Final = 530
 RESOURCE_LOCKED: Final = 405
 CHANNEL_ERROR: Final = 504
 
@@ -344,13 +350,13 @@ class PrincipalConnection:
                 method, ACCESS_REFUSED, f"{self._identity} may not {action.value} {target!r}"
             )
             return
-        text = random_texts.token_urlsafe(24)
         expires = factory.clock.seconds() + settings.principal_lease_seconds
-        # The lease is the principal's: a DMP connection using it acts as that identity.
-        factory.granted[text] = LeaseGrant(
-            kind=kind, target=target, expires=expires, identity=self._identity, certified=False
-        )
-        factory.forget_expired_leases()
+        try:
+            # The lease is the principal's: a DMP connection using it acts as that identity.
+            text = factory.issue_lease(kind, target, expires, self._identity, certified=False)
+        except ValueError as exc:
+            self._close_channel(method, NOT_ALLOWED, f"no lease for {target!r}: {exc}")
+            return
         self._log.info(
             "{listener}: lease for {kind} {target} granted to {identity}",
             listener=factory.name,

@@ -48,26 +48,36 @@ that does not drain for ``slow_consumer_seconds``, or whose backlog passes
 frees the feed; what waited for it is answered retry later (a durable route
 keeps it). Under ``slow_consumer_policy = "disconnect"`` nothing waits: a
 reader past the cap is cut.
+
+In a fleet (`join_fleet`, `gateway.protocols.dmp.fleet`): leases made at
+run time are signed texts every node checks, and a lease of the fleet waits
+(reading nothing more) until the node knows the fleet's revocations; a
+feed's reader first claims the feed's fleet lock, the lease's answer
+waiting for it (``403`` when another node has the reader); a route's
+delivery to a feed read on another node is forwarded there, and answered as
+that reader took it.
 """
 
 from __future__ import annotations
 
 import hmac
+import secrets as random_texts
 from collections.abc import Callable, Sequence
-from typing import Final, Unpack
+from typing import Any, Final, TypeVar, Unpack
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from gateway.codecs import amqp091, dmp
 from gateway.core.authorization import Action
-from gateway.core.flow import Congestion, answer_when_drained
 from gateway.core.inbox import Inbox, Result
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
+from gateway.protocols.dmp.feeds import FeedDeliveries
+from gateway.protocols.dmp.fleet import FleetLink, LeaseCheck
 from gateway.protocols.dmp.flow import InFlight, LogTally, encode_envelopes
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
@@ -81,6 +91,7 @@ __all__ = ["DMPServerFactory", "DMPServerProtocol"]
 DIALECT: Final = "DMP/0.1"
 _SORT_OCTETS: Final = 5
 """``AMQP`` and the octet that tells 0-9-1 (0) from DMP (protocol id 10)."""
+_T = TypeVar("_T")
 
 
 class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
@@ -111,6 +122,11 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """The error of that read, reported after them."""
         self._waited = False
         """The lease waited once: if a wait is still owed, it is refused unchecked."""
+        self._suspended: Deferred[Any] | None = None
+        """Set while the lease waits for the fleet (its revocations, the feed's lock)."""
+        self._revocations_waited = False
+        self._claiming: str | None = None
+        """The feed whose fleet lock this connection is claiming."""
         self._unrouted = LogTally(factory.clock)
         self._not_delivered = LogTally(factory.clock)
 
@@ -126,6 +142,9 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """A feed is free for its next reader; what was counted and not logged yet is."""
         if self._principal is not None:
             self._principal.stop()
+        waiting, self._suspended = self._suspended, None
+        if waiting is not None:
+            waiting.cancel()  # a claim is given up
         self._leave_feed()
         for tally, what in (
             (self._unrouted, "unrouted"),
@@ -148,8 +167,18 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         super()._abort()
 
     def _leave_feed(self) -> None:
-        if self.kind == "feed" and self.factory.readers.get(self.target) is self:
-            del self.factory.readers[self.target]
+        factory = self.factory
+        claiming, self._claiming = self._claiming, None
+        if claiming is not None:
+            if factory.claiming.get(claiming) is self:
+                del factory.claiming[claiming]
+            waiting, self._suspended = self._suspended, None
+            if waiting is not None:
+                waiting.cancel()  # the claim is given up
+        if self.kind == "feed" and factory.readers.get(self.target) is self:
+            del factory.readers[self.target]
+            if factory.fleet is not None:
+                factory.fleet.release(self.target)
 
     def _close_with(
         self, why: str, response: dmp.Response | None = None, *, abort: bool = False
@@ -232,6 +261,9 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
                 if self._login_wait is not None:
                     self._held = events[index:]
                     break
+                if self._suspended is not None:
+                    self._held = events[index + 1 :]
+                    break
         if len(self._inbox):
             self._dispatch()
 
@@ -294,7 +326,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
 
     def _bad_input(self, error: dmp.DMPError) -> None:
         """Close with the error's response; after the lease, if one waits."""
-        if self._login_wait is not None:
+        if self._login_wait is not None or self._suspended is not None:
             self._held_error = error
             return
         self.factory.count_error(error.kind)
@@ -335,6 +367,27 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
                 self._close_with(f"the reader of feed {self.target!r} wrote a message")
         # Heartbeats: nothing to do (being heard is enough).
 
+    def _suspend(self, waiting: Deferred[_T], then: Callable[[_T], None]) -> None:
+        """Read nothing until ``waiting`` fires; then call ``then`` with its result.
+
+        What was read after the lease waits too, and is handled after
+        ``then`` (unless that waits again). The connection's end cancels
+        ``waiting``.
+        """
+        self._suspended = waiting
+        self._pause_reading()
+
+        def resume(result: _T) -> None:
+            if self._suspended is not waiting:
+                return  # given up (the connection is gone)
+            self._suspended = None
+            then(result)
+            if self._suspended is None and not self._closing:
+                self._lease_waited()
+                self._resume_reading()
+
+        waiting.addCallbacks(resume, lambda failure: failure.trap(CancelledError))
+
     def _open(self, lease: str) -> None:
         factory = self.factory
         wait = factory.logins.wait_seconds(self._peer(), None)
@@ -347,6 +400,19 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._refuse_lease(UNCHECKED, refusal, None, checked=False)
             return
         grant = factory.grant_for(lease)
+        if grant is LeaseCheck.REVOCATIONS_UNKNOWN:
+            fleet = factory.fleet
+            if fleet is not None and not self._revocations_waited:
+                self._revocations_waited = True
+                self._suspend(fleet.when_known(), lambda _: self._open(lease))
+                return
+            self._refuse_lease(
+                "a run-time lease, and this node does not know the fleet's revocations now"
+                " (no connection to RabbitMQ)",
+                dmp.Response(402, "lease cannot be checked now"),
+                None,
+            )
+            return
         if grant is None:
             self._refuse_lease(
                 "unknown or expired lease", dmp.Response(402, "unknown or expired lease"), None
@@ -380,13 +446,41 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._close_with(why, dmp.Response(403, "too many connections for this identity"))
             return
         self.identity = identity
-        if grant.kind == "feed" and grant.target in factory.readers:
+        target = grant.target
+        if grant.kind == "feed" and (target in factory.readers or target in factory.claiming):
             factory.count_error("feed-busy")
             self._close_with(
-                f"feed {grant.target!r} already has a reader",
-                dmp.Response(403, f"feed {grant.target!r} already has a reader"),
+                f"feed {target!r} already has a reader",
+                dmp.Response(403, f"feed {target!r} already has a reader"),
             )
             return
+        if grant.kind == "feed" and factory.fleet is not None:
+            # The lease is answered once the fleet says whether another node reads the feed.
+            factory.claiming[target] = self
+            self._claiming = target
+            self._suspend(
+                factory.fleet.claim(target), lambda refusal: self._claimed(grant, refusal)
+            )
+            return
+        self._opened(grant)
+
+    def _claimed(self, grant: LeaseGrant, refusal: tuple[int, str] | None) -> None:
+        """The feed's fleet lock: held (open the feed), or refused with a code and why."""
+        factory = self.factory
+        target = grant.target
+        self._claiming = None
+        if factory.claiming.get(target) is self:
+            del factory.claiming[target]
+        if refusal is not None:
+            code, why = refusal
+            factory.count_error("feed-busy" if code == 403 else "feed-unclaimed")
+            self._close_with(f"feed {target!r} {why}", dmp.Response(code, f"feed {target!r} {why}"))
+            return
+        self._opened(grant)
+
+    def _opened(self, grant: LeaseGrant) -> None:
+        """Answer 200: the sink or feed is this connection's."""
+        factory = self.factory
         self.kind, self.target = grant.kind, grant.target
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
@@ -521,6 +615,13 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._write(b"".join(parts) if len(parts) > 1 else parts[0], len(parts))
         return outcomes
 
+    def write_envelopes(self, data: bytes, count: int) -> bool:
+        """Write ``count`` envelopes encoded elsewhere (another node's); False when leaving."""
+        if self._closing:
+            return False
+        self._write(data, count)
+        return True
+
     def _beat(self) -> None:
         self._timer = None
         if self._closing:
@@ -558,15 +659,28 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
         super().__init__(**common)
         self.router = router
         self.readers: dict[str, DMPServerProtocol] = {}
-        self._reader_cut = Outcome.retry(
-            f"the feed reader of {self.name} went away before it read this"
-            " (cut as a slow consumer, or gone)"
-        )
+        self.feeds = FeedDeliveries(self.name, self.settings.feeds, self.readers)
+        """Routes' deliveries to the feeds, here or (in a fleet) on the node reading them."""
         self.granted: dict[str, LeaseGrant] = {}
-        """Leases made at run time (admin API): lease text to grant."""
+        """Leases made at run time (admin API) outside a fleet: lease text to grant."""
+        self.fleet: FleetLink | None = None
+        """The seam to the other nodes of a fleet (`join_fleet`), if any."""
+        self.claiming: dict[str, DMPServerProtocol] = {}
+        """Feeds whose fleet lock a connection is claiming, and that connection."""
 
-    def grant_for(self, lease: str) -> LeaseGrant | None:
-        """The grant a lease text opens, if it is known and not expired."""
+    def join_fleet(self, link: FleetLink) -> None:
+        """Run as one node of a fleet: run-time leases, feed readers and deliveries cross nodes."""
+        self.fleet = self.feeds.fleet = link
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def grant_for(self, lease: str) -> LeaseGrant | LeaseCheck | None:
+        """The grant a lease text opens, if it is known and not expired.
+
+        Returns:
+            The grant, None, or (in a fleet) `LeaseCheck.REVOCATIONS_UNKNOWN`
+            for a run-time lease of the fleet this node cannot check now.
+        """
         now = self.clock.seconds()
         presented = lease.encode("utf-8")
         found: LeaseGrant | None = None
@@ -577,9 +691,46 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
                 found = grant
         if found is None:
             found = self.granted.get(lease)
+        if found is None and self.fleet is not None:
+            return self.fleet.check(lease)
         if found is None or (found.expires is not None and found.expires <= now):
             return None
         return found
+
+    def issue_lease(
+        self, kind: str, target: str, expires: float, identity: str | None, *, certified: bool
+    ) -> str:
+        """Make a run-time lease (the admin API's, a principal's) and return its text.
+
+        Outside a fleet it is a random text kept here; in one, a signed text
+        that every node checks (`FleetLink.issue`).
+
+        Raises:
+            ValueError: In a fleet, it cannot be made (too long for a DMP lease).
+        """
+        grant = LeaseGrant(
+            kind=kind, target=target, expires=expires, identity=identity, certified=certified
+        )
+        if self.fleet is not None:
+            return self.fleet.issue(grant)
+        text = random_texts.token_urlsafe(24)
+        self.granted[text] = grant
+        self.forget_expired_leases()
+        return text
+
+    def revoke_lease(self, text: str) -> bool | Deferred[bool] | None:
+        """Revoke a run-time lease; open connections stay.
+
+        Returns:
+            None when ``text`` is no run-time lease of this listener; True
+            when revoked here (outside a fleet); in a fleet, a Deferred that
+            fires with whether RabbitMQ took the revocation for every node.
+        """
+        if self.granted.pop(text, None) is not None:
+            return True
+        if self.fleet is not None:
+            return self.fleet.revoke(text)
+        return None
 
     def forget_expired_leases(self) -> None:
         """Drop run-time leases whose time is over."""
@@ -588,47 +739,19 @@ class DMPServerFactory(ListenerFactory[DMPServerProtocol, DMPListenerSettings]):
         for text in expired:
             del self.granted[text]
 
-    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Write routed messages to the readers of the feeds their addresses name.
+    def feed_lost(self, feed: str, why: str) -> None:
+        """The fleet lock of ``feed`` is lost (another node may take it): its reader goes."""
+        reader = self.readers.get(feed)
+        if reader is not None:
+            self.count_error("feed-lock-lost")
+            reader._close_with(f"the reader of feed {feed!r} goes: {why}")
 
-        The messages for one feed are written to its reader in one write.
+    # --- feeds ----------------------------------------------------------------------------
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Write routed messages to their feeds' readers, here or elsewhere (`FeedDeliveries`).
 
         Returns:
-            A Deferred with one outcome per message, in order: fired at once,
-            or once every reader the batch congested drained (retry later
-            for what was written to a reader cut before it drained).
+            A Deferred with one outcome per message, in order.
         """
-        if not messages:
-            return succeed([])
-        feed = messages[0].address
-        readers: list[Congestion] = []
-        for message in messages:
-            if message.address != feed:
-                outcomes = self._to_feeds(messages, readers)
-                break
-        else:
-            outcomes = self._to_feed(feed, messages, readers)
-        return answer_when_drained(readers, outcomes, self._reader_cut)
-
-    def _to_feeds(self, messages: Sequence[Message], readers: list[Congestion]) -> list[Outcome]:
-        """A batch for several feeds: each feed's share as one batch, answered in order."""
-        by_feed: dict[str, list[int]] = {}
-        for index, message in enumerate(messages):
-            by_feed.setdefault(message.address, []).append(index)
-        outcomes: list[Outcome] = [Outcome.accepted()] * len(messages)
-        for feed, indices in by_feed.items():
-            answered = self._to_feed(feed, [messages[index] for index in indices], readers)
-            for index, outcome in zip(indices, answered, strict=True):
-                outcomes[index] = outcome
-        return outcomes
-
-    def _to_feed(
-        self, feed: str, messages: Sequence[Message], readers: list[Congestion]
-    ) -> list[Outcome]:
-        if feed not in self.settings.feeds:
-            return [Outcome.rejected(f"{self.name} has no feed named {feed!r}")] * len(messages)
-        reader = self.readers.get(feed)
-        if reader is None:
-            return [Outcome.retry(f"feed {feed!r} of {self.name} has no reader")] * len(messages)
-        readers.append(reader.congestion)
-        return reader.deliver(messages)
+        return self.feeds.deliver(messages)
