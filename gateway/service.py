@@ -45,7 +45,8 @@ from twisted.python import usage
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from gateway.admin import HealthReport, make_admin_site
+from gateway.admin.health import HealthReport
+from gateway.admin.site import make_admin_site
 from gateway.codecs.ssmp import ANONYMOUS as SSMP_ANONYMOUS
 from gateway.config import (
     DEFAULT_CONFIG_NAME,

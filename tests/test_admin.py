@@ -29,7 +29,8 @@ from twisted.web.resource import IResource
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from gateway.admin import HealthReport, make_admin_resource, make_admin_site
+from gateway.admin.health import HealthReport
+from gateway.admin.site import make_admin_resource, make_admin_site
 from gateway.codecs import dmp
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets

@@ -31,7 +31,9 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from gateway.admin import MAX_TAPS, TAP_END_SECONDS, HealthReport, make_admin_site
+from gateway.admin.health import HealthReport
+from gateway.admin.site import make_admin_site
+from gateway.admin.tap import MAX_TAPS, TAP_END_SECONDS
 from gateway.core.addressing import AddressPattern, AddressTemplate
 from gateway.core.auth import Secrets
 from gateway.core.interfaces import IRouteDelivery

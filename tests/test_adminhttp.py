@@ -1,6 +1,6 @@
-"""Tests for `gateway.adminhttp`: the admin site's Host check and bounded request bodies.
+"""Tests for `gateway.admin.channel`: the admin site's Host check and bounded request bodies.
 
-The site is `gateway.admin.make_admin_site` on a `Clock`, each connection a
+The site is `gateway.admin.site.make_admin_site` on a `Clock`, each connection a
 `StringTransport` whose local address is where the site listens; requests
 are raw bytes, so oversized and chunked bodies are exactly what a client
 would send.
@@ -19,8 +19,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.web.server import Site
 
-from gateway.admin import HealthReport, make_admin_site
-from gateway.adminhttp import (
+from gateway.admin.channel import (
     LINGER_SECONDS,
     MAX_BODY_BYTES,
     MAX_BODYLESS_BYTES,
@@ -30,6 +29,8 @@ from gateway.adminhttp import (
     HostPolicy,
     host_name,
 )
+from gateway.admin.health import HealthReport
+from gateway.admin.site import make_admin_site
 from gateway.core.router import Router, RouteTable
 from gateway.metrics import GatewayMetrics
 

@@ -1,6 +1,6 @@
 """``msggateway tap``: watch the messages on a listener or a route of a running gateway.
 
-It attaches to the admin endpoint's ``/tap`` (`gateway.admin`) with the
+It attaches to the admin endpoint's ``/tap`` (`gateway.admin.tap`) with the
 admin token, never taken from the command line: from the environment
 variable ``--token-env`` names when it is set, else from the gateway's
 configuration (``--config``, by default the embedded default as run from

@@ -7,7 +7,7 @@ from typing import Final
 
 import attrs
 
-from gateway.adminhttp import HostError, host_name
+from gateway.admin.channel import HostError, host_name
 from gateway.config.base import (
     Section,
     TableSchema,
@@ -205,7 +205,7 @@ class AdminConfig:
         endpoint: Where it listens; None disables it.
         allowed_hosts: Host names (and addresses) its requests may name
             besides the address they arrive on (and ``localhost`` on
-            loopback), in canonical form (`gateway.adminhttp.host_name`).
+            loopback), in canonical form (`gateway.admin.channel.host_name`).
     """
 
     endpoint: str | None = "tcp:8790:interface=127.0.0.1"

@@ -18,7 +18,8 @@ from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 from twisted.web.test.requesthelper import DummyRequest
 
-from gateway.admin import HealthReport, make_admin_resource
+from gateway.admin.health import HealthReport
+from gateway.admin.site import make_admin_resource
 from gateway.core.router import Router, RouteTable
 from gateway.fleet.backbone import Delivery
 from gateway.fleet.members import (
