@@ -172,7 +172,7 @@ class PendingOrigins:
             leaves_after = last_offset
             if window is None:
                 window = self._readers[reader] = deque()
-            elif window[-1][0] > leaves_after:
+            elif window and window[-1][0] > leaves_after:
                 leaves_after = window[-1][0]  # leave in commit order, whatever the offsets say
             while window and window[-1][1] >= offset:
                 window.pop()  # never the lowest again: this batch leaves after it

@@ -812,6 +812,8 @@ class Backbone:
         def consuming(_: object) -> None:
             self._ready_on(description)
 
+        # A channel numbers its confirms from 1: so do this channel's publishes.
+        self._sequence = 0
         channel.confirm_delivery(self._confirmed, callback=confirmed)
 
     def _ready_on(self, description: str) -> None:

@@ -146,6 +146,8 @@ def test_pending_origins_is_the_lowest_not_delivered() -> None:
     assert pending.lowest(READER) is None
     assert pending.lowest("other@s") is None
     assert pending.lowest("nobody@s") is None
+    pending.committed(39, [read(103)])  # after its window emptied
+    assert pending.lowest(READER) == 103
 
 
 def test_a_direct_route_delivers_what_a_consumer_read_under_its_origin() -> None:

@@ -2,7 +2,8 @@
 
 Publisher confirms with mandatory returns, many in a row (RabbitMQ acks
 them with ``multiple``: each result must still be its own message's), and
-bindings past one batch (`BIND_BATCH`) declared in batches.
+bindings past one batch (`BIND_BATCH`) declared in batches; confirms on the
+connection after a reconnection.
 """
 
 from __future__ import annotations
@@ -91,6 +92,50 @@ async def test_returns_and_confirms_in_a_row(rabbitmq: RabbitMQNode) -> None:
         await until(lambda: len(got) == 20)  # the last keys: bound in the second batch
         assert [delivery.body for delivery in got] == [b"m%d" % i for i in range(1, 40, 2)]
         assert {delivery.origin for delivery in got} == {node.node}
+        assert node.unconfirmed == 0
+    finally:
+        await node.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_confirms_after_a_reconnection(rabbitmq: RabbitMQNode) -> None:
+    """A new channel numbers its confirms from 1 again: publishes after it get their results.
+
+    Numbered on from the first channel, no result would ever come, and the
+    unconfirmed messages would hold the node's publishers.
+    """
+    endpoint = f"tcp:host=127.0.0.1:port={rabbitmq.amqp_port}"
+    clock: Any = reactor
+    node = Backbone(
+        node=f"t{next(_names)}",
+        endpoints=[(endpoint, clientFromString(clock, endpoint))],
+        clock=clock,
+    )
+    exchange = f"test.backbone.{node.node}.{id(node)}"
+    node.declare_exchange(exchange)
+    node.bind(exchange, "here")
+    ready = connected(node)
+    node.start()
+    try:
+        await ready
+        await bound(node)
+        results: list[Published] = []
+        for index in range(5):
+            node.publish(exchange, "here", b"m%d" % index, kind="test", on_result=results.append)
+        await until(lambda: len(results) == 5)
+        again = connected(node)
+        assert node._protocol is not None and node._protocol.transport is not None
+        node._protocol.transport.abortConnection()
+        await again
+        await bound(node)
+        results.clear()
+        for index in range(5):
+            node.publish(
+                exchange, "here", b"n%d" % index, kind="test", mandatory=True,
+                on_result=results.append,
+            )  # fmt: skip
+        await until(lambda: len(results) == 5)
+        assert results == [Published.ROUTED] * 5
         assert node.unconfirmed == 0
     finally:
         await node.stop()
