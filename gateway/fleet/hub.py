@@ -228,6 +228,16 @@ class FleetHub:
         """Unbind ``t.<topic>``: the last local subscriber went."""
         self.backbone.unbind(self.exchange, "t." + topic.decode("ascii"))
 
+    def when_bound(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the bindings asked for so far took effect.
+
+        At once without a connection to RabbitMQ: nothing crosses then anyway.
+        """
+        if self.backbone.ready:
+            self.backbone.when_bound(callback)
+        else:
+            callback()
+
     def peer_added(self, peer: HubPeer) -> None:
         """Bind ``p.<identity>``, then tell the node with an older login of it to close that."""
         identity = peer.identity

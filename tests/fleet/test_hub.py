@@ -79,8 +79,8 @@ class Fleet:
         peer = self.nodes[node].login(identity)
         flag = " PRESENCE" if presence else ""
         peer.send(b"".join(f"SUBSCRIBE {topic}{flag}\n".encode() for topic in topics))
-        assert peer.received().startswith(b"200\n" * len(topics))
-        self.settle()
+        self.settle()  # 200 once the node's binding is in place
+        assert peer.received().splitlines().count(b"200") == len(topics)
         return peer
 
 
@@ -372,3 +372,17 @@ def test_answers_of_a_fleet_ucast_become_outcomes(fleet: Fleet) -> None:
     assert fired(outcomes) == [
         Outcome.rejected("no peer 'nobody' is connected to any node", code="404")
     ]
+
+
+def test_subscribe_is_answered_once_the_binding_is_in_place(fleet: Fleet) -> None:
+    """The 200 waits for the node's binding: what other nodes publish after it arrives."""
+    alice = fleet.nodes[0].login("alice")
+    alice.send(b"SUBSCRIBE fresh\n")
+    assert alice.received() == b""  # the binding is on its way
+    fleet.settle()
+    assert alice.received() == b"200\n"
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST fresh right after\n")
+    assert bob.received() == b"200\n"
+    fleet.settle()
+    assert alice.received() == b"000 bob MCAST fresh right after\n"

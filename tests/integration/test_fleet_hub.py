@@ -334,14 +334,17 @@ def _interleavings(processes: list[GatewayProcess]) -> None:
             for who, peer in enumerate(peers):
                 peer.send("PING")
                 left = answers[who]
-                while True:  # its answers, the PONG, and what came meanwhile
+                pong = False
+                # Its answers (a SUBSCRIBE's once its node's binding is in
+                # place), the PONG (an event: at once), what came meanwhile.
+                while not pong or left > 0:
                     line = peer.read_line()
                     if line == b"000 . PONG":
-                        break
-                    if not line.startswith(b"000 "):  # a response, not an event
+                        pong = True
+                    elif not line.startswith(b"000 "):  # a response, not an event
                         left -= 1
-                        continue
-                    _record(got[who], line)
+                    else:
+                        _record(got[who], line)
                 assert left == 0
             for who, peer in enumerate(peers):  # what is still on its way
                 while (late := read_line_within(peer, 0.3)) is not None:

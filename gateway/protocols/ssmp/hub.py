@@ -108,6 +108,14 @@ class HubLink(Protocol):
     def ucast(self, to: bytes, line: bytes, answer: Callable[[Outcome], None]) -> None:
         """A UCAST event for ``to`` on another node; ``answer`` gets accepted, or 404 rejected."""
 
+    def when_bound(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once what this node has asked to receive is in place.
+
+        A SUBSCRIBE is answered then, so that every MCAST other nodes publish
+        after the answer reaches the subscriber. At once without a
+        connection to RabbitMQ (nothing crosses then anyway).
+        """
+
     def bcast(self, sender: bytes, topics: Iterable[bytes], line: bytes) -> None:
         """A BCAST event for other nodes' peers sharing one of ``topics`` (at most once each)."""
 

@@ -24,6 +24,7 @@ held and only the cap and the time apply.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Final, Unpack, cast
@@ -315,10 +316,15 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
     def _answer(self, slot: _Pending, result: Result) -> None:
         """A routed request's outcome: fill its slot, write the responses now in order."""
         if slot.ucast:
-            slot.line = ucast_response(result)
+            line = ucast_response(result)
         else:
             # No route after all (a route's match_sender): as without routes, 200.
-            slot.line = OK if isinstance(result, Unrouted) else outcome_response(result)
+            line = OK if isinstance(result, Unrouted) else outcome_response(result)
+        self._fill(slot, line)
+
+    def _fill(self, slot: _Pending, line: bytes) -> None:
+        """Give a slot its response; write the responses now in order."""
+        slot.line = line
         pending = self._pending
         while pending:
             head = pending[0]
@@ -522,8 +528,17 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         elif line.topic in self.topics:
             self._respond(ssmp.response_line(409, "already subscribed"))
         elif self._allowed(Action.CONSUME, line.topic):
-            self._respond(OK)
+            fleet = self.hub.fleet
+            if fleet is None:
+                self._respond(OK)
+                self.hub.subscribe(self, line.topic, line.presence)
+                return
+            # In a fleet, 200 once this node's binding for the topic is in
+            # place: from then on what any node publishes to it comes here.
+            slot = _Pending(False)
+            self._pending.append(slot)
             self.hub.subscribe(self, line.topic, line.presence)
+            fleet.when_bound(functools.partial(self._fill, slot, OK))
 
     def _on_unsubscribe(self, line: ssmp.Unsubscribe) -> None:
         if self.identity == ssmp.ANONYMOUS:
