@@ -75,7 +75,8 @@ Run (RabbitMQ is installed if missing, as root; Go is needed for ssmpload,
 
 Other options: ``--rounds N``, ``--latency-seconds S``, ``--no-latency``,
 ``--latency-rounds N``, ``--quiet-seconds N``, ``--budget-seconds S``,
-``--ssmpload PATH``.
+``--ssmpload PATH``, ``--before OLD.json`` (an earlier run's ratio and gateway
+CPU per message in a column of their own).
 """
 
 from __future__ import annotations
@@ -1550,6 +1551,7 @@ def summarize(
         "baseline_rate": statistics.median([a for a in base if a]) if any(base) else None,
         "ratio": statistics.median(ratios) if ratios else None,
         "target": row.target,
+        "bridge_cpus": [cpu_of(r.get(row.bridge), row.bridge_key) for r in rounds],
         "bridge_cpu_us": median_known([cpu_of(r.get(row.bridge), row.bridge_key) for r in rounds]),
         "baseline_cpu_us": median_known(
             [cpu_of(r.get(row.baseline), row.baseline_key) for r in rounds]
@@ -1616,10 +1618,23 @@ def p99_cell(figures: dict[str, float]) -> str:
     return text
 
 
-def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] | None) -> list[str]:
+def before_cell(earlier: dict[str, Any] | None) -> str:
+    """An earlier run's ratio and gateway CPU per message for a row (``--before``), or ``-``."""
+    if not earlier or earlier.get("ratio") is None:
+        return "-"
+    cpu = earlier.get("bridge_cpu_us")
+    return f"{earlier['ratio']:.2f}x" + ("" if cpu is None else f" {cpu:.1f}us")
+
+
+def table(
+    summaries: list[dict[str, Any]],
+    previous: dict[str, dict[str, Any]] | None,
+    before: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
     """The aligned text table."""
-    header = ["path", "bridge msg/s", "baseline msg/s", "ratio", "target", "server us/msg",
-              "p50/p99 ms", "endpoint p99 ms", "d p99 ms"]  # fmt: skip
+    header = ["path", "bridge msg/s", "baseline msg/s", "ratio", "before", "target",
+              "gateway us/msg", "baseline us/msg", "p50/p99 ms", "endpoint p99 ms",
+              "d p99 ms"]  # fmt: skip
     lines = [header]
     for s in summaries:
         ratio = spread(s["ratios"], lambda x: f"{x:.2f}x")
@@ -1646,19 +1661,18 @@ def table(summaries: list[dict[str, Any]], previous: dict[str, dict[str, Any]] |
         bridge_rates = [x for x in s["bridge_rates"] if x]
         base_rates = [x for x in s["baseline_rates"] if x]
         mark = {True: "*", False: " "}
-        cpu = "/".join(
-            "-" if value is None else f"{value:.1f}"
-            for value in (s["bridge_cpu_us"], s["baseline_cpu_us"])
-        )
+        gateway_cpu = spread([x for x in s.get("bridge_cpus", []) if x], lambda x: f"{x:.1f}")
+        base_cpu = "-" if s["baseline_cpu_us"] is None else f"{s['baseline_cpu_us']:.1f}"
         lines.append([
             s["path"], spread(bridge_rates, k) + mark[s["bridge_disturbed"]],
-            spread(base_rates, k) + mark[s["baseline_disturbed"]], ratio, target, cpu,
+            spread(base_rates, k) + mark[s["baseline_disturbed"]], ratio,
+            before_cell((before or {}).get(s["path"])), target, gateway_cpu, base_cpu,
             own + mark[bool(s.get("latency_disturbed"))], end, delta,
         ])  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return [
         "  ".join(
-            cell.ljust(width) if i in (0, 7) else cell.rjust(width)
+            cell.ljust(width) if i in (0, 9) else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(line, widths, strict=True))
         ).rstrip()
         for line in lines
@@ -1804,6 +1818,11 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--compare", type=Path, help="an earlier --json: regression rows against it"
     )
+    parser.add_argument(
+        "--before", type=Path,
+        help="an earlier --json (before a change): its ratio and gateway us/msg per row"
+        " in the before column (default: --compare's)",
+    )  # fmt: skip
     parser.add_argument("--ssmpload", type=Path, help="ssmpload binary (default: build it)")
     parser.add_argument(
         "--budget-seconds", type=float, default=3600.0,
@@ -1833,6 +1852,9 @@ def main() -> None:
     previous = None
     if args.compare:
         previous = {s["path"]: s for s in json.loads(args.compare.read_text())["rows"]}
+    before = previous
+    if args.before:
+        before = {s["path"]: s for s in json.loads(args.before.read_text())["rows"]}
     began = time.monotonic()
     with contextlib.ExitStack() as stack:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-bridges-")))
@@ -1857,7 +1879,7 @@ def main() -> None:
     elapsed = time.monotonic() - began
     summaries = [summarize(row, rounds, passes) for row in rows]
     print()
-    for line in table(summaries, previous):
+    for line in table(summaries, previous, before):
         print(line)
     print()
     print(
@@ -1874,9 +1896,15 @@ def main() -> None:
         f" (direct bridges: target <= {DELTA_P99_TARGET_MS} ms)"
     )
     print(
-        "server us/msg: CPU microseconds per message of the bridge's gateway / the baseline's"
-        " server (RabbitMQ's VM for RabbitMQ), medians; steadier than rates on a busy machine"
+        "gateway us/msg: CPU microseconds per message of the bridge's gateway, median"
+        " (min-max) over rounds; baseline us/msg: the baseline's server (RabbitMQ's VM for"
+        " RabbitMQ), median; steadier than rates on a busy machine"
     )
+    if before:
+        print(
+            "before: the ratio and gateway us/msg of the earlier run"
+            f" ({args.before or args.compare}), medians"
+        )
     print(
         f"*: other processes kept more than {BUSY_CORES} cores busy during at least one of"
         " the measurements behind the cell (the machine is shared)"
