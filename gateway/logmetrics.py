@@ -35,11 +35,23 @@ from gateway.core.log.values import DURATION_BUCKETS_SECONDS, Durations
 
 if TYPE_CHECKING:
     from gateway.core.forwarder import LogForwarder
-    from gateway.core.log import LogStore
+    from gateway.core.log import LogStore, StreamLog
 
-__all__ = ["ForwarderCollector", "LogCollector"]
+__all__ = ["ForwarderCollector", "LogCollector", "disk_bytes", "forwarder_lag"]
 
 _BOUNDS: Final = [repr(float(bound)) for bound in DURATION_BUCKETS_SECONDS] + ["+Inf"]
+
+
+def disk_bytes(stream: StreamLog) -> int:
+    """Bytes the stream's segment and index files hold."""
+    return sum(segment.size + segment.index_position() for segment in stream.segments)
+
+
+def forwarder_lag(forwarder: LogForwarder) -> int:
+    """Messages committed to the forwarder's stream that it has not finished delivering."""
+    stream = forwarder.stream
+    done = stream.query_offset(forwarder.reference)
+    return user_records_after(stream.segments, -1 if done is None else done)
 
 
 def _histogram(name: str, documentation: str, durations: Durations) -> HistogramMetricFamily:
@@ -88,12 +100,11 @@ class LogCollector(Collector):
             stream = store.get(name)
             if stream is None:
                 continue
-            kept = stream.segments
             appends.add_metric([name], stream.appends)
             messages.add_metric([name], stream.records)
             written.add_metric([name], stream.written_bytes)
-            disk.add_metric([name], sum(s.size + s.index_position() for s in kept))
-            segments.add_metric([name], len(kept))
+            disk.add_metric([name], disk_bytes(stream))
+            segments.add_metric([name], len(stream.segments))
         yield from (appends, messages, written, disk, segments)
         stats = store.stats
         yield _histogram(
@@ -168,11 +179,7 @@ class ForwarderCollector(Collector):
         ]
         for route, forwarder in sorted(self._forwarders.items()):
             carried = self._carry_over(route, forwarder)
-            stream = forwarder.stream
-            done = stream.query_offset(forwarder.reference)
-            lag.add_metric(
-                [route], user_records_after(stream.segments, -1 if done is None else done)
-            )
+            lag.add_metric([route], forwarder_lag(forwarder))
             for family, (attribute, _doc), base in zip(counts, _COUNTS, carried, strict=True):
                 family.add_metric([route], base + getattr(forwarder, attribute))
         yield lag

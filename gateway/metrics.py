@@ -416,6 +416,10 @@ class GatewayMetrics:
             stats = self._routes[name] = RouteStats()
         return stats
 
+    def traffic_counts(self) -> dict[str, TrafficCounters]:
+        """Every listener's and upstream's traffic counters so far, by name (read them only)."""
+        return dict(self._traffic)
+
     def routes(self) -> dict[str, RouteStats]:
         """Every route's numbers so far, by route name."""
         return dict(self._routes)

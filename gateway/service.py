@@ -946,6 +946,7 @@ def build_gateway(
             leases=LeaseDesk(dmp_listeners, config.secrets, reactor) if dmp_listeners else None,
             secrets=config.secrets,
             allowed_hosts=config.admin.allowed_hosts,
+            gateway=gateway,
         )
         gateway.admin = ListenerService(
             "admin", serverFromString(reactor, config.admin.endpoint), site

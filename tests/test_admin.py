@@ -185,10 +185,18 @@ def _route(routes: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def test_index_lists_the_paths(gateway: _Gateway) -> None:
-    """``/`` answers 200 with uncached JSON naming /healthz, /metrics and /routes."""
+    """``/`` answers 200 with uncached JSON naming the read-only paths and the status API."""
     response, body = _request(_stub(gateway), "GET", "/")
     assert response.code == 200
-    assert sorted(_json(response, body)["paths"]) == ["/healthz", "/metrics", "/routes"]
+    assert sorted(_json(response, body)["paths"]) == [
+        "/healthz",
+        "/listeners",
+        "/metrics",
+        "/nodes",
+        "/routes",
+        "/streams",
+        "/upstreams",
+    ]
 
 
 def test_healthz_ok(gateway: _Gateway) -> None:
@@ -302,6 +310,7 @@ def test_routes_lists_the_configuration_with_zero_counts(gateway: _Gateway) -> N
             "bytes": 0,
             "outcomes": {"accepted": 0, "retry": 0, "rejected": 0},
             "in_flight": 0,
+            "forwarder": None,
         },
         {
             "name": "orders",
@@ -315,6 +324,7 @@ def test_routes_lists_the_configuration_with_zero_counts(gateway: _Gateway) -> N
             "bytes": 0,
             "outcomes": {"accepted": 0, "retry": 0, "rejected": 0},
             "in_flight": 0,
+            "forwarder": None,
         },
     ]
 

@@ -370,6 +370,9 @@ def test_tap_is_off_without_an_admin_secret(clock: Clock) -> None:
         ("", 400, None),
         ("route=weather&route=weather", 400, None),
         ("route=weather&rate=0.1", 400, None),
+        ("route=weather&per_second=0", 400, None),
+        ("route=weather&per_second=x", 400, None),
+        ("route=weather&per_second=inf", 400, None),
     ],
 )
 def test_bad_queries_are_refused(
@@ -385,6 +388,18 @@ def test_bad_queries_are_refused(
         assert got == answer
     assert got["error"]
     assert router.taps == ()
+
+
+def test_a_cap_per_second_is_described_and_kept(clock: Clock) -> None:
+    """``per_second=N``: the first line says so, and at most N records come a second."""
+    router = _router(clock)
+    client = _Client(_site(router, clock))
+    client.request("/tap?route=weather&per_second=2")
+    assert client.head()[0] == 200
+    _send(router, *(f"weather.city{n}" for n in range(5)))
+    lines = client.lines()
+    assert lines[0]["tap"]["per_second"] == 2
+    assert [line["id"] for line in lines[1:]] == ["weather.city0", "weather.city1"]
 
 
 def test_bad_pattern_says_what_is_wrong(clock: Clock) -> None:

@@ -1,4 +1,4 @@
-"""The admin HTTP endpoint: health, metrics, the route table, DMP leases and taps.
+"""The admin HTTP endpoint: status page and API, health, metrics, DMP leases and taps.
 
 DESIGN.md, "Operations": a small twisted.web site, meant to listen on
 loopback (the assembly chooses the endpoint string). One module per
@@ -10,7 +10,9 @@ resource, on a shared base (`gateway.admin.base`):
   whose Host names the endpoint and bounds request bodies;
 - `gateway.admin.health`: ``/healthz``;
 - `gateway.admin.metrics`: ``/metrics``;
-- `gateway.admin.status`: ``/routes``;
+- `gateway.admin.status`: the status API, ``/routes``, ``/listeners``,
+  ``/upstreams``, ``/streams`` and ``/nodes``;
+- `gateway.admin.page`: the status page at ``/`` and its files;
 - `gateway.admin.leases`: ``/leases``;
 - `gateway.admin.tap`: ``/tap``.
 

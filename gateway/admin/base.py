@@ -21,6 +21,7 @@ from twisted.web.resource import IResource, Resource
 
 __all__ = [
     "ALLOWED_METHODS",
+    "CONTENT_SECURITY_POLICY",
     "JSON_CONTENT_TYPE",
     "PATHS",
     "SECURITY_HEADERS",
@@ -37,11 +38,20 @@ JSON_CONTENT_TYPE: Final = b"application/json"
 
 ALLOWED_METHODS: Final = (b"GET", b"HEAD")
 
+CONTENT_SECURITY_POLICY: Final = (
+    b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+    b" connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""The status page runs the gateway's own script and style, and talks to it alone."""
+
 SECURITY_HEADERS: Final = (
     (b"Cache-Control", b"no-store"),
     (b"X-Content-Type-Options", b"nosniff"),
+    (b"Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    (b"Referrer-Policy", b"no-referrer"),
+    (b"X-Frame-Options", b"DENY"),
 )
-"""Headers on every answer: nothing is cached or sniffed."""
+"""Headers on every answer: nothing is cached, sniffed, framed, or named in a Referer."""
 
 PATHS: Final[Mapping[str, str]] = MappingProxyType(
     {

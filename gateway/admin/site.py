@@ -5,16 +5,21 @@ default): an `AdminSite` over the tree of `make_admin_resource`, whose
 HTTP channels check Host and bound request bodies first
 (`gateway.admin.channel`). The paths, each a module of this package:
 
-- ``/``: the paths, each with a line about it (`IndexResource`);
+- ``/``: the status page for a browser (`gateway.admin.page`), else the
+  paths, each with a line about it (`IndexResource`); ``/static/``: the
+  page's script, style and icon;
 - ``/healthz``: whether the gateway is serving (`gateway.admin.health`);
 - ``/metrics``: Prometheus metrics (`gateway.admin.metrics`);
-- ``/routes``: the route table in use, with live numbers (`gateway.admin.status`);
+- ``/routes``, ``/listeners``, ``/upstreams``, ``/streams``, ``/nodes``: the
+  status API (`gateway.admin.status`);
 - ``/leases``: DMP leases made and revoked, with the admin token
   (`gateway.admin.leases`), when the gateway has DMP listeners;
 - ``/tap``: messages live, with the admin token (`gateway.admin.tap`).
 
-Every answer is JSON except ``/metrics``, carries ``Cache-Control:
-no-store`` and is generated afresh per request, so a route reload or a
+Every answer is JSON except ``/metrics`` and the page's files, carries
+``Cache-Control: no-store`` and a Content-Security-Policy that allows
+the gateway's own script, style and requests only (`gateway.admin.base`),
+and is generated afresh per request, so a route reload or a
 listener going down shows at once. The read-only paths allow GET and HEAD
 only (any other method gets a JSON 405 with an ``Allow`` header), and any
 other path gets a JSON 404. They need no authentication: nothing served
@@ -24,6 +29,7 @@ to leave the host.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
@@ -39,7 +45,17 @@ from gateway.admin.channel import AdminChannel, AdminRequest, HostPolicy
 from gateway.admin.health import HealthReport, HealthResource
 from gateway.admin.leases import LeaseMaker, LeasesResource
 from gateway.admin.metrics import MetricsResource
-from gateway.admin.status import RoutesResource
+from gateway.admin.page import HTML_CONTENT_TYPE, StaticFiles, page, wants_html
+from gateway.admin.status import (
+    STATUS_PATHS,
+    GatewayView,
+    JSONListResource,
+    RoutesResource,
+    listeners,
+    nodes,
+    streams,
+    upstreams,
+)
 from gateway.admin.tap import TAP_END_REASON, TAP_PATH_HELP, TapResource
 from gateway.core.auth import Secrets
 from gateway.core.router import Router
@@ -55,6 +71,7 @@ class IndexResource(AdminResource):
     def __init__(self, paths: Mapping[str, str]) -> None:
         super().__init__()
         self._paths = paths
+        self._page = page()
 
     def getChild(self, path: bytes, request: IRequest) -> IResource:
         """Serve the index for ``/`` itself and 404 for unknown children."""
@@ -63,7 +80,12 @@ class IndexResource(AdminResource):
         return NotFound()
 
     def render_GET(self, request: IRequest) -> bytes:
-        """Return the index."""
+        """Return the status page to a browser, the index to anyone else."""
+        request.setHeader(b"Vary", b"Accept")
+        if wants_html(request):
+            request.setResponseCode(http.OK)
+            request.setHeader(b"Content-Type", HTML_CONTENT_TYPE)
+            return self._page
         return json_body(request, http.OK, {"paths": dict(self._paths)})
 
 
@@ -141,8 +163,9 @@ def _build(
     leases: LeaseMaker | None,
     clock: IReactorTime | None,
     admin: AdminToken | None,
+    gateway: GatewayView | None,
 ) -> tuple[IResource, TapResource | None]:
-    paths = dict(PATHS)
+    paths = {**PATHS, **STATUS_PATHS}
     tap = None
     if clock is not None:
         tap = TapResource(router, health, admin if admin is not None else leases, clock)
@@ -150,7 +173,15 @@ def _build(
     root = IndexResource(MappingProxyType(paths))
     root.putChild(b"healthz", HealthResource(health))
     root.putChild(b"metrics", MetricsResource(metrics))
-    root.putChild(b"routes", RoutesResource(router, metrics))
+    root.putChild(b"routes", RoutesResource(router, metrics, gateway))
+    for name, make in (
+        (b"listeners", listeners),
+        (b"upstreams", upstreams),
+        (b"streams", streams),
+        (b"nodes", nodes),
+    ):
+        root.putChild(name, JSONListResource(functools.partial(make, gateway)))
+    root.putChild(b"static", StaticFiles())
     if leases is not None:
         root.putChild(b"leases", LeasesResource(leases))
     if tap is not None:
@@ -166,6 +197,7 @@ def make_admin_resource(
     leases: LeaseMaker | None = None,
     clock: IReactorTime | None = None,
     admin: AdminToken | None = None,
+    gateway: GatewayView | None = None,
 ) -> IResource:
     """Build the admin resource tree (also what in-memory tests serve).
 
@@ -179,13 +211,23 @@ def make_admin_resource(
         clock: Times ``/tap``'s records; without it there is no ``/tap``.
         admin: Checks ``/tap``'s admin token (default: ``leases``; with
             neither, ``/tap`` answers 403).
+        gateway: What the status API shows (listeners, upstreams, log
+            streams, nodes, forwarders); without it those lists are empty.
 
     Returns:
-        The root resource: ``/``, ``/healthz``, ``/metrics``, ``/routes``,
-        ``/leases`` and ``/tap``.
+        The root resource: ``/`` (the index, or the status page for a
+        browser), ``/healthz``, ``/metrics``, the status API (``/routes``,
+        ``/listeners``, ``/upstreams``, ``/streams``, ``/nodes``), the page's
+        ``/static/`` files, ``/leases`` and ``/tap``.
     """
     root, _tap = _build(
-        metrics=metrics, router=router, health=health, leases=leases, clock=clock, admin=admin
+        metrics=metrics,
+        router=router,
+        health=health,
+        leases=leases,
+        clock=clock,
+        admin=admin,
+        gateway=gateway,
     )
     return root
 
@@ -199,6 +241,7 @@ def make_admin_site(
     leases: LeaseMaker | None = None,
     secrets: Secrets | None = None,
     allowed_hosts: Iterable[str] = (),
+    gateway: GatewayView | None = None,
 ) -> Site:
     """Build the admin site, ready to listen on a (loopback) endpoint.
 
@@ -215,6 +258,7 @@ def make_admin_site(
             ``/tap`` answers 403.
         allowed_hosts: Host names and addresses requests may name besides
             the address they arrive on (`HostPolicy`).
+        gateway: What the status API shows (`make_admin_resource`).
 
     Returns:
         A `Site` over the resources of `make_admin_resource`, without an
@@ -228,6 +272,12 @@ def make_admin_site(
     if admin is None and secrets is not None:
         admin = LeaseDesk({}, secrets, reactor)  # no DMP listeners: it only checks the token
     root, tap = _build(
-        metrics=metrics, router=router, health=health, leases=leases, clock=reactor, admin=admin
+        metrics=metrics,
+        router=router,
+        health=health,
+        leases=leases,
+        clock=reactor,
+        admin=admin,
+        gateway=gateway,
     )
     return AdminSite(root, reactor=reactor, tap=tap, hosts=HostPolicy.of(allowed_hosts))

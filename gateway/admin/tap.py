@@ -1,6 +1,6 @@
 """``/tap``: the messages passing a listener or a route, live, as JSON lines.
 
-``GET /tap?listener=NAME|route=NAME&match=PATTERN&sample=RATE&max=N`` with
+``GET /tap?listener=NAME|route=NAME&match=PATTERN&sample=RATE&max=N&per_second=N`` with
 the admin token streams the messages passing there, as JSON lines written
 by `gateway.core.tap.TapWriter`, until the client goes away or the gateway
 stops (`TapResource.end_all`); ``msggateway tap`` reads it.
@@ -19,11 +19,23 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from gateway.admin.base import AdminToken, NotFound, json_body, refused_without_token
+from gateway.admin.base import (
+    AdminToken,
+    NotFound,
+    json_body,
+    refused_without_token,
+    set_common_headers,
+)
 from gateway.admin.health import HealthReport
 from gateway.core.addressing import AddressPattern, PatternError
 from gateway.core.router import Router
-from gateway.core.tap import DEFAULT_TAP_RECORDS, MAX_TAP_RECORDS, Tap, TapWriter
+from gateway.core.tap import (
+    DEFAULT_TAP_RECORDS,
+    MAX_TAP_PER_SECOND,
+    MAX_TAP_RECORDS,
+    Tap,
+    TapWriter,
+)
 
 __all__ = [
     "MAX_TAPS",
@@ -38,7 +50,7 @@ _N = TypeVar("_N", int, float)
 
 TAP_CONTENT_TYPE: Final = b"application/x-ndjson"
 """``/tap`` answers newline-delimited JSON: one object per line, as it comes."""
-TAP_PARAMETERS: Final = frozenset({"listener", "route", "match", "sample", "max"})
+TAP_PARAMETERS: Final = frozenset({"listener", "route", "match", "sample", "max", "per_second"})
 MAX_TAPS: Final = 16
 """Taps open at once: each costs the router work per batch on its listener or route."""
 TAP_END_SECONDS: Final = 1.0
@@ -47,7 +59,7 @@ TAP_END_POLL_SECONDS: Final = 0.01
 TAP_END_REASON: Final = "the gateway is stopping"
 TAP_PATH_HELP: Final = (
     "watch messages live (admin token): ?listener=NAME or ?route=NAME,"
-    " &match=PATTERN&sample=RATE&max=RECORDS"
+    " &match=PATTERN&sample=RATE&max=RECORDS&per_second=N"
 )
 
 
@@ -67,7 +79,9 @@ class TapResource(Resource):
     ``match=PATTERN`` (route pattern syntax, on the source address or any
     recipient); ``sample=RATE`` (above 0, at most 1; default 1);
     ``max=RECORDS`` (records kept for a slow reader before they are
-    dropped; default `DEFAULT_TAP_RECORDS`). Needs the admin token, as
+    dropped; default `DEFAULT_TAP_RECORDS`); ``per_second=N`` (take at
+    most N records a second, the rest counted as sampled out; default: no
+    cap). Needs the admin token, as
     ``/leases`` does. The answer is 200 with a chunked body written by
     `TapWriter` until the client goes away or the gateway stops; errors are
     JSON: 401/403 without the token, 400 for a bad query, 404 naming an
@@ -101,8 +115,7 @@ class TapResource(Resource):
 
     def render(self, request: Request) -> bytes | int:
         """Start streaming a tap, or answer why not."""
-        request.setHeader(b"Cache-Control", b"no-store")
-        request.setHeader(b"X-Content-Type-Options", b"nosniff")
+        set_common_headers(request)
         if request.method != b"GET":
             request.setHeader(b"Allow", b"GET")
             return json_body(request, http.NOT_ALLOWED, {"error": "method not allowed"})
@@ -234,8 +247,23 @@ class TapResource(Resource):
             raise _TapRefusedError(
                 http.BAD_REQUEST, {"error": f"max is 1 to {MAX_TAP_RECORDS} records"}
             )
+        cap = one("per_second")
+        per_second = None
+        if cap is not None:
+            per_second = _number(cap, float, 0.0, "per_second", "a count of records a second")
+            if not (math.isfinite(per_second) and 0.0 < per_second <= MAX_TAP_PER_SECOND):
+                raise _TapRefusedError(
+                    http.BAD_REQUEST,
+                    {"error": f"per_second is above 0 and at most {MAX_TAP_PER_SECOND:g}"},
+                )
         return Tap(
-            listener=listener, route=route, pattern=pattern, sample=sample, max_records=records
+            listener=listener,
+            route=route,
+            pattern=pattern,
+            sample=sample,
+            max_records=records,
+            per_second=per_second,
+            clock=self._clock,
         )
 
 

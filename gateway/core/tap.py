@@ -16,6 +16,12 @@ record: a JSON line (`Tap.offer`) saying when it arrived, where from, its
 envelope (id, sender, address, recipients, body size, header names) and,
 per route, where it went and the outcome.
 
+A tap may also take at most ``per_second`` records a second (a token
+bucket holding one second's worth): the status page's live view asks for a
+few dozen, which a person can read and which cost the router next to
+nothing however fast messages pass; past it, messages count as sampled out
+and cost one comparison per batch.
+
 Each tap keeps at most ``max_records`` records (and `MAX_TAP_BUFFER_BYTES`)
 until its reader takes them (`Tap.take`); past that, records are dropped
 and counted, so a slow reader never slows the router nor grows memory.
@@ -49,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TAP_RECORDS",
     "MAX_TAP_BUFFER_BYTES",
+    "MAX_TAP_PER_SECOND",
     "MAX_TAP_RECORDS",
     "UNROUTED",
     "BatchTap",
@@ -62,6 +69,8 @@ DEFAULT_TAP_RECORDS: Final = 1000
 """Records a tap keeps for its reader unless asked for another number."""
 MAX_TAP_RECORDS: Final = 100_000
 """The most records a tap may be asked to keep (each is a few hundred bytes)."""
+MAX_TAP_PER_SECOND: Final = 100_000.0
+"""The highest cap per second a tap may be given (no cap at all is allowed too)."""
 MAX_TAP_BUFFER_BYTES: Final = 4 * 1024 * 1024
 """However many records are allowed, a tap keeps at most this many bytes of them."""
 MAX_LISTED_ITEMS: Final = 20
@@ -111,11 +120,16 @@ class Sampler:
         self._credit = credit + self.rate
         return False
 
-    def take_many(self, count: int) -> list[int]:
+    def take_many(self, count: int, limit: int | None = None) -> list[int]:
         """Which of the next ``count`` to take, by position; as `take` would, in O(taken).
 
         The offers between two takes are skipped by arithmetic, so that a
         batch of 1,000 at rate 0.01 costs ten steps, not a thousand.
+
+        Args:
+            count: Offers.
+            limit: Take at most this many; the offers after the last one
+                taken are then passed over without counting them.
         """
         rate = self.rate
         credit = self._credit
@@ -136,6 +150,8 @@ class Sampler:
             taken.append(position)
             credit += rate - 1.0
             position += 1
+            if limit is not None and len(taken) >= limit:
+                break
         self._credit = credit
         return taken
 
@@ -155,10 +171,12 @@ class Tap:
             recipients) matches it.
         sample: The share of matching messages to show (`Sampler`).
         max_records: Records kept until the reader takes them.
+        per_second: Take at most this many records a second (None: no cap).
+        clock: Times the cap (needed with ``per_second``).
 
     Raises:
-        ValueError: Not exactly one of listener and route, or a rate or
-            record count out of range.
+        ValueError: Not exactly one of listener and route, a rate, record
+            count or cap out of range, or a cap without a clock.
     """
 
     def __init__(
@@ -169,11 +187,26 @@ class Tap:
         pattern: AddressPattern | None = None,
         sample: float = 1.0,
         max_records: int = DEFAULT_TAP_RECORDS,
+        per_second: float | None = None,
+        clock: IReactorTime | None = None,
     ) -> None:
         if (listener is None) == (route is None):
             raise ValueError("a tap watches either a listener or a route")
         if not 1 <= max_records <= MAX_TAP_RECORDS:
             raise ValueError(f"a tap keeps 1 to {MAX_TAP_RECORDS} records, not {max_records}")
+        if per_second is not None:
+            if not (math.isfinite(per_second) and 0.0 < per_second <= MAX_TAP_PER_SECOND):
+                raise ValueError(
+                    f"a tap takes above 0 and at most {MAX_TAP_PER_SECOND} records a second,"
+                    f" not {per_second:g}"
+                )
+            if clock is None:
+                raise ValueError("a tap with a cap per second needs a clock")
+        self.per_second = per_second
+        self._clock = clock
+        self._allowance = per_second or 0.0
+        """Records the cap lets through now (a token bucket of one second's worth)."""
+        self._allowed_at = clock.seconds() if clock is not None else 0.0
         self.listener = listener
         self.route = route
         self.pattern = pattern
@@ -199,14 +232,17 @@ class Tap:
         return self._sampler.rate
 
     def describe(self) -> dict[str, object]:
-        """What the tap watches, as JSON: listener or route, pattern, rate, records kept."""
-        return {
+        """What the tap watches, as JSON: listener or route, pattern, rate, records kept, cap."""
+        described: dict[str, object] = {
             "listener": self.listener,
             "route": self.route,
             "match": None if self.pattern is None else self.pattern.text,
             "sample": self.sample,
             "max": self.max_records,
         }
+        if self.per_second is not None:
+            described["per_second"] = self.per_second
+        return described
 
     def counts(self) -> dict[str, int]:
         """The counters, as JSON."""
@@ -241,13 +277,28 @@ class Tap:
         if not count:
             return []
         self.seen += count
-        chosen = [indices[position] for position in self._sampler.take_many(count)]
+        limit = None if self.per_second is None else self._allowed()
+        if limit == 0:
+            self.sampled_out += count
+            return []
+        chosen = [indices[position] for position in self._sampler.take_many(count, limit)]
         self.sampled_out += count - len(chosen)
+        if limit is not None:
+            self._allowance -= len(chosen)
         room = 0 if self._bytes >= MAX_TAP_BUFFER_BYTES else self.max_records - len(self._lines)
         if len(chosen) > room:
             self.dropped += len(chosen) - max(room, 0)
             del chosen[max(room, 0) :]
         return chosen
+
+    def _allowed(self) -> int:
+        """How many records the cap per second lets through now."""
+        assert self._clock is not None and self.per_second is not None
+        now = self._clock.seconds()
+        allowance = self._allowance + (now - self._allowed_at) * self.per_second
+        self._allowance = min(allowance, self.per_second)
+        self._allowed_at = now
+        return int(self._allowance + _SAMPLE_EPSILON)  # clock times are not exact either
 
     def _matching(self, messages: Sequence[Message], indices: Sequence[int]) -> Sequence[int]:
         """The candidates whose address (or a recipient) matches the pattern."""

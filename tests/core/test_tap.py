@@ -325,6 +325,49 @@ def test_sampling_counts_what_it_leaves_out() -> None:
     assert tap.counts() == {"seen": 100, "shown": 10, "sampled_out": 90, "dropped": 0}
 
 
+def test_sampler_stops_at_a_limit() -> None:
+    """With a limit, take_many takes no more than it, from the first offers it would take."""
+    assert Sampler(1.0).take_many(10, limit=3) == [0, 1, 2]
+    assert Sampler(0.5).take_many(100, limit=2) == [0, 2]
+    assert Sampler(0.5).take_many(3, limit=10) == [0, 2]
+
+
+def test_a_cap_per_second_takes_a_second_worth_then_refills() -> None:
+    """per_second=5: five records at once, then none until the clock moves, then as it moves.
+
+    What the cap leaves out counts as sampled out; it is described with the tap.
+    """
+    router, clock = _router((WEATHER, _Answering()))
+    tap = Tap(listener="ssmp-in", per_second=5, clock=clock)
+    assert tap.describe()["per_second"] == 5
+    router.add_tap(tap)
+    batch = [Message(body=b"", address="weather.oslo", id=str(i)) for i in range(20)]
+    _route(router, "ssmp-in", batch)
+    assert [r["id"] for r in _records(tap)] == ["0", "1", "2", "3", "4"]
+    _route(router, "ssmp-in", batch)
+    assert _records(tap) == []
+    clock.advance(0.4)  # two records' worth
+    _route(router, "ssmp-in", batch)
+    assert [r["id"] for r in _records(tap)] == ["0", "1"]
+    clock.advance(60)  # never more than a second's worth at once
+    _route(router, "ssmp-in", batch)
+    assert len(_records(tap)) == 5
+    assert tap.counts() == {"seen": 80, "shown": 12, "sampled_out": 68, "dropped": 0}
+
+
+@pytest.mark.parametrize("per_second", [0.0, -1.0, float("nan"), float("inf"), 1e9])
+def test_a_cap_out_of_range_is_refused(per_second: float) -> None:
+    """A cap is above 0 and at most MAX_TAP_PER_SECOND."""
+    with pytest.raises(ValueError, match="records a second"):
+        Tap(listener="x", per_second=per_second, clock=Clock())
+
+
+def test_a_cap_needs_a_clock() -> None:
+    """A cap per second cannot be kept without a clock."""
+    with pytest.raises(ValueError, match="clock"):
+        Tap(listener="x", per_second=1.0)
+
+
 def test_a_full_buffer_drops_and_counts() -> None:
     """Records past max_records are dropped and counted; once taken, records come again."""
     router, _ = _router((WEATHER, _Answering()))

@@ -92,7 +92,7 @@ def installed(venv: Path, code: str) -> str:
 
 
 def test_the_wheel_is_not_this_checkout(venv: Path) -> None:
-    """The fresh install imports its own copy, and carries both Twisted plugins."""
+    """The fresh install imports its own copy, both Twisted plugins and the status page."""
     where = installed(venv, "import gateway, twisted.plugins as p; print(gateway.__file__)")
     assert str(venv) in where and str(ROOT) not in where
     plugins = installed(
@@ -103,6 +103,8 @@ def test_the_wheel_is_not_this_checkout(venv: Path) -> None:
     assert "'msggateway_plugin'" in plugins and "'msggateway_endpoints'" in plugins
     files = installed(venv, "import importlib.metadata as m; print(m.files('msggateway'))")
     assert "LICENSE" in files
+    for name in ("status.html", "status.js", "status.css", "favicon.svg"):
+        assert f"gateway/admin/static/{name}" in files  # the admin endpoint's status page
 
 
 def test_twistd_runs_the_packaged_default_and_serves(venv: Path, tmp_path: Path) -> None:
