@@ -18,16 +18,20 @@ from typing import Any
 import pytest
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 
 from gateway.admin.base import CONTENT_SECURITY_POLICY
 from gateway.admin.site import AdminSite
+from gateway.admin.status import nodes
 from gateway.codecs import qmqp
 from gateway.config import load_config
+from gateway.fleet.members import Membership
 from gateway.protocols.listener import ListenerConnection
 from gateway.service import GatewayService, build_gateway
+from tests.fleet.broker import MemoryBackbone, MemoryBroker
 from tests.protocols.test_listener import _TCPTransport
 
 BASE = "http://admin.invalid"
@@ -258,3 +262,35 @@ def test_the_page_reads_only_the_status_api() -> None:
     assert "localStorage" not in script  # the token lives in sessionStorage only
     assert "sessionStorage.setItem(TOKEN_KEY" in script
     assert 'fetch("tap?"' in script
+
+
+class _FleetNode:
+    """What ``/nodes`` reads of a gateway in a fleet: its id and its membership."""
+
+    def __init__(self, broker: MemoryBroker, node: str, config: str) -> None:
+        self.node = node
+        self.membership = Membership(
+            MemoryBackbone(broker, node),
+            broker.clock,
+            config_hash=lambda: config,
+            addresses=lambda: {"hub": ("127.0.0.1", 7000 + len(node))},
+            unhealthy_after_seconds=10.0,
+        )
+        self.membership.start()
+
+
+def test_nodes_in_a_fleet_lists_the_live_nodes() -> None:
+    """In a fleet, ``/nodes`` lists every live node, which is this one, and whose config differs."""
+    clock = Clock()
+    clock.advance(1_000)
+    broker = MemoryBroker(clock)
+    a = _FleetNode(broker, "a", "c1")
+    _FleetNode(broker, "bb", "c2")
+    clock.advance(0)
+    found = nodes(a)  # a stand-in with the part of a GatewayView that /nodes reads
+    assert [(n["node"], n["this"], n["fleet"], n["config_matches"]) for n in found] == [
+        ("a", True, True, True),
+        ("bb", False, True, False),
+    ]
+    assert found[1]["listeners"] == {"hub": "127.0.0.1:7002"}
+    assert found[0]["started"] == 1_000
