@@ -120,7 +120,14 @@ def test_follow_refuses_what_is_not_json() -> None:
 
 
 def _args(**given: Any) -> argparse.Namespace:
-    values = {"listener": None, "route": None, "match": None, "sample": 1.0, "max": None}
+    values = {
+        "listener": None,
+        "route": None,
+        "match": None,
+        "sample": 1.0,
+        "max": None,
+        "per_second": None,
+    }
     return argparse.Namespace(**{**values, **given})
 
 
@@ -130,6 +137,8 @@ def test_tap_url() -> None:
     assert url.geturl() == "http://127.0.0.1:8790/tap?route=to-hub&match=%23%40x.org&sample=0.01"
     url = tap_url("https://gw.example/admin/", _args(listener="mail", max=50))
     assert url.geturl() == "https://gw.example/admin/tap?listener=mail&max=50"
+    url = tap_url("http://127.0.0.1:8790", _args(route="r", per_second=20))
+    assert url.geturl() == "http://127.0.0.1:8790/tap?route=r&per_second=20"
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,14 @@ def add_commands(commands: Commands) -> None:
         " them and says how many (default: the gateway's, 1000)",
     )
     tap.add_argument(
+        "--per-second",
+        type=positive(int),
+        default=None,
+        metavar="RECORDS",
+        help="take at most this many records a second, the rest counted as sampled out"
+        " (what the status page asks for; default: no cap)",
+    )
+    tap.add_argument(
         "--token-env",
         default=DEFAULT_TOKEN_ENV,
         metavar="VAR",
@@ -141,6 +149,8 @@ def tap_url(admin: str, args: argparse.Namespace) -> urllib.parse.SplitResult:
         query["sample"] = repr(args.sample)
     if args.max is not None:
         query["max"] = str(args.max)
+    if args.per_second is not None:
+        query["per_second"] = str(args.per_second)
     path = base.path.rstrip("/") + "/tap"
     return base._replace(path=path, query=urllib.parse.urlencode(query), fragment="")
 
