@@ -14,7 +14,8 @@ ssmp-rabbitmq      SSMP MCAST -> stream upstream -> RabbitMQ,  rstream straight 
 qmqp-durable       QMQP 1 KB -> hub on a durable route,        QMQP listener without routes
                    ``fsync = "always"`` (K after commit)       (every message answered D)
 qmqp-hub           QMQP 1 KB -> hub on a direct route          the same unrouted listener
-dmp-feed           DMP sink -> feed, 4 writers, 100 B          SSMP hub MCAST 1 -> 1 (ssmpload)
+dmp-feed-1         DMP sink -> feed, 1 writer, 100 B           SSMP hub MCAST 1 -> 1 (ssmpload)
+dmp-feed           DMP sink -> feed, 4 writers, 100 B          the same
 mtl-routed         MTL confirm=full writer -> route ->         MTL test profile, 1 writer to
                    confirm=full reader (window 1,000)          1 reader
 ssmp-hub           the gateway's SSMP hub, MCAST 1 -> 1        bench/naive_hub.py, same load
@@ -49,6 +50,11 @@ ssmp-hub and stream-publish, the gateway against the baseline. The
 SSMP -> RabbitMQ runs read the stream back and check that every
 acknowledged payload is there once.
 
+With ``--before-tree TREE`` (a checkout of earlier code, such as ``git
+worktree add /tmp/before HEAD~3``), each round also measures every selected
+row's bridge on a gateway running that tree's code, against the same round's
+baseline: the *before* column then comes from the same run.
+
 The machine is shared: each measurement records how many cores other
 processes kept busy meanwhile, and a table cell that rests on a disturbed
 measurement is marked ``*``; ``--quiet-seconds N`` waits (at most N
@@ -76,7 +82,7 @@ Run (RabbitMQ is installed if missing, as root; Go is needed for ssmpload,
 Other options: ``--rounds N``, ``--latency-seconds S``, ``--no-latency``,
 ``--latency-rounds N``, ``--quiet-seconds N``, ``--budget-seconds S``,
 ``--ssmpload PATH``, ``--before OLD.json`` (an earlier run's ratio and gateway
-CPU per message in a column of their own).
+CPU per message in a column of their own), ``--before-tree TREE`` (above).
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -142,6 +149,12 @@ DELTA_P99_TARGET_MS: Final = 0.3
 REGRESSION_TOLERANCE: Final = 0.05
 BUSY_CORES: Final = 0.3
 """Other processes busier than this during a measurement: it is marked * in the table."""
+TREE_TWISTD: Final = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from twisted.scripts.twistd import run; run()"
+)
+"""twistd with the source tree named by its first argument ahead of this checkout."""
+BEFORE: Final = " @before"
+"""Appended to a scenario's name when it runs on the ``--before-tree`` code."""
 LOG_PROBLEM: Final = re.compile(r"Traceback|Unhandled|CRITICAL|\berror\b|\bfailed\b", re.IGNORECASE)
 
 # --- gateway configurations (each scenario gets a fresh gateway) -----------------------------
@@ -211,7 +224,7 @@ endpoint = "tcp:0:interface=127.0.0.1"
 sinks = ["in"]
 feeds = ["out"]
 heartbeat_seconds = 5
-max_feed_backlog_bytes = 67108864
+max_backlog_bytes = 67108864
 
 [listeners.dmp.leases]
 writer = { sink = "in", text = "w" }
@@ -253,6 +266,8 @@ class Bench:
     node_error: str | None = None
     started: float = field(default_factory=time.monotonic)
     notes: list[str] = field(default_factory=list)
+    tree: Path | None = None
+    """Run gateways from this source tree instead of this checkout (``--before-tree``)."""
     _gateways: int = 0
 
     @property
@@ -296,7 +311,11 @@ class Bench:
         """A fresh gateway; afterwards its route metrics and log problems go into ``record``."""
         self._gateways += 1
         directory = self.scratch / f"gateway-{self._gateways}"
-        process = GatewayProcess(directory, config, routes=routes).start()
+        launcher = None
+        if self.tree is not None:  # that tree's gateway package first on the path
+            launcher = [sys.executable, "-c", TREE_TWISTD, str(self.tree),
+                        "--nodaemon", "--pidfile=", "--logfile=-", "msggateway"]  # fmt: skip
+        process = GatewayProcess(directory, config, routes=routes, launcher=launcher).start()
         try:
             yield process
         finally:
@@ -524,19 +543,21 @@ def qmqp_status_problems(result: dict[str, Any], expected: str) -> None:
         result["problems"].append(f"replies other than {expected}: {others}")
 
 
-def dmp_flood(address: tuple[str, int], seconds: float, max_count: int) -> dict[str, Any]:
-    """`DMP_WRITERS` writers write 100-byte envelopes for ``seconds``; one reader counts them.
+def dmp_flood(
+    address: tuple[str, int], seconds: float, max_count: int, writers_count: int = DMP_WRITERS
+) -> dict[str, Any]:
+    """``writers_count`` writers write 100-byte envelopes for ``seconds``; one reader counts them.
 
     DMP has no acknowledgement, so the writers keep at most `DMP_WINDOW`
-    envelopes written and not yet read: past ``max_feed_backlog_bytes`` the
+    envelopes written and not yet read: past ``max_backlog_bytes`` the
     gateway drops what a feed's reader is behind on (as designed), and a
     measurement of that would count the drops, not the bridge.
     """
     reader = opened(address, b"r")
-    writers = [opened(address, b"w") for _ in range(DMP_WRITERS)]
+    writers = [opened(address, b"w") for _ in range(writers_count)]
     batch = envelope(b"x" * MESSAGE_BYTES) * DMP_BATCH
-    per_writer = max_count // DMP_WRITERS
-    written = [0] * DMP_WRITERS
+    per_writer = max_count // writers_count
+    written = [0] * writers_count
     failure: list[str] = []
     stop_at = time.monotonic() + seconds
 
@@ -860,13 +881,18 @@ def t_qmqp(route: str | None, expected: str) -> Callable[[Bench, dict[str, Any]]
     return run
 
 
-def t_dmp(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
-    """DMP sink routed (direct) to a feed of the same listener."""
-    with (
-        bench.gateway(DMP, {"loop": DMP_ROUTE}, record) as gateway,
-        cpu_window(gateway.pid, record),
-    ):
-        return dmp_flood(gateway.address("dmp"), bench.seconds, bench.max_count)
+def t_dmp(writers: int) -> Callable[[Bench, dict[str, Any]], dict[str, Any]]:
+    """DMP sink routed (direct) to a feed of the same listener, ``writers`` writers."""
+
+    def run(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
+        with (
+            bench.gateway(DMP, {"loop": DMP_ROUTE}, record) as gateway,
+            cpu_window(gateway.pid, record),
+        ):
+            return dmp_flood(gateway.address("dmp"), bench.seconds, bench.max_count, writers)
+
+    run.__doc__ = f"DMP sink routed (direct) to a feed of the same listener, {writers} writer(s)."
+    return run
 
 
 def t_hub(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
@@ -904,7 +930,8 @@ THROUGHPUT: Final[dict[str, Callable[[Bench, dict[str, Any]], dict[str, Any]]]] 
     "qmqp durable": t_qmqp(DURABLE_ROUTE, "K"),
     "qmqp direct": t_qmqp(QMQP_ROUTE, "K"),
     "qmqp unrouted": t_qmqp(None, "D"),
-    "dmp sink->feed": t_dmp,
+    "dmp sink->feed 1": t_dmp(1),
+    "dmp sink->feed": t_dmp(DMP_WRITERS),
     "hub mcast 1->1": t_hub,
     "naive hub 1->1": t_naive_hub,
     "mtl routed": t_mtl_routed,
@@ -1473,8 +1500,10 @@ ROWS: Final = (
         "qmqp unrouted", 0.7, latency="qmqp durable K", endpoints=("qmqp unrouted D",)),
     Row("qmqp-hub", "QMQP 1 KB -> hub, direct", "qmqp direct", "qmqp unrouted", 0.85,
         latency="qmqp direct K", endpoints=("qmqp unrouted D", "hub mcast 1->1"), direct=True),
+    Row("dmp-feed-1", "DMP sink -> feed, 1 writer, 100 B", "dmp sink->feed 1", "hub mcast 1->1",
+        0.5, latency="dmp sink->feed", endpoints=("hub mcast 1->1",), direct=True),
     Row("dmp-feed", "DMP sink -> feed, 4 writers, 100 B", "dmp sink->feed", "hub mcast 1->1",
-        0.35, latency="dmp sink->feed", endpoints=("hub mcast 1->1",), direct=True),
+        0.35),
     Row("mtl-routed", "MTL routed, confirm=full", "mtl routed", "mtl test 1->1", 0.8,
         latency="mtl routed", endpoints=("mtl test 1->1",), direct=True),
     Row("ssmp-hub", "SSMP hub vs naive hub (ssmpload)", "hub mcast 1->1", "naive hub 1->1",
@@ -1823,6 +1852,11 @@ def arguments() -> argparse.Namespace:
         help="an earlier --json (before a change): its ratio and gateway us/msg per row"
         " in the before column (default: --compare's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--before-tree", type=Path,
+        help="a checkout of earlier code: each round also measures every row's bridge on it"
+        " (the before column, from the same run)",
+    )  # fmt: skip
     parser.add_argument("--ssmpload", type=Path, help="ssmpload binary (default: build it)")
     parser.add_argument(
         "--budget-seconds", type=float, default=3600.0,
@@ -1840,6 +1874,27 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def on_tree(
+    tree: Path, scenario: Callable[[Bench, dict[str, Any]], dict[str, Any]]
+) -> Callable[[Bench, dict[str, Any]], dict[str, Any]]:
+    """``scenario`` with its gateways running the code of ``tree`` (``--before-tree``)."""
+
+    def run(bench: Bench, record: dict[str, Any]) -> dict[str, Any]:
+        bench.tree = tree
+        try:
+            return scenario(bench, record)
+        finally:
+            bench.tree = None
+
+    return run
+
+
+def before_row(row: Row) -> Row:
+    """The row with its bridge (and the bridge's latency) measured on the ``--before-tree``."""
+    latency = row.latency + BEFORE if row.latency else None
+    return dataclasses.replace(row, bridge=row.bridge + BEFORE, latency=latency)
+
+
 def main() -> None:
     """Measure the selected paths and print the table."""
     args = arguments()
@@ -1849,6 +1904,14 @@ def main() -> None:
     latencies = list(
         dict.fromkeys(name for row in rows if row.latency for name in (row.latency, *row.endpoints))
     )
+    scenarios, timed = dict(THROUGHPUT), dict(LATENCY)
+    if args.before_tree:  # each bridge again, on the earlier code, right after its own
+        tree = args.before_tree.resolve()
+        for names, known in ((throughput, scenarios), (latencies, timed)):
+            bridges = {row.bridge for row in rows} | {row.latency for row in rows}
+            for name in [name for name in names if name in bridges]:
+                known[name + BEFORE] = on_tree(tree, known[name])
+                names.insert(names.index(name) + 1, name + BEFORE)
     previous = None
     if args.compare:
         previous = {s["path"]: s for s in json.loads(args.compare.read_text())["rows"]}
@@ -1866,7 +1929,7 @@ def main() -> None:
         for number in range(args.rounds):
             order = throughput if number % 2 == 0 else throughput[::-1]
             print(f"round {number + 1} of {args.rounds}", file=sys.stderr)
-            rounds.append({name: run_one(bench, name, THROUGHPUT[name]) for name in order})
+            rounds.append({name: run_one(bench, name, scenarios[name]) for name in order})
         passes: list[dict[str, dict[str, Any]]] = []
         for number in range(args.latency_rounds if latencies and not args.no_latency else 0):
             order = latencies if number % 2 == 0 else latencies[::-1]
@@ -1874,10 +1937,12 @@ def main() -> None:
                 f"latency pass {number + 1} of {args.latency_rounds} at {LATENCY_RATE:,} msg/s",
                 file=sys.stderr,
             )
-            passes.append({name: run_one(bench, name, LATENCY[name]) for name in order})
+            passes.append({name: run_one(bench, name, timed[name]) for name in order})
         run_notes = list(bench.notes)
     elapsed = time.monotonic() - began
     summaries = [summarize(row, rounds, passes) for row in rows]
+    if args.before_tree:
+        before = {row.path: summarize(before_row(row), rounds, passes) for row in rows}
     print()
     for line in table(summaries, previous, before):
         print(line)
@@ -1900,7 +1965,19 @@ def main() -> None:
         " (min-max) over rounds; baseline us/msg: the baseline's server (RabbitMQ's VM for"
         " RabbitMQ), median; steadier than rates on a busy machine"
     )
-    if before:
+    if args.before_tree and before:
+        print(
+            f"before: the ratio and gateway us/msg of the bridge on {args.before_tree}'s code"
+            " in the same rounds, medians"
+        )
+        for path, earlier in before.items():
+            lat = (earlier.get("latency") or {}).get("bridge")
+            if lat:
+                print(
+                    f"  {path} before: p50 {lat['p50_us'] / 1000:.2f} ms,"
+                    f" p99 {p99_cell(lat)} ms at {LATENCY_RATE:,} msg/s"
+                )
+    elif before:
         print(
             "before: the ratio and gateway us/msg of the earlier run"
             f" ({args.before or args.compare}), medians"
@@ -1938,6 +2015,7 @@ def main() -> None:
                 {
                     "args": {k: str(v) for k, v in vars(args).items()},
                     "rows": summaries,
+                    "before_tree": before if args.before_tree else None,
                     "rounds": rounds,
                     "latency_passes": passes,
                     "notes": run_notes,

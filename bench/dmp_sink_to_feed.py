@@ -53,7 +53,7 @@ endpoint = "tcp:0:interface=127.0.0.1"
 sinks = ["in"]
 feeds = ["out"]
 heartbeat_seconds = 5
-max_feed_backlog_bytes = 67108864
+max_backlog_bytes = 67108864
 
 [listeners.dmp.leases]
 writer = { sink = "in", text = "w" }
