@@ -44,10 +44,10 @@ def new_message_id() -> str:
 
 
 def _freeze_headers(value: Mapping[str, HeaderValue]) -> Mapping[str, HeaderValue]:
+    if type(value) is MappingProxyType:  # shared read-only headers: the hot paths' case
+        return value
     if not value:
         return _EMPTY_HEADERS
-    if isinstance(value, MappingProxyType):
-        return value
     return MappingProxyType(dict(value))
 
 
@@ -72,9 +72,16 @@ class Origin(NamedTuple):
     offset: int
 
 
-@attrs.frozen(kw_only=True)
+@attrs.define(kw_only=True, unsafe_hash=True, on_setattr=attrs.setters.NO_OP)
 class Message:
     """One message in flight, independent of any wire format.
+
+    A message is a value: nothing assigns to its fields once it is built
+    (`with_address` and `attrs.evolve` make changed copies, and its headers
+    are a read-only mapping). That is a rule of the code, not enforced at run
+    time: a frozen attrs instance costs about twice as much to build (each
+    field set through ``object.__setattr__``), and every message the gateway
+    routes is built once on arrival and often once more by its route.
 
     Attributes:
         body: The payload, as bytes; never decoded by the core.
@@ -102,7 +109,16 @@ class Message:
 
     def with_address(self, address: str) -> Message:
         """Return this message bound for another address (same id and body)."""
-        return attrs.evolve(self, address=address)
+        return Message(
+            body=self.body,
+            address=address,
+            id=self.id,
+            sender=self.sender,
+            recipients=self.recipients,
+            headers=self.headers,
+            timestamp=self.timestamp,
+            origin=self.origin,
+        )
 
 
 class Status(enum.Enum):

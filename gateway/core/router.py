@@ -162,6 +162,14 @@ class BoundRoute:
 
     route: Route
     delivery: IRouteDelivery
+    plain: bool = attrs.field(init=False, repr=False)
+    """The route rewrites at most the address (no recipients, envelope sender or body
+    transform): a message without recipients is translated by `Message.with_address`."""
+
+    def __attrs_post_init__(self) -> None:
+        route = self.route
+        plain = not route.recipients and route.envelope_sender is None and route.body == "unchanged"
+        object.__setattr__(self, "plain", plain)
 
 
 Match = tuple[BoundRoute, tuple[str, ...]]
@@ -186,7 +194,8 @@ class RouteTable:
         self.rank: dict[BoundRoute, int] = {bound: i for i, bound in enumerate(self.routes)}
         """Each route's place in the table: several routes' outcomes combine in this order."""
         self._sources = frozenset(self._by_source)
-        self._sender_filters = any(b.route.match_sender is not None for b in self.routes)
+        self.filters_senders = any(b.route.match_sender is not None for b in self.routes)
+        """Some route takes messages by their sender (``match_sender``)."""
 
     def sources(self) -> frozenset[str]:
         """Return the endpoints some route takes messages from."""
@@ -199,7 +208,7 @@ class RouteTable:
         matches; the address part is cached, the sender check is not.
         """
         found = self._match_address(source, address)
-        if self._sender_filters and found:
+        if self.filters_senders and found:
             found = tuple(
                 (bound, captures)
                 for bound, captures in found
@@ -412,31 +421,40 @@ class Router:
         table = self.table
         plan: dict[BoundRoute, tuple[list[int], list[Message]]] = {}
         refused: dict[int, list[tuple[int, Outcome]]] = {}
+        # The routes a message takes, with its destination address on each, are
+        # the same as the message before's when its address (and, with sender
+        # filters, its sender) is: a read's messages usually share them.
+        targets: list[tuple[BoundRoute, str]] = []
+        last_address: str | None = None
+        last_sender: str | None = None
+        by_sender = table.filters_senders
         for index, message in enumerate(messages):
-            if not message.recipients:
-                matches = table.match(source, message.address, message.sender)
-                if not matches:
-                    answer(index, Unrouted((message.address,)))
-                    continue
-                for bound, captures in matches:
-                    addresses = [bound.route.destination_address(message.address, captures)]
-                    self._plan(plan, bound, index, message, addresses, refused)
+            if message.recipients:
+                self._plan_recipients(table, source, plan, index, message, refused, answer)
                 continue
-            per_route: dict[BoundRoute, list[str]] = {}
-            unrouted: list[str] = []
-            for address in message.recipients:
-                matches = table.match(source, address, message.sender)
-                if not matches:
-                    unrouted.append(address)
-                for bound, captures in matches:
-                    per_route.setdefault(bound, []).append(
-                        bound.route.destination_address(address, captures)
+            address = message.address
+            if address != last_address or (by_sender and message.sender != last_sender):
+                last_address, last_sender = address, message.sender
+                targets = [
+                    (bound, bound.route.destination_address(address, captures))
+                    for bound, captures in table.match(source, address, last_sender)
+                ]
+            if not targets:
+                answer(index, Unrouted((address,)))
+                continue
+            for bound, destination in targets:
+                if bound.plain:  # the general `_plan`'s result, without its work
+                    translated = (
+                        message if destination == address else message.with_address(destination)
                     )
-            if unrouted:
-                answer(index, Unrouted(tuple(unrouted)))
-                continue
-            for bound, addresses in per_route.items():
-                self._plan(plan, bound, index, message, addresses, refused)
+                    entry = plan.get(bound)
+                    if entry is None:
+                        plan[bound] = ([index], [translated])
+                    else:
+                        entry[0].append(index)
+                        entry[1].append(translated)
+                else:
+                    self._plan(plan, bound, index, message, [destination], refused)
         tapped = None
         if self.taps:  # all that a batch pays when nobody taps
             taps = self.taps
@@ -452,6 +470,33 @@ class Router:
         _Combined(plan, refused, table.rank, answer, self._batch_answered).start(
             self, source, tapped
         )
+
+    def _plan_recipients(
+        self,
+        table: RouteTable,
+        source: str,
+        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
+        index: int,
+        message: Message,
+        refused: dict[int, list[tuple[int, Outcome]]],
+        answer: Callable[[int, Result], None],
+    ) -> None:
+        """Plan a message routed by its recipients (QMQP): all of them routed, or none."""
+        per_route: dict[BoundRoute, list[str]] = {}
+        unrouted: list[str] = []
+        for address in message.recipients:
+            matches = table.match(source, address, message.sender)
+            if not matches:
+                unrouted.append(address)
+            for bound, captures in matches:
+                per_route.setdefault(bound, []).append(
+                    bound.route.destination_address(address, captures)
+                )
+        if unrouted:
+            answer(index, Unrouted(tuple(unrouted)))
+            return
+        for bound, addresses in per_route.items():
+            self._plan(plan, bound, index, message, addresses, refused)
 
     # --- a clean stop ---------------------------------------------------------------
 

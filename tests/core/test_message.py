@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.message import Message, Outcome, Status, new_message_id, worst
+from gateway.core.message import Message, Origin, Outcome, Status, new_message_id, worst
 
 _BY_SEVERITY = (Status.ACCEPTED, Status.RETRY, Status.REJECTED)
 """Statuses from best to worst, as `worst` ranks them."""
@@ -44,11 +44,21 @@ def test_message_is_keyword_only() -> None:
         Message(b"hello", "news")  # type: ignore[call-arg]
 
 
-def test_message_is_frozen() -> None:
-    """No attribute of a message can be reassigned."""
-    message = Message(body=b"hello", address="news")
-    with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        message.address = "other"  # type: ignore[misc]
+def test_message_is_a_slotted_value() -> None:
+    """A message has slots (no per-instance dict), equal messages hash alike, copies are new.
+
+    Headers do not take part in the hash (a mapping is not hashable), nor
+    does the origin in equality.
+    """
+    message = Message(body=b"hello", address="news", headers={"verb": "MCAST"})
+    assert not hasattr(message, "__dict__")
+    twin = attrs.evolve(message, headers={"verb": "UCAST"})
+    assert hash(twin) == hash(message)
+    assert twin != message
+    moved = message.with_address("other")
+    assert moved is not message
+    assert message.address == "news"
+    assert attrs.evolve(message, origin=Origin("r@s", 3)) == message
 
 
 def test_headers_are_a_read_only_copy() -> None:

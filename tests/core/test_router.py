@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
@@ -747,3 +749,74 @@ def test_after_stop_taking_batches_are_refused_retry_or_left_unanswered() -> Non
     assert central.received == []
     assert router.batches_in_flight == 0
     assert router.when_idle().called
+
+
+# --- the plain routes' fast path against the general translation ------------------------
+
+_WORDS = st.sampled_from(["a", "b", "wx", "paris", "x@y"])
+_ADDRESSES = st.lists(_WORDS, min_size=1, max_size=3).map(".".join)
+_SENDERS = st.none() | st.sampled_from(["alice", "bob@trusted", "eve"])
+
+
+@st.composite
+def _plain_routes(draw: st.DrawFn) -> list[Route]:
+    """One to three routes from ``hub`` that rewrite at most the address."""
+    routes = []
+    for number in range(draw(st.integers(min_value=1, max_value=3))):
+        match = draw(st.sampled_from(["#", "a.#", "*.paris", "wx", "*", "a.*.b"]))
+        wildcards = AddressPattern(match).wildcards
+        address = draw(
+            st.none()
+            | st.sampled_from(["fixed", "{address}", "copy.{address}"])
+            | st.sampled_from([f"t.{{{n}}}" for n in range(1, wildcards + 1)] or ["fixed"])
+        )
+        route = _route(f"r{number}", match, destination=f"d{number}", address=address)
+        if draw(st.booleans()):
+            route = attrs.evolve(route, match_sender=AddressPattern("#@trusted"))
+        routes.append(route)
+    return routes
+
+
+@given(
+    routes=_plain_routes(),
+    batch=st.lists(
+        st.builds(
+            Message,
+            body=st.binary(max_size=8),
+            address=_ADDRESSES,
+            sender=_SENDERS,
+            headers=st.sampled_from([{}, {"ssmp.verb": "MCAST"}]),
+            timestamp=st.sampled_from([0.0, 1.5]),
+        ),
+        max_size=12,
+    ),
+)
+def test_plain_routes_translate_as_the_general_code(
+    routes: list[Route], batch: list[Message]
+) -> None:
+    """A batch over plain routes (the fast path) is delivered and answered as the general code.
+
+    The same batch goes through a router whose routes are marked not plain,
+    which translates every message through the general `_translate`: each
+    destination gets the same messages, in the same order, with the same
+    fields, and each message gets the same result.
+    """
+    results = []
+    received = []
+    for plain in (True, False):
+        destinations = [_AnsweringDestination(f"d{n}") for n in range(len(routes))]
+        router, _, _ = _router(routes, *destinations)
+        for bound in router.table.routes:
+            assert bound.plain
+            object.__setattr__(bound, "plain", plain)
+        answers: dict[int, object] = {}
+        router.route("hub", batch, answers.__setitem__)
+        results.append(answers)
+        received.append(
+            [
+                [(attrs.astuple(m, recurse=False), m.origin) for m in d.received]
+                for d in destinations
+            ]
+        )
+    assert results[0] == results[1]
+    assert received[0] == received[1]
