@@ -35,16 +35,26 @@ class Inbox(Generic[T]):
         source: The listener or upstream name the messages arrived at.
         answer: Called with each message's token and result once its
             routes have answered (not necessarily in the order added).
+        answer_batch: If given, called instead of ``answer`` with the tokens
+            and outcomes of messages answered together (a route's batch, in
+            the order added): the adapter answers them in one go.
     """
 
-    __slots__ = ("_answer", "_messages", "_router", "_source", "_tokens")
+    __slots__ = ("_answer", "_answer_batch", "_messages", "_router", "_source", "_tokens")
 
     _log = Logger(namespace="gateway.core.inbox")
 
-    def __init__(self, router: Router, source: str, answer: Callable[[T, Result], None]) -> None:
+    def __init__(
+        self,
+        router: Router,
+        source: str,
+        answer: Callable[[T, Result], None],
+        answer_batch: Callable[[list[T], list[Outcome]], None] | None = None,
+    ) -> None:
         self._router = router
         self._source = source
         self._answer = answer
+        self._answer_batch = answer_batch
         self._messages: list[Message] = []
         self._tokens: list[T] = []
 
@@ -71,8 +81,17 @@ class Inbox(Generic[T]):
             answered[index] = 1
             answer(tokens[index], result)
 
+        routed_batch = None
+        answer_batch = self._answer_batch
+        if answer_batch is not None:
+
+            def routed_batch(indices: list[int], outcomes: list[Outcome]) -> None:
+                for index in indices:
+                    answered[index] = 1
+                answer_batch([tokens[index] for index in indices], outcomes)
+
         try:
-            self._router.route(self._source, messages, routed)
+            self._router.route(self._source, messages, routed, routed_batch)
         except Exception:
             self._log.failure(
                 "{source}: routing {count} message(s) failed unexpectedly",

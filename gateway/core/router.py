@@ -392,7 +392,11 @@ class Router:
         return done
 
     def route(
-        self, source: str, messages: Sequence[Message], answer: Callable[[int, Result], None]
+        self,
+        source: str,
+        messages: Sequence[Message],
+        answer: Callable[[int, Result], None],
+        answer_batch: Callable[[list[int], list[Outcome]], None] | None = None,
     ) -> None:
         """Deliver a batch along the routes that take its messages.
 
@@ -414,6 +418,9 @@ class Router:
             source: The listener or upstream the batch arrived at.
             messages: The messages, with their source-side address(es).
             answer: Told each message's result, by its index in ``messages``.
+            answer_batch: If given, told the results of a one-route batch's
+                messages at once instead (their indices and outcomes, in the
+                batch's order): the adapter answers them in one go.
         """
         if self._refusal is not None:
             self._refuse(source, len(messages), answer)
@@ -465,7 +472,9 @@ class Router:
             self.batches_in_flight += 1  # until its last message is answered (when_idle)
         if len(plan) == 1 and not refused:  # the common case: one route, each message once
             [(bound, (indices, batch))] = plan.items()
-            self._deliver(bound, batch, source, tapped).addBoth(self._answer_all, indices, answer)
+            self._deliver(bound, batch, source, tapped).addBoth(
+                self._answer_all, indices, answer, answer_batch
+            )
             return
         _Combined(plan, refused, table.rank, answer, self._batch_answered).start(
             self, source, tapped
@@ -540,11 +549,17 @@ class Router:
         outcomes: list[Outcome] | Failure,
         indices: list[int],
         answer: Callable[[int, Result], None],
+        answer_batch: Callable[[list[int], list[Outcome]], None] | None = None,
     ) -> list[Outcome] | Failure | None:
         """Answer a one-route batch's messages, then count the batch answered."""
         try:
             if isinstance(outcomes, Failure):
                 return outcomes  # a delivery's bug: logged as unhandled, as before
+            if len(outcomes) != len(indices):
+                raise ValueError(f"{len(outcomes)} outcomes for {len(indices)} messages")
+            if answer_batch is not None:
+                answer_batch(indices, outcomes)
+                return None
             for index, outcome in zip(indices, outcomes, strict=True):
                 answer(index, outcome)
             return None

@@ -969,6 +969,29 @@ def test_responses_stay_in_request_order(routed: HubWorld) -> None:
     assert alice.received() == b"200\n200\n400 rejected: no\n200\n501 FROB is not implemented\n"
 
 
+def test_a_routes_batch_is_answered_in_one_write(routed: HubWorld) -> None:
+    """A read's routed MCASTs, answered together by their route, go out in one write.
+
+    Each still gets its own response, in request order, the unrouted ones in
+    between included; and each takes the read's arrival time.
+    """
+    transport = CountingTransport()
+    alice = routed.login("alice", transport=transport)
+    routed.clock.advance(7)
+    alice.send(b"MCAST orders.a 1\nMCAST news 2\nMCAST orders.b 3\nMCAST orders.c 4\n")
+    assert [m.timestamp for m in routed.sink.messages] == [7, 7, 7]
+    first, second, third = routed.sink.outcomes
+    first.callback(Outcome.accepted())
+    third.callback(Outcome.rejected("no"))
+    routed.clock.advance(0)
+    writes = transport.writes
+    assert alice.received() == b""
+    second.callback(Outcome.accepted())
+    routed.clock.advance(0)
+    assert alice.received() == b"200\n200\n200\n400 rejected: no\n"
+    assert transport.writes == writes + 1
+
+
 @pytest.mark.parametrize(
     ("outcome", "line"),
     [

@@ -530,3 +530,57 @@ def test_a_hop_count_keeps_the_fast_path() -> None:
         ]
         == 500
     )
+
+
+_SHARED_HEADERS = (
+    {},
+    {"ssmp.verb": "MCAST"},
+    {"n": 1},
+    {"n": True},  # equal to {"n": 1}, written otherwise
+    {"k": "é"},  # not ASCII: the general encoder
+)
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> list[tuple[Message, int | None]]:
+    """Messages (with hop counts), each the one before with its id and body new and at most
+    one other field changed: runs that share an entry's middle, and every way one ends."""
+    shared = [Message(body=b"", address="a", headers=h).headers for h in _SHARED_HEADERS]
+    pools: dict[str, st.SearchStrategy[Any]] = {
+        "address": st.sampled_from(["a", "stream.b", "x" * 250, "é"]),
+        "sender": st.sampled_from([None, "alice", "bob", "ö"]),
+        "recipients": st.sampled_from([(), ("a@b",), ("a,b", "c%d")]),
+        "headers": st.sampled_from(shared) | st.sampled_from(_SHARED_HEADERS),
+        "timestamp": st.sampled_from([0.0, -0.0, 1.5, 1700000000.25, 1e300, float("nan")]),
+        "hops": st.sampled_from([None, 0, 1, 2, 127, 128]),
+    }
+    fields = {name: draw(pool) for name, pool in pools.items()}
+    run = []
+    for _ in range(draw(st.integers(min_value=1, max_value=12))):
+        changed = draw(st.none() | st.sampled_from(sorted(pools)))
+        if changed is not None:
+            fields[changed] = draw(pools[changed])
+        message_id = draw(st.sampled_from(["1", "gw-2", "i" * 240, "ü"]) | _ASCII.filter(bool))
+        message = Message(
+            body=draw(st.binary(max_size=300)),
+            address=fields["address"],
+            id=message_id,
+            sender=fields["sender"],
+            recipients=fields["recipients"],
+            headers=fields["headers"],
+            timestamp=fields["timestamp"],
+        )
+        run.append((message, fields["hops"]))
+    return run
+
+
+@given(_runs())
+@settings(max_examples=300)
+def test_entry_encoder_writes_entry_from_message_bytes(
+    run: list[tuple[Message, int | None]],
+) -> None:
+    """One `EntryEncoder` over a run of messages writes each entry byte for byte as
+    `entry_from_message` does: with what it kept of the message before, or without."""
+    encoder = mapping.EntryEncoder()
+    for message, hops in run:
+        assert encoder.entry(message, hops) == entry_from_message(message, hops)

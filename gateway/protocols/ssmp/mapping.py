@@ -29,6 +29,7 @@ __all__ = [
     "VERB_HEADER",
     "bcast_event",
     "event_line",
+    "mcast_message",
     "message_from_bcast",
     "message_from_mcast",
     "message_from_ucast",
@@ -69,12 +70,13 @@ def ucast_peer(address: str) -> str | None:
 
 def message_from_mcast(sender: bytes, topic: bytes, payload: bytes, timestamp: float) -> Message:
     """Map an MCAST (request or event) to a message on its topic."""
+    return mcast_message(sender.decode("ascii"), topic.decode("ascii"), payload, timestamp)
+
+
+def mcast_message(sender: str, topic: str, payload: bytes, timestamp: float) -> Message:
+    """`message_from_mcast` with the sender and topic decoded already (the hub's hot path)."""
     return Message(
-        body=payload,
-        address=topic.decode("ascii"),
-        sender=sender.decode("ascii"),
-        headers=_MCAST_HEADERS,
-        timestamp=timestamp,
+        body=payload, address=topic, sender=sender, headers=_MCAST_HEADERS, timestamp=timestamp
     )
 
 

@@ -37,14 +37,14 @@ from gateway.codecs import ssmp
 from gateway.core.authorization import Action
 from gateway.core.inbox import Inbox
 from gateway.core.message import Message, Outcome, Status
-from gateway.core.router import Result, Router, Unrouted
+from gateway.core.router import Result, Router, RouteTable, Unrouted
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.mapping import (
     BCAST_ADDRESS,
+    mcast_message,
     message_from_bcast,
-    message_from_mcast,
     message_from_ucast,
     ucast_address,
 )
@@ -65,6 +65,8 @@ OK: Final = b"200\n"
 PONG_EVENT: Final = b"000 . PONG\n"
 PING_EVENT: Final = b"000 . PING\n"
 _NO_SUCH_PEER: Final = b"404 no such peer\n"
+MAX_ROUTED_TOPICS: Final = 4096
+"""Topics a connection remembers whether routes take; past it, it starts afresh."""
 
 
 def cert_name_for(identity: str, names: frozenset[str]) -> str | None:
@@ -170,7 +172,15 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._ucast_prefix = b""
         self._timer: IDelayedCall | None = None
         self._awaiting_pong = False
-        self._inbox: Inbox[_Pending] = Inbox(factory.router, factory.name, self._answer)
+        self._inbox: Inbox[_Pending] = Inbox(
+            factory.router, factory.name, self._answer, self._answer_batch
+        )
+        self._sender = ""
+        """The identity as text: the sender of the messages routes take."""
+        self._routes_table: RouteTable | None = None
+        self._routed_topics: dict[bytes, str | None] | None = None
+        """For `_routes_table`: each topic seen, as an address if routes take it (else
+        None); None when no route takes anything from this listener."""
         self._login_wait: IDelayedCall | None = None
         """Set while a LOGIN waits for the refusals its address or identity still owe."""
         self._waited = False
@@ -322,19 +332,36 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             line = OK if isinstance(result, Unrouted) else outcome_response(result)
         self._fill(slot, line)
 
+    def _answer_batch(self, slots: list[_Pending], outcomes: list[Outcome]) -> None:
+        """A route's batch answered: fill its slots, then write what is in order, once."""
+        for slot, outcome in zip(slots, outcomes, strict=True):
+            # Accepted is 200 for a UCAST too (`ucast_response`).
+            if outcome.status is Status.ACCEPTED:
+                slot.line = OK
+            else:
+                slot.line = ucast_response(outcome) if slot.ucast else outcome_response(outcome)
+        self._write_ready()
+
     def _fill(self, slot: _Pending, line: bytes) -> None:
         """Give a slot its response; write the responses now in order."""
         slot.line = line
+        self._write_ready()
+
+    def _write_ready(self) -> None:
+        """Write the responses now in order (one write); resume reading if it may."""
         pending = self._pending
+        lines: list[bytes] = []
         while pending:
             head = pending[0]
             if isinstance(head, bytes):
-                self.queue(head)
+                lines.append(head)
             elif head.line is not None:
-                self.queue(head.line)
+                lines.append(head.line)
             else:
                 break
             pending.popleft()
+        if lines:
+            self.queue(lines[0] if len(lines) == 1 else b"".join(lines), len(lines))
         if self._closing:
             return
         if self._finishing:
@@ -445,6 +472,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             return
         logins.accepted(identity)
         self.identity = login.identity
+        self._sender = identity
         self.principal = principal
         self._logged_in = True
         self._mcast_prefix = b"000 " + login.identity + b" MCAST "
@@ -560,12 +588,34 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if factory.authorization.restricted and not self._allowed(Action.PUBLISH, topic):
             return
         self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
-        if factory.routed and factory.router.has_routes(factory.name, topic.decode("ascii")):
-            self._respond_later(
-                message_from_mcast(self.identity, topic, payload, factory.clock.seconds())
-            )
-        else:
+        table = factory.router.table
+        if table is not self._routes_table:
+            self._routes_table = table
+            self._routed_topics = {} if factory.name in table.sources() else None
+        known = self._routed_topics
+        address: str | None = None
+        if known is not None:
+            try:
+                address = known[topic]
+            except KeyError:
+                address = self._routed_address(topic)
+        if address is None:
             self._respond(OK)
+        else:
+            # The read's time is the arrival time of all its messages: one
+            # clock call per read, and the entries they make share it.
+            self._respond_later(mcast_message(self._sender, address, payload, self._last_heard))
+
+    def _routed_address(self, topic: bytes) -> str | None:
+        """An MCAST topic's address if routes take it, else None; remembered per route table."""
+        known = self._routed_topics
+        assert known is not None
+        if len(known) >= MAX_ROUTED_TOPICS:
+            known.clear()
+        address = topic.decode("ascii")
+        routed = self.factory.router.table.match(self.factory.name, address)
+        known[topic] = address if routed else None
+        return known[topic]
 
     def _on_ucast(self, line: ssmp.Ucast) -> None:
         to = line.to
@@ -582,9 +632,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         if target is None:
             # Not connected here: a route taking ``!ucast.<to>`` may know the peer.
             if factory.routed and factory.router.has_routes(factory.name, ucast_address(to)):
-                message = message_from_ucast(
-                    self.identity, to, line.payload, factory.clock.seconds()
-                )
+                message = message_from_ucast(self.identity, to, line.payload, self._last_heard)
                 self._respond_later(message, ucast=True)
             else:
                 self._respond(_NO_SUCH_PEER)
@@ -642,7 +690,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             return
         self.hub.bcast(self, event)
         if routed:
-            message = message_from_bcast(self.identity, line.payload, factory.clock.seconds())
+            message = message_from_bcast(self.identity, line.payload, self._last_heard)
             self._respond_later(message)
         else:
             self._respond(OK)

@@ -57,7 +57,7 @@ from gateway.core.internal import (
 from gateway.core.log import LogError, LogFullError, LogStore, StreamLog
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Router, Unrouted
-from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.mapping import EntryEncoder, entry_from_message, message_from_entry
 from gateway.protocols.stream.routed import OwnerAppends
 
 __all__ = ["StreamDestination", "StreamRouteFeeds", "dead_letter_writer", "decode_entry"]
@@ -204,6 +204,7 @@ class StreamDestination:
             return all_same(count, internal_refusal(f"stream listener {self.name}", name))
         entries: list[bytes] = []
         looped: list[int] | None = None
+        encode = EntryEncoder().entry  # a batch's messages share most of their entries
         for index, message in enumerate(messages):
             count_before = message.headers.get(HOPS_HEADER)
             hop = 1 if count_before is None else hops(count_before) + 1
@@ -212,7 +213,7 @@ class StreamDestination:
                     looped = []
                 looped.append(index)
                 continue
-            entries.append(entry_from_message(message, hop))
+            entries.append(encode(message, hop))
         if looped is not None:
             return self._append_some(name, messages, reference, ids, entries, looped)
         return self._append_entries(name, entries, reference, ids)

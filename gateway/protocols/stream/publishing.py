@@ -60,7 +60,7 @@ from gateway.core.durable import producer_reference, reader_reference
 from gateway.core.internal import HOP_LIMIT, HOPS_HEADER, MAX_HOPS, Tally, hop_limit_refusal, hops
 from gateway.core.message import Message, Outcome
 from gateway.protocols.stream.link import StreamConnection, StreamLink
-from gateway.protocols.stream.mapping import entry_from_message
+from gateway.protocols.stream.mapping import EntryEncoder
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
@@ -183,6 +183,7 @@ class Publishers:
         """Messages waiting in the publishers' queues."""
         self.unconfirmed = 0
         """Messages published and awaiting their confirm or error."""
+        self._entry = EntryEncoder().entry
 
     def streams(self) -> list[str]:
         """The stream of each publisher, in the order they were added."""
@@ -261,6 +262,7 @@ class Publishers:
         keyed = ids is not None
         stream: str | None = None
         publisher: _Publisher | None = None
+        encode = self._entry
         for index in range(min(max(room, 0), count)):
             message = messages[index]
             address = fixed or message.address
@@ -280,7 +282,7 @@ class Publishers:
             if publisher is None:
                 answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
                 continue
-            job = _Job(answers, index, entry_from_message(message, hop))
+            job = _Job(answers, index, encode(message, hop))
             jobs.append(job)
             if ids is None:
                 publisher.queue.append(job)
