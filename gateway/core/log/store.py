@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -28,10 +27,8 @@ from typing import Any, TypeVar, cast
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorCore, IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from gateway.core.log.directory import (
     DELETING_SUFFIX,
@@ -51,6 +48,7 @@ from gateway.core.log.segment import (
     pwrite_all,
 )
 from gateway.core.log.stream import StreamLog
+from gateway.core.log.thread import WriterThread
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
     CommitStats,
@@ -71,26 +69,6 @@ DEFAULT_RETENTION_INTERVAL_SECONDS = 60.0
 """How often retention runs by itself."""
 
 _T = TypeVar("_T")
-
-
-def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
-    """A thread that does not keep the process alive if the store is never closed."""
-    thread = threading.Thread(*args, **kwargs)
-    thread.daemon = True
-    return thread
-
-
-class _WriterPool(ThreadPool):
-    """The store's one-thread pool.
-
-    Its thread is a daemon: a store left open must not hang the process at
-    exit. Nothing acknowledged depends on it (acknowledged means written and,
-    per the policy, fsynced); a torn last write is what recovery repairs.
-    """
-
-    def __init__(self, name: str) -> None:
-        super().__init__(1, 1, name)
-        self.threadFactory = _daemon_thread  # type: ignore[assignment]
 
 
 def _create_stream_files(
@@ -176,11 +154,11 @@ class LogStore:
         self._clock: IReactorTime = reactor if clock is None else clock
         self._retention_interval = retention_interval_seconds
         self._write_segment = write_segment
-        self._pool = _WriterPool(f"log-writer {self.directory}")
+        self._thread = WriterThread(reactor, f"log-writer {self.directory}")
         self._committer = GroupCommitter(
             reactor,
             self._clock,
-            self._pool,
+            self._thread,
             policy=fsync,
             interval_seconds=fsync_interval_seconds,
             stats=self.stats,
@@ -217,7 +195,7 @@ class LogStore:
                 shutil.rmtree(entry.path)
             elif "." not in entry.name:
                 self._open_stream(Path(entry.path))
-        self._pool.start()
+        self._thread.start()
         self._state = "open"
         self._retention.start(self._retention_interval, now=False)
         if IReactorCore.providedBy(self._reactor):
@@ -306,7 +284,7 @@ class LogStore:
         finally:
             for stream in self._streams.values():
                 stream.shut(closed)
-            self._pool.stop()
+            self._thread.stop()
             self._state = "closed"
 
     def _check_open(self) -> None:
@@ -316,7 +294,7 @@ class LogStore:
 
     def _in_writer(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> Deferred[_T]:
         """Run a job in the writer thread, after everything submitted before it."""
-        return deferToThreadPool(self._reactor, self._pool, function, *args, **kwargs)
+        return self._thread.submit(function, *args, **kwargs)
 
     # Streams.
 

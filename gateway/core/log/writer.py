@@ -5,7 +5,7 @@ the next reactor turn (``callLater(0)``), or on the turn after the one being
 written finishes, so every append of a turn, and every append made while the
 previous commit was on its way to the disk, shares a commit. Each stream in
 it gets its chunks planned on the reactor thread, and the writer thread
-(a one-thread pool) encodes them, writes each stream's chunks with one write,
+(`gateway.core.log.thread`) encodes them, writes each stream's chunks with one write,
 and fsyncs each written stream once, as the policy says. Only then, back on
 the reactor thread, do the streams publish the chunks and fire the appends.
 
@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from gateway.core.log.segment import CommitWriteError, SegmentWrite, SegmentWriter, write_stream
+from gateway.core.log.thread import WriterThread
 from gateway.core.log.values import CommitStats, FsyncPolicy, ILogReactor
 
 if TYPE_CHECKING:
@@ -98,7 +97,7 @@ class GroupCommitter:
     Args:
         reactor: Runs the commit turn and receives the writer thread's results.
         clock: Gives commit times and runs the ``INTERVAL`` sync timer.
-        pool: The one-thread pool (started and stopped by the store).
+        thread: The writer thread (started and stopped by the store).
         policy: When commits fsync.
         interval_seconds: The ``INTERVAL`` policy's longest time between fsyncs.
         stats: Counters to update.
@@ -110,7 +109,7 @@ class GroupCommitter:
         self,
         reactor: ILogReactor,
         clock: IReactorTime,
-        pool: ThreadPool,
+        thread: WriterThread,
         *,
         policy: FsyncPolicy,
         interval_seconds: float,
@@ -118,7 +117,7 @@ class GroupCommitter:
     ) -> None:
         self._reactor = reactor
         self._clock = clock
-        self._pool = pool
+        self._thread = thread
         self._policy = policy
         self._interval = interval_seconds
         self._stats = stats
@@ -199,9 +198,7 @@ class GroupCommitter:
         self._in_flight = True
         begun = time.perf_counter()
         jobs = [(stream.writer, commit.writes) for stream, commit in written]
-        done = deferToThreadPool(
-            self._reactor,
-            self._pool,
+        done = self._thread.submit(
             _run_commit,
             jobs,
             also_sync,
