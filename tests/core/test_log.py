@@ -164,6 +164,77 @@ async def test_appends_during_a_commit_share_the_next(tmp_path: Path) -> None:
         await store.close()
 
 
+class WatchedWrites(HeldWrites):
+    """`HeldWrites` that also tells when the second write begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.second = threading.Event()
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Note a write after the first, then go on as `HeldWrites`."""
+        if self.sizes:
+            self.second.set()
+        super().__call__(fd, data, position)
+
+
+@pytest_twisted.ensureDeferred
+async def test_next_commit_is_written_while_the_last_is_acknowledged(tmp_path: Path) -> None:
+    """What queued behind a commit goes to the writer thread before that commit is acknowledged.
+
+    So the answers to its senders, and what the readers it wakes do, are
+    made while the next commit is on its way to the disk.
+    """
+    writes = WatchedWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("orders")
+        first = stream.append([b"a"])
+        await writes.started
+        second = stream.append([b"b"])
+        await next_turn()
+        seen: list[bool] = []
+
+        def acknowledged(result: AppendResult) -> AppendResult:
+            # The reactor thread waits here: the writer thread can only be
+            # writing the second commit if it was handed over already.
+            seen.append(writes.second.wait(timeout=5))
+            return result
+
+        first.addCallback(acknowledged)
+        writes.release.set()
+        results = await gatherResults([first, second])
+        assert seen == [True]
+        assert [r.chunk_id for r in results] == [0, 1]
+        assert [records(c) for c in read_all(stream)] == [[b"a"], [b"b"]]
+    finally:
+        writes.release.set()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_acknowledged_in_order_behind_a_commit(tmp_path: Path) -> None:
+    """A duplicate queued behind a commit (nothing to write) is acknowledged after that commit."""
+    writes = HeldWrites()
+    store = open_store(tmp_path, write_segment=writes)
+    try:
+        stream = store.create("orders")
+        order: list[str] = []
+        first = stream.append([b"a"], reference="p", publishing_ids=[1])
+        first.addCallback(lambda _: order.append("first"))
+        await writes.started
+        duplicate = stream.append([b"a"], reference="p", publishing_ids=[1])
+        duplicate.addCallback(lambda _: order.append("duplicate"))
+        await next_turn()
+        writes.release.set()
+        await gatherResults([first, duplicate])
+        assert order == ["first", "duplicate"]
+        assert len(writes.sizes) == 1
+    finally:
+        writes.release.set()
+        await store.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_chunks_split_at_65535_entries(tmp_path: Path) -> None:
     """One append of 70,000 messages spans two chunks, at consecutive offsets."""

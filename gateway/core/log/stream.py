@@ -399,11 +399,19 @@ class StreamLog:
         self._queued, self._queued_offsets = [], {}
         return commit
 
-    def commit_done(self, commit: StreamCommit) -> None:
-        """The commit is written (and synced as the policy says): publish and acknowledge."""
+    def commit_written(self, commit: StreamCommit) -> bool:
+        """The commit is written (and synced as the policy says): publish its chunks.
+
+        Readers see them from now on; the appends are acknowledged by
+        `acknowledge`, once the next commit is on its way.
+
+        Returns:
+            Whether to acknowledge it: False if the stream was shut
+            meanwhile (its appends have failed).
+        """
         if self._error is not None:
             self._fail_appends(commit.appends, self._error)
-            return
+            return False
         for write in commit.writes:
             if write.create:
                 self._segments.append(Segment(self.directory, write.first_id))
@@ -433,6 +441,10 @@ class StreamLog:
                 seconds=self._committer.clock.seconds() - self._full_since,
             )
             self._full_failures = 0
+        return True
+
+    def acknowledge(self, commit: StreamCommit) -> None:
+        """Fire the appends of a commit `commit_written` published; wake its chunks' readers."""
         for append in commit.appends:
             append.deferred.callback(append.result())
         if commit.last_user_chunk_id is not None:

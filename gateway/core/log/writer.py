@@ -1,13 +1,21 @@
 """The group commit: many appends, one chunk per stream, one write, one fsync.
 
-An append queues on its stream and asks for a commit. The commit starts on
-the next reactor turn (``callLater(0)``), or on the turn after the one being
-written finishes, so every append of a turn, and every append made while the
-previous commit was on its way to the disk, shares a commit. Each stream in
-it gets its chunks planned on the reactor thread, and the writer thread
-(`gateway.core.log.thread`) encodes them, writes each stream's chunks with one write,
-and fsyncs each written stream once, as the policy says. Only then, back on
-the reactor thread, do the streams publish the chunks and fire the appends.
+An append queues on its stream and asks for a commit. With no commit being
+written, the commit starts on the next reactor turn (``callLater(0)``), so
+every append of a turn shares it; appends made while a commit is on its way
+to the disk share the next one. Each stream in a commit gets its chunks
+planned on the reactor thread, and the writer thread
+(`gateway.core.log.thread`) encodes them, writes each stream's chunks with
+one write, and fsyncs each written stream once, as the policy says. Only
+then, back on the reactor thread, do the streams publish the chunks
+(`CommittingStream.commit_written`) and fire the appends
+(`CommittingStream.acknowledge`).
+
+Between the two, the next commit (what queued while this one was written)
+is planned and handed to the writer thread: the disk does not wait while
+the reactor answers the senders of the last commit and wakes its readers,
+which (for a durable route) deliver what it held. Appends made by those
+callbacks go into the commit after.
 
 Under ``INTERVAL`` a commit fsyncs when the last fsync is at least the
 interval old; otherwise a timer on the clock asks for a sync-only commit
@@ -49,8 +57,16 @@ class CommittingStream(Protocol):
     def plan_commit(self, now_ms: int) -> StreamCommit | None:
         """Turn the queued appends and offsets into a planned commit, if any."""
 
-    def commit_done(self, commit: StreamCommit) -> None:
-        """The commit is written (and synced as the policy says)."""
+    def commit_written(self, commit: StreamCommit) -> bool:
+        """The commit is written (and synced as the policy says): publish it.
+
+        Returns:
+            Whether it is to be acknowledged (False: the stream failed its
+            appends, having been shut meanwhile).
+        """
+
+    def acknowledge(self, commit: StreamCommit) -> None:
+        """Fire a published commit's appends; wake the readers of its chunks."""
 
     def commit_failed(self, commit: StreamCommit, reason: BaseException) -> None:
         """Writing the commit failed."""
@@ -174,6 +190,17 @@ class GroupCommitter:
 
     def _commit(self) -> None:
         """Plan every pending stream's commit and hand the writing to the thread."""
+        unwritten = self._start()
+        if unwritten is not None:
+            self._finish(unwritten, {}, synced=False)
+
+    def _start(self) -> list[_Planned] | None:
+        """Plan every pending stream's commit; hand it to the writer thread if it writes.
+
+        Returns:
+            The planned commits if there is nothing to write or sync (the
+            caller finishes them), else None: they are on their way.
+        """
         if self._turn is not None and self._turn.active():
             self._turn.cancel()
         self._turn = None
@@ -193,8 +220,7 @@ class GroupCommitter:
         also_sync = [writer for writer in self._unsynced if writer not in writers] if sync else []
         if not written and not also_sync:
             self._sync_due = False
-            self._finish(commits, {}, synced=False)
-            return
+            return commits
         self._in_flight = True
         begun = time.perf_counter()
         jobs = [(stream.writer, commit.writes) for stream, commit in written]
@@ -211,6 +237,7 @@ class GroupCommitter:
             callbackArgs=(commits, written, sync, now, begun),
             errbackArgs=(commits,),
         )
+        return None
 
     def _written(
         self,
@@ -221,7 +248,7 @@ class GroupCommitter:
         started: float,
         begun: float,
     ) -> None:
-        """The thread is done: update the sync state, then acknowledge."""
+        """The thread is done: update the sync state, start the next commit, acknowledge."""
         self._in_flight = False
         outcomes, fsyncs, fsync_seconds = result
         self._stats.fsyncs += fsyncs
@@ -245,7 +272,17 @@ class GroupCommitter:
             self._stats.commits += 1
             self._stats.synced_commits += sync
             self._stats.writes += sum(o for o in outcomes if isinstance(o, int))
-        self._finish(commits, errors, synced=sync)
+        published = self._publish(commits, errors, synced=sync)
+        # What queued meanwhile goes to the disk now, before the appends just
+        # written are acknowledged: their senders' answers, and the readers
+        # they wake, are made while the next commit is being written.
+        unwritten = self._start() if self._pending or self._sync_due else None
+        for stream, commit in published:
+            stream.acknowledge(commit)
+        if unwritten is not None:
+            self._finish(unwritten, {}, synced=False)
+        else:
+            self._next()
 
     def _crashed(self, failure: Failure, commits: list[_Planned]) -> None:
         """The writer thread raised something other than an I/O error: a bug."""
@@ -255,24 +292,45 @@ class GroupCommitter:
         errors = {id(commit): error for _stream, commit in commits}
         self._finish(commits, errors, synced=False)
 
-    def _finish(
+    def _publish(
         self, commits: list[_Planned], errors: dict[int, BaseException], *, synced: bool
-    ) -> None:
-        """Tell each stream how its commit went, then commit what queued meanwhile."""
+    ) -> list[_Planned]:
+        """Tell each stream how its commit went; return those to acknowledge.
+
+        A failed commit's appends fail now; a written one's chunks are
+        published, and its appends wait for `CommittingStream.acknowledge`.
+        """
+        published: list[_Planned] = []
+        stats = self._stats
         for stream, commit in commits:
             error = errors.get(id(commit))
             if error is not None:
                 stream.commit_failed(commit, error)
                 continue
-            self._stats.appends += len(commit.appends)
-            self._stats.chunks += sum(len(write.chunks) for write in commit.writes)
-            self._stats.messages += sum(len(append.messages) for append in commit.appends)
+            if not stream.commit_written(commit):
+                continue
+            stats.appends += len(commit.appends)
+            stats.chunks += sum(len(write.chunks) for write in commit.writes)
+            stats.messages += sum(len(append.messages) for append in commit.appends)
             if synced:
-                self._stats.synced_appends += len(commit.appends)
-            stream.commit_done(commit)
+                stats.synced_appends += len(commit.appends)
+            published.append((stream, commit))
+        return published
+
+    def _finish(
+        self, commits: list[_Planned], errors: dict[int, BaseException], *, synced: bool
+    ) -> None:
+        """Tell each stream how its commit went and acknowledge; then commit what queued."""
+        for stream, commit in self._publish(commits, errors, synced=synced):
+            stream.acknowledge(commit)
+        self._next()
+
+    def _next(self) -> None:
+        """Commit what queued meanwhile (on the next turn), or tell the waiters it is idle."""
         if self._pending or self._sync_due:
-            # On the next turn, not here: appends made by the callbacks above
-            # (and anything else this turn) join it, and the stack stays flat.
+            # On the next turn, not here: appends made by the callbacks that
+            # just ran (and anything else this turn) join it, and the stack
+            # stays flat.
             self._schedule()
         elif self._idle():
             waiters, self._idle_waiters = self._idle_waiters, []
