@@ -101,7 +101,7 @@ from gateway.protocols.stream.bridge import (
     dead_letter_writer,
 )
 from gateway.protocols.stream.client import StreamUpstream
-from gateway.protocols.stream.mapping import durable_entry, message_from_entry
+from gateway.protocols.stream.mapping import durable_entries, message_from_entry
 from gateway.protocols.stream.relay import StreamFleet, connect_tcp, connect_tls
 from gateway.protocols.stream.routed import OwnerAppends
 from gateway.protocols.stream.server import StreamServerFactory
@@ -872,7 +872,7 @@ def build_gateway(
         gateway.durable = DurableRoutes(
             store,
             reactor,
-            encode=durable_entry,
+            encode=durable_entries,
             decode=lambda entry, offset, timestamp: message_from_entry(
                 entry, stream="", timestamp=timestamp, offset=offset, address_from_to=True
             ),

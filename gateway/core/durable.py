@@ -134,7 +134,7 @@ class DurableDelivery:
     Args:
         route: The route.
         stream: The route's stream (`route_stream_name`).
-        encode: A message to a stored entry.
+        encode: A batch's messages to their stored entries.
         clock: Times the outcome records.
         forwarder: The route's forwarder, handed each committed batch.
         recorder: Keeps the outcome records, if any.
@@ -151,7 +151,7 @@ class DurableDelivery:
         self,
         route: Route,
         stream: object,
-        encode: Callable[[Message], bytes],
+        encode: Callable[[Sequence[Message]], list[bytes]],
         *,
         clock: IReactorTime | None = None,
         forwarder: LogForwarder | None = None,
@@ -179,8 +179,7 @@ class DurableDelivery:
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Commit the batch as one append (one chunk, one fsync); forwarded later."""
-        encode = self._encode
-        entries = [encode(message) for message in messages]
+        entries = self._encode(messages)
         arrived = 0.0 if self._clock is None else self._clock.seconds()
         try:
             appended: Deferred[AppendResult] = self._stream.append(entries)  # type: ignore[attr-defined]
@@ -278,7 +277,7 @@ class DurableRoutes:
     Args:
         store: The embedded log.
         clock: For retries.
-        encode: A message to a stored entry.
+        encode: A batch's messages to their stored entries.
         decode: A stored entry (with offset and timestamp) back to a message.
         dead_letter: Given the dead-letter stream's and the route's names,
             returns what writes a message that kept being rejected there.
@@ -290,7 +289,7 @@ class DurableRoutes:
         self,
         store: _Log,
         clock: IReactorTime,
-        encode: Callable[[Message], bytes],
+        encode: Callable[[Sequence[Message]], list[bytes]],
         decode: Callable[[bytes, int, float], Message],
         dead_letter: Callable[[str, str], Callable[[Message, Outcome], Deferred[object]]],
     ) -> None:

@@ -35,7 +35,11 @@ from gateway.core.message import Message, Outcome, Status
 from gateway.core.outcomes import OUTCOME_STREAM, OutcomeRecorder
 from gateway.core.router import Route, Router, bind_routes
 from gateway.protocols.stream.bridge import dead_letter_writer
-from gateway.protocols.stream.mapping import entry_from_message, message_from_entry
+from gateway.protocols.stream.mapping import (
+    durable_entries,
+    entry_from_message,
+    message_from_entry,
+)
 from tests.core.test_log import HeldWrites, next_turn, read_all
 from tests.core.test_outcomes import _logged
 
@@ -193,7 +197,7 @@ def durable_routes(
     routes = DurableRoutes(
         store,
         clock,
-        encode=entry_from_message,
+        encode=durable_entries,
         decode=decoder,
         dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
     )
@@ -316,7 +320,7 @@ async def test_a_batch_not_held_between_two_held_ones(store: LogStore) -> None:
         clock=clock,
         settings=ForwarderSettings(max_held_messages=3),
     )
-    delivery = DurableDelivery(ROUTE, stream, entry_from_message, forwarder=forwarder)
+    delivery = DurableDelivery(ROUTE, stream, durable_entries, forwarder=forwarder)
     forwarder.start()
     batches = [[mail(0), mail(1)], [mail(2), mail(3)], [mail(4)]]
     await gatherResults([delivery.deliver(batch) for batch in batches])
@@ -343,7 +347,7 @@ async def test_behind_it_reads_and_what_it_holds_is_bounded(store: LogStore) -> 
         clock=clock,
         settings=ForwarderSettings(max_held_messages=4, max_held_bytes=1 << 20),
     )
-    delivery = DurableDelivery(ROUTE, stream, entry_from_message, forwarder=forwarder)
+    delivery = DurableDelivery(ROUTE, stream, durable_entries, forwarder=forwarder)
     forwarder.start()
     number = 0
     for _ in range(5):  # m0-m1 in delivery, m2-m3 held, the rest not
@@ -609,7 +613,7 @@ class World:
         self.delivery = DurableDelivery(
             ROUTE,
             self.stream,
-            entry_from_message,
+            durable_entries,
             forwarder=self.forwarder if self.from_memory else None,
         )
 

@@ -489,7 +489,7 @@ async def test_a_durable_route_answers_retry_later(store: LogStore, disk: FullDi
         name="mail", source="qmqp", pattern=AddressPattern("#"), destination="far", durable=True
     )
     stream = store.create("msggateway.route.mail")
-    delivery = DurableDelivery(route, stream, lambda message: message.body)
+    delivery = DurableDelivery(route, stream, lambda messages: [m.body for m in messages])
     disk.full = True
     with capturedLogs() as events:
         outcomes = await delivery.deliver([Message(body=b"x", address="a")] * 2)

@@ -28,7 +28,12 @@ from gateway.core.message import Message, Origin, Outcome
 from gateway.core.origins import PendingOrigins, deliver_once
 from gateway.core.router import Route, Router, bind_routes
 from gateway.protocols.stream.bridge import dead_letter_writer
-from gateway.protocols.stream.mapping import durable_entry, entry_from_message, message_from_entry
+from gateway.protocols.stream.mapping import (
+    durable_entries,
+    durable_entry,
+    entry_from_message,
+    message_from_entry,
+)
 from tests.core.test_durable import CountingDecoder, open_store, settle
 
 READER = "msggateway.rabbit@in"
@@ -188,7 +193,7 @@ def durable(store: LogStore, clock: Clock) -> DurableRoutes:
     return DurableRoutes(
         store,
         clock,
-        encode=durable_entry,
+        encode=durable_entries,
         decode=CountingDecoder(),
         dead_letter=lambda stream, route: dead_letter_writer(store, stream, route),
     )

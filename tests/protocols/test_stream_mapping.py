@@ -12,6 +12,7 @@ import math
 import uuid
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,12 +35,13 @@ from gateway.codecs.amqp import (
     encode_value,
 )
 from gateway.core.internal import HOPS_HEADER
-from gateway.core.message import Message
+from gateway.core.message import Message, Origin
 from gateway.protocols.stream import mapping
 from gateway.protocols.stream.mapping import (
     RECIPIENTS_HEADER,
     SENDER_HEADER,
     TIMESTAMP_HEADER,
+    durable_entry,
     entry_from_message,
     message_from_entry,
 )
@@ -584,3 +586,21 @@ def test_entry_encoder_writes_entry_from_message_bytes(
     encoder = mapping.EntryEncoder()
     for message, hops in run:
         assert encoder.entry(message, hops) == entry_from_message(message, hops)
+
+
+@given(_runs(), st.lists(st.booleans(), max_size=12))
+@settings(max_examples=200)
+def test_durable_entries_write_durable_entry_bytes(
+    run: list[tuple[Message, int | None]], read: list[bool]
+) -> None:
+    """`mapping.durable_entries` of a batch is `durable_entry` of each message, byte for byte.
+
+    Messages that a consumer read (with an origin) among them or not.
+    """
+    batch = [
+        attrs.evolve(message, origin=Origin("reader@stream", index))
+        if index < len(read) and read[index]
+        else message
+        for index, (message, _hops) in enumerate(run)
+    ]
+    assert mapping.durable_entries(batch) == [durable_entry(message) for message in batch]

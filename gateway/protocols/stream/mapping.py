@@ -82,7 +82,7 @@ from __future__ import annotations
 import re
 import struct
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 import attrs
@@ -110,6 +110,7 @@ __all__ = [
     "SENDER_HEADER",
     "TIMESTAMP_HEADER",
     "EntryEncoder",
+    "durable_entries",
     "durable_entry",
     "entry_from_message",
     "message_from_entry",
@@ -331,6 +332,20 @@ def entry_from_message(message: Message, hops: int | None = None, origin: bool =
 def durable_entry(message: Message) -> bytes:
     """The entry a durable route commits: `entry_from_message`, keeping the origin."""
     return entry_from_message(message, origin=True)
+
+
+def durable_entries(messages: Sequence[Message]) -> list[bytes]:
+    """The entries a durable route commits for a batch: `durable_entry` of each.
+
+    A batch (one read) usually shares all but its messages' ids and bodies:
+    an `EntryEncoder` writes what they share once. Messages with an origin
+    (what a consumer read) are written one by one.
+    """
+    encoder = EntryEncoder()
+    return [
+        encoder.entry(message) if message.origin is None else durable_entry(message)
+        for message in messages
+    ]
 
 
 _NULL: Final = b"\x40"
