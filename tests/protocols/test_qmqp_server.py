@@ -385,6 +385,22 @@ def test_one_read_is_one_batch_answered_together(world: ListenerWorld) -> None:
     assert client.replies() == [(b"m1", qmqp.D, 1), (b"m2", qmqp.K, 0)]
 
 
+def test_the_messages_of_a_read_take_its_time(world: ListenerWorld) -> None:
+    """Every message of one read is stamped with the read's time; the next read with its own."""
+    client = world.connect()
+    world.clock.advance(5)
+    first = mail("m1", "a@held.example")
+    client.send(first + mail("m2", "b@held.example") + first[:7])
+    world.clock.advance(2)
+    client.send(first[7:] + mail("m4", "c@held.example"))
+    assert [(m.id, m.timestamp) for m in world.held.messages] == [
+        ("m1", 5.0),
+        ("m2", 5.0),
+        ("m1", 7.0),
+        ("m4", 7.0),
+    ]
+
+
 def test_a_route_does_not_wait_for_another_routes_batch(world: ListenerWorld) -> None:
     """Messages of one read on two routes: the route that answers first is answered first."""
     client = world.connect()

@@ -68,6 +68,9 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         self._idle_since = factory.clock.seconds()
         """When the connection last stopped being busy: its last complete block, or the
         reply to its last outstanding message, whichever came later."""
+        self._read_at = self._idle_since
+        """When the last read that completed a block arrived: its messages' timestamp (one
+        clock call per read, and the messages of a read share their entries' middle)."""
         self._idle_call: IDelayedCall | None = None
         self._inbox: Inbox[tuple[bytes, int]] = Inbox(factory.router, factory.name, self._answer)
         self._login_wait: IDelayedCall | None = None
@@ -199,7 +202,8 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             error = exc
             blocks = cast(list[qmqp.Block], exc.events)
         if blocks:
-            self._idle_since = self.factory.clock.seconds()  # once per read, not per block
+            # Once per read, not per block.
+            self._idle_since = self._read_at = self.factory.clock.seconds()
         traffic = self.factory.traffic
         traffic.messages_in += len(blocks)
         traffic.bytes_in += len(data)
@@ -398,7 +402,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         size = len(block.message)
         self._in_flight += 1
         self._in_flight_bytes += size
-        self._inbox.add(message_from_block(block, factory.clock.seconds()), (block.id, size))
+        self._inbox.add(message_from_block(block, self._read_at), (block.id, size))
 
     def _answer(self, token: tuple[bytes, int], result: Result) -> None:
         """Reply to one message of a dispatched batch with what its routes did."""
