@@ -354,6 +354,46 @@ def _parse_request(line: bytes) -> Request:
     return _parse_compat(verb, sep, rest)
 
 
+MAX_KNOWN_TOPICS: Final = 1024
+"""MCAST topics a server codec remembers as valid ids; past that it starts afresh."""
+_new_object = object.__new__
+_set_topic = Mcast.__dict__["topic"].__set__
+_set_payload = Mcast.__dict__["payload"].__set__
+
+
+def _requests(raw: list[bytes], topics: set[bytes], out: list[Line]) -> None:
+    """Parse requests into ``out``; an MCAST to a topic in ``topics`` takes a fast path.
+
+    A publisher sends most of its MCASTs to a few topics: once a topic has
+    passed the id check (`_parse_mcast`), its MCASTs are split once and
+    built without the frozen dataclass's ``__init__`` (its slots are set
+    directly), which gives the same `Mcast`. Anything else, or an MCAST
+    that would be malformed, goes through `_parse_request`.
+
+    Raises:
+        _MalformedError: A request is malformed; ``out`` has those before it.
+    """
+    parse = _parse_request
+    add = out.append
+    for line in raw:
+        if line[:6] == b"MCAST ":
+            parts = line.split(b" ", 2)
+            if len(parts) == 3 and parts[2] and parts[1] in topics:
+                mcast = _new_object(Mcast)
+                _set_topic(mcast, parts[1])
+                _set_payload(mcast, parts[2])
+                add(mcast)
+                continue
+            request = parse(line)
+            if type(request) is Mcast:
+                if len(topics) >= MAX_KNOWN_TOPICS:
+                    topics.clear()
+                topics.add(request.topic)
+            add(request)
+            continue
+        add(parse(line))
+
+
 def _parse_incoming(line: bytes) -> Response | Event:
     if not line:
         raise _MalformedError("empty message (two LFs in a row)", "empty")
@@ -505,7 +545,7 @@ class SSMPCodec:
             1,024; a client talking to a lax server may allow more.
     """
 
-    __slots__ = ("_error", "_logged_in", "_max_line_bytes", "_role", "_splitter")
+    __slots__ = ("_error", "_logged_in", "_max_line_bytes", "_role", "_splitter", "_topics")
 
     def __init__(self, role: Role, *, max_line_bytes: int = MAX_LINE_BYTES) -> None:
         self._role = role
@@ -513,6 +553,8 @@ class SSMPCodec:
         self._splitter = LineSplitter(max_line_bytes)
         self._logged_in = False
         self._error: SSMPError | None = None
+        self._topics: set[bytes] = set()
+        """MCAST topics of this connection already checked as ids (`_requests`)."""
 
     @property
     def role(self) -> Role:
@@ -565,7 +607,7 @@ class SSMPCodec:
                     self._logged_in = True
                     out.append(first)
                     raw = raw[1:]
-                out.extend(map(_parse_request, raw))
+                _requests(raw, self._topics, out)
             else:
                 out.extend(map(_parse_incoming, raw))
         except _MalformedError as exc:

@@ -94,6 +94,12 @@ class Authorization:
     """
 
     grants: Mapping[str, Grant] | None = attrs.field(default=None, converter=_frozen)
+    restricted: bool = attrs.field(init=False, eq=False, repr=False)
+    """Whether the listener has an ``authorize`` table at all (an attribute: every
+    publish asks)."""
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "restricted", self.grants is not None)
 
     @classmethod
     def from_lists(
@@ -113,11 +119,6 @@ class Authorization:
                 for identity, (publish, consume) in table.items()
             }
         )
-
-    @property
-    def restricted(self) -> bool:
-        """Whether the listener has an ``authorize`` table at all."""
-        return self.grants is not None
 
     def knows(self, identity: str | None) -> bool:
         """Whether the identity is granted anything here (always True when unrestricted)."""

@@ -31,6 +31,7 @@ HeaderValue = str | bytes | int | float | bool
 """What a header may hold: the common ground of AMQP properties and the rest."""
 
 _EMPTY_HEADERS: Final[Mapping[str, HeaderValue]] = MappingProxyType({})
+_new_object = object.__new__
 
 # Message ids are unique per process run without the cost of uuid4 per message:
 # a random per-process prefix plus a counter.
@@ -109,16 +110,17 @@ class Message:
 
     def with_address(self, address: str) -> Message:
         """Return this message bound for another address (same id and body)."""
-        return Message(
-            body=self.body,
-            address=address,
-            id=self.id,
-            sender=self.sender,
-            recipients=self.recipients,
-            headers=self.headers,
-            timestamp=self.timestamp,
-            origin=self.origin,
-        )
+        # Its slots set directly: no keyword call, no headers to freeze again.
+        moved: Message = _new_object(Message)
+        moved.body = self.body
+        moved.address = address
+        moved.id = self.id
+        moved.sender = self.sender
+        moved.recipients = self.recipients
+        moved.headers = self.headers
+        moved.timestamp = self.timestamp
+        moved.origin = self.origin
+        return moved
 
 
 class Status(enum.Enum):

@@ -960,3 +960,50 @@ def test_mutated_stream_gives_lines_or_ssmp_error(
         assert_events_or_error(
             make, data.draw(chunkings(bytes(wire))), SSMPError, event_types=LINE_TYPES
         )
+
+
+# --- the MCAST fast path against the general parser ------------------------------------
+
+_MCAST_LINES = st.builds(
+    lambda topic, gap, payload: b"MCAST " + topic + gap + payload,
+    st.sampled_from([b"news"] * 4 + [b"a.b", b"x@y", b"", b"bad topic", b"b\xe9d", b"n\x00"]),
+    st.sampled_from([b" "] * 4 + [b"", b"  "]),
+    st.binary(max_size=12).filter(lambda payload: b"\n" not in payload)
+    | st.sampled_from([b"", b" ", b"a b c"]),
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(_MCAST_LINES | ssmp_requests().map(lambda r: ssmp.encode(r)[:-1]), max_size=20))
+def test_mcast_fast_path_parses_as_the_general_parser(lines: list[bytes]) -> None:
+    """A server codec decodes a read of requests as `_parse_request` does, one at a time.
+
+    MCASTs to topics it has seen take the fast path; the events are equal,
+    and a malformed line fails with the same reason after the same events.
+    """
+    codec = SSMPCodec(Role.SERVER)
+    assert codec.receive_data(b"LOGIN alice open\n") == [
+        ssmp.Login(identity=b"alice", scheme=b"open", credential=None)
+    ]
+    expected: list[ssmp.Line] = []
+    reason = None
+    for line in lines:
+        try:
+            expected.append(ssmp._parse_request(line))
+        except ssmp._MalformedError as exc:
+            reason = exc.reason
+            break
+    for half in (lines[: len(lines) // 2], lines[len(lines) // 2 :]):  # topics seen carry over
+        if not half:
+            continue
+        try:
+            got = codec.receive_data(b"".join(line + b"\n" for line in half))
+        except SSMPError as exc:
+            assert exc.reason == reason
+            got = list(exc.events)
+            assert got == expected[: len(got)]
+            return
+        assert got == expected[: len(got)]
+        expected = expected[len(got) :]
+    assert reason is None
+    assert expected == []

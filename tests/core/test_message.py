@@ -89,6 +89,30 @@ def test_with_address_keeps_everything_else() -> None:
     assert message.address == "weather.paris"
 
 
+@given(
+    st.builds(
+        Message,
+        body=st.binary(max_size=8),
+        address=st.text(max_size=8),
+        id=st.text(max_size=8),
+        sender=st.none() | st.text(max_size=8),
+        recipients=st.lists(st.text(max_size=4), max_size=2).map(tuple),
+        headers=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+        timestamp=st.floats(allow_nan=False),
+        origin=st.none() | st.builds(Origin, st.text(max_size=4), st.integers(0, 9)),
+    ),
+    st.text(max_size=8),
+)
+def test_with_address_is_evolve_with_the_address(message: Message, address: str) -> None:
+    """`with_address` (which sets the copy's slots itself) copies every field, origin too."""
+    moved = message.with_address(address)
+    expected = attrs.evolve(message, address=address)
+    for field in attrs.fields(Message):
+        assert getattr(moved, field.name) == getattr(expected, field.name), field.name
+        if field.name != "address":
+            assert getattr(moved, field.name) is getattr(message, field.name), field.name
+
+
 def test_new_message_ids_are_unique() -> None:
     """Ids drawn in a row never repeat, and every message gets its own."""
     ids = {new_message_id() for _ in range(10_000)}

@@ -177,6 +177,7 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         )
         self._sender = ""
         """The identity as text: the sender of the messages routes take."""
+        self._max_pending = factory.settings.max_pending_replies
         self._routes_table: RouteTable | None = None
         self._routed_topics: dict[bytes, str | None] | None = None
         """For `_routes_table`: each topic seen, as an address if routes take it (else
@@ -318,8 +319,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
     def _respond_later(self, message: Message, ucast: bool = False) -> None:
         """Route the message with the rest of this read; its response waits in a slot."""
         slot = _Pending(ucast)
-        self._pending.append(slot)
-        if len(self._pending) >= self.factory.settings.max_pending_replies:
+        pending = self._pending
+        pending.append(slot)
+        if len(pending) >= self._max_pending:
             self._pause_reading()
         self._inbox.add(message, slot)
 
@@ -587,7 +589,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         factory = self.factory
         if factory.authorization.restricted and not self._allowed(Action.PUBLISH, topic):
             return
-        self.hub.mcast(self, topic, prefix + topic + b" " + payload + b"\n")
+        hub = self.hub
+        if topic in hub.topics or hub.fleet is not None:  # else nobody takes the event
+            hub.mcast(self, topic, b"".join((prefix, topic, b" ", payload, b"\n")))
         table = factory.router.table
         if table is not self._routes_table:
             self._routes_table = table
