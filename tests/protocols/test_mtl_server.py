@@ -238,10 +238,20 @@ def contents(sent: Sent, identity: bytes) -> list[mtl.Content]:
 
 
 def answers(sent: Sent, identity: bytes) -> dict[int, mtl.DataCommand]:
-    """The Confirms and Rejects sent to one peer, by the sequence they answer."""
-    return {
-        c.sequence: c for c in sent.commands(identity) if isinstance(c, mtl.Confirm | mtl.Reject)
-    }
+    """What a writer numbering its Contents from 1 learns of each, by sequence.
+
+    The Confirms and Rejects sent to it, in order, each as if it answered
+    one Content: a Confirm with ``multiple`` answers every Content up to
+    its sequence not answered before it (spec, "Content Confirmation").
+    """
+    learned: dict[int, mtl.DataCommand] = {}
+    for command in sent.commands(identity):
+        if isinstance(command, mtl.Confirm) and command.multiple:
+            for sequence in range(1, command.sequence + 1):
+                learned.setdefault(sequence, mtl.Confirm(sequence, False))
+        elif isinstance(command, mtl.Confirm | mtl.Reject):
+            learned.setdefault(command.sequence, command)
+    return learned
 
 
 def test_is_a_destination() -> None:
@@ -572,9 +582,95 @@ def test_outcomes_from_elsewhere_go_out_on_the_next_turn() -> None:
     assert answers(world.writers_sent, b"w") == {}
     sends = len(world.writers_sent.batches)
     world.clock.advance(0)
-    assert world.writers_sent.batches[sends:] == [
-        [[b"w", *mtl.encode_data(mtl.Confirm(n, False))] for n in (1, 2, 3)]
+    assert world.writers_sent.batches[sends:] == [[[b"w", *mtl.encode_data(mtl.Confirm(3, True))]]]
+
+
+def test_a_run_of_accepted_contents_is_one_confirm() -> None:
+    """A writer numbering its Contents from 1 is told of a run of accepted ones in one Confirm.
+
+    The Rejects of the same batch go first, one by one; the Confirm with
+    ``multiple`` then covers the run, and what the writer learns of each
+    Content is what one answer each would have told it.
+    """
+    world = bridge()
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in range(1, 6)])
+    delivered = contents(world.readers_sent, b"r")
+    burst(
+        world.readers,
+        [
+            (b"r", mtl.Reject(delivered[1].sequence, False, True))
+            if index == 1
+            else (b"r", mtl.Confirm(content.sequence, False))
+            for index, content in enumerate(delivered)
+        ],
+    )
+    assert world.writers_sent.commands(b"w")[-2:] == [
+        mtl.Reject(2, False, True),
+        mtl.Confirm(5, True),
     ]
+    assert answers(world.writers_sent, b"w") == {
+        1: mtl.Confirm(1, False),
+        2: mtl.Reject(2, False, True),
+        3: mtl.Confirm(3, False),
+        4: mtl.Confirm(4, False),
+        5: mtl.Confirm(5, False),
+    }
+
+
+def test_one_count_for_every_command_is_followed_too() -> None:
+    """A writer numbering Lease and Contents with one count (Lease 1, Contents 2...) too."""
+    world = bridge()  # its writer sent Lease 1
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (2, 3, 4)])
+    burst(world.readers, [(b"r", mtl.Confirm(3, True))])
+    assert world.writers_sent.commands(b"w")[-1] == mtl.Confirm(4, True)
+
+
+def test_contents_numbered_otherwise_are_confirmed_one_by_one() -> None:
+    """A writer whose numbering is not followed (a gap, a first Content not 1) gets one each.
+
+    A Confirm with ``multiple`` would cover Contents the listener never read
+    (sent on an earlier connection, or dropped as ill-formed).
+    """
+    world = bridge()
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (5, 6, 7)])
+    burst(world.readers, [(b"r", mtl.Confirm(3, True))])
+    assert [c for c in world.writers_sent.commands(b"w") if isinstance(c, mtl.Confirm)] == [
+        mtl.Confirm(n, False) for n in (5, 6, 7)
+    ]
+
+
+def test_an_ill_formed_command_ends_multiple_confirms() -> None:
+    """After an ill-formed data command (perhaps a Content) a writer's Confirms are one each."""
+    world = bridge()
+    world.writers._on_data([b"w", b"\x05\x00", b"x"])  # a Content cut short: dropped
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (1, 2)])
+    burst(world.readers, [(b"r", mtl.Confirm(2, True))])
+    assert [c for c in world.writers_sent.commands(b"w") if isinstance(c, mtl.Confirm)] == [
+        mtl.Confirm(1, False),
+        mtl.Confirm(2, False),
+    ]
+
+
+def test_a_confirm_never_covers_a_content_still_on_its_way() -> None:
+    """Contents answered before an earlier one is: confirmed alone, until the earlier is answered.
+
+    The first batch waits at its reader while the second is confirmed; the
+    second's Contents are then confirmed one by one (a Confirm with
+    ``multiple`` would cover the first batch's too), and the first batch
+    once answered is covered by one Confirm.
+    """
+    world = bridge()
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (1, 2)])
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (3, 4)])
+    _first, second, third, fourth = contents(world.readers_sent, b"r")
+    burst(
+        world.readers,
+        [(b"r", mtl.Confirm(third.sequence, False)), (b"r", mtl.Confirm(fourth.sequence, False))],
+    )
+    assert world.writers_sent.commands(b"w")[-2:] == [mtl.Confirm(3, False), mtl.Confirm(4, False)]
+    burst(world.readers, [(b"r", mtl.Confirm(second.sequence, True))])
+    assert world.writers_sent.commands(b"w")[-1] == mtl.Confirm(2, True)
+    assert answers(world.writers_sent, b"w") == {n: mtl.Confirm(n, False) for n in (1, 2, 3, 4)}
 
 
 def test_a_reader_is_answered_before_it_is_sent_content() -> None:

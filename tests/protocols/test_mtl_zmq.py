@@ -18,7 +18,13 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import capturedLogs
 
-from gateway.protocols.mtl.zmq import MAX_READ_BURST, Outbox, ZmqSocket, zmq_factory
+from gateway.protocols.mtl.zmq import (
+    MAX_READ_BURST,
+    Outbox,
+    ZmqSocket,
+    compiled_send,
+    zmq_factory,
+)
 
 
 class Recorder:
@@ -119,6 +125,44 @@ def test_messages_of_any_frame_count_keep_their_boundaries(world: World) -> None
         dealer.send_multipart(frames)
     world.wake()
     assert world.seen.messages == [[b"a", *frames] for frames in shapes]
+
+
+def test_frames_go_to_the_compiled_send(world: World) -> None:
+    """The sockets send through pyzmq's compiled class: this pyzmq still has it.
+
+    If an upgrade of pyzmq drops or renames ``zmq.backend.Socket.send``,
+    the sockets fall back to pyzmq's Python send (slower, the same frames),
+    and this test says so.
+    """
+    from zmq.backend import Socket as CompiledSocket
+
+    connection = world.router._connection
+    assert isinstance(connection.socket, CompiledSocket)
+    assert connection._send_frame.__func__ is CompiledSocket.send
+    dealer = world.peer(b"a")
+    dealer.send_multipart([b"hello"])
+    world.wake()
+    world.router.send([b"a", b"head", b"body"])
+    assert dealer.recv_multipart() == [b"head", b"body"]
+
+
+def test_without_the_compiled_class_the_sockets_own_send(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pyzmq without ``zmq.backend.Socket``, or a socket of another class: its own send."""
+    import zmq.backend
+
+    socket = world.router._connection.socket
+    monkeypatch.delattr(zmq.backend, "Socket")
+    assert compiled_send(socket) == socket.send
+    monkeypatch.undo()
+
+    class Other:
+        def send(self, data: bytes, flags: int = 0) -> None:
+            """A socket of another class."""
+
+    other = Other()
+    assert compiled_send(other) == other.send
 
 
 def test_a_long_burst_yields_to_the_reactor(world: World) -> None:

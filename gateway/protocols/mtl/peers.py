@@ -41,6 +41,7 @@ from twisted.logger import Logger
 
 from gateway.core.message import Outcome
 from gateway.protocols.mtl.backlog import Backlog, Backlogs
+from gateway.protocols.mtl.confirms import WriterAnswers
 from gateway.protocols.mtl.control import DataLease
 from gateway.protocols.mtl.mapping import Unconfirmed, give_back
 
@@ -70,6 +71,8 @@ class DataPeer:
     forgotten: bool = False
     departed: bool = False
     """Its connection is gone: nothing is sent to it; its lease covers what it sent before."""
+    answers: WriterAnswers = attrs.Factory(WriterAnswers)
+    """As a confirm=full writer: what it was answered, and when one Confirm may cover several."""
 
 
 class DataPeers:

@@ -134,7 +134,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
         # Each routed Content's writer and sequence when its writer wants a confirmation.
-        self._inbox: Inbox[tuple[DataPeer, int] | None] = Inbox(router, name, self._answer_writer)
+        self._inbox: Inbox[tuple[DataPeer, int] | None] = Inbox(
+            router, name, self._answer_writer, self._answer_writers
+        )
         self._reader_who = f"an MTL reader of {name}"
         self._not_confirming = Outcome.retry(
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
@@ -238,6 +240,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             command = mtl.decode_data(frames[1:])
         except mtl.MTLError:
             self.count_error("ill-formed-data")
+            known = self._peers.get(identity)
+            if known is not None:  # it may have been a Content: its number is unknown
+                known.answers.lapse()
             return  # the spec: drop it silently
         self.traffic.messages_in += 1
         self._outbox.reading = True  # answers go out when the burst is drained
@@ -251,11 +256,13 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         elif isinstance(command, mtl.Confirm | mtl.Reject):
             settle(peer.unconfirmed, command, self._reader_who)
         elif isinstance(command, mtl.Lease):
+            peer.answers.numbered(command.sequence)
             lease = self.control.lease(command.lease)
             if lease is not None:
                 peer.lease = lease
             self._send(peer, mtl.Response(command.sequence, 200 if lease else 403))
         elif isinstance(command, mtl.Summon | mtl.Dismiss):
+            peer.answers.numbered(command.sequence)
             self._summon(peer, command)
         elif isinstance(command, mtl.Ping):
             self._send(peer, mtl.Pong())
@@ -309,7 +316,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         lease = peer.lease
         if lease is None or lease.kind != "writer":
             self.count_error("content-without-writer-lease")
-            self._send(peer, mtl.Reject(content.sequence, False, False))
+            self._reject_at_once(peer, content.sequence)
             return
         resource = content.resource
         if not resource and len(lease.resources) == 1:
@@ -318,14 +325,14 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
             # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
-            self._send(peer, mtl.Reject(content.sequence, False, False))
+            self._reject_at_once(peer, content.sequence)
             return
         if (
             self.authorization.restricted
             and not lease.resources
             and not self._authorized(Action.PUBLISH, lease.identity, resource)
         ):  # a lease for "any and all" resources: checked content by content
-            self._send(peer, mtl.Reject(content.sequence, False, False))
+            self._reject_at_once(peer, content.sequence)
             return
         if lease.profile == "test":
             for reader in self.peers.readers(resource, "test"):
@@ -338,14 +345,27 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             resource, content.properties, content.body, self.clock.seconds()
         )
         # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
-        self._inbox.add(message, (peer, content.sequence) if lease.confirm == "full" else None)
+        if lease.confirm == "full":
+            peer.answers.routed(content.sequence)
+            self._inbox.add(message, (peer, content.sequence))
+        else:
+            self._inbox.add(message, None)
 
-    def _answer_writer(self, token: tuple[DataPeer, int] | None, result: Result) -> None:
-        """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
-        self._in_flight -= 1
+    def _reject_at_once(self, peer: DataPeer, sequence: int) -> None:
+        """Reject a Content on the spot; its writer's Contents are confirmed one by one after."""
+        peer.answers.lapse()
+        self._send(peer, mtl.Reject(sequence, False, False))
+
+    def _answered(self, count: int) -> None:
+        """``count`` routed Contents have their outcomes: writers held for them may go on."""
+        self._in_flight -= count
         due = self._answers_due
         if due.congested and self._in_flight <= self.settings.max_in_flight // 2:
             due.drained()
+
+    def _answer_writer(self, token: tuple[DataPeer, int] | None, result: Result) -> None:
+        """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
+        self._answered(1)
         if token is None:  # confirm=none: the writer hears nothing
             if isinstance(result, Unrouted):
                 self.count_error("unrouted")
@@ -353,12 +373,48 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         peer, sequence = token
         if self._peers.get(peer.identity) is not peer:
             return  # forgotten since: nobody to tell
+        peer.answers.answered(sequence)
         if isinstance(result, Unrouted):
             self._send(peer, mtl.Reject(sequence, False, False))
         elif result.status is Status.ACCEPTED:
             self._send(peer, mtl.Confirm(sequence, False))
         else:
             self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
+
+    def _answer_writers(
+        self, tokens: list[tuple[DataPeer, int] | None], outcomes: list[Outcome]
+    ) -> None:
+        """Tell writers what became of a route's batch of their Contents, in few commands.
+
+        Rejects go one by one, first; a writer's accepted Contents are
+        covered by one Confirm with ``multiple`` where `WriterAnswers` says
+        that confirms exactly them, and confirmed one by one otherwise.
+        """
+        self._answered(len(tokens))
+        peers = self._peers
+        accepted: dict[DataPeer, list[int]] = {}
+        for token, outcome in zip(tokens, outcomes, strict=True):
+            if token is None:  # confirm=none: the writer hears nothing
+                continue
+            peer, sequence = token
+            if peers.get(peer.identity) is not peer:
+                continue  # forgotten since: nobody to tell
+            status = outcome.status
+            if status is Status.ACCEPTED:
+                run = accepted.get(peer)
+                if run is None:
+                    accepted[peer] = [sequence]
+                else:
+                    run.append(sequence)
+            else:
+                peer.answers.answered(sequence)
+                self._send(peer, mtl.Reject(sequence, False, status is Status.RETRY))
+        for peer, sequences in accepted.items():
+            upto, alone = peer.answers.confirm(sequences)
+            if upto is not None:
+                self._send(peer, mtl.Confirm(upto, True))
+            for sequence in alone:
+                self._send(peer, mtl.Confirm(sequence, False))
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Send a batch to the gateway-profile readers that summoned each message's address.
