@@ -3,33 +3,24 @@
 All of it runs on the reactor thread. Appends queue until the store's group
 commit (`gateway.core.log.writer`) plans them into chunks (through
 `gateway.core.log.commit`), writes them in its thread and reports back;
-only then do acknowledgements fire and readers see the chunks. Reads use
-``os.pread`` on committed ranges, bounded by the caller's byte budget.
-
-Offsets follow osiris (docs/stream-protocol-notes.md, section 7): they count
-records, a chunk's id is the offset of its first record, and tracking chunks
-take one offset each, so user-visible offsets have gaps.
+only then do acknowledgements fire and readers see the chunks. Seeks and
+reads of what is committed are `gateway.core.log.reads`'.
 
 A commit that fails because the file system (or a quota) is full was taken
 back by the writer thread, so the stream is intact: its appends, and those
 queued behind it, fail with `LogFullError`, and the stream refuses appends
-for `FULL_RETRY_INITIAL_SECONDS`, doubling up to `FULL_RETRY_MAX_SECONDS`
-while the disk stays full; after each wait the next commit tries again, so
-writing resumes by itself once there is room. Any other write failure
-leaves the stream refusing appends until the store reopens (recovery).
+for a while, then lets the next commit try again (`gateway.core.log.full`).
+Any other write failure leaves the stream refusing appends until the store
+reopens (recovery).
 """
 
 from __future__ import annotations
 
-import errno
-import os
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -38,18 +29,17 @@ from gateway.codecs.osiris import (
     MAX_ENTRY_BYTES,
     MAX_TRACKING_ID_BYTES,
     USER,
-    ChunkHeader,
     SubBatch,
-    delivery_payload,
     entry_bytes,
 )
 from gateway.core.log.commit import CommitPlanner, Entry, PendingAppend, StreamCommit
+from gateway.core.log.full import FULL_RETRY_INITIAL_SECONDS, FULL_RETRY_MAX_SECONDS, FullDisk
+from gateway.core.log.reads import SegmentReads, first_chunk_id
 from gateway.core.log.segment import CommitWriteError, Segment, SegmentWriter
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
     AppendResult,
     LogError,
-    LogFullError,
     LogWriteError,
     Retention,
     StoredChunk,
@@ -61,18 +51,10 @@ if TYPE_CHECKING:
 __all__ = [
     "FULL_RETRY_INITIAL_SECONDS",
     "FULL_RETRY_MAX_SECONDS",
-    "MAX_OPEN_READ_FILES",
     "OffsetSpec",
     "StreamLog",
 ]
 
-MAX_OPEN_READ_FILES: Final = 4
-"""Segment files a stream keeps open for reading (most reads hit the newest)."""
-FULL_RETRY_INITIAL_SECONDS: Final = 0.5
-"""After a commit fails on a full file system, appends are refused this long, then tried."""
-FULL_RETRY_MAX_SECONDS: Final = 5.0
-"""The wait doubles with each failed try up to this: writing resumes at most this long
-after space is freed, and a full disk costs one failed write per stream this often."""
 _U64_MAX: Final = 2**64 - 1
 
 OffsetSpec = tuple[str] | tuple[str, int]
@@ -102,40 +84,6 @@ def _check_reference(reference: str) -> None:
     """Refuse a reference that a tracking entry cannot carry."""
     if len(reference.encode("utf-8")) > MAX_TRACKING_ID_BYTES:
         raise ValueError(f"a reference holds at most {MAX_TRACKING_ID_BYTES} UTF-8 bytes")
-
-
-def _size(nbytes: int) -> str:
-    """A byte count for people: ``0 bytes``, ``12.0 KiB``, ``2.0 MiB``."""
-    if nbytes < 1024:
-        return f"{nbytes} bytes"
-    value = nbytes / 1024
-    units = iter(("MiB", "GiB", "TiB"))
-    unit = "KiB"
-    while value >= 1024 and (bigger := next(units, None)) is not None:
-        value, unit = value / 1024, bigger
-    return f"{value:.1f} {unit}"
-
-
-def _no_room(error: CommitWriteError) -> str:
-    """What a full file system looks like, for the operator: what, where, how much is free."""
-    what = (
-        "the disk quota is exhausted (EDQUOT)"
-        if error.cause.errno == errno.EDQUOT
-        else "the file system is full (ENOSPC)"
-    )
-    if error.free_bytes is None:
-        free = "unknown"
-    else:
-        free = _size(error.free_bytes)
-        if error.total_bytes is not None:
-            free += f" of {_size(error.total_bytes)}"
-    return f"{what} at {error.path}: free space {free}"
-
-
-def _newest_timestamp(segment: Segment) -> int:
-    """A segment's newest chunk timestamp; an empty segment (only ever the last) sorts last."""
-    newest = segment.last_timestamp
-    return _U64_MAX if newest is None else newest
 
 
 class StreamLog:
@@ -185,13 +133,10 @@ class StreamLog:
         self._sequences_ahead: dict[str, int] = {}
         self._offsets_ahead: dict[str, int] = {}
         self._waiters: list[tuple[int, Deferred[None]]] = []
-        self._read_files: dict[int, int] = {}
+        self._reads = SegmentReads()
         self._error: LogError | None = None
         self._refusal: LogError | None = None
-        self._full: LogFullError | None = None
-        self._full_failures = 0
-        self._full_since = 0.0
-        self._retry_timer: IDelayedCall | None = None
+        self._full = FullDisk(name, committer.clock, self._space_again)
         self.appends = 0
         """Appends committed since the store opened (one per batch, duplicates or not)."""
         self.records = 0
@@ -222,10 +167,7 @@ class StreamLog:
     @property
     def first_chunk_id(self) -> int:
         """Id of the oldest chunk kept (the next offset when the stream is empty)."""
-        for segment in self._segments:
-            if len(segment):
-                return segment.chunk_ids[0]
-        return self._next_id
+        return first_chunk_id(self._segments, self._next_id)
 
     @property
     def last_chunk_id(self) -> int:
@@ -303,7 +245,7 @@ class StreamLog:
             _check_reference(reference)
             if len(publishing_ids) != len(stored):
                 raise ValueError("one publishing id per message")
-        refusal = self._error or self._refusal or self._full
+        refusal = self._error or self._refusal or self._full.error
         if refusal is not None:
             return fail(refusal)
         ids: list[int] | None = None
@@ -367,7 +309,7 @@ class StreamLog:
             return
         self._queued_offsets[reference] = offset
         self._offsets_ahead[reference] = offset
-        if self._full is None:  # else it is written when the stream tries again
+        if self._full.error is None:  # else it is written when the stream tries again
             self._committer.request(self)
 
     def query_offset(self, reference: str) -> int | None:
@@ -385,7 +327,7 @@ class StreamLog:
         """
         if self._error is not None or not (self._queued or self._queued_offsets):
             return None
-        if self._full is not None and self._refusal is None:
+        if self._full.error is not None and self._refusal is None:
             return None
         self._last_timestamp = max(self._last_timestamp, now_ms)
         planner = CommitPlanner(
@@ -432,15 +374,7 @@ class StreamLog:
                 del self._offsets_ahead[reference]
         if commit.last_user_chunk_id is not None:
             self._committed_chunk_id = commit.last_user_chunk_id
-        if self._full_failures:
-            self._log.info(
-                "Writing stream {stream} resumed: the file system has room again"
-                " (it was full for {seconds:.1f} s)",
-                stream=self.name,
-                failures=self._full_failures,
-                seconds=self._committer.clock.seconds() - self._full_since,
-            )
-            self._full_failures = 0
+        self._full.written()
         return True
 
     def acknowledge(self, commit: StreamCommit) -> None:
@@ -474,8 +408,7 @@ class StreamLog:
             stream=self.name,
         )
         error = self._refusal = LogWriteError(f"writing stream {self.name!r} failed: {reason}")
-        self._full = None
-        self._cancel_retry()
+        self._full.clear()
         queued, self._queued = self._queued, []
         self._queued_offsets.clear()
         self._sequences_ahead.clear()
@@ -493,58 +426,17 @@ class StreamLog:
         publishing id is reserved any more. Its consumer offsets are queued
         again; readers keep waiting.
         """
-        clock = self._committer.clock
-        if not self._full_failures:
-            self._full_since = clock.seconds()
-        self._full_failures += 1
-        delay = min(
-            FULL_RETRY_INITIAL_SECONDS * 2 ** (self._full_failures - 1), FULL_RETRY_MAX_SECONDS
-        )
-        why = _no_room(reason)
-        error = self._full = LogFullError(
-            f"writing stream {self.name!r} failed: {why}; appends are refused for"
-            f" {delay:g} s, then tried again: writing resumes by itself once there is room",
-            stream=self.name,
-            path=reason.path,
-            free_bytes=reason.free_bytes,
-            retry_seconds=delay,
-        )
-        self._log.warn(
-            "Writing stream {stream} failed: {why}; appends are refused for {seconds} s,"
-            " then tried again",
-            stream=self.name,
-            why=why,
-            seconds=delay,
-            path=reason.path,
-            free_bytes=reason.free_bytes,
-        )
+        error = self._full.ran_out(reason, retry=self._refusal is None)
         queued, self._queued = self._queued, []
         self._sequences_ahead.clear()
         for reference, offset in commit.offsets.items():
             self._queued_offsets.setdefault(reference, offset)
-        self._cancel_retry()
-        if self._refusal is None:
-            self._retry_timer = clock.callLater(delay, self._try_again)
         self._fail_appends([*commit.appends, *queued], error)
 
-    def _try_again(self) -> None:
+    def _space_again(self) -> None:
         """The wait after a full file system is over: the next commit tries the disk."""
-        self._retry_timer = None
-        if self._full is None:
-            return
-        self._full = None
-        self._log.info(
-            "Stream {stream} accepts appends again; the next commit tries the disk",
-            stream=self.name,
-        )
         if self._queued_offsets:
             self._committer.request(self)
-
-    def _cancel_retry(self) -> None:
-        """Cancel the timer that ends a full file system's wait, if it is set."""
-        timer, self._retry_timer = self._retry_timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
 
     def refuse(self, error: LogError) -> None:
         """Refuse new appends and offsets with ``error``; what is queued still commits.
@@ -553,26 +445,22 @@ class StreamLog:
         """
         if self._refusal is None:
             self._refusal = error
-        if self._retry_timer is not None:
-            self._cancel_retry()
-            if self._queued_offsets:
-                self._committer.request(self)
+        if self._full.cancel() and self._queued_offsets:
+            self._committer.request(self)
 
     def shut(self, error: LogError) -> None:
         """Stop the stream (deleted, closed or broken): fail what waits, close read files."""
         if self._error is not None:
             return
         self._error = error
-        self._cancel_retry()
+        self._full.cancel()
         queued, self._queued = self._queued, []
         self._queued_offsets.clear()
         self._fail_appends(queued, error)
         waiters, self._waiters = self._waiters, []
         for _chunk_id, waiter in waiters:
             waiter.errback(error)
-        for fd in self._read_files.values():
-            os.close(fd)
-        self._read_files.clear()
+        self._reads.close()
 
     def _fail_appends(self, appends: Sequence[PendingAppend], error: LogError) -> None:
         """Fail the appends' Deferreds."""
@@ -605,9 +493,7 @@ class StreamLog:
                 drop += 1
         retired, self._segments = segments[:drop], segments[drop:]
         for segment in retired:
-            fd = self._read_files.pop(segment.first_id, None)
-            if fd is not None:
-                os.close(fd)
+            self._reads.forget(segment)
         return retired
 
     # Reading.
@@ -633,37 +519,10 @@ class StreamLog:
                     return self._committed_chunk_id
                 return self._next_id
             case ("offset", int(offset)):
-                return self._seek_offset(offset)
+                return self._reads.seek_offset(self._segments, offset, self._next_id)
             case ("timestamp", int(timestamp)):
-                return self._seek_timestamp(timestamp)
+                return self._reads.seek_timestamp(self._segments, timestamp, self._next_id)
         raise ValueError(f"unknown offset specification {spec!r}")
-
-    def _seek_offset(self, offset: int) -> int:
-        """The chunk holding ``offset``, clamped to the first and next chunk ids."""
-        first = self.first_chunk_id
-        if offset <= first:
-            return first
-        if offset >= self._next_id:
-            return self._next_id
-        number = bisect_right(self._segments, offset, key=lambda s: s.first_id) - 1
-        for segment in reversed(self._segments[: number + 1]):
-            index = segment.locate(offset)
-            if index >= 0:
-                return segment.chunk_ids[index]
-        return first
-
-    def _seek_timestamp(self, timestamp: int) -> int:
-        """The first chunk written at or after ``timestamp``, else the next chunk id.
-
-        Chunk timestamps never decrease (a commit takes the later of the clock
-        and the previous commit's time), so both searches bisect.
-        """
-        segments = self._segments
-        number = bisect_left(segments, timestamp, key=_newest_timestamp)
-        if number == len(segments) or not len(segments[number]):
-            return self._next_id
-        segment = segments[number]
-        return segment.chunk_ids[bisect_left(segment.timestamps, timestamp)]
 
     def read_chunks(self, chunk_id: int, max_chunks: int, max_bytes: int) -> list[StoredChunk]:
         """Read committed user chunks from ``chunk_id`` on; tracking chunks are skipped.
@@ -681,31 +540,7 @@ class StreamLog:
         """
         if max_chunks <= 0 or self._error is not None or chunk_id >= self._next_id:
             return []
-        segments = self._segments
-        number, index = self._start(chunk_id)
-        chunks: list[StoredChunk] = []
-        budget = max_bytes
-        # Until a user chunk is found the budget does not stop the read: tracking
-        # chunks at the end of a segment must not hide the user chunk after them.
-        while number < len(segments) and len(chunks) < max_chunks and (budget > 0 or not chunks):
-            segment = segments[number]
-            if index >= len(segment):
-                number, index = number + 1, 0
-                continue
-            index, budget = self._read_span(segment, index, max_chunks, budget, chunks)
-        return chunks
-
-    def _start(self, chunk_id: int) -> tuple[int, int]:
-        """Segment number and chunk index a read from ``chunk_id`` starts at."""
-        segments = self._segments
-        number = bisect_right(segments, chunk_id, key=lambda s: s.first_id) - 1
-        if number < 0:
-            return 0, 0
-        segment = segments[number]
-        index = max(segment.locate(chunk_id), 0)
-        if index < len(segment) and chunk_id >= segment.chunk_next_id(index):
-            index += 1
-        return number, index
+        return self._reads.read_chunks(self._segments, chunk_id, max_chunks, max_bytes)
 
     def user_chunk_at(self, chunk_id: int) -> tuple[int, int] | None:
         """Id and next chunk id of the chunk `read_chunks` would return first, from the index.
@@ -721,72 +556,7 @@ class StreamLog:
         """
         if self._error is not None or chunk_id >= self._next_id:
             return None
-        segments = self._segments
-        number, index = self._start(chunk_id)
-        while number < len(segments):
-            segment = segments[number]
-            found = segment.types.find(USER, index)
-            if found >= 0:
-                return segment.chunk_ids[found], segment.chunk_next_id(found)
-            number, index = number + 1, 0
-        return None
-
-    def _read_span(
-        self,
-        segment: Segment,
-        start: int,
-        max_chunks: int,
-        budget: int,
-        chunks: list[StoredChunk],
-    ) -> tuple[int, int]:
-        """Read consecutive chunks of one segment with one pread; add the user chunks.
-
-        Returns:
-            The index after the last chunk read, and the budget left (0 to stop).
-        """
-        end = start
-        span = 0
-        wanted = max_chunks - len(chunks)
-        while end < len(segment) and wanted:
-            size = segment.chunk_end(end) - segment.positions[end]
-            if span + size > budget and (chunks or wanted < max_chunks - len(chunks)):
-                break
-            span += size
-            if segment.types[end] == USER:
-                wanted -= 1
-            end += 1
-        if end == start:
-            return start, 0
-        base = segment.positions[start]
-        data = os.pread(self._read_file(segment), span, base)
-        if len(data) != span:
-            raise LogError(f"{segment.segment_path} is shorter than its index")
-        for number in range(start, end):
-            if segment.types[number] != USER:
-                continue
-            at = segment.positions[number] - base
-            header = ChunkHeader.unpack(data, at)
-            chunks.append(
-                StoredChunk(
-                    chunk_id=header.first_offset,
-                    next_chunk_id=header.next_offset,
-                    header=header,
-                    payload=delivery_payload(data, at),
-                )
-            )
-        stop = end < len(segment) or not wanted
-        return end, 0 if stop else budget - span
-
-    def _read_file(self, segment: Segment) -> int:
-        """A read-only descriptor for a segment, from a small cache."""
-        fd = self._read_files.pop(segment.first_id, None)
-        if fd is None:
-            fd = os.open(segment.segment_path, os.O_RDONLY)
-            if len(self._read_files) >= MAX_OPEN_READ_FILES:
-                oldest = next(iter(self._read_files))
-                os.close(self._read_files.pop(oldest))
-        self._read_files[segment.first_id] = fd
-        return fd
+        return self._reads.user_chunk_at(self._segments, chunk_id)
 
     def wait_for(self, chunk_id: int) -> Deferred[None]:
         """Fire once a user chunk at or after ``chunk_id`` is committed (for tailing readers).
