@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -232,6 +234,69 @@ async def test_acknowledged_in_order_behind_a_commit(tmp_path: Path) -> None:
         assert len(writes.sizes) == 1
     finally:
         writes.release.set()
+        await store.close()
+
+
+class SlowWrites:
+    """A ``write_segment`` seam that takes a little while, so appends pile up behind it."""
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Wait a millisecond, then write."""
+        time.sleep(0.001)
+        pwrite_all(fd, data, position)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest_twisted.ensureDeferred
+async def test_pipelined_commits_acknowledge_in_order_what_is_written(
+    tmp_path: Path, seed: int
+) -> None:
+    """Appends made at random moments, across commits on their way, some duplicates.
+
+    Every append is acknowledged in the order it was made, with offsets
+    that follow on from the one before; when it is, its messages are in the
+    segment file on disk; and the stream ends up holding each stored
+    message once, in order.
+    """
+    rng = random.Random(seed)
+    store = open_store(tmp_path, write_segment=SlowWrites())
+    try:
+        stream = store.create("s")
+        acknowledged: list[int] = []
+        on_disk: list[bool] = []
+        expected: list[bytes] = []
+        appends = []
+        publishing_id = 0
+
+        def check(result: AppendResult, number: int, body: bytes) -> AppendResult:
+            acknowledged.append(number)
+            if result.stored:
+                (segment,) = stream.segments
+                on_disk.append(body in segment.segment_path.read_bytes())
+            return result
+
+        for number in range(60):
+            body = b"m%03d" % number
+            if rng.random() < 0.2 and publishing_id:  # a duplicate of the last id
+                appended = stream.append([body], reference="p", publishing_ids=[publishing_id])
+            else:
+                publishing_id += 1
+                appended = stream.append([body], reference="p", publishing_ids=[publishing_id])
+                expected.append(body)
+            appended.addCallback(check, number, body)
+            appends.append(appended)
+            if rng.random() < 0.5:
+                await deferLater(_reactor(), rng.choice([0, 0, 0.0005, 0.002]), lambda: None)
+        results = await gatherResults(appends)
+        assert acknowledged == list(range(60))
+        assert on_disk and all(on_disk)
+        stored = [r for r in results if r.stored]
+        offsets = [r.first_offset for r in stored]
+        assert offsets == sorted(offsets)
+        assert len(set(offsets)) == len(offsets)
+        assert messages(stream) == expected
+        assert store.stats.commits > 1
+    finally:
         await store.close()
 
 
