@@ -121,7 +121,7 @@ sys.path.insert(0, str(ROOT))
 from bench import stream_vs_rabbitmq  # noqa: E402
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import scrape, stop_on_signals  # noqa: E402
-from bench.mtl_flow import EMPTY_TABLE, U64, lease, short, summon  # noqa: E402
+from bench.mtl_flow import EMPTY_TABLE, U64, lease, settle, short, summon  # noqa: E402
 from bench.ssmp_hub import build_ssmpload, load_figures, naive_server  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
@@ -738,18 +738,6 @@ def mtl_routed_flood(port: int, port2: int, seconds: float, max_count: int) -> d
         "figures": {"sent": sent, "confirmed": confirmed, "delivered": delivered},
         "problems": problems,
     }
-
-
-def settle(unsettled: dict[int, Any], header: bytes) -> int:
-    """Remove what a Confirm or Reject covers (one sequence, or all up to it); how many."""
-    (sequence,) = U64.unpack_from(header, 1)
-    if len(header) > 9 and header[9]:  # multiple
-        covered = [s for s in unsettled if s <= sequence]
-    else:
-        covered = [sequence] if sequence in unsettled else []
-    for key in covered:
-        del unsettled[key]
-    return len(covered)
 
 
 PAYLOAD_SEQUENCE: Final = re.compile(rb"([0-9a-f]{16})(?:[0-9a-f]{16})?xxxxxxxx")

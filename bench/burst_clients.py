@@ -24,10 +24,9 @@ from typing import Final
 
 import zmq
 
-from bench.bridges import settle
 from bench.dmp_sink_to_feed import opened, take_envelopes
 from bench.gateway_proc import StreamClient
-from bench.mtl_flow import EMPTY_TABLE, U64, lease, short, summon
+from bench.mtl_flow import EMPTY_TABLE, U64, lease, settle, short, summon
 from gateway.codecs import qmqp
 from gateway.codecs import stream as sp
 

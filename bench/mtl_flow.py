@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -113,6 +114,23 @@ def summon(data: zmq.Socket[bytes], resource: str) -> None:
     assert data.recv_multipart()[1] == b"200"
 
 
+def settle(unsettled: dict[int, Any], header: bytes) -> int:
+    """Remove what a Confirm or Reject covers (one sequence, or all up to it); how many.
+
+    Spec, "Content Confirmation": with ``multiple`` it covers every
+    unsettled Content up to its sequence (the gateway confirms a run of
+    accepted ones so).
+    """
+    (sequence,) = U64.unpack_from(header, 1)
+    if len(header) > 9 and header[9]:  # multiple
+        covered = [s for s in unsettled if s <= sequence]
+    else:
+        covered = [sequence] if sequence in unsettled else []
+    for key in covered:
+        del unsettled[key]
+    return len(covered)
+
+
 def write(data: zmq.Socket[bytes], count: int, resource: str, pace: threading.Semaphore | None
           ) -> None:  # fmt: skip
     """Send ``count`` Contents of 100 bytes (waiting on ``pace`` before each, if given)."""
@@ -158,12 +176,14 @@ def gateway_profile(
     poller.register(reader, zmq.POLLIN)
     poller.register(writer, zmq.POLLIN)
     sent = confirmed = 0
+    unsettled: dict[int, None] = {}
     started = time.perf_counter()
     # One thread for both sockets (ZeroMQ sockets are not thread-safe); at most
     # WINDOW unconfirmed.
     while confirmed < count and time.perf_counter() - started < LIMIT_SECONDS:
         while sent < count and sent - confirmed < WINDOW:
             sent += 1
+            unsettled[sent] = None
             writer.send_multipart([b"\x05" + U64.pack(sent) + head, body])
         events = poller.poll(2000)
         if not events:
@@ -174,7 +194,7 @@ def gateway_profile(
                 if socket is reader and header[0] == 0x05:
                     socket.send_multipart([b"\x06" + header[1:9] + b"\x00", b""])
                 elif socket is writer and header[0] == 0x06:
-                    confirmed += 1
+                    confirmed += settle(unsettled, header)
                 elif header[0] == 0x08:
                     socket.send_multipart([b"\x09", b""])
     elapsed = time.perf_counter() - started

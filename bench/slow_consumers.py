@@ -72,7 +72,7 @@ from bench.gateway_proc import (  # noqa: E402
     rss_kib,
     wait_until,
 )
-from bench.mtl_flow import EMPTY_TABLE, U64, lease, short  # noqa: E402
+from bench.mtl_flow import EMPTY_TABLE, U64, lease, settle, short  # noqa: E402
 from gateway.codecs import stream as sp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
 
@@ -433,11 +433,13 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
         head = short("") + EMPTY_TABLE
         body = b"x" * size
         confirmed = rejected = sent = 0
+        unsettled: dict[int, None] = {}
         deadline = time.monotonic() + 600
         sampler.phase = "first"
         while confirmed + rejected < messages and time.monotonic() < deadline:
             while sent < messages and sent - confirmed - rejected < WINDOW:
                 sent += 1
+                unsettled[sent] = None
                 writer.send_multipart([b"\x05" + U64.pack(sent) + head, body])
             if sent >= messages // 2:
                 sampler.phase = "second"
@@ -447,9 +449,9 @@ def run_mtl(gateway: GatewayProcess, messages: int, size: int, slow: bool, row: 
             while writer.poll(0):
                 header, _ = writer.recv_multipart()
                 if header[0] == 0x06:
-                    confirmed += 1
+                    confirmed += settle(unsettled, header)
                 elif header[0] == 0x07:
-                    rejected += 1
+                    rejected += settle(unsettled, header)
                 elif header[0] == 0x08:
                     writer.send_multipart([b"\x09", b""])
         sampler.phase = "after"

@@ -93,12 +93,11 @@ def test_mtl_writer_into_a_stream(
     bodies = [b"order %d" % index for index in range(20)]
     for sequence, body in enumerate(bodies, start=1):
         writer.content(sequence, "", body)  # one resource leased: the name may be empty
-    confirmed = set()
-    while len(confirmed) < len(bodies):
+    answers: dict[int, tuple[int, bytes]] = {}
+    while len(answers) < len(bodies):
         kind, fields, _ = writer.next()
-        assert kind == 0x06 and fields[8:] == b"\x00", (kind, fields)
-        confirmed.add(int.from_bytes(fields[:8], "big"))
-    assert confirmed == set(range(1, len(bodies) + 1))
+        writer.learn(answers, kind, fields, range(1, len(bodies) + 1))
+    assert answers == {sequence: (0x06, b"\x00") for sequence in range(1, len(bodies) + 1)}
     got = run(consume(gateway, "orders", spec("FIRST"), lambda got: len(got) >= len(bodies)))
     assert [body for _, _, body in got] == bodies
 

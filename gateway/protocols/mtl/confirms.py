@@ -20,13 +20,29 @@ did. Within that, a run of accepted Contents is covered by one Confirm only
 when every Content below the run's last one has been answered already (the
 Rejects of the same batch go out first), so no Content still on its way is
 ever confirmed by another's answer.
+
+`WriterReplies` is what a listener's inbox answers through: one Content's
+outcome, or a route's batch of them, told to their writers.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-__all__ = ["WriterAnswers"]
+from gateway.codecs import mtl
+from gateway.core.inbox import Result
+from gateway.core.message import Outcome, Status
+from gateway.core.router import Unrouted
+
+if TYPE_CHECKING:
+    from gateway.protocols.mtl.peers import DataPeer
+
+__all__ = ["WriterAnswers", "WriterReplies"]
+
+Token = tuple["DataPeer", int] | None
+"""A routed Content's writer and sequence, when its writer wants an answer (None: it does not)."""
 
 
 class WriterAnswers:
@@ -112,3 +128,81 @@ class WriterAnswers:
         if len(covered) < 2:
             return None, covered + alone
         return max(covered), alone
+
+
+class WriterReplies:
+    """Tells writers what became of their routed Contents: a listener's inbox's answers.
+
+    Args:
+        peers: The listener's data peers by routing id (a writer forgotten
+            since its Contents were routed is told nothing).
+        send: Sends a data command to a peer (with the rest of the burst).
+        answered: Told how many routed Contents have their outcomes now.
+        count_error: Counts a protocol error of some kind.
+    """
+
+    __slots__ = ("_answered", "_count_error", "_peers", "_send")
+
+    def __init__(
+        self,
+        peers: Mapping[bytes, DataPeer],
+        send: Callable[[DataPeer, mtl.DataCommand], None],
+        answered: Callable[[int], None],
+        count_error: Callable[[str], None],
+    ) -> None:
+        self._peers = peers
+        self._send = send
+        self._answered = answered
+        self._count_error = count_error
+
+    def one(self, token: Token, result: Result) -> None:
+        """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
+        self._answered(1)
+        if token is None:  # confirm=none: the writer hears nothing
+            if isinstance(result, Unrouted):
+                self._count_error("unrouted")
+            return
+        peer, sequence = token
+        if self._peers.get(peer.identity) is not peer:
+            return  # forgotten since: nobody to tell
+        peer.answers.answered(sequence)
+        if isinstance(result, Unrouted):
+            self._send(peer, mtl.Reject(sequence, False, False))
+        elif result.status is Status.ACCEPTED:
+            self._send(peer, mtl.Confirm(sequence, False))
+        else:
+            self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
+
+    def batch(self, tokens: list[Token], outcomes: list[Outcome]) -> None:
+        """Tell writers what became of a route's batch of their Contents, in few commands.
+
+        Rejects go one by one, first; a writer's accepted Contents are
+        covered by one Confirm with ``multiple`` where `WriterAnswers` says
+        that confirms exactly them, and confirmed one by one otherwise.
+        """
+        self._answered(len(tokens))
+        peers = self._peers
+        send = self._send
+        accepted: dict[DataPeer, list[int]] = {}
+        for token, outcome in zip(tokens, outcomes, strict=True):
+            if token is None:  # confirm=none: the writer hears nothing
+                continue
+            peer, sequence = token
+            if peers.get(peer.identity) is not peer:
+                continue  # forgotten since: nobody to tell
+            status = outcome.status
+            if status is Status.ACCEPTED:
+                run = accepted.get(peer)
+                if run is None:
+                    accepted[peer] = [sequence]
+                else:
+                    run.append(sequence)
+            else:
+                peer.answers.answered(sequence)
+                send(peer, mtl.Reject(sequence, False, status is Status.RETRY))
+        for peer, sequences in accepted.items():
+            upto, alone = peer.answers.confirm(sequences)
+            if upto is not None:
+                send(peer, mtl.Confirm(upto, True))
+            for sequence in alone:
+                send(peer, mtl.Confirm(sequence, False))

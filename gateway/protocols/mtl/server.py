@@ -76,13 +76,13 @@ from gateway.codecs import mtl
 from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy
-from gateway.core.inbox import Inbox, Result
+from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
-from gateway.core.message import Message, Outcome, Status
-from gateway.core.router import Unrouted
+from gateway.core.message import Message, Outcome
 from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
 from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.mtl.backlog import Backlogs
+from gateway.protocols.mtl.confirms import WriterReplies
 from gateway.protocols.mtl.control import ControlFlow
 from gateway.protocols.mtl.mapping import (
     Copy,
@@ -133,10 +133,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self.backlog = DEFAULT_LISTEN_BACKLOG
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
         """Who may write and read which resources; the assembly sets it from ``authorize``."""
-        # Each routed Content's writer and sequence when its writer wants a confirmation.
-        self._inbox: Inbox[tuple[DataPeer, int] | None] = Inbox(
-            router, name, self._answer_writer, self._answer_writers
-        )
         self._reader_who = f"an MTL reader of {name}"
         self._not_confirming = Outcome.retry(
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
@@ -164,6 +160,11 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._peers = self.peers.by_identity
         self._in_flight = 0
         self._answers_due = Congestion()
+        # Each routed Content's writer and sequence when its writer wants a confirmation.
+        replies = WriterReplies(self._peers, self._send, self._answered, self.count_error)
+        self._inbox: Inbox[tuple[DataPeer, int] | None] = Inbox(
+            router, name, replies.one, replies.batch
+        )
 
     # --- life --------------------------------------------------------------------------
 
@@ -362,59 +363,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         due = self._answers_due
         if due.congested and self._in_flight <= self.settings.max_in_flight // 2:
             due.drained()
-
-    def _answer_writer(self, token: tuple[DataPeer, int] | None, result: Result) -> None:
-        """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
-        self._answered(1)
-        if token is None:  # confirm=none: the writer hears nothing
-            if isinstance(result, Unrouted):
-                self.count_error("unrouted")
-            return
-        peer, sequence = token
-        if self._peers.get(peer.identity) is not peer:
-            return  # forgotten since: nobody to tell
-        peer.answers.answered(sequence)
-        if isinstance(result, Unrouted):
-            self._send(peer, mtl.Reject(sequence, False, False))
-        elif result.status is Status.ACCEPTED:
-            self._send(peer, mtl.Confirm(sequence, False))
-        else:
-            self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
-
-    def _answer_writers(
-        self, tokens: list[tuple[DataPeer, int] | None], outcomes: list[Outcome]
-    ) -> None:
-        """Tell writers what became of a route's batch of their Contents, in few commands.
-
-        Rejects go one by one, first; a writer's accepted Contents are
-        covered by one Confirm with ``multiple`` where `WriterAnswers` says
-        that confirms exactly them, and confirmed one by one otherwise.
-        """
-        self._answered(len(tokens))
-        peers = self._peers
-        accepted: dict[DataPeer, list[int]] = {}
-        for token, outcome in zip(tokens, outcomes, strict=True):
-            if token is None:  # confirm=none: the writer hears nothing
-                continue
-            peer, sequence = token
-            if peers.get(peer.identity) is not peer:
-                continue  # forgotten since: nobody to tell
-            status = outcome.status
-            if status is Status.ACCEPTED:
-                run = accepted.get(peer)
-                if run is None:
-                    accepted[peer] = [sequence]
-                else:
-                    run.append(sequence)
-            else:
-                peer.answers.answered(sequence)
-                self._send(peer, mtl.Reject(sequence, False, status is Status.RETRY))
-        for peer, sequences in accepted.items():
-            upto, alone = peer.answers.confirm(sequences)
-            if upto is not None:
-                self._send(peer, mtl.Confirm(upto, True))
-            for sequence in alone:
-                self._send(peer, mtl.Confirm(sequence, False))
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Send a batch to the gateway-profile readers that summoned each message's address.
