@@ -91,6 +91,7 @@ __all__ = [
     "decode_integer",
     "decode_shortint",
     "encode_boolean",
+    "encode_content",
     "encode_data",
     "encode_integer",
     "encode_shortint",
@@ -339,6 +340,29 @@ def decode_data(frames: list[bytes]) -> DataCommand:
     return _decode_data_general(frames)
 
 
+def encode_content(
+    sequence: int, resource: str, properties: dict[str, FieldValue], body: bytes
+) -> list[bytes]:
+    """``encode_data(Content(sequence, resource, properties, body))``, the Content unbuilt.
+
+    What a listener writes to its readers, minus a frozen dataclass a copy.
+
+    Raises:
+        MTLLocalError: As `encode_data`.
+    """
+    try:
+        raw = resource.encode()
+        table = (
+            _EMPTY_TABLE
+            if type(properties) is dict and not properties
+            else encode_table(properties)
+        )
+        return [_NAMED.pack(CONTENT, sequence, len(raw)) + raw + table, body]
+    except _GIVE_WAY:
+        pass
+    return _encode_data_general(Content(sequence, resource, properties, body))
+
+
 def encode_data(command: DataCommand) -> list[bytes]:
     """The two frames of a data command.
 
@@ -401,13 +425,21 @@ def _fast_content(header: bytes, body: bytes) -> Content | None:
     return _new_content(sequence, resource, properties, body)
 
 
+_set_confirm_sequence, _set_confirm_multiple = (
+    Confirm.__dict__[name].__set__ for name in ("sequence", "multiple")
+)
+
+
 def _fast_confirm(header: bytes, body: bytes) -> Confirm | None:
     if len(header) != _CONFIRM.size:
         return None
     _kind, sequence, multiple = _CONFIRM.unpack(header)
     if multiple > 1:
         return None
-    return Confirm(sequence, _BOOLEANS[multiple])
+    confirm: Confirm = _new(Confirm)  # through the slots, as Contents are
+    _set_confirm_sequence(confirm, sequence)
+    _set_confirm_multiple(confirm, _BOOLEANS[multiple])
+    return confirm
 
 
 def _fast_reject(header: bytes, body: bytes) -> Reject | None:

@@ -336,6 +336,37 @@ def test_the_fast_encoders_refuse_what_the_general_one_refuses(command: mtl.Data
     )
 
 
+@given(
+    _odd_numbers | st.integers(0, 2**64 - 1),
+    _odd_names | st.text(max_size=8),
+    _odd_properties | st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    st.binary(max_size=3),
+)
+def test_encode_content_is_encode_data_of_the_content(
+    sequence: object, resource: object, properties: object, body: bytes
+) -> None:
+    """Property: any values: encode_data's frames of that Content, or its error."""
+    assert _outcome(
+        lambda: mtl.encode_content(sequence, resource, properties, body)  # type: ignore[arg-type]
+    ) == _outcome(
+        lambda: mtl.encode_data(mtl.Content(sequence, resource, properties, body))  # type: ignore[arg-type]
+    )
+
+
+def test_confirms_made_through_the_slots_are_the_dataclass() -> None:
+    """The decoder's Confirm constructor sets every field there is: equal to the dataclass's."""
+    assert tuple(field.name for field in dataclasses.fields(mtl.Confirm)) == (
+        "sequence",
+        "multiple",
+    )
+    for multiple in (False, True):
+        made = mtl.decode_data(mtl._encode_data_general(mtl.Confirm(9, multiple)))
+        assert made == mtl.Confirm(9, multiple)
+        assert repr(made) == repr(mtl.Confirm(9, multiple))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.sequence = 1  # type: ignore[misc]
+
+
 def _mutated(frames: list[bytes], data: st.DataObject) -> list[bytes]:
     """The frames with a few octets changed, cut short or grown."""
     out = []

@@ -418,7 +418,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                     added[reader] = added.get(reader, 0) + 1
                 sequence = next(reader.sequence)
                 try:
-                    command = mtl.encode_data(mtl.Content(sequence, address, properties, body))
+                    command = mtl.encode_content(sequence, address, properties, body)
                 except mtl.MTLLocalError as exc:
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
