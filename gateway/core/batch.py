@@ -66,6 +66,18 @@ class Answers:
         if not self.open and not self.deferred.called:
             self.deferred.callback(outcomes)  # type: ignore[arg-type]  # no None left
 
+    def settle_all(self, indices: list[int], outcome: Outcome) -> None:
+        """Give messages ``indices`` the same outcome (`settle` for each, in one call)."""
+        outcomes = self.outcomes
+        settled = 0
+        for index in indices:
+            if outcomes[index] is None:
+                outcomes[index] = outcome
+                settled += 1
+        self.open -= settled
+        if settled and not self.open and not self.deferred.called:
+            self.deferred.callback(outcomes)  # type: ignore[arg-type]  # no None left
+
     def settle_rest(self, outcome: Outcome) -> None:
         """Give every message still open the same outcome (the destination went away)."""
         if not self.open:

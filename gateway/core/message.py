@@ -108,6 +108,33 @@ class Message:
     timestamp: float = 0.0
     origin: Origin | None = attrs.field(default=None, eq=False)
 
+    @classmethod
+    def arrived(
+        cls,
+        body: bytes,
+        address: str,
+        sender: str | None,
+        headers: MappingProxyType[str, HeaderValue],
+        timestamp: float,
+    ) -> Message:
+        """A message as a listener decodes one: a fresh id, no recipients, no origin.
+
+        The same message as ``Message(body=..., address=..., sender=...,
+        headers=..., timestamp=...)``, built by setting its slots: the
+        listeners' hot paths build one per message. ``headers`` is read-only
+        already (shared by every message of its kind).
+        """
+        message: Message = _new_object(cls)
+        message.body = body
+        message.address = address
+        message.id = f"{_ID_PREFIX}-{next(_id_counter)}"
+        message.sender = sender
+        message.recipients = ()
+        message.headers = headers
+        message.timestamp = timestamp
+        message.origin = None
+        return message
+
     def with_address(self, address: str) -> Message:
         """Return this message bound for another address (same id and body)."""
         # Its slots set directly: no keyword call, no headers to freeze again.

@@ -76,6 +76,47 @@ def test_cancelled_answers_keep_what_is_known_and_call_on_cancel() -> None:
     assert cancelled == [answers]
 
 
+@given(
+    st.integers(min_value=1, max_value=8).flatmap(
+        lambda count: st.tuples(
+            st.just(count),
+            st.lists(
+                st.tuples(
+                    st.lists(st.integers(0, count - 1), max_size=count),
+                    st.sampled_from(["ok", "later"]),
+                    st.booleans(),
+                ),
+                max_size=6,
+            ),
+        )
+    )
+)
+def test_settle_all_is_settle_for_each(case: tuple[int, list[tuple[list[int], str, bool]]]) -> None:
+    """`Answers.settle_all` leaves the batch as `settle` one index at a time would.
+
+    Also when an index is settled already or named twice: the first outcome stays,
+    and the Deferred fires once, when the last open message gets one.
+    """
+    count, steps = case
+    outcomes = {"ok": Outcome.accepted(), "later": Outcome.retry("later")}
+    at_once, one_by_one = Answers(count), Answers(count)
+    fired: list[list[list[Outcome]]] = [[], []]
+    at_once.deferred.addCallback(fired[0].append)
+    one_by_one.deferred.addCallback(fired[1].append)
+    for indices, name, all_at_once in steps:
+        outcome = outcomes[name]
+        if all_at_once:
+            at_once.settle_all(indices, outcome)
+        else:
+            for index in indices:
+                at_once.settle(index, outcome)
+        for index in indices:
+            one_by_one.settle(index, outcome)
+        assert at_once.outcomes == one_by_one.outcomes
+        assert at_once.open == one_by_one.open
+        assert fired[0] == fired[1]
+
+
 def test_an_empty_batch_has_fired_already() -> None:
     """A batch of nothing needs no answer."""
     assert Answers(0).deferred.result == []

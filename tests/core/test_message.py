@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import MappingProxyType
 
 import attrs
 import pytest
@@ -111,6 +112,33 @@ def test_with_address_is_evolve_with_the_address(message: Message, address: str)
         assert getattr(moved, field.name) == getattr(expected, field.name), field.name
         if field.name != "address":
             assert getattr(moved, field.name) is getattr(message, field.name), field.name
+
+
+@given(
+    body=st.binary(max_size=8),
+    address=st.text(max_size=8),
+    sender=st.none() | st.text(max_size=8),
+    headers=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    timestamp=st.floats(allow_nan=False),
+)
+def test_arrived_is_the_constructor(
+    body: bytes, address: str, sender: str | None, headers: dict[str, int], timestamp: float
+) -> None:
+    """`Message.arrived` (which sets the slots itself) builds what the constructor builds.
+
+    Every field but the id is the same; the id is fresh, as the constructor's.
+    """
+    frozen = MappingProxyType(headers)
+    fast = Message.arrived(body, address, sender, frozen, timestamp)
+    general = Message(
+        body=body, address=address, sender=sender, headers=frozen, timestamp=timestamp
+    )
+    for field in attrs.fields(Message):
+        if field.name != "id":
+            assert getattr(fast, field.name) == getattr(general, field.name), field.name
+    assert fast.id != general.id
+    assert fast.id.rsplit("-", 1)[0] == general.id.rsplit("-", 1)[0]
+    assert fast == attrs.evolve(general, id=fast.id)
 
 
 def test_new_message_ids_are_unique() -> None:

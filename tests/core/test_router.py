@@ -820,3 +820,38 @@ def test_plain_routes_translate_as_the_general_code(
         )
     assert results[0] == results[1]
     assert received[0] == received[1]
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                Outcome.accepted(),
+                Outcome(Status.ACCEPTED),  # equal to the shared one, not it
+                Outcome.accepted("committed"),
+                Outcome.retry("later"),
+                Outcome.rejected("no"),
+            ]
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_outcome_counts_match_the_outcomes(outcomes: list[Outcome]) -> None:
+    """The route's outcome counters count each message once, under its status."""
+
+    @implementer(IDestination)
+    class Replaying:
+        name = "central"
+
+        def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+            return succeed(list(outcomes))
+
+    router, _, metrics = _router([_route("all", "#")], Replaying())
+    router.route("hub", [Message(body=b"x", address="a")] * len(outcomes), lambda i, r: None)
+    for status in Status:
+        expected = sum(outcome.status is status for outcome in outcomes)
+        counted = _sample(
+            metrics, "msggateway_route_outcomes_total", route="all", outcome=status.value
+        )
+        assert counted == expected

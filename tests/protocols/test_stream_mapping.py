@@ -545,8 +545,11 @@ _SHARED_HEADERS = (
 
 @st.composite
 def _runs(draw: st.DrawFn) -> list[tuple[Message, int | None]]:
-    """Messages (with hop counts), each the one before with its id and body new and at most
-    one other field changed: runs that share an entry's middle, and every way one ends."""
+    """Messages (with hop counts), each the one before with a new id and body.
+
+    At most one other field changes from one to the next: runs that share an
+    entry's middle, and every way one ends.
+    """
     shared = [Message(body=b"", address="a", headers=h).headers for h in _SHARED_HEADERS]
     pools: dict[str, st.SearchStrategy[Any]] = {
         "address": st.sampled_from(["a", "stream.b", "x" * 250, "é"]),
@@ -581,8 +584,10 @@ def _runs(draw: st.DrawFn) -> list[tuple[Message, int | None]]:
 def test_entry_encoder_writes_entry_from_message_bytes(
     run: list[tuple[Message, int | None]],
 ) -> None:
-    """One `EntryEncoder` over a run of messages writes each entry byte for byte as
-    `entry_from_message` does: with what it kept of the message before, or without."""
+    """One `EntryEncoder` over a run writes each entry as `entry_from_message` does.
+
+    Byte for byte: with what it kept of the message before, or without.
+    """
     encoder = mapping.EntryEncoder()
     for message, hops in run:
         assert encoder.entry(message, hops) == entry_from_message(message, hops)

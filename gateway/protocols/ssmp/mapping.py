@@ -75,9 +75,7 @@ def message_from_mcast(sender: bytes, topic: bytes, payload: bytes, timestamp: f
 
 def mcast_message(sender: str, topic: str, payload: bytes, timestamp: float) -> Message:
     """`message_from_mcast` with the sender and topic decoded already (the hub's hot path)."""
-    return Message(
-        body=payload, address=topic, sender=sender, headers=_MCAST_HEADERS, timestamp=timestamp
-    )
+    return Message.arrived(payload, topic, sender, _MCAST_HEADERS, timestamp)
 
 
 def message_from_ucast(sender: bytes, to: bytes, payload: bytes, timestamp: float) -> Message:

@@ -503,7 +503,18 @@ class EntryEncoder:
     `entry_from_message`'s.
     """
 
-    __slots__ = ("_address", "_headers", "_hops", "_recipients", "_sender", "_tail", "_timestamp")
+    __slots__ = (
+        "_address",
+        "_count",
+        "_headers",
+        "_heads",
+        "_hops",
+        "_middle",
+        "_recipients",
+        "_sender",
+        "_size",
+        "_timestamp",
+    )
 
     def __init__(self) -> None:
         self._address: str | None = None
@@ -512,7 +523,13 @@ class EntryEncoder:
         self._recipients: tuple[str, ...] = ()
         self._timestamp = 0.0
         self._hops: int | None = None
-        self._tail: tuple[bytes, int, int] | None = None
+        self._middle: bytes | None = None
+        """What follows the message-id up to the body; None: the general encoder's."""
+        self._size = 0
+        self._count = 0
+        self._heads: dict[int, bytes] = {}
+        """The bytes before the message-id's text (the properties' head, the id's
+        ``str8`` head), by the id's length: ids keep their length for long runs."""
 
     def entry(self, message: Message, hops: int | None = None) -> bytes:
         """The entry of ``message`` (`entry_from_message` with ``hops``)."""
@@ -524,24 +541,48 @@ class EntryEncoder:
             or hops != self._hops
             or message.recipients != self._recipients
         ):
-            self._headers = message.headers
-            self._address = message.address
-            self._timestamp = message.timestamp
-            self._sender = message.sender
-            self._hops = hops
-            self._recipients = message.recipients
-            self._tail = _ascii_tail(message, hops)
-        tail = self._tail
+            self._remember(message, hops)
         message_id = message.id
-        if tail is None or len(message_id) > 255 or not message_id.isascii():
-            return _general_entry(message, hops)
-        middle, size, count = tail
-        size += len(message_id)
+        head = self._heads.get(len(message_id))
+        if head is None or not message_id.isascii():
+            return self._first(message, hops)
         body = message.body
         return b"".join((
-            _SMALL_COMPOUND.pack(_PROPERTIES, 0xC0, size + 1, count)
-            if size < 255 else _LARGE_COMPOUND.pack(_PROPERTIES, 0xD0, size + 4, count),
-            _STR8_HEADS[len(message_id)], message_id.encode("ascii"), middle,
+            head, message_id.encode("ascii"), self._middle,  # type: ignore[arg-type]
+            _DATA8_HEADS[len(body)] if len(body) < 256 else _DATA32_HEAD + _U32.pack(len(body)),
+            body,
+        ))  # fmt: skip
+
+    def _remember(self, message: Message, hops: int | None) -> None:
+        """Keep what ``message``'s entry shares with those of its run."""
+        self._headers = message.headers
+        self._address = message.address
+        self._timestamp = message.timestamp
+        self._sender = message.sender
+        self._hops = hops
+        self._recipients = message.recipients
+        self._heads = {}
+        tail = _ascii_tail(message, hops)
+        if tail is None:
+            self._middle = None
+            return
+        self._middle, properties_size, count = tail
+        self._size = properties_size
+        self._count = count
+
+    def _first(self, message: Message, hops: int | None) -> bytes:
+        """The entry of a message whose id's length is new in its run, or not short ASCII."""
+        message_id = message.id
+        middle = self._middle
+        if middle is None or len(message_id) > 255 or not message_id.isascii():
+            return _general_entry(message, hops)
+        head = self._heads[len(message_id)] = (
+            _compound_head(_PROPERTIES, 0xC0, 0xD0, self._size + len(message_id), self._count)
+            + _STR8_HEADS[len(message_id)]
+        )
+        body = message.body
+        return b"".join((
+            head, message_id.encode("ascii"), middle,
             _DATA8_HEADS[len(body)] if len(body) < 256 else _DATA32_HEAD + _U32.pack(len(body)),
             body,
         ))  # fmt: skip

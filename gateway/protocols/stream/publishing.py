@@ -263,11 +263,17 @@ class Publishers:
         stream: str | None = None
         publisher: _Publisher | None = None
         encode = self._entry
+        add_job = jobs.append
+        last_headers: object = None  # a run's messages share their headers, hence their hop
+        hop = 0
         for index in range(min(max(room, 0), count)):
             message = messages[index]
             address = fixed or message.address
-            count_before = message.headers.get(HOPS_HEADER)
-            hop = 1 if count_before is None else hops(count_before) + 1
+            headers = message.headers
+            if headers is not last_headers:
+                last_headers = headers
+                count_before = headers.get(HOPS_HEADER)
+                hop = 1 if count_before is None else hops(count_before) + 1
             if hop > MAX_HOPS:
                 self._looped(address)
                 answers.settle(index, hop_limit_refusal(f"upstream {self._name}", address))
@@ -283,7 +289,7 @@ class Publishers:
                 answers.settle(index, Outcome.rejected(f"upstream {self._name}: too many streams"))
                 continue
             job = _Job(answers, index, encode(message, hop))
-            jobs.append(job)
+            add_job(job)
             if ids is None:
                 publisher.queue.append(job)
                 continue
@@ -461,11 +467,13 @@ class Publishers:
                 room = min(settings.batch_size, settings.max_unconfirmed - unconfirmed)
                 ids: list[int] = []
                 entries: list[bytes] = []
+                add_id, add_entry, take = ids.append, entries.append, queue.popleft
                 size = 0
-                while queue and len(ids) < room:
+                next_id = publisher.next_id
+                while queue and room:
                     job = queue[0]
                     if not job.queued:  # its batch was cancelled while it waited
-                        queue.popleft()
+                        take()
                         continue
                     entry = job.entry
                     cost = ENTRY_OVERHEAD_BYTES + len(entry)
@@ -474,21 +482,23 @@ class Publishers:
                             break  # the next frame
                         # It would never fit: sent alone, its frame would make
                         # the server close the connection, again and again.
-                        queue.popleft()
+                        take()
                         job.queued = False
                         taken += 1
                         too_large.append(job)
                         continue
-                    queue.popleft()
+                    take()
                     job.queued = False
                     publishing_id = job.publishing_id
                     if not publishing_id:
-                        publishing_id = job.publishing_id = publisher.next_id
-                        publisher.next_id = publishing_id + 1
+                        publishing_id = job.publishing_id = next_id
+                        next_id += 1
                     in_flight[publishing_id] = job
-                    ids.append(publishing_id)
-                    entries.append(entry)
+                    add_id(publishing_id)
+                    add_entry(entry)
                     size += cost
+                    room -= 1
+                publisher.next_id = next_id
                 if not ids:
                     break
                 taken += len(ids)
@@ -516,20 +526,34 @@ class Publishers:
             )
 
     def confirmed(self, event: sp.PublishConfirm) -> None:
-        """Accept the confirmed messages."""
+        """Accept the confirmed messages: each run of one batch's messages at once."""
         publisher = self._publisher_ids.get(event.publisher_id)
         if publisher is None:
             return
         take = publisher.in_flight.pop
         keyed = publisher.keyed
+        answers: Answers | None = None
+        indices: list[int] = []
         for publishing_id in event.publishing_ids:
             job = take(publishing_id, None)
-            if job is not None:
-                self.unconfirmed -= 1
-                if keyed and job.keyed is not None:
-                    job.keyed.closed(job, True)
-                job.answers.settle(job.index, _ACCEPTED)
+            if job is None:
+                continue
+            if keyed and job.keyed is not None:
+                job.keyed.closed(job, True)
+            if job.answers is not answers:
+                if answers is not None:
+                    self._accept(answers, indices)
+                answers = job.answers
+                indices = []
+            indices.append(job.index)
+        if answers is not None:
+            self._accept(answers, indices)
         self.pump()
+
+    def _accept(self, answers: Answers, indices: list[int]) -> None:
+        """Confirmed messages of one batch: no longer unconfirmed, accepted."""
+        self.unconfirmed -= len(indices)
+        answers.settle_all(indices, _ACCEPTED)
 
     def failed(self, event: sp.PublishError) -> None:
         """Map PublishError codes to outcomes."""
