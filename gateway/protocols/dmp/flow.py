@@ -184,9 +184,9 @@ class InFlight:
             self._paused = True
             self._pause()
 
-    def done(self) -> None:
-        """One message has its outcome."""
-        self.count -= 1
+    def done(self, count: int = 1) -> None:
+        """``count`` messages have their outcomes."""
+        self.count -= count
         if self._paused and self.count <= self._limit // 2:
             self._paused = False
             self._resume()

@@ -17,16 +17,11 @@ valid for this client"). A listener's ``authorize`` table is then checked:
 opening a sink needs the right to publish to it, a feed the right to consume
 from it; otherwise ``403 NO-ACCESS`` and a close.
 
-Sinks (many writers): every envelope is routed from the listener (see
-`gateway.protocols.dmp.mapping` for its address and headers); the envelopes
-one read decoded go to the router as one batch (`gateway.core.inbox`). DMP
-has no acknowledgement, so outcomes other than accepted are logged and
-counted; a connection with ``max_in_flight`` messages awaiting outcomes is
-not read from until they drain. Null messages are ignored; a sink
-connection silent for ``idle_timeout_seconds`` is closed as dead. Messages
-not delivered are counted one by one (``unrouted``, ``not-delivered``) but
-logged at most once in ten seconds per connection, with how many
-(`gateway.protocols.dmp.flow.LogTally`).
+Sinks (many writers): every envelope is routed from the listener, one
+read's envelopes as one batch, and what becomes of them is counted and
+logged (`gateway.protocols.dmp.sinks`: DMP cannot tell the writer). Null
+messages are ignored; a sink connection silent for
+``idle_timeout_seconds`` is closed as dead.
 
 Feeds (one reader): the listener is the route destination for them; a
 batch's messages routed to feed ``F`` are written to F's reader at once, in
@@ -72,16 +67,17 @@ from zope.interface import implementer
 
 from gateway.codecs import amqp091, dmp
 from gateway.core.authorization import Action
-from gateway.core.inbox import Inbox, Result
+from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
-from gateway.core.router import Router, Unrouted
+from gateway.core.router import Router
 from gateway.protocols.dmp.feeds import FeedDeliveries
 from gateway.protocols.dmp.fleet import FleetLink, LeaseCheck
-from gateway.protocols.dmp.flow import InFlight, LogTally, encode_envelopes
+from gateway.protocols.dmp.flow import encode_envelopes
 from gateway.protocols.dmp.mapping import message_from_envelope
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
+from gateway.protocols.dmp.sinks import SinkOutcomes
 from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
 from gateway.tls import external_identity, peer_identities
@@ -106,14 +102,22 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self.identity: str | None = None  # from the certificate or the lease, once opened
         self.target = ""
         self._timer: IDelayedCall | None = None
-        self._in_flight = InFlight(
-            factory.settings.max_in_flight, self._too_many_in_flight, self._few_in_flight
+        self._outcomes = SinkOutcomes(
+            factory.name,
+            factory.clock,
+            factory.settings.max_in_flight,
+            self._too_many_in_flight,
+            self._few_in_flight,
+            factory.count_error,
+            self._heard_now,
         )
         self._in_flight_full = False
         self._last_heard = factory.clock.seconds()
         self._prefix: bytes | None = b""  # header octets until DMP and AMQP 0-9-1 part ways
         self._principal: PrincipalConnection | None = None
-        self._inbox: Inbox[Message] = Inbox(factory.router, factory.name, self._answer)
+        self._inbox: Inbox[Message] = Inbox(
+            factory.router, factory.name, self._outcomes.one, self._outcomes.batch
+        )
         self._login_wait: IDelayedCall | None = None
         """Set while a lease (or a principal's login) waits (`LoginRefusals`)."""
         self._held: list[dmp.Event] = []
@@ -127,8 +131,6 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         self._revocations_waited = False
         self._claiming: str | None = None
         """The feed whose fleet lock this connection is claiming."""
-        self._unrouted = LogTally(factory.clock)
-        self._not_delivered = LogTally(factory.clock)
 
     # --- connection life -------------------------------------------------------------------
 
@@ -146,20 +148,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         if waiting is not None:
             waiting.cancel()  # a claim is given up
         self._leave_feed()
-        for tally, what in (
-            (self._unrouted, "unrouted"),
-            (self._not_delivered, "not delivered"),
-        ):
-            if tally.count:
-                self._log.warn(
-                    "{listener}: {kind} {target}: {count} more message(s) {what}"
-                    " since the last such line",
-                    listener=self.factory.name,
-                    kind=self.kind,
-                    target=self.target,
-                    count=tally.count,
-                    what=what,
-                )
+        self._outcomes.last_lines(self.kind)
 
     def _abort(self) -> None:
         """Abort, the feed free for its next reader at once (a reader cut as slow, too)."""
@@ -482,6 +471,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """Answer 200: the sink or feed is this connection's."""
         factory = self.factory
         self.kind, self.target = grant.kind, grant.target
+        self._outcomes.sink = grant.target
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -525,42 +515,11 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         """Hand the read's messages to the router as one batch, counted in flight."""
         inbox = self._inbox
         self.factory.traffic.messages_in += len(inbox)
-        self._in_flight.track(len(inbox), inbox.dispatch)
+        self._outcomes.dispatch(len(inbox), inbox.dispatch)
 
-    def _answer(self, message: Message, result: Result) -> None:
-        """One sink message's routes answered: DMP has no acknowledgement, so count and log."""
-        self._in_flight.done()
-        if not self._in_flight.count:  # the idle time counts from the last outcome owed
-            self._last_heard = self.factory.clock.seconds()
-        if type(result) is Outcome and result.is_accepted:
-            return
-        factory = self.factory
-        if isinstance(result, Unrouted):
-            factory.count_error("unrouted")
-            count = self._unrouted.add()
-            if count:
-                self._log.warn(
-                    "{listener}: sink {sink}: no route for {address}; message {id} dropped"
-                    " ({count} unrouted since the last such line)",
-                    listener=factory.name,
-                    sink=self.target,
-                    address=message.address,
-                    id=message.id,
-                    count=count,
-                )
-            return
-        factory.count_error("not-delivered")
-        count = self._not_delivered.add()
-        if count:
-            self._log.warn(
-                "{listener}: sink {sink}: message {id} not delivered: {reason}"
-                " ({count} not delivered since the last such line)",
-                listener=factory.name,
-                sink=self.target,
-                id=message.id,
-                reason=result.reason,
-                count=count,
-            )
+    def _heard_now(self) -> None:
+        """No outcome is owed any more: the idle time counts from now."""
+        self._last_heard = self.factory.clock.seconds()
 
     def _too_many_in_flight(self) -> None:
         self._in_flight_full = True
@@ -583,7 +542,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
         if self._closing:
             return
         limit = self.factory.settings.idle_timeout_seconds
-        if self._in_flight.count:  # busy: the last outcome restarts the count
+        if self._outcomes.count:  # busy: the last outcome restarts the count
             self._schedule(limit, self._check_idle)
             return
         silent = self.factory.clock.seconds() - self._last_heard
