@@ -74,6 +74,7 @@ __all__ = [
     "PROTOCOL_HEADER",
     "REASONS",
     "BasicProperties",
+    "Bodies",
     "DMPCodec",
     "DMPError",
     "DMPLocalError",
@@ -199,7 +200,20 @@ class Heartbeat:
     """A null message (four zero octets)."""
 
 
-Event = ProtocolHeader | Lease | Response | Envelope | Heartbeat
+@dataclass(frozen=True, slots=True)
+class Bodies:
+    """A run of bare envelopes read one after another: their bodies, in order.
+
+    Bare: no exchange, no routing key, no properties, no options; each is
+    ``Envelope(body=body)``. Only a codec made with ``bodies=True`` reports
+    them so (a sink takes nothing else from them, and is spared an object
+    per message); any other envelope, and a null message, ends the run.
+    """
+
+    bodies: list[bytes]
+
+
+Event = ProtocolHeader | Lease | Response | Envelope | Heartbeat | Bodies
 HEARTBEAT_BYTES: Final = b"\0\0\0\0"
 
 
@@ -682,11 +696,19 @@ class DMPCodec:
         role: `Role.SERVER` reads the header, the lease, then envelopes;
             `Role.CLIENT` reads two responses, then envelopes.
         max_envelope_bytes: Largest envelope size accepted.
+        bodies: Report runs of bare envelopes as `Bodies`.
     """
 
-    def __init__(self, role: Role, *, max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> None:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+        bodies: bool = False,
+    ) -> None:
         self.role = role
         self.max_envelope_bytes = max_envelope_bytes
+        self._bodies = bodies
         self._buffer = bytearray()
         self._stage = 0  # server: 0 header, 1 lease, 2 envelopes; client: 0, 1 responses, 2
         self._dead = False
@@ -712,15 +734,18 @@ class DMPCodec:
         """
         if self._dead:
             raise DMPError("the connection already failed", kind="dead")
-        self._buffer += data
         events: list[Event] = []
         try:
-            while self._stage < 2:
-                event = self._dialog()
-                if event is None:
-                    return events
-                events.append(event)
-            self._envelopes(events)
+            if self._stage < 2 or self._buffer:
+                self._buffer += data
+                while self._stage < 2:
+                    event = self._dialog()
+                    if event is None:
+                        return events
+                    events.append(event)
+                self._envelopes(events, self._buffer)
+            else:  # nothing held: read the envelopes from the bytes as they came
+                self._envelopes(events, data)
         except DMPError as exc:
             self._dead = True
             exc.events = list(events)
@@ -748,27 +773,34 @@ class DMPCodec:
             return Lease(self._lease(raw))
         return self._response(raw)
 
-    def _envelopes(self, events: list[Event]) -> None:
-        """Decode every whole envelope buffered; drop what was read once, at the end."""
-        buffer = self._buffer
-        have = len(buffer)
+    def _envelopes(self, events: list[Event], source: bytes | bytearray) -> None:
+        """Decode every whole envelope in ``source`` (the buffer, or a read's bytes).
+
+        What is read is dropped from the buffer once, at the end; what is
+        left of a read's bytes is kept in the buffer.
+        """
+        have = len(source)
         limit = self.max_envelope_bytes
         pos = 0
         add = events.append
         head = _BARE.unpack_from
-        view = memoryview(buffer)
+        view = memoryview(source)
+        held = type(source) is bytearray  # its slices are bytearrays: bodies copied from the view
+        bodies = self._bodies
+        run: list[bytes] | None = None  # the bodies of the run of bare envelopes being read
         try:
             while True:
                 left = have - pos
                 if left >= 12:
-                    size, names, flags, tail = head(buffer, pos)
+                    size, names, flags, tail = head(source, pos)
                 elif left >= 4:  # a heartbeat, or too short to be whole and bare
-                    (size,) = _U32.unpack_from(buffer, pos)
+                    (size,) = _U32.unpack_from(source, pos)
                     names = flags = tail = 1
                 else:
                     break
                 if not size:
                     add(_HEARTBEAT)
+                    run = None
                     pos += 4
                     continue
                 if size > limit:
@@ -780,22 +812,32 @@ class DMPCodec:
                     break
                 # Bare: no names, no properties, known options, the body to the end.
                 if not names and not flags and tail < 0x4000000 and tail & 0xFFFFFF == size - 8:
-                    mandatory, immediate = _OPTIONS[tail >> 24]
-                    add(
-                        _new_envelope(
-                            "", "", NO_PROPERTIES, mandatory, immediate, bytes(view[pos + 12 : end])
-                        )
+                    body: bytes = (
+                        bytes(view[pos + 12 : end]) if held else source[pos + 12 : end]  # type: ignore[assignment]
                     )
+                    if bodies and tail < 0x1000000:  # no options either
+                        if run is None:
+                            run = []
+                            add(Bodies(run))
+                        run.append(body)
+                    else:
+                        mandatory, immediate = _OPTIONS[tail >> 24]
+                        add(_new_envelope("", "", NO_PROPERTIES, mandatory, immediate, body))
+                        run = None
                 else:
                     envelope = _decode_plain(view, pos + 4, end)
                     if envelope is None:  # the general decoder says what is wrong
                         envelope = decode_envelope(bytes(view[pos + 4 : end]))
                     add(envelope)
+                    run = None
                 pos = end
         finally:
             view.release()
-        if pos:
-            del buffer[:pos]
+        if held:
+            if pos:
+                del self._buffer[:pos]
+        elif pos < have:
+            self._buffer += source[pos:] if pos else source
 
     def _bad_header(self) -> DMPError:
         return DMPError(

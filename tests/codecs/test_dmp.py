@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -431,6 +432,82 @@ def test_decoding_gives_the_general_decoders_events_and_errors(
         assert raised is not None
         assert got[: len(expected)] == expected and len(got) == len(expected)
         assert (raised.reason, raised.where, raised.kind) == (error.reason, error.where, error.kind)
+
+
+def _unrolled(events: list[object]) -> list[object]:
+    """The events with each `dmp.Bodies` run written out as the bare envelopes it stands for."""
+    out: list[object] = []
+    for event in events:
+        if isinstance(event, dmp.Bodies):
+            assert event.bodies, "a run is never empty"
+            out += [dmp.Envelope(body=body) for body in event.bodies]
+        else:
+            out.append(event)
+    return out
+
+
+_bare = st.builds(dmp.Envelope, body=st.binary(max_size=40))
+_units = st.lists(
+    st.one_of(envelopes, _bare, _bare, st.builds(dmp.Envelope, mandatory=st.just(True))),
+    max_size=8,
+)
+
+
+@given(_units, st.data())
+def test_runs_of_bare_envelopes_are_the_envelopes_they_stand_for(
+    items: list[dmp.Envelope], data: st.DataObject
+) -> None:
+    """Property: with ``bodies=True``, the same events (runs of bare ones as `Bodies`), any cuts.
+
+    Valid, mutated or garbage input, with null messages among the
+    envelopes: written out, the events are those of a codec without
+    ``bodies``, the error the same; no run is empty, and within one read no
+    two runs follow each other.
+    """
+    parts = [dmp.encode_envelope(item) for item in items]
+    for _ in range(data.draw(st.integers(0, 2))):
+        parts.insert(data.draw(st.integers(0, len(parts))), dmp.HEARTBEAT_BYTES)
+    wire = b"".join(parts)
+    shape = data.draw(st.sampled_from(["valid", "valid", "mutated", "garbage"]))
+    if shape == "mutated":
+        wire = _mutated(wire, data)
+    elif shape == "garbage":
+        wire = data.draw(st.binary(max_size=120))
+    cuts = data.draw(st.lists(st.integers(0, len(wire)), max_size=5))
+    results = []
+    for bodies in (False, True):
+        codec = _flowing(dmp.DMPCodec(dmp.Role.SERVER, max_envelope_bytes=_LIMIT, bodies=bodies))
+        got: list[object] = []
+        raised = None
+        try:
+            for chunk in split_at(wire, cuts):
+                read = codec.receive_data(chunk)
+                assert not any(  # within one read, a run goes on until something else comes
+                    isinstance(a, dmp.Bodies) and isinstance(b, dmp.Bodies)
+                    for a, b in itertools.pairwise(read)
+                )
+                got += read
+        except dmp.DMPError as exc:
+            got += exc.events
+            raised = (exc.reason, exc.where, exc.kind)
+        results.append((got, raised))
+    (plain, plain_error), (runs, runs_error) = results
+    assert _unrolled(runs) == plain
+    assert runs_error == plain_error
+
+
+def test_a_read_of_bare_envelopes_is_one_run() -> None:
+    """A read of bare envelopes (a heartbeat among them) gives one `Bodies` per run."""
+    bare = dmp.encode_envelope(dmp.Envelope(body=b"b"))
+    codec = _flowing(dmp.DMPCodec(dmp.Role.SERVER, bodies=True))
+    wire = bare * 3 + dmp.HEARTBEAT_BYTES + bare
+    assert codec.receive_data(wire) == [
+        dmp.Bodies([b"b", b"b", b"b"]),
+        dmp.Heartbeat(),
+        dmp.Bodies([b"b"]),
+    ]
+    [run] = codec.receive_data(bare * 2)
+    assert isinstance(run, dmp.Bodies) and all(type(body) is bytes for body in run.bodies)
 
 
 @given(envelopes, st.data())

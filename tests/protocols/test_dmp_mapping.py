@@ -23,6 +23,7 @@ from gateway.protocols.dmp.mapping import (
     encode_message,
     envelope_from_message,
     message_from_envelope,
+    messages_from_bodies,
 )
 
 ARRIVAL = 1_700_000_000.25
@@ -37,6 +38,17 @@ def test_a_bare_envelope_is_a_message_on_the_sink() -> None:
     assert message.id  # generated
     again = message_from_envelope(dmp.Envelope(body=b"hello"), "orders", ARRIVAL)
     assert again.id != message.id
+
+
+@given(st.lists(st.binary(max_size=20), max_size=5), st.sampled_from(["orders", "s"]))
+def test_a_run_of_bodies_is_its_bare_envelopes_messages(bodies: list[bytes], sink: str) -> None:
+    """Property: each body's message is its bare envelope's but for its fresh id; ids differ."""
+    made = messages_from_bodies(bodies, sink, ARRIVAL)
+    assert len(made) == len(bodies)
+    for message, body in zip(made, bodies, strict=True):
+        alone = message_from_envelope(dmp.Envelope(body=body), sink, ARRIVAL)
+        assert message == attrs.evolve(alone, id=message.id)
+    assert len({message.id for message in made}) == len(made)
 
 
 def test_routing_key_exchange_and_properties_become_address_and_headers() -> None:

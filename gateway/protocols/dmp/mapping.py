@@ -18,7 +18,8 @@ headers; ``dmp.*`` headers of a message that came from DMP go back
 to their properties. `encode_message` writes that envelope without building
 it (`dmp.encode_envelope_fields`) unless a header sets a property other
 than ``app-id``; `message_from_envelope` tells a bare envelope by its
-properties being `dmp.NO_PROPERTIES` and skips the rest.
+properties being `dmp.NO_PROPERTIES` and skips the rest, and
+`messages_from_bodies` makes a run of bare ones (`dmp.Bodies`) at once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "encode_message",
     "envelope_from_message",
     "message_from_envelope",
+    "messages_from_bodies",
 ]
 
 SENDER_HEADER: Final = "x-gateway-sender"
@@ -106,6 +108,11 @@ def message_from_envelope(envelope: dmp.Envelope, sink: str, timestamp: float) -
     return Message(
         body=envelope.body, address=address, sender=sender, headers=headers, timestamp=timestamp
     )
+
+
+def messages_from_bodies(bodies: list[bytes], sink: str, timestamp: float) -> list[Message]:
+    """The messages of a run of bare envelopes (`dmp.Bodies`), as `message_from_envelope` would."""
+    return [Message(body=body, address=sink, timestamp=timestamp) for body in bodies]
 
 
 def _table_and_properties(message: Message) -> tuple[dict[str, FieldValue], dict[str, str]]:

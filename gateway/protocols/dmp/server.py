@@ -74,7 +74,7 @@ from gateway.core.router import Router
 from gateway.protocols.dmp.feeds import FeedDeliveries
 from gateway.protocols.dmp.fleet import FleetLink, LeaseCheck
 from gateway.protocols.dmp.flow import encode_envelopes
-from gateway.protocols.dmp.mapping import message_from_envelope
+from gateway.protocols.dmp.mapping import message_from_envelope, messages_from_bodies
 from gateway.protocols.dmp.principal import PrincipalConnection
 from gateway.protocols.dmp.settings import DMPListenerSettings, LeaseGrant
 from gateway.protocols.dmp.sinks import SinkOutcomes
@@ -96,7 +96,7 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
     def __init__(self, factory: DMPServerFactory) -> None:
         super().__init__(factory)
         self._codec = dmp.DMPCodec(
-            dmp.Role.SERVER, max_envelope_bytes=factory.settings.max_envelope_bytes
+            dmp.Role.SERVER, max_envelope_bytes=factory.settings.max_envelope_bytes, bodies=True
         )
         self.kind: str | None = None  # "sink" or "feed" once opened
         self.identity: str | None = None  # from the certificate or the lease, once opened
@@ -238,7 +238,10 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             target = self.target
             now = self.factory.clock.seconds()
             for event in events:
-                if type(event) is dmp.Envelope:
+                if type(event) is dmp.Bodies:  # bare envelopes: nearly all there is
+                    for message in messages_from_bodies(event.bodies, target, now):
+                        inbox.add(message, message)
+                elif type(event) is dmp.Envelope:
                     message = message_from_envelope(event, target, now)
                     inbox.add(message, message)
                 # else: a heartbeat (nothing to do: being heard is enough)
@@ -346,11 +349,16 @@ class DMPServerProtocol(ListenerConnection["DMPServerFactory"]):
             self._write(dmp.encode_response(dmp.Response(200, DIALECT)))
         elif isinstance(event, dmp.Lease):
             self._open(event.lease)
-        elif isinstance(event, dmp.Envelope):
+        elif isinstance(event, dmp.Envelope | dmp.Bodies):
             if self.kind == "sink":
                 # The lease and the first envelopes came in one read.
-                message = message_from_envelope(event, self.target, self.factory.clock.seconds())
-                self._inbox.add(message, message)
+                now = self.factory.clock.seconds()
+                if isinstance(event, dmp.Bodies):
+                    messages = messages_from_bodies(event.bodies, self.target, now)
+                else:
+                    messages = [message_from_envelope(event, self.target, now)]
+                for message in messages:
+                    self._inbox.add(message, message)
             else:
                 self.factory.count_error("write-to-feed")
                 self._close_with(f"the reader of feed {self.target!r} wrote a message")
