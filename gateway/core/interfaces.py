@@ -131,8 +131,13 @@ class IBackbone(Interface):
         " no further delivery is handled and none acknowledged."
     )
 
-    def declare_exchange(name: str, kind: str = "direct") -> None:
-        """Declare an exchange (durable) now and after every reconnection."""
+    def declare_exchange(name: str, kind: str = "direct", *, others_only: bool = False) -> None:
+        """Declare an exchange (durable) now and after every reconnection.
+
+        With ``others_only``, what this node publishes there never reaches its
+        own queue, and a mandatory message comes back (unroutable) when no
+        other node's queue is bound for it. Declare it so before binding to it.
+        """
 
     def consume(exchange: str, handler: Callable[[Any], None]) -> None:
         """Hand each delivery on this node's queue from ``exchange`` to ``handler``."""

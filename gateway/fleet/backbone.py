@@ -8,12 +8,28 @@ cross-node seam, `gateway.fleet.hub`; later the fleet's locks, stream
 ownership and the DMP and MTL paths) register what they need, and the
 backbone declares it on every (re)connection:
 
-- exchanges (`declare_exchange`): durable, so that they outlive any node;
+- exchanges (`declare_exchange`): durable, so that they outlive any node.
+  One declared ``others_only`` never brings this node's own messages back
+  to it: the node's bindings to it go through the node's *filter* (below);
 - this node's queue: exclusive, named ``msggateway.<node>.<random>`` (one
   name per connection: a reconnection never waits for RabbitMQ to forget
   the queue of the connection that died), deleted by RabbitMQ with all its
   bindings when the connection dies, so that a dead node leaves nothing
   routed to it;
+- the node's filter, for ``others_only`` exchanges: a headers exchange
+  ``msggateway.node.<node>`` bound there with each of the node's keys (an
+  exchange-to-exchange binding), whose one binding sends what carries this
+  node's id in its ``o`` header (everything it publishes to such an
+  exchange) to ``msggateway.void``, an exchange bound to nothing; the
+  rest, unmatched there, goes on through its alternate exchange
+  ``msggateway.node.<node>.queue`` (fanout) to the node's queue. So a
+  message reaches every node bound for its key but its publisher, and a
+  mandatory one comes back (`Published.UNROUTABLE`) when no *other* node
+  is bound. The filter outlives a connection (exchanges are not exclusive):
+  each connection deletes it and declares it again, which drops the
+  bindings of the node's earlier connections; while the node has no
+  connection, what its filter takes goes nowhere (its alternate exchange is
+  bound to no queue), as if it had no bindings;
 - the queue's bindings (`bind`, `unbind`): kept as a set in memory,
   declared again after a reconnection, and changed in batches of at most
   `BIND_BATCH` per round trip (nowait binds, then a barrier: a synchronous
@@ -106,16 +122,21 @@ from gateway.core.flow import Congestion, Throttle
 from gateway.core.interfaces import IBackbone
 from gateway.fleet.exclusive import ExclusiveQueues
 from gateway.metrics import BackboneStats, GatewayMetrics
+from gateway.protocols.tcp import disable_nagle
 
 __all__ = [
+    "ACK_DELAY_SECONDS",
     "BIND_BATCH",
     "CONNECT_TIMEOUT_SECONDS",
     "DEFAULT_MAX_UNCONFIRMED",
     "DEFAULT_MAX_UNCONFIRMED_BYTES",
     "DEFAULT_PREFETCH",
+    "ORIGIN_HEADER",
+    "VOID_EXCHANGE",
     "Backbone",
     "Delivery",
     "Published",
+    "filter_exchange",
     "heartbeat_interval",
     "make_backbone",
     "reconnect_delay",
@@ -130,10 +151,18 @@ the next endpoint: a black-holed broker must not eat the fleet's reconnection bu
 DEFAULT_PREFETCH: Final = 64
 """Unacknowledged deliveries RabbitMQ sends this node at most: each is a batch (many SSMP
 events), so this keeps the pipe full at a loopback round trip without holding much."""
+ACK_DELAY_SECONDS: Final = 0.005
+"""Deliveries are acknowledged (one ``multiple`` ack) once half the prefetch window was
+handled, or this long after the first one not acknowledged yet: one ack per delivery at a
+paced 10,000 a second cost a socket write and a reactor timer each."""
 DEFAULT_MAX_UNCONFIRMED: Final = 1024
 """Published messages awaiting their confirm past which local publishers are held."""
 DEFAULT_MAX_UNCONFIRMED_BYTES: Final = 8 * 1024 * 1024
 """Published bytes awaiting their confirm past which local publishers are held."""
+ORIGIN_HEADER: Final = "o"
+"""The header with the publishing node's id, which its filter matches (``others_only``)."""
+VOID_EXCHANGE: Final = "msggateway.void"
+"""A fanout exchange bound to nothing: where a node's filter sends the node's own messages."""
 _FIRST_BACKOFF_SECONDS: Final = 0.25
 _MAX_BACKOFF_SECONDS: Final = 5.0
 _STOP_SECONDS: Final = 5.0
@@ -143,6 +172,11 @@ _STOP_SECONDS: Final = 5.0
 def heartbeat_interval(heartbeat_seconds: float) -> int:
     """The AMQP heartbeat the backbone asks for: whole seconds, at least one."""
     return max(1, round(heartbeat_seconds))
+
+
+def filter_exchange(node: str) -> str:
+    """The headers exchange through which ``node`` is bound to ``others_only`` exchanges."""
+    return f"msggateway.node.{node}"
 
 
 def reconnect_delay(attempt: int, endpoints: int) -> float:
@@ -258,6 +292,12 @@ class Backbone:
         """The description of the endpoint connected to, if any."""
 
         self._exchanges: dict[str, str] = {}
+        self._others_only: set[str] = set()
+        """Exchanges this node's bindings to go through its filter."""
+        self._filter = filter_exchange(node)
+        self._filter_queue = f"{self._filter}.queue"
+        self._filter_declared = False
+        """This connection has the filter (declared once an ``others_only`` exchange is)."""
         self._streams: dict[str, dict[str, Any]] = {}
         """Streams replayed, with their declared arguments."""
         self._handlers: dict[str, Callable[[Delivery], None]] = {}
@@ -286,6 +326,8 @@ class Backbone:
         self._returned: set[int] = set()
         self._backlog: deque[tuple[int, Delivery]] = deque()
         self._ack_upto = 0
+        self._unacked = 0
+        """Deliveries handled since the last ack sent."""
         self._ack_call: IDelayedCall | None = None
         self._held_tag = 0
         self._exclusive = ExclusiveQueues()
@@ -304,12 +346,24 @@ class Backbone:
 
     # --- what users register ------------------------------------------------------------
 
-    def declare_exchange(self, name: str, kind: str = "direct") -> None:
-        """Declare ``name`` (durable) on this and every later connection."""
+    def declare_exchange(
+        self, name: str, kind: str = "direct", *, others_only: bool = False
+    ) -> None:
+        """Declare ``name`` (durable) on this and every later connection.
+
+        With ``others_only``, this node's bindings to it go through its
+        filter: what this node publishes there never reaches its own queue,
+        and a mandatory message comes back when no other node is bound.
+        Declare it so before binding to it.
+        """
         self._exchanges[name] = kind
+        if others_only:
+            self._others_only.add(name)
         channel = self._channel
         if channel is not None and self.ready:
             channel.exchange_declare(name, kind, durable=True)
+            if others_only and self._declare_filter(channel):
+                channel.queue_bind(self.queue, self._filter_queue)  # nowait
 
     def consume(self, exchange: str, handler: Callable[[Delivery], None]) -> None:
         """Hand what arrives on this node's queue from ``exchange`` to ``handler``."""
@@ -429,6 +483,8 @@ class Backbone:
         table = dict(headers) if headers else {}
         if cc:
             table["CC"] = list(cc)
+        if exchange in self._others_only:
+            table[ORIGIN_HEADER] = self.node
         properties = pika.BasicProperties(
             type=kind,
             app_id=self.node,
@@ -576,9 +632,17 @@ class Backbone:
             self._ack(tag)
 
     def _ack(self, tag: int) -> None:
+        """Acknowledge up to ``tag``: at once past half the window, else after a short delay."""
         self._ack_upto = max(self._ack_upto, tag)
-        if self._ack_call is None:
-            self._ack_call = self._clock.callLater(0, self._send_ack)
+        self._unacked += 1
+        if self._unacked * 2 >= self._prefetch:
+            if self._ack_call is not None:
+                if self._ack_call.active():
+                    self._ack_call.cancel()
+                self._ack_call = None
+            self._send_ack()
+        elif self._ack_call is None:
+            self._ack_call = self._clock.callLater(ACK_DELAY_SECONDS, self._send_ack)
 
     def _send_ack(self) -> None:
         self._ack_call = None
@@ -586,6 +650,7 @@ class Backbone:
         if channel is not None and channel.is_open and self._ack_upto:
             channel.basic_ack(self._ack_upto, multiple=True)
         self._ack_upto = 0
+        self._unacked = 0
 
     def _pause_receiving(self) -> None:
         """Held: deliveries wait in the backlog (at most ``prefetch``), unacknowledged."""
@@ -621,12 +686,11 @@ class Backbone:
             wanted = binding in self._wanted
             if wanted == (binding in self._applied):
                 continue
-            exchange, key = binding
             if wanted:
-                channel.queue_bind(self.queue, exchange, key)  # nowait
+                self._send_bind(channel, binding)
                 self._applied.add(binding)
             else:
-                channel.queue_unbind(self.queue, exchange, key)  # unbind has no nowait
+                self._send_unbind(channel, binding)
                 self._applied.discard(binding)
             sent += 1
         waiters = self._bound_waiters if not changed else []
@@ -638,6 +702,43 @@ class Backbone:
         self._binding = True
         self._batch_waiters = waiters
         channel.basic_qos(prefetch_count=self._prefetch, callback=self._batch_done)
+
+    def _send_bind(self, channel: pika.channel.Channel, binding: tuple[str, str]) -> None:
+        exchange, key = binding
+        if exchange in self._others_only:
+            channel.exchange_bind(self._filter, exchange, key)  # nowait
+        else:
+            channel.queue_bind(self.queue, exchange, key)  # nowait
+
+    def _send_unbind(self, channel: pika.channel.Channel, binding: tuple[str, str]) -> None:
+        exchange, key = binding
+        if exchange in self._others_only:
+            channel.exchange_unbind(self._filter, exchange, key)  # nowait
+        else:
+            channel.queue_unbind(self.queue, exchange, key)  # queue.unbind has no nowait
+
+    def _declare_filter(self, channel: pika.channel.Channel) -> bool:
+        """Declare this node's filter anew on this connection (nowait, in order).
+
+        Deleting it first drops what earlier connections (or processes) of
+        this node bound to it; the bindings wanted now are declared after.
+
+        Returns:
+            False when this connection has it already.
+        """
+        if self._filter_declared:
+            return False
+        self._filter_declared = True
+        channel.exchange_declare(VOID_EXCHANGE, "fanout", durable=True)
+        channel.exchange_declare(self._filter_queue, "fanout")
+        channel.exchange_delete(self._filter)
+        channel.exchange_declare(
+            self._filter, "headers", arguments={"alternate-exchange": self._filter_queue}
+        )
+        channel.exchange_bind(
+            VOID_EXCHANGE, self._filter, arguments={"x-match": "all", ORIGIN_HEADER: self.node}
+        )
+        return True
 
     def _batch_done(self, frame: Any) -> None:
         self._binding = False
@@ -731,6 +832,9 @@ class Backbone:
 
     def _handshaking(self, protocol: TwistedProtocolConnection, description: str) -> Any:
         self._protocol = protocol
+        # pika's own socket adapters turn Nagle off; its Twisted adapter does not. With it on,
+        # a publish waits for the broker's acknowledgement of the previous one.
+        disable_nagle(protocol.transport)
         ready = protocol.ready
         if ready is None:
             raise RuntimeError("the AMQP connection ended during its handshake")
@@ -794,15 +898,19 @@ class Backbone:
         def qos(_: object) -> None:
             for exchange, kind in self._exchanges.items():
                 channel.exchange_declare(exchange, kind, durable=True)  # nowait
+            if self._others_only:
+                self._declare_filter(channel)
             for stream, arguments in self._streams.items():
                 channel.queue_declare(stream, durable=True, arguments=arguments)  # nowait
             channel.queue_declare(queue, exclusive=True, auto_delete=True, callback=declared)
 
         def declared(_: object) -> None:
             self.queue = queue
-            for exchange, key in list(self._wanted)[:BIND_BATCH]:
-                channel.queue_bind(queue, exchange, key)  # nowait
-                self._applied.add((exchange, key))
+            if self._filter_declared:
+                channel.queue_bind(queue, self._filter_queue)  # nowait
+            for binding in list(self._wanted)[:BIND_BATCH]:
+                self._send_bind(channel, binding)
+                self._applied.add(binding)
             for stream in self._streams:
                 self._consume_stream(channel, stream)
             channel.basic_consume(
@@ -892,6 +1000,8 @@ class Backbone:
         self._backlog.clear()
         self._held_tag = 0
         self._ack_upto = 0
+        self._unacked = 0
+        self._filter_declared = False
         for call in (self._bind_call, self._ack_call, self._timeout_call):
             if call is not None and call.active():
                 call.cancel()

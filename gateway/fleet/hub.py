@@ -4,12 +4,16 @@ One `FleetHub` per SSMP hub listener, made by the assembly when ``[fleet]
 amqp`` is set; it is the hub's ``fleet`` (`gateway.protocols.ssmp.hub.HubLink`).
 All nodes of a fleet share one configuration, so a listener has the same
 name on every node, and its hubs meet on one direct exchange,
-``msggateway.hub.<listener>``. Each node's queue (`gateway.fleet.backbone`)
-is bound there with the routing keys of what it has:
+``msggateway.hub.<listener>``, declared ``others_only``: each node is bound
+there through its filter (`gateway.fleet.backbone`), so that what a node
+publishes reaches every other node bound for its key and never comes back
+to itself, and a mandatory message comes back when no other node is bound.
+A node is bound there with the routing keys of what it has:
 
 - ``t.<topic>`` while the topic has a subscriber on the node (the hub tells
   the first and the last: reference counting is the hub's topic table);
 - ``p.<identity>`` while a named peer is logged in on the node;
+- ``s.<topic>`` while the node holds the topic quiet (`gateway.fleet.quiet`);
 - ``n.<node>`` (answers to this node) and ``all`` (routed BCASTs), always.
 
 What crosses, each one AMQP message, its ``type`` saying what it is, its
@@ -17,7 +21,9 @@ body SSMP event lines written verbatim by the receiving node to its own peers:
 
 - ``mcast`` to ``t.<topic>``: a run of consecutive MCAST events to one
   topic, from one reactor turn (the hub queues, the seam sends on the next
-  turn: one AMQP message per run, not per event), header ``n`` = the lines.
+  turn: one AMQP message per run, not per event), header ``n`` = the lines;
+  mandatory, and not published while no other node wants the topic (it is
+  held *quiet*, `gateway.fleet.quiet`).
 - ``ucast`` to ``p.<identity>``, mandatory: consecutive UCAST events to one
   peer. With publisher confirms, an ack means a node has the peer (200) and
   a return that none has (404: the spec's "no peer with the requested
@@ -35,9 +41,13 @@ body SSMP event lines written verbatim by the receiving node to its own peers:
 - ``evict`` to ``p.<identity>``: a login of that identity, with its time.
 - ``roll-call`` to ``t.<topic>`` and ``roll-answer`` to ``n.<node>``: the
   initial presence batch across nodes (below).
+- ``probe`` to ``t.<topic>``, ``interest`` to ``s.<topic>`` and
+  ``interest-ok`` to ``n.<node>``: quiet topics (`gateway.fleet.quiet`). A
+  SUBSCRIBE to a topic new to the node is answered ``200`` once its binding
+  took effect and no node holds the topic quiet any more.
 
-Every node drops what it published itself (its queue is bound like the
-others'): its own peers had it already, from its hub.
+Nothing a node publishes comes back to it (its filter); it drops what would
+all the same: its own peers had it already, from its hub.
 
 Order. A node publishes on one channel in the order its hub queued, and
 RabbitMQ keeps a channel's order into each queue; each node handles its
@@ -99,6 +109,7 @@ from gateway.core.flow import Congestion
 from gateway.core.interfaces import IBackbone
 from gateway.core.message import Outcome
 from gateway.fleet.backbone import Delivery, Published
+from gateway.fleet.quiet import INTEREST, INTEREST_OK, PROBE, QuietTopics
 from gateway.protocols.ssmp.hub import Hub, HubPeer
 
 __all__ = [
@@ -201,6 +212,7 @@ class FleetHub:
         """Roll-call answers that came after `ROLL_CALL_SECONDS` (dropped)."""
         self.evictions = 0
         """Local connections closed for a newer login of their identity on another node."""
+        self.quiet = QuietTopics(backbone, self.exchange, clock, hub.name)
         self._receivers: dict[str, Callable[[Delivery], None]] = {
             _MCAST: self._got_mcast,
             _UCAST: self._got_ucast,
@@ -210,33 +222,37 @@ class FleetHub:
             _EVICT: self._got_evict,
             _ROLL_CALL: self._got_roll_call,
             _ROLL_ANSWER: self._got_roll_answer,
+            PROBE: _ignore,
+            INTEREST: self.quiet.got_interest,
+            INTEREST_OK: self.quiet.got_interest_ok,
         }
-        backbone.declare_exchange(self.exchange)
+        backbone.declare_exchange(self.exchange, others_only=True)
         backbone.consume(self.exchange, self._delivered)
         backbone.bind(self.exchange, f"n.{self.node}")
         backbone.bind(self.exchange, ALL_KEY)
         backbone.on_connected(self._connected)
+        backbone.on_lost(self.quiet.lost)
         hub.fleet = self
 
     # --- HubLink: what the hub tells -------------------------------------------------------
 
     def topic_added(self, topic: bytes) -> None:
-        """Bind ``t.<topic>``: the first local subscriber."""
+        """Bind ``t.<topic>`` (the first local subscriber); tell nodes holding it quiet."""
         self.backbone.bind(self.exchange, "t." + topic.decode("ascii"))
+        self.quiet.topic_added(topic)
 
     def topic_removed(self, topic: bytes) -> None:
         """Unbind ``t.<topic>``: the last local subscriber went."""
         self.backbone.unbind(self.exchange, "t." + topic.decode("ascii"))
 
-    def when_bound(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the bindings asked for so far took effect.
+    def when_subscribed(self, topic: bytes, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once what other nodes publish to ``topic`` reaches this node.
 
-        At once without a connection to RabbitMQ: nothing crosses then anyway.
+        That is once the binding took effect and no node holds the topic
+        quiet. At once without a connection to RabbitMQ: nothing crosses
+        then anyway.
         """
-        if self.backbone.ready:
-            self.backbone.when_bound(callback)
-        else:
-            callback()
+        self.quiet.when_subscribed(topic, callback)
 
     def peer_added(self, peer: HubPeer) -> None:
         """Bind ``p.<identity>``, then tell the node with an older login of it to close that."""
@@ -349,13 +365,7 @@ class FleetHub:
             kind = run.kind
             body = run.parts[0] if len(run.parts) == 1 else b"".join(run.parts)
             if kind is _MCAST:
-                backbone.publish(
-                    exchange,
-                    "t." + run.key.decode("ascii"),
-                    body,
-                    kind=kind,
-                    headers={"n": run.count},
-                )
+                self.quiet.publish_mcast(run.key, body, run.count)
             elif kind is _UCAST:
                 answers = run.answers or []
                 backbone.publish(
@@ -394,9 +404,13 @@ class FleetHub:
         self._queue(_Run(_EVICT, b"p." + identity, b"", 0, {"login": login}))
 
     def _connected(self) -> None:
-        """After a gap: announce every login again, so that an identity has one connection."""
+        """After a gap: announce every login again, so that an identity has one connection.
+
+        And every topic with local subscribers (`QuietTopics.connected`).
+        """
         for identity, login in list(self._logins.items()):
             self._queue(_Run(_EVICT, b"p." + identity, b"", 0, {"login": login}))
+        self.quiet.connected(list(self.hub.topics))
 
     def _roll_call_over(self, number: int) -> None:
         call = self._roll_calls.pop(number, None)
@@ -537,6 +551,10 @@ class FleetHub:
             if identity not in call.told and identity != peer.identity:
                 call.told.add(identity)
                 peer.queue(line)
+
+
+def _ignore(delivery: Delivery) -> None:
+    """A probe: nothing to deliver (it only asks whether another node is bound)."""
 
 
 def _answer_all(answers: list[Callable[[Outcome], None]], result: Published, *, to: bytes) -> None:

@@ -2,7 +2,9 @@
 
 `MemoryBroker` is a small, real implementation of what the fleet uses of
 RabbitMQ: durable direct exchanges, one exclusive queue per node with its
-bindings (gone when the node's connection is), publishing with ``CC``
+bindings (gone when the node's connection is), exchanges that never bring
+a node's own messages back to it (``others_only``: the node's filter on
+RabbitMQ), publishing with ``CC``
 (one copy per queue), ``mandatory`` returns and confirms, deliveries
 with a prefetch window, exclusive queues claimed by name (the fleet's
 locks: one connection holds each; gone with it), and durable streams that
@@ -53,11 +55,19 @@ class MemoryBroker:
         self.readers: dict[str, set[MemoryBackbone]] = {}
         """The connections reading each stream live."""
 
-    def route(self, exchange: str, keys: Sequence[str]) -> set[MemoryBackbone]:
-        """The queues (nodes) a message to ``exchange`` with ``keys`` reaches, once each."""
+    def route(
+        self, exchange: str, keys: Sequence[str], origin: MemoryBackbone | None = None
+    ) -> set[MemoryBackbone]:
+        """The queues (nodes) a message to ``exchange`` with ``keys`` reaches, once each.
+
+        Not its publisher ``origin`` when that node declared the exchange
+        ``others_only`` (its bindings go through its filter, which drops its own).
+        """
         found: set[MemoryBackbone] = set()
         for key in keys:
             found |= self.bindings.get((exchange, key), set())
+        if origin is not None and exchange in origin.others_only:
+            found.discard(origin)
         return found
 
     def forget(self, node: MemoryBackbone) -> None:
@@ -95,6 +105,8 @@ class MemoryBackbone:
         self._unconfirmed = 0
         self._wanted: dict[tuple[str, str], None] = {}
         self._exchanges: set[str] = set()
+        self.others_only: set[str] = set()
+        """Exchanges whose messages from this node never come back to it."""
         self._streams: set[str] = set()
         self._handlers: dict[str, Callable[[Delivery], None]] = {}
         self._connected: list[Callable[[], None]] = []
@@ -110,10 +122,14 @@ class MemoryBackbone:
 
     # --- IBackbone ---------------------------------------------------------------------
 
-    def declare_exchange(self, name: str, kind: str = "direct") -> None:
-        """Declare a direct exchange."""
+    def declare_exchange(
+        self, name: str, kind: str = "direct", *, others_only: bool = False
+    ) -> None:
+        """Declare a direct exchange; ``others_only``: this node's own messages never come back."""
         self._exchanges.add(name)
         self.broker.exchanges.add(name)
+        if others_only:
+            self.others_only.add(name)
 
     def consume(self, exchange: str, handler: Callable[[Any], None]) -> None:
         """Hand deliveries from ``exchange`` to ``handler``."""
@@ -187,7 +203,7 @@ class MemoryBackbone:
                     0, self._confirm, on_result, Published.ROUTED, generation
                 )
                 return
-            queues = self.broker.route(exchange, [key, *cc])
+            queues = self.broker.route(exchange, [key, *cc], self)
             self.broker.published += 1
             for queue in queues:
                 queue.enqueue(delivery)

@@ -10,19 +10,22 @@ runs the world until it is quiet. The behaviour checked is the spec's
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Final
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from zope.interface.verify import verifyObject
 
+from gateway.core.flow import Congestion
 from gateway.core.interfaces import IBackbone
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, RouteTable
 from gateway.fleet.hub import ROLL_CALL_SECONDS, FleetHub
+from gateway.fleet.quiet import INTEREST_SECONDS, QUIET_SWEEP_SECONDS
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.hub import Hub
 from gateway.protocols.ssmp.server import SSMPServerFactory, SSMPServerProtocol
@@ -73,6 +76,16 @@ class Fleet:
     def settle(self) -> None:
         """Run the world until nothing is left to do now."""
         self.clock.advance(0)
+
+    def step(self) -> None:
+        """Run one turn of the world: the calls due now, in order, not the ones they make."""
+        now = self.clock.seconds()
+        due = [call for call in self.clock.getDelayedCalls() if call.getTime() <= now]
+        for call in due:
+            if call.active():
+                func, args, kw = call.func, call.args, call.kw
+                call.cancel()
+                func(*args, **kw)
 
     def subscriber(self, node: int, identity: str, *topics: str, presence: bool = False) -> Peer:
         """Log in on a node and subscribe (settled); every response is consumed."""
@@ -300,68 +313,152 @@ def test_a_full_confirm_window_holds_local_publishers() -> None:
 
 _ACTIONS = st.lists(
     st.tuples(
-        st.sampled_from(["sub", "unsub", "pub", "settle"]),
+        st.sampled_from(
+            ["sub", "unsub", "pub", "pub", "pub", "step", "step", "settle", "hold", "release"]
+        ),
         st.integers(0, 5),  # peer
-        st.sampled_from(["a", "b"]),  # topic
+        st.sampled_from(["a", "b", "c"]),  # topic
     ),
-    max_size=60,
+    min_size=10,
+    max_size=100,
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+class _Watched:
+    """What one peer asked for and got, as the property reads it after every action."""
+
+    def __init__(self) -> None:
+        self.requests: list[list[str]] = []
+        """Requests not answered yet, in order: [verb, topic]; a SUBSCRIBE whose UNSUBSCRIBE
+        was sent before its answer came has the verb ``cancelled``."""
+        self.answered: dict[str, int] = {}
+        """Topics whose SUBSCRIBE was answered 200, with when (the action's number)."""
+        self.intervals: list[tuple[str, int, int]] = []
+        """Finished subscriptions: (topic, answered at, unsubscribed at)."""
+        self.got: dict[int, list[int]] = defaultdict(list)
+        self.seen: set[int] = set()
+
+    def read(self, data: bytes, now: int) -> None:
+        """Take what the peer received, read after action number ``now``."""
+        for line in data.splitlines():
+            if line.startswith(b"000 "):
+                if b" MCAST " in line:
+                    sender, seq = (int(part) for part in line.rsplit(b" ", 1)[1].split(b"."))
+                    assert seq not in self.seen, "at most once"
+                    self.seen.add(seq)
+                    self.got[sender].append(seq)
+                continue
+            verb, topic = self.requests.pop(0)
+            assert line == b"200", (verb, topic, line)
+            if verb == "sub":
+                self.answered[topic] = now
+
+    def unsubscribed(self, topic: str, now: int) -> None:
+        """The peer sent UNSUBSCRIBE in action number ``now``."""
+        if topic in self.answered:
+            self.intervals.append((topic, self.answered.pop(topic), now))
+            return
+        for request in self.requests:  # not answered yet: no message was owed to it
+            if request == ["sub", topic]:
+                request[0] = "cancelled"
+
+    def owed(self, topic: str, when: int, settles: list[int]) -> bool:
+        """Whether the peer must have got the message sent in action number ``when``.
+
+        It must if a subscription answered before is still on, or lasted
+        until the world settled after it was sent (``settles``: when).
+        """
+        if self.answered.get(topic, when) < when:
+            return True
+        return any(
+            t == topic and start < when and any(when < mark < end for mark in settles)
+            for t, start, end in self.intervals
+        )
+
+
+_HELD_WHILE_QUIET: Final = [
+    ("pub", 1, "b"), ("settle", 0, ""), ("hold", 1, ""), ("sub", 0, "b"), ("settle", 0, ""),
+    ("pub", 1, "b"), ("release", 1, ""),
+]  # fmt: skip
+"""p1's node holds b quiet and its deliveries wait: p0's SUBSCRIBE b may be answered only once
+that node let go of b (p0 would miss p1's next MCAST otherwise)."""
+_BOUND_BEFORE_THE_PROBE: Final = [
+    ("sub", 0, "a"), ("step", 0, ""), ("pub", 1, "b"), ("unsub", 0, "a"), ("step", 0, ""),
+    ("sub", 0, "b"), ("settle", 0, ""), ("pub", 1, "b"),
+]  # fmt: skip
+"""p0's node binds b after p1's node's MCAST came back, before its probe: b is not quiet."""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions=_ACTIONS)
+@example(actions=_HELD_WHILE_QUIET)
+@example(actions=_BOUND_BEFORE_THE_PROBE)
 def test_random_interleavings_keep_per_sender_order_and_at_most_once(
     actions: list[tuple[str, int, str]],
 ) -> None:
     """Any interleaving of SUBSCRIBE, UNSUBSCRIBE and MCAST over three nodes, six peers.
 
-    Each receiver gets each sender's messages in the order they were sent
-    and never twice; a subscriber that was subscribed (settled) before a
-    message was sent and stayed subscribed until it was delivered gets it.
+    The broker makes progress a turn at a time (``step``) or until quiet
+    (``settle``), between the peers' requests, so that topics are held quiet
+    and let go of while MCASTs and SUBSCRIBEs are in flight; a node's
+    deliveries may wait (``hold``, as behind a congested subscriber) while
+    its peers go on publishing. Each receiver
+    gets each sender's messages in the order they were sent and never
+    twice; a subscriber gets every message another peer sent after its
+    SUBSCRIBE was answered 200 (and had not unsubscribed before it was
+    delivered).
     """
     world = Fleet(3)
     peers = [world.nodes[index % 3].login(f"p{index}") for index in range(6)]
+    watched = [_Watched() for _ in peers]
     subscribed: list[set[str]] = [set() for _ in peers]
-    settled_since: list[dict[str, int]] = [{} for _ in peers]
-    sent: list[tuple[int, str, int]] = []  # (sender, topic, seq)
-    unsubscribed_at: dict[tuple[int, str], list[int]] = defaultdict(list)
-    round_ = 0
-    for action, index, topic in actions:
+    sent: list[tuple[int, str, int, int]] = []  # (sender, topic, seq, when)
+    settles: list[int] = []
+    holds = [Congestion() for _ in world.nodes]
+    for now, (action, index, topic) in enumerate(actions):
         peer = peers[index]
         if action == "sub" and topic not in subscribed[index]:
             peer.send(f"SUBSCRIBE {topic}\n".encode())
+            watched[index].requests.append(["sub", topic])
             subscribed[index].add(topic)
         elif action == "unsub" and topic in subscribed[index]:
             peer.send(f"UNSUBSCRIBE {topic}\n".encode())
+            watched[index].requests.append(["unsub", topic])
+            watched[index].unsubscribed(topic, now)
             subscribed[index].discard(topic)
-            settled_since[index].pop(topic, None)
-            unsubscribed_at[(index, topic)].append(len(sent))
         elif action == "pub":
             peer.send(f"MCAST {topic} {index}.{len(sent)}\n".encode())
-            sent.append((index, topic, len(sent)))
+            watched[index].requests.append(["pub", topic])
+            sent.append((index, topic, len(sent), now))
+        elif action == "step":
+            world.step()
         elif action == "settle":
             world.settle()
-            round_ += 1
-            for who, topics in enumerate(subscribed):
-                for name in topics:
-                    settled_since[who].setdefault(name, len(sent))
+            if not any(node.backbone.receiving.held for node in world.nodes):
+                settles.append(now)
+        elif action == "hold":
+            world.nodes[index % 3].backbone.receiving.hold(holds[index % 3])
+        elif action == "release":
+            world.nodes[index % 3].backbone.receiving.release(holds[index % 3])
+        for who, other in enumerate(peers):
+            watched[who].read(other.received(), now)
+    for node, hold in zip(world.nodes, holds, strict=True):
+        node.backbone.receiving.release(hold)
     world.settle()
-    for who, peer in enumerate(peers):
-        got: dict[int, list[int]] = defaultdict(list)
-        seen: set[int] = set()
-        for line in peer.received().splitlines():
-            if b" MCAST " not in line:
-                continue
-            sender, seq = (int(part) for part in line.rsplit(b" ", 1)[1].split(b"."))
-            assert seq not in seen, "at most once"
-            seen.add(seq)
-            got[sender].append(seq)
-        for sequence in got.values():
+    for who, other in enumerate(peers):
+        mine = watched[who]
+        mine.read(other.received(), len(actions))
+        assert not mine.requests, "every request answered"
+        for sequence in mine.got.values():
             assert sequence == sorted(sequence), "per-sender order"
-        for sender, topic, seq in sent:
-            since = settled_since[who].get(topic)
-            if sender != who and since is not None and seq >= since:
-                assert seq in seen, f"p{who} missed {seq} on {topic}"
+        for sender, topic, seq, when in sent:
+            if sender != who and mine.owed(topic, when, settles):
+                assert seq in mine.seen, f"p{who} missed {seq} on {topic}"
+    assert all(not node.seam.quiet._rounds for node in world.nodes)
+    quiet = sum(node.seam.quiet.runs for node in world.nodes)
+    event("MCAST runs held quiet: " + ("none" if not quiet else "some"))
+    waited = sum(node.seam.quiet.waits for node in world.nodes)
+    event("SUBSCRIBEs that waited for a node to let go: " + ("none" if not waited else "some"))
 
 
 def test_answers_of_a_fleet_ucast_become_outcomes(fleet: Fleet) -> None:
@@ -386,3 +483,127 @@ def test_subscribe_is_answered_once_the_binding_is_in_place(fleet: Fleet) -> Non
     assert bob.received() == b"200\n"
     fleet.settle()
     assert alice.received() == b"000 bob MCAST fresh right after\n"
+
+
+# --- quiet topics ------------------------------------------------------------------------------
+
+
+def test_a_node_never_receives_its_own_messages(fleet: Fleet) -> None:
+    """What a node publishes reaches the other nodes bound for it, never the node itself."""
+    alice = fleet.subscriber(0, "alice", "news")
+    dave = fleet.subscriber(1, "dave", "news")
+    bob = fleet.nodes[1].login("bob")
+    fleet.settle()
+    before = [node.backbone.deliveries for node in fleet.nodes]
+    bob.send(b"MCAST news hi\n")
+    fleet.settle()
+    assert alice.received() == dave.received() == b"000 bob MCAST news hi\n"
+    after = [node.backbone.deliveries for node in fleet.nodes]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 0, 0]
+
+
+def test_a_topic_subscribed_on_the_publishing_node_alone_stays_there(fleet: Fleet) -> None:
+    """Once a run came back unroutable and the probe too, the topic's MCASTs stay on the node."""
+    dave = fleet.subscriber(1, "dave", "news")
+    bob = fleet.nodes[1].login("bob")
+    fleet.settle()
+    published = fleet.broker.published
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()  # published, back unroutable; s.news bound; the probe back unroutable
+    assert fleet.broker.published == published + 2
+    for number in range(2, 5):
+        bob.send(b"MCAST news %d\n" % number)
+        fleet.settle()
+    assert fleet.broker.published == published + 2
+    assert fleet.nodes[1].seam.quiet.runs == 3
+    assert dave.received() == b"".join(b"000 bob MCAST news %d\n" % n for n in range(1, 5))
+
+
+def test_a_new_subscriber_elsewhere_is_answered_once_the_topic_is_let_go(fleet: Fleet) -> None:
+    """The 200 waits until the node holding the topic quiet let go: nothing after it is missed."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()
+    bob.send(b"MCAST news 2\n")
+    fleet.settle()
+    assert fleet.nodes[1].seam.quiet.runs == 1
+    alice = fleet.nodes[0].login("alice")
+    alice.send(b"SUBSCRIBE news\n")
+    fleet.step()  # the binding
+    fleet.step()  # its barrier
+    fleet.step()  # the interest, routed to bob's node
+    assert alice.received() == b""
+    fleet.settle()  # bob's node lets go, answers; the next interest comes back
+    assert alice.received() == b"200\n"
+    assert fleet.nodes[0].seam.quiet.waits == 1
+    bob.send(b"MCAST news 3\n")
+    fleet.settle()
+    assert alice.received() == b"000 bob MCAST news 3\n"
+
+
+def test_a_stalled_node_holding_the_topic_quiet_delays_the_answer_a_while(fleet: Fleet) -> None:
+    """A node that cannot let go in time: the SUBSCRIBE is answered after INTEREST_SECONDS."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()
+    fleet.nodes[1].backbone.stall()  # what it sends no longer reaches the broker
+    alice = fleet.nodes[0].login("alice")
+    alice.send(b"SUBSCRIBE news\n")
+    fleet.settle()
+    assert alice.received() == b""
+    fleet.clock.advance(INTEREST_SECONDS)
+    assert alice.received() == b"200\n"
+    assert fleet.nodes[0].seam.quiet.slow == 1
+    fleet.nodes[1].backbone.unstall()
+    fleet.settle()
+
+
+def test_quiet_topics_not_published_to_are_forgotten(fleet: Fleet) -> None:
+    """A quiet topic unused between two sweeps is forgotten, with its binding."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()
+    seam = fleet.nodes[1].seam
+    key = (seam.exchange, "s.news")
+    assert fleet.broker.bindings[key] == {fleet.nodes[1].backbone}
+    fleet.clock.advance(QUIET_SWEEP_SECONDS)
+    bob.send(b"MCAST news 2\n")  # used: kept
+    fleet.settle()
+    fleet.clock.advance(QUIET_SWEEP_SECONDS)
+    fleet.settle()
+    assert fleet.broker.bindings[key]
+    fleet.clock.advance(QUIET_SWEEP_SECONDS)
+    fleet.settle()
+    assert not fleet.broker.bindings[key]
+    assert seam.quiet.runs == 1
+    assert fleet.clock.getDelayedCalls() == []
+
+
+def test_a_node_back_from_a_gap_has_its_topics_let_go(fleet: Fleet) -> None:
+    """Nodes may hold a topic quiet while its subscribers' node has no queue; not after."""
+    alice = fleet.subscriber(0, "alice", "news")
+    fleet.nodes[0].backbone.kill()
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST news lost\n")  # nobody bound any more: back unroutable
+    fleet.settle()
+    bob.send(b"MCAST news held\n")
+    fleet.settle()
+    assert fleet.nodes[1].seam.quiet.runs == 1
+    fleet.nodes[0].backbone.reconnect()
+    fleet.settle()  # node 0 binds again and announces news: bob's node lets go
+    bob.send(b"MCAST news back\n")
+    fleet.settle()
+    assert alice.received() == b"000 bob MCAST news back\n"
+
+
+def test_a_node_that_loses_its_connection_forgets_its_quiet_topics(fleet: Fleet) -> None:
+    """Without a connection there is nothing to hold quiet; after it, topics are probed again."""
+    bob = fleet.nodes[1].login("bob")
+    bob.send(b"MCAST news 1\n")
+    fleet.settle()
+    backbone = fleet.nodes[1].backbone
+    backbone.kill()
+    backbone.reconnect()
+    fleet.settle()
+    assert fleet.nodes[1].seam.quiet._quiet == {}
+    assert not fleet.broker.bindings[(fleet.nodes[1].seam.exchange, "s.news")]

@@ -139,3 +139,76 @@ async def test_confirms_after_a_reconnection(rabbitmq: RabbitMQNode) -> None:
         assert node.unconfirmed == 0
     finally:
         await node.stop()
+
+
+def _backbone(rabbitmq: RabbitMQNode, name: str) -> Backbone:
+    endpoint = f"tcp:host=127.0.0.1:port={rabbitmq.amqp_port}"
+    clock: Any = reactor
+    return Backbone(
+        node=name, endpoints=[(endpoint, clientFromString(clock, endpoint))], clock=clock
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_others_only_never_brings_a_node_its_own_messages(rabbitmq: RabbitMQNode) -> None:
+    """Through the nodes' filters: what a node publishes reaches the others bound, not itself.
+
+    A mandatory message comes back when only its publisher is bound; a
+    node's bindings of an earlier connection are gone after a reconnection
+    (its filter is declared anew), and it is reachable again.
+    """
+    base = f"t{next(_names)}"
+    one, two = _backbone(rabbitmq, f"{base}a"), _backbone(rabbitmq, f"{base}b")
+    exchange = f"test.others.{base}"
+    got: dict[str, list[Delivery]] = {one.node: [], two.node: []}
+    for node in (one, two):
+        node.declare_exchange(exchange, others_only=True)
+        node.consume(exchange, got[node.node].append)
+        node.bind(exchange, "both")
+        node.bind(exchange, f"only.{node.node}")
+    ready = [connected(one), connected(two)]
+    one.start()
+    two.start()
+    try:
+        for waiting in ready:
+            await waiting
+        await bound(one)
+        await bound(two)
+        results: dict[str, Published] = {}
+        for key in ("both", f"only.{one.node}", f"only.{two.node}", "nobody"):
+            one.publish(
+                exchange, key, key.encode(), kind="test", mandatory=True,
+                on_result=functools.partial(results.__setitem__, key),
+            )  # fmt: skip
+        await until(lambda: len(results) == 4)
+        assert results == {
+            "both": Published.ROUTED,
+            f"only.{one.node}": Published.UNROUTABLE,
+            f"only.{two.node}": Published.ROUTED,
+            "nobody": Published.UNROUTABLE,
+        }
+        await until(lambda: len(got[two.node]) == 2)
+        assert [d.body for d in got[two.node]] == [b"both", f"only.{two.node}".encode()]
+        first = got[two.node][0]
+        assert (first.exchange, first.routing_key) == (exchange, "both")
+        assert got[one.node] == []
+        # Node two's connection goes, and "both" is unbound meanwhile: the binding stays
+        # in RabbitMQ (the filter is no exclusive queue) until the next connection
+        # declares the filter anew, with the bindings wanted then.
+        two.on_lost(lambda: two.unbind(exchange, "both"))
+        again = connected(two)
+        assert two._protocol is not None and two._protocol.transport is not None
+        two._protocol.transport.abortConnection()
+        await again
+        await bound(two)
+        results.clear()
+        for key in ("both", f"only.{two.node}"):
+            one.publish(
+                exchange, key, b"again", kind="test", mandatory=True,
+                on_result=functools.partial(results.__setitem__, key),
+            )  # fmt: skip
+        await until(lambda: len(results) == 2)
+        assert results == {"both": Published.UNROUTABLE, f"only.{two.node}": Published.ROUTED}
+    finally:
+        await one.stop()
+        await two.stop()

@@ -108,8 +108,8 @@ class HubLink(Protocol):
     def ucast(self, to: bytes, line: bytes, answer: Callable[[Outcome], None]) -> None:
         """A UCAST event for ``to`` on another node; ``answer`` gets accepted, or 404 rejected."""
 
-    def when_bound(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once what this node has asked to receive is in place.
+    def when_subscribed(self, topic: bytes, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once what other nodes publish to ``topic`` reaches this node.
 
         A SUBSCRIBE is answered then, so that every MCAST other nodes publish
         after the answer reaches the subscriber. At once without a

@@ -563,12 +563,12 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
                 self._respond(OK)
                 self.hub.subscribe(self, line.topic, line.presence)
                 return
-            # In a fleet, 200 once this node's binding for the topic is in
-            # place: from then on what any node publishes to it comes here.
+            # In a fleet, 200 once what any node publishes to the topic comes
+            # here (this node's binding is in place, no node holds it quiet).
             slot = _Pending(False)
             self._pending.append(slot)
             self.hub.subscribe(self, line.topic, line.presence)
-            fleet.when_bound(functools.partial(self._fill, slot, OK))
+            fleet.when_subscribed(line.topic, functools.partial(self._fill, slot, OK))
 
     def _on_unsubscribe(self, line: ssmp.Unsubscribe) -> None:
         if self.identity == ssmp.ANONYMOUS:
