@@ -64,7 +64,7 @@ from twisted.python.failure import Failure
 from gateway import __version__
 from gateway.codecs import osiris
 from gateway.codecs import stream as sp
-from gateway.core.authorization import Action, check_internal
+from gateway.core.authorization import Action
 from gateway.core.log import (
     LogError,
     LogStore,
@@ -73,7 +73,7 @@ from gateway.core.log import (
     StreamLog,
     StreamMissingError,
 )
-from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
+from gateway.protocols.listener import ListenerArgs, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
 from gateway.protocols.stream.fleetlogin import (
     NONCE_PROPERTY,
@@ -87,6 +87,25 @@ from gateway.protocols.stream.fleetlogin import (
 )
 from gateway.protocols.stream.owner import RELAY_PROPERTY
 from gateway.protocols.stream.relay import StreamFleet, StreamRelays
+from gateway.protocols.stream.serverbase import (
+    ACCESS_REFUSED,
+    AUTHENTICATION_FAILURE,
+    AUTHENTICATION_FAILURE_LOOPBACK,
+    MAX_REFERENCE_BYTES,
+    NO_OFFSET,
+    OK,
+    PRECONDITION_FAILED,
+    PUBLISHER_DOES_NOT_EXIST,
+    SASL_ERROR,
+    SASL_MECHANISM_NOT_SUPPORTED,
+    STREAM_ALREADY_EXISTS,
+    STREAM_DOES_NOT_EXIST,
+    SUBSCRIPTION_ID_ALREADY_EXISTS,
+    SUBSCRIPTION_ID_DOES_NOT_EXIST,
+    UNKNOWN_FRAME,
+    VIRTUAL_HOST_ACCESS_FAILURE,
+    StreamServerBase,
+)
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.tls import external_identity, peer_identities
 
@@ -96,24 +115,11 @@ PRE_OPEN_FRAME_MAX: Final = 8192
 """Frames before Open may not be larger (the reference server's ceiling)."""
 MAX_PUBLISHERS: Final = 256
 MAX_SUBSCRIPTIONS: Final = 256
-MAX_REFERENCE_BYTES: Final = 255
 DELIVER_MAX_BYTES: Final = 4 * 1024 * 1024
 """Chunk bytes read for one subscription in one go."""
 RESUME_FRACTION: Final = 0.25
 CLOSE_WAIT_SECONDS: Final = 10.0
 
-OK: Final = 1
-STREAM_DOES_NOT_EXIST: Final = 2
-SUBSCRIPTION_ID_ALREADY_EXISTS: Final = 3
-SUBSCRIPTION_ID_DOES_NOT_EXIST: Final = 4
-STREAM_ALREADY_EXISTS: Final = 5
-SASL_MECHANISM_NOT_SUPPORTED: Final = 7
-AUTHENTICATION_FAILURE: Final = 8
-SASL_ERROR: Final = 9
-AUTHENTICATION_FAILURE_LOOPBACK: Final = 11
-VIRTUAL_HOST_ACCESS_FAILURE: Final = 12
-UNKNOWN_FRAME: Final = 13
-ACCESS_REFUSED: Final = 16
 _REFUSALS: Final = {
     SASL_MECHANISM_NOT_SUPPORTED: "the mechanism is not offered here",
     AUTHENTICATION_FAILURE: "wrong user or password (or certificate name)",
@@ -121,9 +127,6 @@ _REFUSALS: Final = {
     AUTHENTICATION_FAILURE_LOOPBACK: "guest logs in from loopback only",
 }
 """Why a SaslAuthenticate was refused, by the code it is answered with (for the log)."""
-PRECONDITION_FAILED: Final = 17
-PUBLISHER_DOES_NOT_EXIST: Final = 18
-NO_OFFSET: Final = 19
 
 # The server's command versions, in the reference server's order (rstream
 # looks the publish entry up by position).
@@ -199,7 +202,7 @@ class _Subscription:
         self.waiting: Any = None
 
 
-class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
+class StreamServerProtocol(StreamServerBase):
     """One client of a stream listener."""
 
     def __init__(self, factory: StreamServerFactory) -> None:
@@ -289,14 +292,6 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         self.flush()
         self._call_later(CLOSE_WAIT_SECONDS, self._close)
 
-    # --- output ------------------------------------------------------------------------
-
-    def _send(self, event: sp.Event) -> None:
-        self._out.append(self._codec.send(event))
-        self._sent_since = True
-        if not self._in_batch:
-            self.flush()
-
     # --- IPushProducer: deliveries stop while the client is slow ----------------------------
 
     def resumeProducing(self) -> None:
@@ -363,14 +358,6 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
             )
             self._server_close(error.code or UNKNOWN_FRAME, error.reason)
         return True
-
-    def _require_open(self, event: sp.Event) -> bool:
-        if self._state == "open":
-            return True
-        # Before Open only the handshake is allowed: close without a word.
-        self.factory.count_error("not-open")
-        self._close()
-        return False
 
     # --- handshake ----------------------------------------------------------------------------
 
@@ -654,43 +641,6 @@ class StreamServerProtocol(ListenerConnection["StreamServerFactory"]):
         )
         self.factory.count_error("heartbeat-timeout")
         self._abort()  # given up on: it keeps nothing we wrote
-
-    # --- allow-lists ---------------------------------------------------------------------------
-
-    def _refused(self, action: Action, stream: str) -> bool:
-        """Whether the allow-lists refuse ``action`` on ``stream`` (counted and logged)."""
-        factory = self.factory
-        if not factory.authorization.restricted or self._routes():
-            return False  # routes write as this node's own routes do
-        return not factory.authorized(action, self._principal, stream, self._peer())
-
-    def _routes(self) -> bool:
-        """Whether this is another node's relay of its routes' deliveries."""
-        return self._relayed is not None and self._relayed.role == ROUTES
-
-    def _internal(
-        self, command: str, stream: str, reference: str | None = None, *, read: bool = False
-    ) -> bool:
-        """Whether ``command`` touches the gateway's own streams or references (refused).
-
-        Reading (``read``) an internal stream is allowed by an explicit
-        grant only; nothing else is. The refusal is counted and logged.
-        """
-        factory = self.factory
-        if self._routes():
-            reference = None  # the routes' own references: msggateway.route.*
-        return not check_internal(
-            factory.authorization,
-            command,
-            self._principal,
-            stream,
-            reference=reference,
-            read=read,
-            listener=factory.name,
-            count_error=factory.count_error,
-            peer=self._peer(),
-            shown_identity=self.identity,
-        )
 
     # --- streams ---------------------------------------------------------------------------------
 

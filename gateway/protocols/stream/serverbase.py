@@ -1,0 +1,130 @@
+"""What the stream listener's rooms share: reply codes, output, the open check, allow-lists.
+
+`gateway.protocols.stream.server.StreamServerProtocol` is put together from
+mixins of one concern each: the login (`gateway.protocols.stream.serverauth`),
+stream management (`.serveradmin`), publishers (`.serverpublish`) and
+consumers (`.serverconsume`). Each is a `StreamServerBase`: the connection
+state they share is declared here (the protocol sets it up), with what every
+command handler calls: `_send`, `_require_open`, and the allow-list checks
+(`_refused`, `_internal`). The protocol's dispatch table maps each event type
+to the mixin's method directly: no call goes through here that did not before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from gateway.codecs import stream as sp
+from gateway.core.authorization import Action, check_internal
+from gateway.protocols.listener import ListenerConnection
+from gateway.protocols.stream.fleetlogin import ROUTES, RelayIdentity
+from gateway.protocols.stream.relay import StreamRelays
+
+if TYPE_CHECKING:
+    from gateway.protocols.stream.server import StreamServerFactory
+
+__all__ = [
+    "ACCESS_REFUSED",
+    "AUTHENTICATION_FAILURE",
+    "AUTHENTICATION_FAILURE_LOOPBACK",
+    "MAX_REFERENCE_BYTES",
+    "NO_OFFSET",
+    "OK",
+    "PRECONDITION_FAILED",
+    "PUBLISHER_DOES_NOT_EXIST",
+    "SASL_ERROR",
+    "SASL_MECHANISM_NOT_SUPPORTED",
+    "STREAM_ALREADY_EXISTS",
+    "STREAM_DOES_NOT_EXIST",
+    "SUBSCRIPTION_ID_ALREADY_EXISTS",
+    "SUBSCRIPTION_ID_DOES_NOT_EXIST",
+    "UNKNOWN_FRAME",
+    "VIRTUAL_HOST_ACCESS_FAILURE",
+    "StreamServerBase",
+]
+
+MAX_REFERENCE_BYTES: Final = 255
+
+OK: Final = 1
+STREAM_DOES_NOT_EXIST: Final = 2
+SUBSCRIPTION_ID_ALREADY_EXISTS: Final = 3
+SUBSCRIPTION_ID_DOES_NOT_EXIST: Final = 4
+STREAM_ALREADY_EXISTS: Final = 5
+SASL_MECHANISM_NOT_SUPPORTED: Final = 7
+AUTHENTICATION_FAILURE: Final = 8
+SASL_ERROR: Final = 9
+AUTHENTICATION_FAILURE_LOOPBACK: Final = 11
+VIRTUAL_HOST_ACCESS_FAILURE: Final = 12
+UNKNOWN_FRAME: Final = 13
+ACCESS_REFUSED: Final = 16
+PRECONDITION_FAILED: Final = 17
+PUBLISHER_DOES_NOT_EXIST: Final = 18
+NO_OFFSET: Final = 19
+
+
+class StreamServerBase(ListenerConnection["StreamServerFactory"]):
+    """What every part of a stream listener's connection uses (`StreamServerProtocol`)."""
+
+    factory: StreamServerFactory
+    _codec: sp.StreamCodec
+    _state: str
+    identity: str | None
+    _principal: str | None
+    _relayed: RelayIdentity | None
+    _relays: StreamRelays | None
+    _unconfirmed: int
+    _in_batch: bool
+    _sent_since: bool
+
+    # --- output ------------------------------------------------------------------------
+
+    def _send(self, event: sp.Event) -> None:
+        self._out.append(self._codec.send(event))
+        self._sent_since = True
+        if not self._in_batch:
+            self.flush()
+
+    def _require_open(self, event: sp.Event) -> bool:
+        if self._state == "open":
+            return True
+        # Before Open only the handshake is allowed: close without a word.
+        self.factory.count_error("not-open")
+        self._close()
+        return False
+
+    # --- allow-lists ---------------------------------------------------------------------------
+
+    def _refused(self, action: Action, stream: str) -> bool:
+        """Whether the allow-lists refuse ``action`` on ``stream`` (counted and logged)."""
+        factory = self.factory
+        if not factory.authorization.restricted or self._routes():
+            return False  # routes write as this node's own routes do
+        return not factory.authorized(action, self._principal, stream, self._peer())
+
+    def _routes(self) -> bool:
+        """Whether this is another node's relay of its routes' deliveries."""
+        return self._relayed is not None and self._relayed.role == ROUTES
+
+    def _internal(
+        self, command: str, stream: str, reference: str | None = None, *, read: bool = False
+    ) -> bool:
+        """Whether ``command`` touches the gateway's own streams or references (refused).
+
+        Reading (``read``) an internal stream is allowed by an explicit
+        grant only; nothing else is. The refusal is counted and logged.
+        """
+        factory = self.factory
+        if self._routes():
+            reference = None  # the routes' own references: msggateway.route.*
+        return not check_internal(
+            factory.authorization,
+            command,
+            self._principal,
+            stream,
+            reference=reference,
+            read=read,
+            listener=factory.name,
+            count_error=factory.count_error,
+            peer=self._peer(),
+            shown_identity=self.identity,
+        )
