@@ -255,7 +255,8 @@ def test_relative_key_and_certificate_paths_are_the_main_files(
         tmp_path,
         f'[listeners.hub]\nprotocol = "ssmp"\nendpoint = "{relative}"\n'
         '[upstreams.far]\nprotocol = "ssmp"\nidentity = "gw"\nscheme = "open"\n'
-        'endpoint = "tls:host=localhost:port=1:trustRoots=pki"\n',
+        'endpoint = "tls:host=localhost:port=1:trustRoots=pki"\n'
+        '[fleet]\namqp = ["tls:host=localhost:port=5671:trustRoots=pki"]\n',
     )
     config = load_config(main)
     [listener] = config.listeners
@@ -265,5 +266,6 @@ def test_relative_key_and_certificate_paths_are_the_main_files(
     )
     [upstream] = config.upstreams
     assert upstream.endpoint == f"tls:host=localhost:port=1:trustRoots={base}"
+    assert config.fleet.amqp == (f"tls:host=localhost:port=5671:trustRoots={base}",)
     absolute = write(tmp_path, f'[listeners.hub]\nprotocol = "ssmp"\nendpoint = "{mtls(pki)}"\n')
     assert load_config(absolute).listeners[0].endpoint == mtls(pki)

@@ -62,6 +62,7 @@ from gateway.config.endpoints import (
     check_client_endpoint,
     check_client_tls,
     endpoint_port,
+    with_paths_resolved,
 )
 from gateway.fleet.node import (
     MAX_NODE_ID_CHARS,
@@ -204,7 +205,7 @@ def read_fleet(section: Section) -> FleetConfig:
         if problem is not None:
             section.problem(NODE, problem)
             node = None
-    amqp = section.read(AMQP)
+    amqp = tuple(with_paths_resolved(description, section) for description in section.read(AMQP))
     for description in amqp:
         check_client_endpoint(section, AMQP, description)
         check_client_tls(section, AMQP, description)
