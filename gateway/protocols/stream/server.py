@@ -42,14 +42,6 @@ Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
 client does not read what it is sent; deliveries stop while the client is
 slow and resume when it catches up.
-
-Slow consumers (issue 18): a subscription gets at most its credit in
-chunks, and never more than the transport takes: once the transport's
-buffer is full (it pauses us, at 64 KiB unsent) no further chunk is written,
-not even the rest of one read, whatever credit the client keeps granting.
-What is not sent stays in the log, where the subscription resumes when the
-client reads again; a client that never does costs its connection one
-chunk past that buffer, nothing is dropped and no one is disconnected for it.
 """
 
 from __future__ import annotations
@@ -63,10 +55,8 @@ from twisted.python.failure import Failure
 
 from gateway import __version__
 from gateway.codecs import stream as sp
-from gateway.core.authorization import Action
 from gateway.core.log import (
     LogStore,
-    StreamLog,
 )
 from gateway.protocols.listener import ListenerArgs, ListenerFactory
 from gateway.protocols.logins import UNCHECKED
@@ -84,21 +74,15 @@ from gateway.protocols.stream.owner import RELAY_PROPERTY
 from gateway.protocols.stream.relay import StreamFleet, StreamRelays
 from gateway.protocols.stream.serveradmin import ServerStreams
 from gateway.protocols.stream.serverbase import (
-    ACCESS_REFUSED,
     AUTHENTICATION_FAILURE,
     AUTHENTICATION_FAILURE_LOOPBACK,
-    MAX_REFERENCE_BYTES,
-    NO_OFFSET,
     OK,
-    PRECONDITION_FAILED,
     SASL_ERROR,
     SASL_MECHANISM_NOT_SUPPORTED,
-    STREAM_DOES_NOT_EXIST,
-    SUBSCRIPTION_ID_ALREADY_EXISTS,
-    SUBSCRIPTION_ID_DOES_NOT_EXIST,
     UNKNOWN_FRAME,
     VIRTUAL_HOST_ACCESS_FAILURE,
 )
+from gateway.protocols.stream.serverconsume import ServerSubscriptions
 from gateway.protocols.stream.serverpublish import ServerPublishers
 from gateway.protocols.stream.settings import StreamListenerSettings
 from gateway.tls import external_identity, peer_identities
@@ -107,9 +91,6 @@ __all__ = ["StreamServerFactory", "StreamServerProtocol"]
 
 PRE_OPEN_FRAME_MAX: Final = 8192
 """Frames before Open may not be larger (the reference server's ceiling)."""
-MAX_SUBSCRIPTIONS: Final = 256
-DELIVER_MAX_BYTES: Final = 4 * 1024 * 1024
-"""Chunk bytes read for one subscription in one go."""
 RESUME_FRACTION: Final = 0.25
 CLOSE_WAIT_SECONDS: Final = 10.0
 
@@ -140,18 +121,7 @@ def _is_loopback(address: IAddress) -> bool:
         return False
 
 
-class _Subscription:
-    __slots__ = ("credit", "id", "next_chunk", "stream", "waiting")
-
-    def __init__(self, subscription_id: int, stream: StreamLog, next_chunk: int, credit: int):
-        self.id = subscription_id
-        self.stream = stream
-        self.next_chunk = next_chunk
-        self.credit = credit
-        self.waiting: Any = None
-
-
-class StreamServerProtocol(ServerStreams, ServerPublishers):
+class StreamServerProtocol(ServerStreams, ServerPublishers, ServerSubscriptions):
     """One client of a stream listener."""
 
     def __init__(self, factory: StreamServerFactory) -> None:
@@ -162,7 +132,7 @@ class StreamServerProtocol(ServerStreams, ServerPublishers):
         self._principal: str | None = None
         """The identity the allow-lists see: None for ANONYMOUS (it authenticates nobody)."""
         self._publishers = {}
-        self._subscriptions: dict[int, _Subscription] = {}
+        self._subscriptions = {}
         self._unconfirmed = 0
         self._in_batch = False
         self._heartbeat = 0
@@ -648,159 +618,6 @@ class StreamServerProtocol(ServerStreams, ServerPublishers):
             )
         )
 
-    # --- consumers -------------------------------------------------------------------------------
-
-    def _on_subscribe(self, event: sp.Subscribe) -> None:
-        if not self._require_open(event):
-            return
-        stream = self.factory.store.get(event.stream)
-        properties = dict(event.properties or {})
-        code = OK
-        if len(self._subscriptions) >= MAX_SUBSCRIPTIONS:
-            code = PRECONDITION_FAILED
-        elif self._internal("subscribe to", event.stream, read=True) or self._refused(
-            Action.CONSUME, event.stream
-        ):
-            code = ACCESS_REFUSED
-        elif stream is None:
-            code = STREAM_DOES_NOT_EXIST
-        elif event.subscription_id in self._subscriptions:
-            code = SUBSCRIPTION_ID_ALREADY_EXISTS
-        elif properties.get("single-active-consumer") == "true" or "super-stream" in properties:
-            code = PRECONDITION_FAILED  # not supported here
-        self._send(
-            sp.Response(key=sp.Key.SUBSCRIBE, correlation_id=event.correlation_id, code=code)
-        )
-        if code != OK:
-            return
-        assert stream is not None
-        position = stream.seek(_spec(event.offset_spec))
-        subscription = _Subscription(event.subscription_id, stream, position, event.credit)
-        self._subscriptions[event.subscription_id] = subscription
-        self.flush()  # the OK goes before the first Deliver
-        self._deliver(subscription)
-
-    def _on_credit(self, event: sp.Credit) -> None:
-        if not self._require_open(event):
-            return
-        subscription = self._subscriptions.get(event.subscription_id)
-        if subscription is None:
-            self._send(
-                sp.CreditResponse(
-                    code=SUBSCRIPTION_ID_DOES_NOT_EXIST, subscription_id=event.subscription_id
-                )
-            )
-            return
-        subscription.credit += event.credit
-        self._deliver(subscription)
-
-    def _on_unsubscribe(self, event: sp.Unsubscribe) -> None:
-        if not self._require_open(event):
-            return
-        subscription = self._subscriptions.pop(event.subscription_id, None)
-        if subscription is not None:
-            self._stop_waiting(subscription)
-        code = OK if subscription is not None else SUBSCRIPTION_ID_DOES_NOT_EXIST
-        self._send(
-            sp.Response(key=sp.Key.UNSUBSCRIBE, correlation_id=event.correlation_id, code=code)
-        )
-
-    def _deliver(self, subscription: _Subscription) -> None:
-        """Send chunks while the subscription has credit and the client keeps up.
-
-        The transport pauses us (``_congested``) from inside a write once its
-        buffer is full: the chunks read after that one wait in the log.
-        """
-        if self._closing or self._congested or subscription.waiting is not None:
-            return
-        transport = self.transport
-        assert transport is not None
-        traffic = self.factory.traffic
-        while subscription.credit > 0 and not self._congested:
-            chunks = subscription.stream.read_chunks(
-                subscription.next_chunk, subscription.credit, DELIVER_MAX_BYTES
-            )
-            if not chunks:
-                waiting = subscription.stream.wait_for(subscription.next_chunk)
-                subscription.waiting = waiting
-                waiting.addCallbacks(self._more_data, lambda _f: None, callbackArgs=(subscription,))
-                return
-            self.flush()
-            for chunk in chunks:
-                if self._congested:
-                    break  # the rest of this read is sent again from the log on resume
-                payload = chunk.payload
-                prefix = sp.deliver_prefix(subscription.id, len(payload))
-                transport.writeSequence([prefix, payload])
-                traffic.bytes_out += len(prefix) + len(payload)
-                traffic.messages_out += chunk.header.num_records
-                subscription.credit -= 1
-                subscription.next_chunk = chunk.next_chunk_id
-            self._sent_since = True
-
-    def _more_data(self, _: object, subscription: _Subscription) -> None:
-        subscription.waiting = None
-        if self._subscriptions.get(subscription.id) is subscription:
-            self._deliver(subscription)
-
-    def _stop_waiting(self, subscription: _Subscription) -> None:
-        if subscription.waiting is not None:
-            waiting, subscription.waiting = subscription.waiting, None
-            waiting.cancel()
-
-    def _on_store_offset(self, event: sp.StoreOffset) -> None:
-        if not self._require_open(event):
-            return
-        stream = self.factory.store.get(event.stream)
-        if self._internal("store an offset in", event.stream, event.reference) or self._refused(
-            Action.CONSUME, event.stream
-        ):
-            return  # StoreOffset has no response; the refusal is counted and logged
-        if stream is not None and len(event.reference.encode()) <= MAX_REFERENCE_BYTES:
-            stream.store_offset(event.reference, event.offset)
-
-    def _on_query_offset(self, event: sp.QueryOffset) -> None:
-        if not self._require_open(event):
-            return
-        stream = self.factory.store.get(event.stream)
-        if self._internal("query an offset in", event.stream, read=True) or self._refused(
-            Action.CONSUME, event.stream
-        ):
-            code, offset = ACCESS_REFUSED, 0
-        elif stream is None:
-            code, offset = STREAM_DOES_NOT_EXIST, 0
-        else:
-            stored = stream.query_offset(event.reference)
-            code, offset = (NO_OFFSET, 0) if stored is None else (OK, stored)
-        self._send(
-            sp.QueryOffsetResponse(correlation_id=event.correlation_id, code=code, offset=offset)
-        )
-
-    def _on_resolve_offset_spec(self, event: Any) -> None:
-        if not self._require_open(event):
-            return
-        stream = self.factory.store.get(event.stream)
-        refused = self._internal("resolve an offset in", event.stream, read=True)
-        if stream is None or refused:
-            self._send(
-                sp.ResolveOffsetSpecResponse(
-                    correlation_id=event.correlation_id,
-                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
-                    offset_type=int(sp.OffsetKind.OFFSET),
-                    offset=0,
-                )
-            )
-            return
-        offset = stream.seek(_spec(event.offset_spec))
-        self._send(
-            sp.ResolveOffsetSpecResponse(
-                correlation_id=event.correlation_id,
-                code=OK,
-                offset_type=int(sp.OffsetKind.OFFSET),
-                offset=offset,
-            )
-        )
-
 
 def _CLOSING_OK(event: sp.Event) -> bool:  # noqa: N802
     return isinstance(event, sp.Heartbeat | sp.CloseResponse)
@@ -814,12 +631,6 @@ def _claimed_identity(mechanism: str, data: bytes) -> str | None:
     if mechanism == "EXTERNAL" and data:
         return data.decode("utf-8", "replace")
     return None
-
-
-def _spec(spec: sp.OffsetSpec) -> tuple[str] | tuple[str, int]:
-    """The log's form of an offset specification."""
-    name = spec.kind.name.lower()
-    return (name,) if spec.value is None else (name, spec.value)
 
 
 _HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
