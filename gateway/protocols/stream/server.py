@@ -42,50 +42,36 @@ Flow control: the listener stops reading from a connection with more than
 ``max_unconfirmed`` published messages awaiting their commit, or whose
 client does not read what it is sent; deliveries stop while the client is
 slow and resume when it catches up.
+
+`StreamServerProtocol` is put together from one mixin per concern, over
+`gateway.protocols.stream.serverbase` (reply codes, output, the allow-list
+checks): `gateway.protocols.stream.serverauth` (peer properties, SASL,
+Open), `.serveradmin` (Create, Delete, Metadata, StreamStats),
+`.serverpublish` (publishers, Publish and its confirms) and
+`.serverconsume` (subscriptions, deliveries, offsets). This module keeps
+the connection's life, reading and dispatch, Tune, heartbeats and close,
+what a fleet asks of a connection, and the factory.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 from typing import Any, Final, Unpack, cast
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.python.failure import Failure
 
-from gateway import __version__
 from gateway.codecs import stream as sp
-from gateway.core.log import (
-    LogStore,
-)
+from gateway.core.log import LogStore
 from gateway.protocols.listener import ListenerArgs, ListenerFactory
-from gateway.protocols.logins import UNCHECKED
-from gateway.protocols.stream.fleetlogin import (
-    NONCE_PROPERTY,
-    RELAY_MECHANISM,
-    ROUTES,
-    RelayIdentity,
-    channel_binding,
-    check_relay_response,
-    new_nonce,
-    owner_proof,
-)
-from gateway.protocols.stream.owner import RELAY_PROPERTY
+from gateway.protocols.stream.fleetlogin import RelayIdentity
 from gateway.protocols.stream.relay import StreamFleet, StreamRelays
 from gateway.protocols.stream.serveradmin import ServerStreams
-from gateway.protocols.stream.serverbase import (
-    AUTHENTICATION_FAILURE,
-    AUTHENTICATION_FAILURE_LOOPBACK,
-    OK,
-    SASL_ERROR,
-    SASL_MECHANISM_NOT_SUPPORTED,
-    UNKNOWN_FRAME,
-    VIRTUAL_HOST_ACCESS_FAILURE,
-)
+from gateway.protocols.stream.serverauth import ServerLogin
+from gateway.protocols.stream.serverbase import OK, UNKNOWN_FRAME
 from gateway.protocols.stream.serverconsume import ServerSubscriptions
 from gateway.protocols.stream.serverpublish import ServerPublishers
 from gateway.protocols.stream.settings import StreamListenerSettings
-from gateway.tls import external_identity, peer_identities
 
 __all__ = ["StreamServerFactory", "StreamServerProtocol"]
 
@@ -93,14 +79,6 @@ PRE_OPEN_FRAME_MAX: Final = 8192
 """Frames before Open may not be larger (the reference server's ceiling)."""
 RESUME_FRACTION: Final = 0.25
 CLOSE_WAIT_SECONDS: Final = 10.0
-
-_REFUSALS: Final = {
-    SASL_MECHANISM_NOT_SUPPORTED: "the mechanism is not offered here",
-    AUTHENTICATION_FAILURE: "wrong user or password (or certificate name)",
-    SASL_ERROR: "a PLAIN response is authzid NUL user NUL password",
-    AUTHENTICATION_FAILURE_LOOPBACK: "guest logs in from loopback only",
-}
-"""Why a SaslAuthenticate was refused, by the code it is answered with (for the log)."""
 
 # The server's command versions, in the reference server's order (rstream
 # looks the publish entry up by position).
@@ -111,17 +89,7 @@ COMMAND_VERSIONS: Final = (
 )  # fmt: skip
 
 
-def _is_loopback(address: IAddress) -> bool:
-    host = getattr(address, "host", None)
-    if host is None:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class StreamServerProtocol(ServerStreams, ServerPublishers, ServerSubscriptions):
+class StreamServerProtocol(ServerLogin, ServerStreams, ServerPublishers, ServerSubscriptions):
     """One client of a stream listener."""
 
     def __init__(self, factory: StreamServerFactory) -> None:
@@ -278,198 +246,7 @@ class StreamServerProtocol(ServerStreams, ServerPublishers, ServerSubscriptions)
             self._server_close(error.code or UNKNOWN_FRAME, error.reason)
         return True
 
-    # --- handshake ----------------------------------------------------------------------------
-
-    def _on_peer_properties(self, event: sp.PeerProperties) -> None:
-        properties = {
-            "product": "msggateway",
-            "version": __version__,
-            "platform": "Python/Twisted",
-            "copyright": "msggateway developers",
-            "information": "msggateway stream listener over its embedded log",
-            "cluster_name": self.factory.name,
-        }
-        theirs = event.properties or {}
-        if RELAY_PROPERTY in theirs:
-            self._relays = None  # another node's relay: served from this log, never relayed on
-            if self._relay_secret() is not None:
-                self._relay_nonces = (new_nonce(), str(theirs.get(NONCE_PROPERTY, "")))
-                properties[NONCE_PROPERTY] = self._relay_nonces[0]
-        self._send(
-            sp.PeerPropertiesResponse(
-                correlation_id=event.correlation_id, code=OK, properties=properties
-            )
-        )
-
-    def _relay_secret(self) -> bytes | None:
-        fleet = self.factory.fleet
-        return fleet.relay_secret() if fleet is not None else None
-
-    def _mechanisms(self) -> list[str]:
-        mechanisms = ["PLAIN"]
-        if self._relay_nonces is not None:
-            mechanisms.append(RELAY_MECHANISM)  # another node's relay, as the fleet
-        if peer_identities(self.transport, self.factory.cert_identity):
-            mechanisms.append("EXTERNAL")  # a verified client certificate names the identity
-        if self.factory.settings.anonymous:
-            mechanisms.append("ANONYMOUS")
-        return mechanisms
-
-    def _on_sasl_handshake(self, event: sp.SaslHandshake) -> None:
-        self._send(
-            sp.SaslHandshakeResponse(
-                correlation_id=event.correlation_id, code=OK, mechanisms=tuple(self._mechanisms())
-            )
-        )
-
-    def _on_sasl_authenticate(self, event: sp.SaslAuthenticate) -> None:
-        """Check a login once what its address or identity owes is waited out; refuse late.
-
-        A refusal is answered after `LoginRefusals`' delay (nothing is read
-        meanwhile), then the connection closes.
-        """
-        data = event.data or b""
-        claimed = _claimed_identity(event.mechanism, data)
-        logins = self.factory.logins
-        wait = logins.wait_seconds(self._peer(), claimed)
-        if wait > 0 and not self._waited:
-            self._waited = True
-            self._login_wait = self._call_later(wait, self._login_waited)
-            self._pause_reading()
-            return
-        code = AUTHENTICATION_FAILURE if wait > 0 else self._authenticate(event.mechanism, data)
-        why = UNCHECKED if wait > 0 else _REFUSALS.get(code, f"code {code}")
-        if code == OK and not self.factory.admit(self, self._principal):
-            assert self._principal is not None
-            why = self.factory.per_identity_refusal(self._principal)
-            code = AUTHENTICATION_FAILURE
-        if code != OK:
-            self.factory.count_error("unauthorized")
-            delay = logins.refused(
-                peer=self._peer(),
-                identity=claimed,
-                mechanism=f"SASL {event.mechanism}",
-                why=why,
-                checked=wait == 0,
-            )
-            if delay > 0:
-                self._login_wait = self._call_later(
-                    delay, self._refuse_login, event.correlation_id, code
-                )
-                self._pause_reading()
-            else:
-                self._refuse_login(event.correlation_id, code)
-            return
-        logins.accepted(claimed)
-        if self._relays is not None:
-            self._relays.login = (event.mechanism, data)
-            self._relays.principal = self._principal
-        proof = None
-        relayed, nonces, secret = self._relayed, self._relay_nonces, self._relay_secret()
-        if relayed is not None and nonces is not None and secret is not None:
-            proof = owner_proof(
-                secret,
-                owner_nonce=nonces[0],
-                relay_nonce=nonces[1],
-                binding=channel_binding(self.transport),
-                who=relayed,
-            )
-        self._send(
-            sp.SaslAuthenticateResponse(
-                correlation_id=event.correlation_id, code=OK, challenge=proof
-            )
-        )
-        self._state = "tuning"
-        settings = self.factory.settings
-        self._send(sp.Tune(frame_max=settings.frame_max, heartbeat=settings.heartbeat_seconds))
-
-    def _login_waited(self) -> None:
-        """The wait is over: handle the SaslAuthenticate (checked now) and what followed it."""
-        self._login_wait = None
-        (events, error), self._held = self._held, ([], None)
-        if self._handle_events(events, error):
-            self.flush()
-            self._resume_reading()
-
-    def _refuse_login(self, correlation_id: int, code: int) -> None:
-        """Answer a refused SaslAuthenticate, then close."""
-        self._login_wait = None
-        self._held = ([], None)
-        self._send(sp.SaslAuthenticateResponse(correlation_id=correlation_id, code=code))
-        self.flush()
-        self._close()
-
-    def _authenticate(self, mechanism: str, data: bytes) -> int:
-        settings = self.factory.settings
-        if mechanism == RELAY_MECHANISM and self._relay_nonces is not None:
-            return self._authenticate_relay(data)
-        if mechanism == "ANONYMOUS" and settings.anonymous:
-            self.identity = "anonymous"
-            self._principal = None
-            return OK
-        name_types = self.factory.cert_identity
-        if mechanism == "EXTERNAL" and peer_identities(self.transport, name_types):
-            requested = data.decode("utf-8", "replace")
-            identity = external_identity(self.transport, requested, name_types)
-            if identity is None:
-                self._log.info(
-                    "{listener}: EXTERNAL login refused: no verified certificate for {name}",
-                    listener=self.factory.name,
-                    name=data.decode("utf-8", "replace") or "its subject",
-                )
-                return AUTHENTICATION_FAILURE
-            self.identity = self._principal = identity
-            return OK
-        if mechanism != "PLAIN":
-            return SASL_MECHANISM_NOT_SUPPORTED
-        parts = data.split(b"\0")
-        if len(parts) != 3:
-            return SASL_ERROR
-        username = parts[1].decode("utf-8", "replace")
-        password = parts[2]
-        if username == "guest" and password == b"guest" and settings.guest:
-            assert self.transport is not None
-            if not _is_loopback(self.transport.getPeer()):
-                return AUTHENTICATION_FAILURE_LOOPBACK
-            self.identity = self._principal = username
-            return OK
-        if self.factory.secrets.verify(username, password):
-            self.identity = self._principal = username
-            return OK
-        return AUTHENTICATION_FAILURE
-
-    def _authenticate_relay(self, data: bytes) -> int:
-        """Another node's relay logs in as the fleet: its proof, then on whose behalf."""
-        secret = self._relay_secret()
-        nonces = self._relay_nonces
-        assert nonces is not None
-        who = (
-            None
-            if secret is None
-            else check_relay_response(
-                secret,
-                data,
-                owner_nonce=nonces[0],
-                relay_nonce=nonces[1],
-                binding=channel_binding(self.transport),
-            )
-        )
-        if who is None:
-            self._log.warn(
-                "{listener}: a relay's fleet login from {peer} was refused: its proof does not"
-                " hold (another relay_secret, or not a node of this fleet)",
-                listener=self.factory.name,
-                peer=self._peer(),
-            )
-            return AUTHENTICATION_FAILURE
-        self._relayed = who
-        if who.role == ROUTES:
-            self.identity, self._principal = f"routes of node {who.node}", None
-        elif who.principal is None:  # an ANONYMOUS client's
-            self.identity, self._principal = "anonymous", None
-        else:
-            self.identity = self._principal = who.principal
-        return OK
+    # --- tune, command versions and close --------------------------------------------------------
 
     def _on_tune(self, event: sp.Tune) -> None:
         server = self.factory.settings.frame_max
@@ -486,30 +263,17 @@ class StreamServerProtocol(ServerStreams, ServerPublishers, ServerSubscriptions)
             self._beat_call = self._call_later(self._heartbeat / 2, self._heartbeat_send)
             self._silence_call = self._call_later(2 * self._heartbeat, self._heartbeat_check)
 
-    def _on_open(self, event: sp.Open) -> None:
-        if self.identity is None:
-            self._close()
+    def _on_exchange_command_versions(self, event: sp.ExchangeCommandVersions) -> None:
+        if not self._require_open(event):
             return
-        if event.virtual_host not in self.factory.settings.virtual_hosts:
-            self._send(
-                sp.OpenResponse(
-                    correlation_id=event.correlation_id,
-                    code=VIRTUAL_HOST_ACCESS_FAILURE,
-                )
-            )
-            self.flush()
-            self._close()
-            return
-        self._state = "open"
-        self._codec.set_frame_max(self._frame_max)
-        if self._relays is not None:
-            self._relays.virtual_host = event.virtual_host
-        host, port = self.factory.advertised()
         self._send(
-            sp.OpenResponse(
+            sp.ExchangeCommandVersionsResponse(
                 correlation_id=event.correlation_id,
                 code=OK,
-                properties={"advertised_host": host, "advertised_port": str(port)},
+                versions=tuple(
+                    sp.CommandVersion(key=k, min_version=lo, max_version=hi)
+                    for k, lo, hi in COMMAND_VERSIONS
+                ),
             )
         )
 
@@ -604,33 +368,9 @@ class StreamServerProtocol(ServerStreams, ServerPublishers, ServerSubscriptions)
                 self.stream_gone(name)
         relays.owners_changed()
 
-    def _on_exchange_command_versions(self, event: sp.ExchangeCommandVersions) -> None:
-        if not self._require_open(event):
-            return
-        self._send(
-            sp.ExchangeCommandVersionsResponse(
-                correlation_id=event.correlation_id,
-                code=OK,
-                versions=tuple(
-                    sp.CommandVersion(key=k, min_version=lo, max_version=hi)
-                    for k, lo, hi in COMMAND_VERSIONS
-                ),
-            )
-        )
-
 
 def _CLOSING_OK(event: sp.Event) -> bool:  # noqa: N802
     return isinstance(event, sp.Heartbeat | sp.CloseResponse)
-
-
-def _claimed_identity(mechanism: str, data: bytes) -> str | None:
-    """The identity a SaslAuthenticate claims: PLAIN's user, EXTERNAL's name; else none."""
-    if mechanism == "PLAIN":
-        parts = data.split(b"\0")
-        return parts[1].decode("utf-8", "replace") if len(parts) == 3 else None
-    if mechanism == "EXTERNAL" and data:
-        return data.decode("utf-8", "replace")
-    return None
 
 
 _HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
