@@ -56,7 +56,7 @@ publisher on ``gw0`` sends 1,000 MCASTs a second to a subscriber on
 
 Run: ``.venv/bin/python bench/fleet.py`` (about 12 minutes),
 ``--quick`` for one short round, ``--json FILE`` to keep the figures,
-``--only throughput`` or ``--only failover``.
+``--only throughput``, ``--only latency`` (the p99 rows) or ``--only failover``.
 """
 
 from __future__ import annotations
@@ -346,9 +346,17 @@ def gateway(directory: Path, config: str, **options: Any) -> Iterator[GatewayPro
 
 
 def throughput_round(
-    table: Table, ssmpload: Path, rabbitmq: RabbitMQNode, directory: Path, quick: bool
+    table: Table,
+    ssmpload: Path,
+    rabbitmq: RabbitMQNode,
+    directory: Path,
+    quick: bool,
+    latency_only: bool = False,
 ) -> None:
-    """One round of the throughput rows (each against its baseline, in this round)."""
+    """One round of the throughput rows (each against its baseline, in this round).
+
+    With ``latency_only``, the p99 rows alone (``--only latency``).
+    """
     count = "200000" if quick else "1000000"
     flood = ("-mode", "mcast", "-pubs", "1", "-subs", "1", "-max", count, "-duration", "8s")
     paced = ("-mode", "mcast", "-pubs", "1", "-subs", "1", "-rate", "10000",
@@ -359,12 +367,13 @@ def throughput_round(
     note("one process")
     with gateway(directory / "one", GATEWAY + HUB) as one:
         port = one.address("hub")[1]
-        used = cpu_seconds([one.pid])
-        figures = ssmp(ssmpload, port, one.pid, *flood)
-        used = cpu_seconds([one.pid]) - used
-        table.add("one_rate", figures["deliv_rate"])
-        table.add("one_cpu", used / figures["delivered"] * 1e6)
-        table.add("one_gen", figures["gen_cpu_pct"])
+        if not latency_only:
+            used = cpu_seconds([one.pid])
+            figures = ssmp(ssmpload, port, one.pid, *flood)
+            used = cpu_seconds([one.pid]) - used
+            table.add("one_rate", figures["deliv_rate"])
+            table.add("one_cpu", used / figures["delivered"] * 1e6)
+            table.add("one_gen", figures["gen_cpu_pct"])
         paced_one = ssmp(ssmpload, port, one.pid, *paced)
         table.add("p99_one", paced_one["p99_us"])
 
@@ -373,18 +382,21 @@ def throughput_round(
     with gateway(directory / "two", config, supervised=True) as two:
         for index in sorted(two.workers):
             two.wait_for_log(f"fleet: node bench-{index} connected to RabbitMQ")
-        rabbit_used = cpu_seconds([rabbit_pid])
-        figures, used, tries = across_workers(ssmpload, two, *flood)
-        rabbit_used = cpu_seconds([rabbit_pid]) - rabbit_used
-        table.add("cross_rate", figures["deliv_rate"])
-        table.add("cross_ratio", figures["deliv_rate"] / table.rows["one_rate"].values[-1])
-        table.add("cross_cpu", used / figures["delivered"] * 1e6)
-        table.add("cross_rabbit", rabbit_used / figures["delivered"] * 1e6)
-        table.add("cross_gen", figures["gen_cpu_pct"])
-        table.add("cross_tries", tries)
+        if not latency_only:
+            rabbit_used = cpu_seconds([rabbit_pid])
+            figures, used, tries = across_workers(ssmpload, two, *flood)
+            rabbit_used = cpu_seconds([rabbit_pid]) - rabbit_used
+            table.add("cross_rate", figures["deliv_rate"])
+            table.add("cross_ratio", figures["deliv_rate"] / table.rows["one_rate"].values[-1])
+            table.add("cross_cpu", used / figures["delivered"] * 1e6)
+            table.add("cross_rabbit", rabbit_used / figures["delivered"] * 1e6)
+            table.add("cross_gen", figures["gen_cpu_pct"])
+            table.add("cross_tries", tries)
         paced_cross, _used, _tries = across_workers(ssmpload, two, *paced)
         table.add("p99_cross", paced_cross["p99_us"])
         table.add("p99_added", paced_cross["p99_us"] - paced_one["p99_us"])
+        if latency_only:
+            return
         # Last: a thousand logins and logouts are as many bindings to change.
         table.add("spread", spread(two))
 
@@ -875,7 +887,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one short round")
     parser.add_argument("--ssmpload", type=Path, help="ssmpload binary (default: build it)")
     parser.add_argument("--json", type=Path, help="write the figures here")
-    parser.add_argument("--only", choices=("throughput", "failover"))
+    parser.add_argument(
+        "--only", choices=("throughput", "latency", "failover"),
+        help="latency: the p99 rows alone",
+    )  # fmt: skip
     parser.add_argument("--keep", type=Path, help="keep the gateways' files and logs here")
     args = parser.parse_args()
     stop_on_signals()
@@ -890,14 +905,19 @@ def main() -> None:
         else:
             directory = args.keep
             directory.mkdir(parents=True, exist_ok=True)
-        if args.only != "failover":
+        if args.only in (None, "throughput", "latency"):
             with RabbitMQNode(directory / "rabbitmq") as rabbitmq:
                 for number in range(rounds):
                     note(f"throughput round {number + 1} of {rounds}")
                     throughput_round(
-                        table, ssmpload, rabbitmq, directory / f"t{number}", args.quick
+                        table,
+                        ssmpload,
+                        rabbitmq,
+                        directory / f"t{number}",
+                        args.quick,
+                        latency_only=args.only == "latency",
                     )
-        if args.only != "throughput":
+        if args.only in (None, "failover"):
             with RabbitMQCluster(3, directory / "cluster") as cluster:
                 for number in range(rounds):
                     note(f"failover round {number + 1} of {rounds}")
