@@ -6,7 +6,7 @@ stream, as QueryOffset does; the gateway's own streams need an explicit
 grant), delivers chunks as the log stored them under the client's credit,
 stores and queries consumer offsets, and resolves offset specifications.
 
-Slow consumers (issue 18): a subscription gets at most its credit in
+Slow consumers: a subscription gets at most its credit in
 chunks, and never more than the transport takes: once the transport's
 buffer is full (it pauses us, at 64 KiB unsent) no further chunk is written,
 not even the rest of one read, whatever credit the client keeps granting.
