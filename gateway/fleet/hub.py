@@ -213,6 +213,7 @@ class FleetHub:
         self.evictions = 0
         """Local connections closed for a newer login of their identity on another node."""
         self.quiet = QuietTopics(backbone, self.exchange, clock, hub.name)
+        self._held = self.quiet.held
         self._receivers: dict[str, Callable[[Delivery], None]] = {
             _MCAST: self._got_mcast,
             _UCAST: self._got_ucast,
@@ -269,6 +270,8 @@ class FleetHub:
 
     def mcast(self, topic: bytes, data: bytes, lines: int = 1) -> None:
         """Queue MCAST events for other nodes: consecutive ones to a topic share a message."""
+        if topic in self._held and self.quiet.holds(topic, lines):
+            return
         out = self._out
         if out:
             last = out[-1]

@@ -132,16 +132,33 @@ class QuietTopics:
         self._listener = listener
         self._reply = f"n.{backbone.node}"
         self._quiet: dict[bytes, _Quiet] = {}
+        self.held = self._quiet
+        """The topics held quiet or probing (read-only for the hub's seam: `holds`)."""
         self._sweep_call: IDelayedCall | None = None
         self._rounds: dict[bytes, _Round] = {}
-        self.runs = 0
-        """MCAST runs not published: their topic was held quiet."""
+        self.unpublished = 0
+        """MCAST events not published: their topic was held quiet."""
         self.waits = 0
         """``interest`` rounds that found a node holding the topic quiet."""
         self.slow = 0
         """``interest`` rounds answered after `INTEREST_SECONDS` without being done."""
 
     # --- publishing MCAST runs -----------------------------------------------------------------
+
+    def holds(self, topic: bytes, count: int) -> bool:
+        """Whether ``count`` MCAST events to ``topic`` stay on this node (it is held quiet).
+
+        The hub's seam asks before it queues them, so that a quiet topic's
+        events cost neither a copy nor a turn. Asked when the hub handles
+        them, which is early enough (the ordering argument above: a node
+        handles every MCAST sent after a newcomer's ``200`` after it let go).
+        """
+        quiet = self._quiet.get(topic)
+        if quiet is None or not quiet.settled:
+            return False
+        quiet.used = True
+        self.unpublished += count
+        return True
 
     def publish_mcast(self, topic: bytes, body: bytes, count: int) -> None:
         """Publish a run of ``count`` MCAST events to ``topic``, unless it is held quiet."""
@@ -159,7 +176,7 @@ class QuietTopics:
             return
         quiet.used = True
         if quiet.settled:
-            self.runs += 1
+            self.unpublished += count
         else:  # probing: published as before, without coming back
             self.backbone.publish(
                 self.exchange,

@@ -455,7 +455,7 @@ def test_random_interleavings_keep_per_sender_order_and_at_most_once(
             if sender != who and mine.owed(topic, when, settles):
                 assert seq in mine.seen, f"p{who} missed {seq} on {topic}"
     assert all(not node.seam.quiet._rounds for node in world.nodes)
-    quiet = sum(node.seam.quiet.runs for node in world.nodes)
+    quiet = sum(node.seam.quiet.unpublished for node in world.nodes)
     event("MCAST runs held quiet: " + ("none" if not quiet else "some"))
     waited = sum(node.seam.quiet.waits for node in world.nodes)
     event("SUBSCRIBEs that waited for a node to let go: " + ("none" if not waited else "some"))
@@ -515,7 +515,7 @@ def test_a_topic_subscribed_on_the_publishing_node_alone_stays_there(fleet: Flee
         bob.send(b"MCAST news %d\n" % number)
         fleet.settle()
     assert fleet.broker.published == published + 2
-    assert fleet.nodes[1].seam.quiet.runs == 3
+    assert fleet.nodes[1].seam.quiet.unpublished == 3
     assert dave.received() == b"".join(b"000 bob MCAST news %d\n" % n for n in range(1, 5))
 
 
@@ -526,7 +526,7 @@ def test_a_new_subscriber_elsewhere_is_answered_once_the_topic_is_let_go(fleet: 
     fleet.settle()
     bob.send(b"MCAST news 2\n")
     fleet.settle()
-    assert fleet.nodes[1].seam.quiet.runs == 1
+    assert fleet.nodes[1].seam.quiet.unpublished == 1
     alice = fleet.nodes[0].login("alice")
     alice.send(b"SUBSCRIBE news\n")
     fleet.step()  # the binding
@@ -575,7 +575,7 @@ def test_quiet_topics_not_published_to_are_forgotten(fleet: Fleet) -> None:
     fleet.clock.advance(QUIET_SWEEP_SECONDS)
     fleet.settle()
     assert not fleet.broker.bindings[key]
-    assert seam.quiet.runs == 1
+    assert seam.quiet.unpublished == 1
     assert fleet.clock.getDelayedCalls() == []
 
 
@@ -588,7 +588,7 @@ def test_a_node_back_from_a_gap_has_its_topics_let_go(fleet: Fleet) -> None:
     fleet.settle()
     bob.send(b"MCAST news held\n")
     fleet.settle()
-    assert fleet.nodes[1].seam.quiet.runs == 1
+    assert fleet.nodes[1].seam.quiet.unpublished == 1
     fleet.nodes[0].backbone.reconnect()
     fleet.settle()  # node 0 binds again and announces news: bob's node lets go
     bob.send(b"MCAST news back\n")
