@@ -1478,29 +1478,34 @@ class Row:
     endpoints: tuple[str, ...] = ()
     direct: bool = False
     """A direct bridge: its p99 may be at most 0.3 ms above its endpoints'."""
+    cpu_target: float | None = None
+    """The gateway's CPU per message over the baseline's asked for (at most)."""
+    latency_target_ms: tuple[float, float] | None = None
+    """The bridge's p50 and p99 at 10k/s asked for (at most), in ms."""
 
 
 ROWS: Final = (
     Row("ssmp-rabbitmq", "SSMP MCAST -> RabbitMQ stream, 200 after confirm", "ssmp->rabbitmq",
-        "rabbitmq (rstream)", 0.5, "rate", "publish", "ssmp->rabbitmq 200",
+        "rabbitmq (rstream)", 0.4, "rate", "publish", "ssmp->rabbitmq 200",
         ("rabbitmq confirm", "hub mcast 1->1"), True),
     Row("qmqp-durable", "QMQP 1 KB -> hub, durable, fsync always", "qmqp durable",
-        "qmqp unrouted", 0.7, latency="qmqp durable K", endpoints=("qmqp unrouted D",)),
+        "qmqp unrouted", 0.75, latency="qmqp durable K", endpoints=("qmqp unrouted D",),
+        latency_target_ms=(1.0, 3.0)),
     Row("qmqp-hub", "QMQP 1 KB -> hub, direct", "qmqp direct", "qmqp unrouted", 0.85,
         latency="qmqp direct K", endpoints=("qmqp unrouted D", "hub mcast 1->1"), direct=True),
     Row("dmp-feed-1", "DMP sink -> feed, 1 writer, 100 B", "dmp sink->feed 1", "hub mcast 1->1",
         0.5, latency="dmp sink->feed", endpoints=("hub mcast 1->1",), direct=True),
     Row("dmp-feed", "DMP sink -> feed, 4 writers, 100 B", "dmp sink->feed", "hub mcast 1->1",
         0.35),
-    Row("mtl-routed", "MTL routed, confirm=full", "mtl routed", "mtl test 1->1", 0.8,
+    Row("mtl-routed", "MTL routed, confirm=full", "mtl routed", "mtl test 1->1", 0.75,
         latency="mtl routed", endpoints=("mtl test 1->1",), direct=True),
     Row("ssmp-hub", "SSMP hub vs naive hub (ssmpload)", "hub mcast 1->1", "naive hub 1->1",
         latency="hub mcast 1->1", endpoints=("naive hub 1->1",)),
     Row("stream-publish", "stream server (fsync never) vs RabbitMQ, publish", "stream server",
         "rabbitmq (rstream)", None, "publish", "publish", "stream server confirm",
-        ("rabbitmq confirm",)),
+        ("rabbitmq confirm",), cpu_target=0.67),
     Row("stream-consume", "stream server (fsync never) vs RabbitMQ, consume", "stream server",
-        "rabbitmq (rstream)", None, "consume", "consume"),
+        "rabbitmq (rstream)", None, "consume", "consume", cpu_target=0.67),
 )  # fmt: skip
 DIRECT_PATHS: Final = frozenset(row.path for row in ROWS if row.direct)
 
@@ -1568,6 +1573,9 @@ def summarize(
         "baseline_rate": statistics.median([a for a in base if a]) if any(base) else None,
         "ratio": statistics.median(ratios) if ratios else None,
         "target": row.target,
+        "cpu_target": row.cpu_target,
+        "cpu_ratios": cpu_ratios(row, rounds),
+        "latency_target_ms": row.latency_target_ms,
         "bridge_cpus": [cpu_of(r.get(row.bridge), row.bridge_key) for r in rounds],
         "bridge_cpu_us": median_known([cpu_of(r.get(row.bridge), row.bridge_key) for r in rounds]),
         "baseline_cpu_us": median_known(
@@ -1584,6 +1592,17 @@ def summarize(
             for name in (row.latency, *row.endpoints)
         )
     return summary
+
+
+def cpu_ratios(row: Row, rounds: list[dict[str, Any]]) -> list[float]:
+    """Per round: the bridge's gateway CPU per message over the baseline server's."""
+    ratios = []
+    for measured in rounds:
+        bridge = cpu_of(measured.get(row.bridge), row.bridge_key)
+        base = cpu_of(measured.get(row.baseline), row.baseline_key)
+        if bridge and base:
+            ratios.append(bridge / base)
+    return ratios
 
 
 def latency_summary(row: Row, passes: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -1664,10 +1683,19 @@ def table(
             target = f"{change:.2f} of prev {verdict}"
         else:
             target = "regression"
+        if s.get("cpu_target") is not None and s.get("cpu_ratios"):
+            cpu = statistics.median(s["cpu_ratios"])
+            met = "ok" if cpu <= s["cpu_target"] else "NO"
+            target += f"; cpu {cpu:.2f}x <={s['cpu_target']:.2f}x {met}"
         own = end = delta = "-"
         lat = s.get("latency")
         if lat and lat["bridge"]:
             own = f"{lat['bridge']['p50_us'] / 1000:.2f}/{p99_cell(lat['bridge'])}"
+            if s.get("latency_target_ms"):
+                p50, p99 = s["latency_target_ms"]
+                mine = lat["bridge"]
+                met = mine["p50_us"] <= p50 * 1000 and mine["p99_us"] <= p99 * 1000
+                own += f" (<={p50:g}/{p99:g} {'ok' if met else 'NO'})"
         if lat and lat.get("slowest_endpoint"):
             slowest = lat["slowest_endpoint"]
             end = f"{p99_cell(lat['endpoints'][slowest])} ({slowest})"
