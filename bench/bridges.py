@@ -122,6 +122,7 @@ from bench import stream_vs_rabbitmq  # noqa: E402
 from bench.dmp_sink_to_feed import envelope, opened, take_envelopes  # noqa: E402
 from bench.gateway_proc import scrape, stop_on_signals  # noqa: E402
 from bench.mtl_flow import EMPTY_TABLE, U64, lease, settle, short, summon  # noqa: E402
+from bench.profiles import Recording, top  # noqa: E402
 from bench.ssmp_hub import build_ssmpload, load_figures, naive_server  # noqa: E402
 from gateway.codecs import qmqp  # noqa: E402
 from tests.integration.harness import GatewayProcess  # noqa: E402
@@ -316,9 +317,16 @@ class Bench:
             launcher = [sys.executable, "-c", TREE_TWISTD, str(self.tree),
                         "--nodaemon", "--pidfile=", "--logfile=-", "msggateway"]  # fmt: skip
         process = GatewayProcess(directory, config, routes=routes, launcher=launcher).start()
+        recording = None
+        if self.args.profile is not None:
+            output = self.args.profile / f"gateway-{self._gateways}.txt"
+            recording = Recording(process.pid, output)
+            record.setdefault("profiles", []).append(str(output))
         try:
             yield process
         finally:
+            if recording is not None:
+                recording.stop()
             with contextlib.suppress(Exception):
                 record["metrics"] = scrape(process)
             process.stop()
@@ -1594,6 +1602,17 @@ def summarize(
     return summary
 
 
+def profile_lines(rows: list[Row], rounds: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """Each bridge's top five functions by self time, over its rounds (``--profile``)."""
+    lines = ["profiles: the bridge's gateway, functions by self time (share of samples)"]
+    for row in rows:
+        files = [Path(name) for r in rounds for name in r.get(row.bridge, {}).get("profiles", [])]
+        samples, found = top(files)
+        lines.append(f"  {row.path} ({samples:,} samples)")
+        lines += [f"    {share:6.1%}  {name}" for name, share in found]
+    return lines
+
+
 def cpu_ratios(row: Row, rounds: list[dict[str, Any]]) -> list[float]:
     """Per round: the bridge's gateway CPU per message over the baseline server's."""
     ratios = []
@@ -1875,10 +1894,18 @@ def arguments() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--ssmpload", type=Path, help="ssmpload binary (default: build it)")
     parser.add_argument(
+        "--profile", type=Path,
+        help="sample every gateway with py-spy into this directory; the table is followed"
+        " by each bridge's top five functions by self time (its rates are not for comparing)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-seconds", type=float, default=3600.0,
         help="start no measurement after this many seconds",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile = args.profile.resolve()
+        args.profile.mkdir(parents=True, exist_ok=True)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     if args.quick:
@@ -1963,6 +1990,10 @@ def main() -> None:
     for line in table(summaries, previous, before):
         print(line)
     print()
+    if args.profile is not None:
+        for line in profile_lines(rows, rounds):
+            print(line)
+        print()
     print(
         f"median of {args.rounds} round(s), (min-max) over rounds; each load sent for"
         f" {args.seconds:g} s; ratio = bridge / baseline in the same round; a fresh gateway"
