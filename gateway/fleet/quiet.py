@@ -163,28 +163,21 @@ class QuietTopics:
     def publish_mcast(self, topic: bytes, body: bytes, count: int) -> None:
         """Publish a run of ``count`` MCAST events to ``topic``, unless it is held quiet."""
         quiet = self._quiet.get(topic)
-        if quiet is None:
-            self.backbone.publish(
-                self.exchange,
-                "t." + topic.decode("ascii"),
-                body,
-                kind="mcast",
-                headers={"n": count},
-                mandatory=True,
-                on_result=functools.partial(self._mcast_published, topic),
-            )
-            return
-        quiet.used = True
-        if quiet.settled:
-            self.unpublished += count
-        else:  # probing: published as before, without coming back
-            self.backbone.publish(
-                self.exchange,
-                "t." + topic.decode("ascii"),
-                body,
-                kind="mcast",
-                headers={"n": count},
-            )
+        if quiet is not None:
+            quiet.used = True
+            if quiet.settled:
+                self.unpublished += count
+                return
+        # Mandatory unless probing: coming back unroutable starts a probe.
+        self.backbone.publish(
+            self.exchange,
+            "t." + topic.decode("ascii"),
+            body,
+            kind="mcast",
+            headers={"n": count},
+            mandatory=quiet is None,
+            on_result=functools.partial(self._mcast_published, topic) if quiet is None else None,
+        )
 
     def _mcast_published(self, topic: bytes, result: Published) -> None:
         """A run's confirm: back unroutable, no other node had subscribers; probe."""
