@@ -11,10 +11,13 @@ docstring and docs/protocols/qmqp.rst.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionLost
@@ -30,6 +33,7 @@ from gateway.codecs import qmqp
 from gateway.codecs.framing import encode_netstrings
 from gateway.core.addressing import AddressPattern
 from gateway.core.auth import Secrets
+from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, bind_routes
@@ -423,15 +427,75 @@ def test_pending_counts_messages_of_the_same_read(world: ListenerWorld) -> None:
     assert client.replies() == [(b"c", qmqp.K, 1), (b"h", qmqp.K, 0)]
 
 
-def test_replies_outside_a_read_wait_for_the_next_reactor_turn(world: ListenerWorld) -> None:
-    """An outcome arriving later is written on the next reactor turn, batched with its peers."""
+def test_a_batch_answered_outside_a_read_is_written_at_once(world: ListenerWorld) -> None:
+    """A route's batch answered later is replied to at once, in one write, in order."""
     client = world.connect()
     client.send(mail("m1", "a@held.example") + mail("m2", "b@held.example"))
+    world.held.outcomes[0].callback(Outcome.accepted())
+    assert client.received() == b""
+    world.held.outcomes[1].callback(Outcome.retry("later"))
+    assert client.received() == reply("m1", b"K", 1) + reply("m2", b"Zlater", 0)
+
+
+def test_single_answers_outside_a_read_wait_for_the_next_reactor_turn(
+    world: ListenerWorld,
+) -> None:
+    """A message answered on its own (recipients on two routes) is written on the next turn."""
+    client = world.connect()
+    client.send(mail("m1", "a@held.example", "b@ok.example"))
+    client.send(mail("m2", "c@held.example", "d@ok.example"))
+    assert client.received() == b""
     world.held.outcomes[0].callback(Outcome.accepted())
     world.held.outcomes[1].callback(Outcome.retry("later"))
     assert client.received() == b""
     world.clock.advance(0)
     assert client.received() == reply("m1", b"K", 1) + reply("m2", b"Zlater", 0)
+
+
+_DOMAINS = ("ok.example", "busy.example", "bad.example")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answers=st.lists(st.tuples(st.sampled_from(_DOMAINS), st.booleans()), min_size=1, max_size=6),
+    order=st.randoms(use_true_random=False),
+)
+def test_batch_answers_write_what_single_answers_write(
+    answers: list[tuple[str, bool]], order: random.Random
+) -> None:
+    """Answering a batch at once writes the same replies as answering each message alone.
+
+    Each message goes to the held route (answered in a random order) or to
+    the answering one; one listener answers batches with `_answer_batch`,
+    the other (its inbox without it) one message at a time.
+    """
+    written = []
+    for batched in (True, False):
+        world = ListenerWorld()
+        client = world.connect()
+        if not batched:
+            protocol = client.protocol
+            protocol._inbox = Inbox(world.router, LISTENER, protocol._answer)
+        data = b"".join(
+            mail(f"m{index}", f"x@{'held.example' if held else domain}")
+            for index, (domain, held) in enumerate(answers)
+        )
+        client.send(data)
+        held_domains = [domain for domain, held in answers if held]
+        fired = list(zip(world.held.outcomes, held_domains, strict=True))
+        order.seed(len(answers))
+        order.shuffle(fired)
+        outcome = {
+            "ok.example": Outcome.accepted(),
+            "busy.example": Outcome.retry("queue full"),
+            "bad.example": Outcome.rejected("mailbox unknown"),
+        }
+        for deferred, domain in fired:
+            deferred.callback(outcome[domain])
+        world.clock.advance(0)
+        written.append(client.received())
+        assert client.protocol._outstanding == 0
+    assert written[0] == written[1]
 
 
 def test_route_time_out_is_z(world: ListenerWorld) -> None:
