@@ -74,8 +74,10 @@ def _entries_end(frame: bytes, pos: int) -> None:
 def _decode_publish_v1(frame: bytes) -> Publish:
     """Notes, section 5 0x0002 v1: ``(id:u64, 0:1 size:31, message)*`` or sub-batch entries.
 
-    One `struct.unpack_from` and one `memoryview` slice per entry; an entry
-    with bit 31 set switches to `_sub_batch_entries` for the rest.
+    One `struct.unpack_from` and one `memoryview` slice per entry, and no
+    test of bit 31 in that loop: a sub-batch's size has it set, so the
+    entries then overrun the frame, and `_decode_publish_v1_general` reads
+    the frame again, sub-batches and errors included.
     """
     publisher_id, count = _publish_head(frame, _ENTRY_BYTES)
     view = memoryview(frame)
@@ -83,11 +85,34 @@ def _decode_publish_v1(frame: bytes) -> Publish:
     messages: list[memoryview] = []
     # Locals, not globals, in the loop that runs once per message.
     add_id, add_message, unpack = ids.append, messages.append, _ENTRY.unpack_from
-    sub_batch_bit, entry_bytes = _SUB_BATCH_BIT, _ENTRY_BYTES
+    entry_bytes = _ENTRY_BYTES
+    pos = _BODY_START
+    try:
+        for _ in range(count):
+            publishing_id, size = unpack(frame, pos)
+            start = pos + entry_bytes
+            pos = start + size
+            add_id(publishing_id)
+            add_message(view[start:pos])
+    except struct.error:
+        return _decode_publish_v1_general(frame)
+    # A slice past the end is silently short: one check here covers every
+    # entry, since an overrun before the last makes the next unpack fail.
+    if pos != len(frame):
+        return _decode_publish_v1_general(frame)
+    return Publish(publisher_id=publisher_id, publishing_ids=ids, messages=messages)
+
+
+def _decode_publish_v1_general(frame: bytes) -> Publish:
+    """`_decode_publish_v1` for any frame: sub-batch entries, and the errors said exactly."""
+    publisher_id, count = _publish_head(frame, _ENTRY_BYTES)
+    view = memoryview(frame)
+    ids: list[int] = []
+    messages: list[memoryview] = []
     pos = _BODY_START
     for index in range(count):
-        publishing_id, size = unpack(frame, pos)
-        if size & sub_batch_bit:
+        publishing_id, size = _ENTRY.unpack_from(frame, pos)
+        if size & _SUB_BATCH_BIT:
             flags, pos = _sub_batch_entries(frame, view, pos, count - index, ids, messages)
             _entries_end(frame, pos)
             return Publish(
@@ -96,12 +121,10 @@ def _decode_publish_v1(frame: bytes) -> Publish:
                 messages=messages,
                 sub_batches=flags,
             )
-        start = pos + entry_bytes
+        start = pos + _ENTRY_BYTES
         pos = start + size
-        add_id(publishing_id)
-        add_message(view[start:pos])
-    # A slice past the end is silently short: one check here covers every
-    # entry, since an overrun before the last makes the next unpack fail.
+        ids.append(publishing_id)
+        messages.append(view[start:pos])
     _entries_end(frame, pos)
     return Publish(publisher_id=publisher_id, publishing_ids=ids, messages=messages)
 
