@@ -86,12 +86,14 @@ __all__ = [
     "Reject",
     "Response",
     "Summon",
+    "confirm_fields",
     "decode_boolean",
     "decode_data",
     "decode_integer",
     "decode_shortint",
     "encode_boolean",
     "encode_content",
+    "encode_content_with_id",
     "encode_data",
     "encode_integer",
     "encode_shortint",
@@ -122,6 +124,9 @@ _CONFIRM: Final = struct.Struct(">BQB")
 _REJECT: Final = struct.Struct(">BQBB")
 """Type, sequence, multiple, recycle: a Reject's header."""
 _EMPTY_TABLE: Final = b"\0\0\0\0"
+_U32: Final = struct.Struct(">I")
+_ID_FIELD: Final = b"\x0amessage-idS"
+"""A field table's ``message-id`` entry up to its text value's length."""
 
 
 class MTLError(RemoteProtocolError):
@@ -361,6 +366,50 @@ def encode_content(
     except _GIVE_WAY:
         pass
     return _encode_data_general(Content(sequence, resource, properties, body))
+
+
+def encode_content_with_id(
+    sequence: int, resource: str, message_id: str, body: bytes
+) -> list[bytes]:
+    """``encode_content(sequence, resource, {"message-id": message_id}, body)``, the table unbuilt.
+
+    What a listener writes to its readers for a message with an id and no
+    other properties, the common case: the table is one text entry.
+
+    Raises:
+        MTLLocalError: As `encode_content`.
+    """
+    try:
+        raw = resource.encode()
+        value = message_id.encode()
+        return [
+            _NAMED.pack(CONTENT, sequence, len(raw))
+            + raw
+            + _U32.pack(len(value) + 16)  # the entry: name, type octet, length, value
+            + _ID_FIELD
+            + _U32.pack(len(value))
+            + value,
+            body,
+        ]
+    except _GIVE_WAY:
+        pass
+    return _encode_data_general(Content(sequence, resource, {"message-id": message_id}, body))
+
+
+def confirm_fields(header: bytes) -> tuple[int, bool] | None:
+    """The sequence and ``multiple`` of a well-formed Confirm's header frame; None if it is not one.
+
+    For a command of two frames whose header this reads,
+    ``decode_data([header, body])`` is ``Confirm(sequence, multiple)``
+    whatever the body (spec, "Content Confirmation": the body is unused):
+    a reader's Confirms, one per Content, without the command built.
+    """
+    if len(header) != _CONFIRM.size or header[0] != CONFIRM:
+        return None
+    _kind, sequence, multiple = _CONFIRM.unpack(header)
+    if multiple > 1:
+        return None
+    return sequence, multiple == 1
 
 
 def encode_data(command: DataCommand) -> list[bytes]:

@@ -353,6 +353,43 @@ def test_encode_content_is_encode_data_of_the_content(
     )
 
 
+@given(
+    _odd_numbers | st.integers(0, 2**64 - 1),
+    _odd_names | st.text(max_size=8),
+    st.text(max_size=40) | st.text(min_size=300, max_size=400) | st.just("\ud800"),
+    st.binary(max_size=3),
+)
+def test_encode_content_with_id_is_encode_content_of_the_id(
+    sequence: object, resource: object, message_id: str, body: bytes
+) -> None:
+    """Property: any values: encode_content's frames with the id as only property, or its error."""
+    assert _outcome(
+        lambda: mtl.encode_content_with_id(sequence, resource, message_id, body)  # type: ignore[arg-type]
+    ) == _outcome(
+        lambda: mtl.encode_content(sequence, resource, {"message-id": message_id}, body)  # type: ignore[arg-type]
+    )
+
+
+@given(
+    st.binary(min_size=10, max_size=10)
+    | st.builds(
+        lambda sequence, multiple: mtl._CONFIRM.pack(mtl.CONFIRM, sequence, multiple),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 3),
+    )
+    | st.binary(max_size=12),
+    st.binary(max_size=3),
+)
+def test_confirm_fields_are_the_decoded_confirm(header: bytes, body: bytes) -> None:
+    """Property: any header: confirm_fields reads a Confirm where decode_data decodes one."""
+    fields = mtl.confirm_fields(header)
+    decoded = _outcome(lambda: mtl.decode_data([header, body]))
+    if fields is None:
+        assert decoded[0] != "result" or not isinstance(decoded[1], mtl.Confirm)
+    else:
+        assert decoded == ("result", mtl.Confirm(*fields))
+
+
 def test_confirms_made_through_the_slots_are_the_dataclass() -> None:
     """The decoder's Confirm constructor sets every field there is: equal to the dataclass's."""
     assert tuple(field.name for field in dataclasses.fields(mtl.Confirm)) == (

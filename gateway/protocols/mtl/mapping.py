@@ -15,14 +15,15 @@ out to be gone is withdrawn rather than answered.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from typing import TypeAlias
+from types import MappingProxyType
+from typing import Final, TypeAlias
 
 from twisted.internet.defer import Deferred
 
 from gateway.codecs import mtl
 from gateway.codecs.fieldtable import FieldValue
 from gateway.core.batch import Answers
-from gateway.core.message import Message, Outcome, worst
+from gateway.core.message import HeaderValue, Message, Outcome, worst
 
 __all__ = [
     "Copy",
@@ -32,9 +33,12 @@ __all__ = [
     "give_back",
     "message_from_content",
     "settle",
+    "settle_confirm",
 ]
 
 _ACCEPTED = Outcome.accepted()
+_NO_HEADERS: Final[MappingProxyType[str, HeaderValue]] = MappingProxyType({})
+"""The headers of a Content without properties (read-only, shared)."""
 
 
 def message_from_content(
@@ -42,7 +46,7 @@ def message_from_content(
 ) -> Message:
     """The message a Content carries."""
     if not properties:  # the common case: nothing to sort (an empty table decodes to {})
-        return Message(body=body, address=resource, timestamp=timestamp)
+        return Message.arrived(body, resource, None, _NO_HEADERS, timestamp)
     headers = {key: value for key, value in properties.items() if isinstance(value, str)}
     message_id = headers.pop("message-id", None)
     sender = headers.pop("x-gateway-sender", None)
@@ -191,8 +195,9 @@ def settle(unconfirmed: Unconfirmed, command: mtl.Confirm | mtl.Reject, who: str
     ``multiple`` covers every unconfirmed sequence up to the one given.
     """
     if isinstance(command, mtl.Confirm):
-        outcome = _ACCEPTED
-    elif command.recycle:
+        settle_confirm(unconfirmed, command.sequence, command.multiple)
+        return
+    if command.recycle:
         outcome = Outcome.retry(f"{who} asked to recycle it")
     else:
         outcome = Outcome.rejected(f"{who} rejected it")
@@ -204,6 +209,18 @@ def settle(unconfirmed: Unconfirmed, command: mtl.Confirm | mtl.Reject, who: str
     for sequence in sorted(s for s in unconfirmed if s <= command.sequence):
         batch, index = unconfirmed.pop(sequence)
         batch.settle(index, outcome)
+
+
+def settle_confirm(unconfirmed: Unconfirmed, sequence: int, multiple: bool) -> None:
+    """Accept the contents a Confirm covers (`settle` of ``Confirm(sequence, multiple)``)."""
+    if not multiple:
+        entry = unconfirmed.pop(sequence, None)
+        if entry is not None:
+            entry[0].settle(entry[1], _ACCEPTED)
+        return
+    for covered in sorted(s for s in unconfirmed if s <= sequence):
+        batch, index = unconfirmed.pop(covered)
+        batch.settle(index, _ACCEPTED)
 
 
 def give_back(unconfirmed: Unconfirmed, outcome: Outcome) -> None:

@@ -90,6 +90,7 @@ from gateway.protocols.mtl.mapping import (
     content_properties,
     message_from_content,
     settle,
+    settle_confirm,
 )
 from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
 from gateway.protocols.mtl.peers import DataPeer, DataPeers
@@ -237,6 +238,17 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if len(frames) < 2:
             return
         identity = frames[0]
+        if len(frames) == 3:  # a reader's Confirm, one per Content: not built
+            confirmed = mtl.confirm_fields(frames[1])
+            if confirmed is not None:
+                self.traffic.messages_in += 1
+                self._outbox.reading = True
+                data = self._data
+                peer = self.peers.heard(
+                    identity, getattr(data, "connection", None), getattr(data, "source_fd", None)
+                )
+                settle_confirm(peer.unconfirmed, *confirmed)
+                return
         try:
             command = mtl.decode_data(frames[1:])
         except mtl.MTLError:
@@ -401,7 +413,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                 )
                 continue
             batch.copies(index, len(readers))
-            properties = content_properties(message)
+            # The common case, the id alone: its table written without a dict.
+            properties = content_properties(message) if message.headers or message.sender else None
             body = message.body
             for reader in readers:
                 lease = reader.lease
@@ -418,7 +431,11 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                     added[reader] = added.get(reader, 0) + 1
                 sequence = next(reader.sequence)
                 try:
-                    command = mtl.encode_content(sequence, address, properties, body)
+                    command = (
+                        mtl.encode_content_with_id(sequence, address, message.id, body)
+                        if properties is None
+                        else mtl.encode_content(sequence, address, properties, body)
+                    )
                 except mtl.MTLLocalError as exc:
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
