@@ -488,6 +488,8 @@ def delivery_payload(buf: Buffer, offset: int = 0) -> bytes:
             where=f"byte {offset}",
             kind="truncated-chunk",
         )
+    if header.bloom_size == 0 and offset == 0 and end == len(buf) and type(buf) is bytes:
+        return buf  # a read of this one chunk: nothing to cut, nothing to copy
     with memoryview(buf) as view:
         if header.bloom_size == 0:
             return bytes(view[offset:end])

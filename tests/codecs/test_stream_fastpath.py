@@ -45,6 +45,31 @@ def _publish_v1_frames(draw: st.DrawFn) -> bytes:
     return bytes(frame)
 
 
+@st.composite
+def _uniform_publish_v1_frames(draw: st.DrawFn) -> bytes:
+    """Frames whose entries mostly share one size: one may differ, the frame may be damaged."""
+    size = draw(st.integers(0, 9))
+    count = draw(st.integers(1, 12))
+    sizes = [size] * count
+    if draw(st.booleans()):
+        sizes[draw(st.integers(0, count - 1))] = draw(st.integers(0, 9)) | draw(
+            st.sampled_from([0, 0, 0x80000000])
+        )
+    body = bytearray()
+    for n in sizes:
+        body += _ENTRY.pack(draw(st.integers(0, 2**64 - 1)), n)
+        body += draw(st.binary(min_size=n & 0xFF, max_size=n & 0xFF))
+    frame = bytearray(struct.pack(">HHBI", 2, 1, 7, count)) + body
+    damage = draw(st.sampled_from(["none", "none", "cut", "extra", "flip"]))
+    if damage == "cut":
+        del frame[draw(st.integers(9, len(frame) - 1)) :]
+    elif damage == "extra":
+        frame += draw(st.binary(min_size=1, max_size=30))
+    elif damage == "flip":
+        frame[draw(st.integers(9, len(frame) - 1))] ^= 1 << draw(st.integers(0, 7))
+    return bytes(frame)
+
+
 def _outcome(decode: object, frame: bytes) -> object:
     """What a decoder makes of a frame: the event, or the error's type and text."""
     assert callable(decode)
@@ -54,7 +79,7 @@ def _outcome(decode: object, frame: bytes) -> object:
         return (type(exc), str(exc))
 
 
-@given(_publish_v1_frames())
+@given(_publish_v1_frames() | _uniform_publish_v1_frames())
 def test_publish_v1_fast_path_matches_the_general_code(frame: bytes) -> None:
     """Any v1 Publish frame decodes, or fails, exactly as the general decoder has it."""
     assert _outcome(fastpath._decode_publish_v1, frame) == _outcome(
@@ -74,3 +99,29 @@ def _entries_one_by_one(messages: list[bytes]) -> bytes:
 def test_encode_entries_matches_one_entry_at_a_time(messages: list[bytes]) -> None:
     """Batches of repeated sizes (the cached prefixes) or of many sizes encode the same."""
     assert osiris.encode_entries(messages) == _entries_one_by_one(messages)
+
+
+@given(st.lists(st.binary(max_size=20), min_size=1, max_size=5), st.binary(max_size=3))
+def test_delivery_payload_of_a_whole_chunk_is_the_read_itself(
+    messages: list[bytes], before: bytes
+) -> None:
+    """A read holding exactly one bloomless chunk is sent as it is; any other read is cut."""
+    chunk = osiris.encode_chunk(messages, first_offset=0, timestamp_ms=0)
+    assert osiris.delivery_payload(chunk) is chunk
+    cut = osiris.delivery_payload(before + chunk + b"next", len(before))
+    assert cut == chunk
+    assert osiris.delivery_payload(bytearray(chunk)) == chunk
+
+
+def test_uniform_publish_v1_reads_ids_and_views() -> None:
+    """Entries of one size decode without the loop: ids in order, views of the frame."""
+    ids = [1, 2**64 - 1, 0x0102030405060708]
+    messages = [b"abc", b"def", b"ghi"]
+    frame = struct.pack(">HHBI", 2, 1, 4, 3) + b"".join(
+        _ENTRY.pack(i, 3) + m for i, m in zip(ids, messages, strict=True)
+    )
+    event = fastpath._decode_publish_v1(frame)
+    assert event.publishing_ids == ids
+    assert [bytes(m) for m in event.messages] == messages
+    assert all(isinstance(m, memoryview) and m.obj is frame for m in event.messages)
+    assert event == fastpath._decode_publish_v1_general(frame)

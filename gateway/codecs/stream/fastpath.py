@@ -74,12 +74,19 @@ def _entries_end(frame: bytes, pos: int) -> None:
 def _decode_publish_v1(frame: bytes) -> Publish:
     """Notes, section 5 0x0002 v1: ``(id:u64, 0:1 size:31, message)*`` or sub-batch entries.
 
-    One `struct.unpack_from` and one `memoryview` slice per entry, and no
-    test of bit 31 in that loop: a sub-batch's size has it set, so the
-    entries then overrun the frame, and `_decode_publish_v1_general` reads
-    the frame again, sub-batches and errors included.
+    Entries that all have one size (fixed-size records) take
+    `_decode_uniform_publish_v1`. Otherwise one `struct.unpack_from` and one
+    `memoryview` slice per entry, and no test of bit 31 in that loop: a
+    sub-batch's size has it set, so the entries then overrun the frame, and
+    `_decode_publish_v1_general` reads the frame again, sub-batches and
+    errors included.
     """
     publisher_id, count = _publish_head(frame, _ENTRY_BYTES)
+    if count and type(frame) is bytes:
+        # The count fits the frame, so the first entry's head is there.
+        stride = _ENTRY_BYTES + _U32.unpack_from(frame, _BODY_START + 8)[0]
+        if len(frame) - _BODY_START == count * stride and _same_sizes(frame, stride, count):
+            return _decode_uniform_publish_v1(frame, publisher_id, count, stride)
     view = memoryview(frame)
     ids: list[int] = []
     messages: list[memoryview] = []
@@ -101,6 +108,34 @@ def _decode_publish_v1(frame: bytes) -> Publish:
     if pos != len(frame):
         return _decode_publish_v1_general(frame)
     return Publish(publisher_id=publisher_id, publishing_ids=ids, messages=messages)
+
+
+def _same_sizes(frame: bytes, stride: int, count: int) -> bool:
+    """Whether each of the ``count`` entries, ``stride`` bytes apart, has the first one's size.
+
+    Four strided slices compare each byte of the size fields at once, in C.
+    """
+    at = _BODY_START + 8
+    return all(frame[i::stride] == frame[i : i + 1] * count for i in range(at, at + 4))
+
+
+def _decode_uniform_publish_v1(frame: bytes, publisher_id: int, count: int, stride: int) -> Publish:
+    """A v1 Publish whose entries all have one size (checked): no loop over the entries.
+
+    The ids are gathered by eight strided copies and read as one array, the
+    messages are one slice each: fixed-size records cost about a third of
+    `_decode_publish_v1`'s loop per message.
+    """
+    ids_be = bytearray(8 * count)
+    for i in range(8):
+        ids_be[i::8] = frame[_BODY_START + i :: stride]
+    view = memoryview(frame)
+    size = stride - _ENTRY_BYTES
+    first = _BODY_START + _ENTRY_BYTES
+    messages = [view[at : at + size] for at in range(first, first + count * stride, stride)]
+    return Publish(
+        publisher_id=publisher_id, publishing_ids=_u64_list(ids_be, 0), messages=messages
+    )
 
 
 def _decode_publish_v1_general(frame: bytes) -> Publish:
@@ -277,7 +312,7 @@ def _write_v2_entries(event: Publish, out: list[bytes | memoryview]) -> None:
         out += (_U32.pack(len(message)), message)
 
 
-def _u64_list(frame: bytes, start: int) -> list[int]:
+def _u64_list(frame: bytes | bytearray, start: int) -> list[int]:
     """The big-endian uint64s from ``start`` to the end, as a list (one C pass)."""
     values = array.array("Q")
     values.frombytes(frame[start:])
