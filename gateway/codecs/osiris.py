@@ -308,7 +308,9 @@ class ChunkHeader:
 def encode_entries(messages: Sequence[bytes | memoryview]) -> bytes:
     """Encode messages as simple entries: u32 length (top bit clear), body.
 
-    One join over precomputed length prefixes; no per-byte work.
+    One join over precomputed length prefixes; no per-byte work. Entries
+    of one size are joined with their prefix as the separator, with no
+    list of parts at all.
 
     Raises:
         OsirisLocalError: A message is 2 GiB or longer.
@@ -316,14 +318,17 @@ def encode_entries(messages: Sequence[bytes | memoryview]) -> bytes:
     count = len(messages)
     if not count:
         return b""
-    lengths = list(map(len, messages))
-    if max(lengths) > MAX_ENTRY_BYTES:
+    sizes = set(map(len, messages))
+    if max(sizes) > MAX_ENTRY_BYTES:
         raise OsirisLocalError(f"an entry holds at most {MAX_ENTRY_BYTES} bytes")
+    if len(sizes) == 1:
+        prefix = _U32.pack(sizes.pop())
+        return prefix.join([b"", *messages])
+    lengths = list(map(len, messages))
     parts: list[bytes | memoryview] = [b""] * (2 * count)
-    sizes = set(lengths)
     if len(sizes) * 4 <= count:
         # A batch repeats a few sizes: a dict lookup per entry costs less
-        # than a pack (measured about 40 ns less for 1,000 entries of one size).
+        # than a pack (measured about 40 ns less for 1,000 entries).
         prefixes = {size: _U32.pack(size) for size in sizes}
         parts[0::2] = map(prefixes.__getitem__, lengths)
     else:
