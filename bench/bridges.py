@@ -318,11 +318,11 @@ class Bench:
                         "--nodaemon", "--pidfile=", "--logfile=-", "msggateway"]  # fmt: skip
         process = GatewayProcess(directory, config, routes=routes, launcher=launcher).start()
         recording = None
-        if self.args.profile is not None:
-            output = self.args.profile / f"gateway-{self._gateways}.txt"
-            recording = Recording(process.pid, output)
-            record.setdefault("profiles", []).append(str(output))
         try:
+            if self.args.profile is not None:
+                output = self.args.profile / f"gateway-{self._gateways}.txt"
+                recording = Recording(process.pid, output)
+                record.setdefault("profiles", []).append(str(output))
             yield process
         finally:
             if recording is not None:
