@@ -85,3 +85,26 @@ def test_stop_waits_for_jobs_then_refuses_more() -> None:
     assert ran.is_set()
     with pytest.raises(WriterThreadStoppedError):
         writer.submit(ran.set)
+
+
+@pytest_twisted.ensureDeferred
+async def test_submit_now_returns_once_the_thread_took_the_job() -> None:
+    """`WriterThread.submit_now` hands the job over: when it returns, the thread has it.
+
+    The job blocks until released, and the queue is already empty when
+    `submit_now` returns. Before `start` it returns at once, and the job
+    runs once the thread starts.
+    """
+    writer = WriterThread(_reactor(), "test-writer")
+    early = writer.submit_now(lambda: "early")
+    assert not writer._jobs.empty()
+    writer.start()
+    try:
+        assert await early == "early"
+        held = threading.Event()
+        taken = writer.submit_now(held.wait, 10)
+        assert writer._jobs.empty()
+        held.set()
+        assert await taken is True
+    finally:
+        writer.stop()

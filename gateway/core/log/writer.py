@@ -224,7 +224,7 @@ class GroupCommitter:
         self._in_flight = True
         begun = time.perf_counter()
         jobs = [(stream.writer, commit.writes) for stream, commit in written]
-        done = self._thread.submit(
+        done = self._thread.submit_now(
             _run_commit,
             jobs,
             also_sync,
