@@ -1014,6 +1014,33 @@ async def test_never_fsyncs(tmp_path: Path) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_always_syncs_what_is_acknowledged_and_offsets_with_it(tmp_path: Path) -> None:
+    """Under ALWAYS, a commit of stored offsets alone is written without an fsync.
+
+    Nothing waits for it (offsets are never acknowledged); the next commit
+    that acknowledges appends syncs the file, offsets and all.
+    """
+    store = open_store(tmp_path)
+    stream = store.create("s")
+    await stream.append([b"a"])
+    assert (store.stats.commits, store.stats.fsyncs) == (1, 1)
+    stream.store_offset("reader", 0)
+    await store._committer.drain()
+    assert (store.stats.commits, store.stats.fsyncs) == (2, 1)
+    await stream.append([b"b"])
+    assert (store.stats.commits, store.stats.fsyncs, store.stats.synced_appends) == (3, 2, 2)
+    await store.close()
+    store = open_store(tmp_path)
+    try:
+        again = store.get("s")
+        assert again is not None
+        assert again.query_offset("reader") == 0
+        assert messages(again) == [b"a", b"b"]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_interval_fsyncs_at_most_every_interval(tmp_path: Path) -> None:
     """Under INTERVAL, a commit fsyncs only once the interval has passed."""
     clock = Clock()

@@ -50,7 +50,8 @@ class ILogReactor(IReactorTime, IReactorFromThreads):
 class FsyncPolicy(enum.Enum):
     """When a commit reaches the disk, and so when an append is acknowledged.
 
-    ``ALWAYS``: every commit is fsynced before its appends are acknowledged.
+    ``ALWAYS``: every commit is fsynced before its appends are acknowledged (a
+    commit of stored offsets alone is fsynced with the next one that is).
     ``INTERVAL``: acknowledged once written; fsync at most every interval.
     ``NEVER``: written and acknowledged; the operating system flushes (as a
     single RabbitMQ node does: osiris never fsyncs).

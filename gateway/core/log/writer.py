@@ -212,7 +212,14 @@ class GroupCommitter:
             if commit is not None:
                 commits.append((stream, commit))
         written = [(stream, commit) for stream, commit in commits if commit.writes]
-        sync = self._policy is FsyncPolicy.ALWAYS or (
+        # ALWAYS syncs what is acknowledged: a commit of stored offsets alone (a
+        # forwarder's progress, never acknowledged) is written, and synced with
+        # the next commit that is; a crash loses at most that progress, which
+        # means delivering again, never losing.
+        sync = (
+            self._policy is FsyncPolicy.ALWAYS
+            and (self._sync_due or any(commit.appends for _stream, commit in written))
+        ) or (
             self._policy is FsyncPolicy.INTERVAL
             and (self._sync_due or now - self._last_sync >= self._interval)
         )
@@ -258,10 +265,11 @@ class GroupCommitter:
             self._last_sync = started
             self._unsynced.clear()
             self._sync_due = False
-        elif self._policy is FsyncPolicy.INTERVAL:
+        elif self._policy is not FsyncPolicy.NEVER:
             for stream, _commit in written:
                 self._unsynced[stream.writer] = None
-            self._arm_sync_timer()
+            if self._policy is FsyncPolicy.INTERVAL:
+                self._arm_sync_timer()
         errors: dict[int, BaseException] = {
             id(commit): outcome
             for (_stream, commit), outcome in zip(written, outcomes, strict=True)
