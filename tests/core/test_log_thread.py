@@ -108,3 +108,30 @@ async def test_submit_now_returns_once_the_thread_took_the_job() -> None:
         assert await taken is True
     finally:
         writer.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_submit_now_does_not_wait_for_a_busy_thread() -> None:
+    """A thread still at an earlier job: `WriterThread.submit_now` returns at once.
+
+    The reactor thread must not wait for a slow disk; the job waits its turn.
+    """
+    writer = WriterThread(_reactor(), "test-writer")
+    writer.start()
+    try:
+        release = threading.Event()
+        started = threading.Event()
+
+        def slow() -> str:
+            started.set()
+            release.wait(10)
+            return "slow"
+
+        first = writer.submit_now(slow)
+        assert started.wait(10)
+        second = writer.submit_now(lambda: "second")
+        assert not writer._jobs.empty()
+        release.set()
+        assert [await first, await second] == ["slow", "second"]
+    finally:
+        writer.stop()

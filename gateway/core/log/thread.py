@@ -17,7 +17,9 @@ interval, 5 ms). A commit that senders wait for is handed over with
 `submit_now`, which waits (without the GIL) until the writer thread has
 taken the job: a thread's wake-up, some 10 µs, where a busy reactor made
 the job wait 0.6 ms at the median (a QMQP durable route at 10,000 messages
-a second), longer than the fsync itself.
+a second), longer than the fsync itself. It waits only when the thread is
+idle (else the job waits its turn anyway, and the reactor must not wait
+for a slow disk).
 
 The thread is a daemon: a store left open must not hang the process at
 exit. Nothing acknowledged depends on it (acknowledged means written and,
@@ -43,9 +45,9 @@ _Job = tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any],
 """The Deferred, the function and its arguments, and whether the submitter waits for it."""
 _STOP: Final = None
 """Put on the queue to end the thread once the jobs before it are done."""
-_TAKEN_SECONDS: Final = 1.0
-"""`submit_now` waits at most this long for the thread to take its job (it is busy with the
-jobs before it, a slow disk): then it goes on, and the job runs when its turn comes."""
+_TAKEN_SECONDS: Final = 0.05
+"""`submit_now` waits at most this long for the idle thread to take its job (a safety net:
+it takes far less); then it goes on, and the job runs when its turn comes."""
 
 
 class WriterThreadStoppedError(Exception):
@@ -69,6 +71,8 @@ class WriterThread:
         self._taken: queue.SimpleQueue[None] = queue.SimpleQueue()
         """One item per job of `submit_now`, put by the thread as it takes the job."""
         self._thread: threading.Thread | None = None
+        self._idle = False
+        """The thread waits for a job (set by the thread; a plain flag read under the GIL)."""
         self._stopped = False
 
     def start(self) -> None:
@@ -93,10 +97,11 @@ class WriterThread:
         """As `submit`, and wait until the thread has taken the job, without the GIL.
 
         For a job somebody waits for: it runs without waiting for the
-        reactor thread to let go of the GIL (module docstring). At once
-        before `start`; at most `_TAKEN_SECONDS` when the thread is busy.
+        reactor thread to let go of the GIL (module docstring). Only when
+        the thread is idle (else at once), at most `_TAKEN_SECONDS`.
         """
-        return self._submit(function, args, kwargs, wait=self._thread is not None)
+        idle = self._thread is not None and self._idle and self._jobs.empty()
+        return self._submit(function, args, kwargs, wait=idle)
 
     def _submit(
         self,
@@ -129,7 +134,12 @@ class WriterThread:
     def _run(self) -> None:
         """The thread: run jobs until told to stop."""
         jobs = self._jobs
-        while (job := jobs.get()) is not _STOP:
+        while True:
+            self._idle = True
+            job = jobs.get()
+            self._idle = False
+            if job is _STOP:
+                return
             self._run_one(*job)
             job = None  # nothing of a job is kept while waiting for the next
 
@@ -147,6 +157,8 @@ class WriterThread:
         try:
             result = function(*args, **kwargs)
         except Exception:
+            self._idle = True  # before the reactor hears of it: its next job may wait for it
             self._reactor.callFromThread(done.errback, Failure())
         else:
+            self._idle = True
             self._reactor.callFromThread(done.callback, result)
