@@ -617,6 +617,50 @@ def test_a_run_of_accepted_contents_is_one_confirm() -> None:
     }
 
 
+def test_route_batches_answered_in_one_reader_burst_are_one_confirm() -> None:
+    """A reader burst that answers several route batches tells their writer with one Confirm.
+
+    Each batch's Confirm with ``multiple`` covers everything the one before
+    it covered: only the last goes out, and the writer learns what one
+    answer each would have told it.
+    """
+    world = bridge()
+    for first in (1, 4, 7):  # three read bursts: three route batches
+        burst(
+            world.writers,
+            [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (first, first + 1, first + 2)],
+        )
+    delivered = contents(world.readers_sent, b"r")
+    assert len(delivered) == 9
+    before = len(world.writers_sent.commands(b"w"))
+    burst(world.readers, [(b"r", mtl.Confirm(c.sequence, False)) for c in delivered])
+    assert world.writers_sent.commands(b"w")[before:] == [mtl.Confirm(9, True)]
+    assert answers(world.writers_sent, b"w") == {n: mtl.Confirm(n, False) for n in range(1, 10)}
+
+
+def test_a_reject_between_route_batches_keeps_both_confirms() -> None:
+    """A Reject for the writer after a batch's Confirm: the next batch's Confirm follows it."""
+    world = bridge()
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (1, 2)])
+    burst(world.writers, [(b"w", mtl.Content(n, "in", {}, b"x")) for n in (3, 4, 5)])
+    delivered = contents(world.readers_sent, b"r")
+    before = len(world.writers_sent.commands(b"w"))
+    burst(
+        world.readers,
+        [
+            (b"r", mtl.Reject(c.sequence, False, False))
+            if index == 2
+            else (b"r", mtl.Confirm(c.sequence, False))
+            for index, c in enumerate(delivered)
+        ],
+    )
+    assert world.writers_sent.commands(b"w")[before:] == [
+        mtl.Confirm(2, True),
+        mtl.Reject(3, False, False),
+        mtl.Confirm(5, True),
+    ]
+
+
 def test_one_count_for_every_command_is_followed_too() -> None:
     """A writer numbering Lease and Contents with one count (Lease 1, Contents 2...) too."""
     world = bridge()  # its writer sent Lease 1

@@ -553,6 +553,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if backlog:
             self._backlogs.hold(peer, backlog, frames)
             self._backlogs.check(peer, backlog)
+        elif type(command) is mtl.Confirm and command.multiple:
+            # Several route batches answered in one turn: the last Confirm covers them all.
+            self._outbox.add_latest(frames)
         else:
             self._outbox.add(frames)
 

@@ -530,7 +530,7 @@ class Outbox:
         reading: Set while a read burst is handled: its end flushes.
     """
 
-    __slots__ = ("_call", "_clock", "_messages", "_send_many", "reading")
+    __slots__ = ("_call", "_clock", "_latest", "_messages", "_send_many", "reading")
 
     def __init__(
         self, clock: IReactorTime, send_many: Callable[[list[list[bytes]]], object]
@@ -539,13 +539,34 @@ class Outbox:
         self._send_many = send_many
         self._messages: list[list[bytes]] = []
         self._call: IDelayedCall | None = None
+        self._latest: dict[bytes, int] = {}
+        """Where a peer's waiting message that a later one may replace is (`add_latest`)."""
         self.reading = False
 
     def add(self, frames: list[bytes]) -> None:
         """Send one multipart message with the others of this burst or reactor turn."""
+        if self._latest:
+            self._latest.pop(frames[0], None)  # it is no longer the peer's last
         self._messages.append(frames)
         if self._call is None and not self.reading:
             self._call = self._clock.callLater(0, self.flush)
+
+    def add_latest(self, frames: list[bytes]) -> None:
+        """`add` a ROUTER's message (identity first) that makes its peer's previous one needless.
+
+        If the last message waiting for that peer was added this way too, it
+        is replaced by this one, in its place (nothing for that peer comes
+        between): a Confirm with ``multiple`` that covers everything the one
+        before it covered, and more.
+        """
+        latest = self._latest
+        identity = frames[0]
+        position = latest.get(identity)
+        if position is not None:
+            self._messages[position] = frames
+            return
+        self.add(frames)
+        latest[identity] = len(self._messages) - 1
 
     def flush(self) -> None:
         """Send everything waiting now (what ZeroMQ refuses is dropped, as a lone send's is)."""
@@ -555,6 +576,7 @@ class Outbox:
         messages = self._messages
         if messages:
             self._messages = []
+            self._latest = {}
             self._send_many(messages)
 
     def clear(self) -> None:
@@ -563,4 +585,5 @@ class Outbox:
         if call is not None and call.active():
             call.cancel()
         self._messages = []
+        self._latest = {}
         self.reading = False
