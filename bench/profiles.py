@@ -3,7 +3,9 @@
 `Recording` attaches ``py-spy record`` to a running gateway and stops it
 (SIGINT, on which py-spy writes what it sampled) when the block ends; the
 file is py-spy's *raw* format, one collapsed stack per line with its count
-of samples. `top` reads such files and gives the functions the samples
+of samples. Only the thread holding the GIL is sampled (``--gil``): where
+the gateway's Python time goes, not threads waiting (the log's writer
+thread in its queue or in fsync). `top` reads such files and gives the functions the samples
 were in, by *self* time (the innermost frame): where the time goes, not who
 called it.
 
@@ -48,7 +50,7 @@ class Recording:
         self.output = output
         self._process = subprocess.Popen(
             [binary, "record", "--pid", str(pid), "--rate", str(SAMPLES_PER_SECOND),
-             "--format", "raw", "--nonblocking", "--output", str(output)],
+             "--format", "raw", "--gil", "--nonblocking", "--output", str(output)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
