@@ -271,7 +271,7 @@ def ssmp(ssmpload: Path, port: int, pid: int, *args: str) -> dict[str, float]:
 def hub_counts(gateway: GatewayProcess, worker: int) -> tuple[float, float]:
     """A worker's hub: SSMP messages received and sent so far."""
     text = gateway.metrics(worker=worker)
-    labels = {"endpoint": "hub", "protocol": "ssmp"}
+    labels = {"endpoint": "hub"}
     return (
         metric(text, "msggateway_messages_received_total", **labels),
         metric(text, "msggateway_messages_sent_total", **labels),
