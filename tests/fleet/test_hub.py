@@ -24,7 +24,7 @@ from gateway.core.flow import Congestion
 from gateway.core.interfaces import IBackbone
 from gateway.core.message import Message, Outcome, Status
 from gateway.core.router import Router, RouteTable
-from gateway.fleet.hub import ROLL_CALL_SECONDS, FleetHub
+from gateway.fleet.hub import COALESCE_SECONDS, ROLL_CALL_SECONDS, FleetHub
 from gateway.fleet.quiet import INTEREST_SECONDS, QUIET_SWEEP_SECONDS
 from gateway.metrics import GatewayMetrics
 from gateway.protocols.ssmp.hub import Hub
@@ -37,11 +37,12 @@ from tests.protocols.test_ssmp_server import SECRETS, SETTINGS, Peer, fired
 class Node:
     """One gateway node: an SSMP hub listener named ``hub`` and its seam."""
 
-    def __init__(self, broker: MemoryBroker, name: str) -> None:
+    def __init__(self, broker: MemoryBroker, name: str, coalesce_seconds: float = 0) -> None:
         self.clock = broker.clock
         self.backbone = MemoryBackbone(broker, name)
         self.hub = Hub("hub", self.clock)
-        self.seam = FleetHub(self.hub, self.backbone, self.clock)
+        # Turn by turn (0): most tests step the world without moving its clock.
+        self.seam = FleetHub(self.hub, self.backbone, self.clock, coalesce_seconds)
         self.factory = SSMPServerFactory(
             name="hub",
             settings=SETTINGS,
@@ -67,10 +68,10 @@ class Node:
 class Fleet:
     """Nodes on one in-memory broker and one clock."""
 
-    def __init__(self, count: int = 3) -> None:
+    def __init__(self, count: int = 3, coalesce_seconds: float = 0) -> None:
         self.clock = Clock()
         self.broker = MemoryBroker(self.clock)
-        self.nodes = [Node(self.broker, f"n{index}") for index in range(count)]
+        self.nodes = [Node(self.broker, f"n{index}", coalesce_seconds) for index in range(count)]
         self.settle()
 
     def settle(self) -> None:
@@ -125,6 +126,39 @@ def test_mcast_reaches_other_nodes_once_per_run(fleet: Fleet) -> None:
     assert carol.received() == expected
     assert local.received() == b""  # not again from the broker
     assert fleet.broker.published == before + 1
+
+
+def test_runs_soon_after_a_flush_wait_for_the_rest_of_the_coalescing_window() -> None:
+    """Reads that follow a flush within COALESCE_SECONDS cross together; a lone read at once.
+
+    Paced MCASTs, each in a read of its own, would otherwise cost an AMQP
+    message each. Order and copies are as without the window.
+    """
+    fleet = Fleet(2, coalesce_seconds=COALESCE_SECONDS)
+    alice = fleet.subscriber(0, "alice", "news")
+    bob = fleet.nodes[1].login("bob")
+    fleet.settle()
+    fleet.clock.advance(COALESCE_SECONDS)  # past the window of the login's announcement
+    before = fleet.broker.published
+    bob.send(b"MCAST news one\n")
+    fleet.settle()  # nothing flushed lately: on the next turn
+    assert fleet.broker.published == before + 1
+    assert alice.received() == b"000 bob MCAST news one\n"
+    for word in (b"two", b"three", b"four"):
+        bob.send(b"MCAST news %s\n" % word)
+        fleet.settle()
+    assert fleet.broker.published == before + 1  # waiting for the window
+    assert alice.received() == b""
+    fleet.clock.advance(COALESCE_SECONDS)
+    fleet.settle()
+    assert fleet.broker.published == before + 2  # one message for the three reads
+    assert alice.received() == b"".join(
+        b"000 bob MCAST news %s\n" % word for word in (b"two", b"three", b"four")
+    )
+    fleet.clock.advance(COALESCE_SECONDS)
+    bob.send(b"MCAST news five\n")
+    fleet.settle()  # the window is over: at once again
+    assert alice.received() == b"000 bob MCAST news five\n"
 
 
 def test_mcast_to_a_topic_without_subscribers_anywhere(fleet: Fleet) -> None:
