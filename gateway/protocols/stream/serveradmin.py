@@ -135,14 +135,11 @@ class ServerStreams(StreamServerBase):
     def _on_stream_stats(self, event: sp.StreamStats) -> None:
         if not self._require_open(event):
             return
-        stream = self.factory.store.get(event.stream)
-        refused = self._internal("read the stats of", event.stream, read=True)
-        if stream is None or refused:
+        stream, code = self._readable("read the stats of", event.stream)
+        if stream is None:
             self._send(
                 sp.StreamStatsResponse(
-                    correlation_id=event.correlation_id,
-                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
-                    statistics={},
+                    correlation_id=event.correlation_id, code=code, statistics={}
                 )
             )
             return

@@ -21,6 +21,7 @@ from gateway.protocols.stream.fleetlogin import ROUTES, RelayIdentity
 from gateway.protocols.stream.relay import StreamRelays
 
 if TYPE_CHECKING:
+    from gateway.core.log import StreamLog
     from gateway.protocols.stream.server import StreamServerFactory
 
 __all__ = [
@@ -104,6 +105,17 @@ class StreamServerBase(ListenerConnection["StreamServerFactory"]):
     def _routes(self) -> bool:
         """Whether this is another node's relay of its routes' deliveries."""
         return self._relayed is not None and self._relayed.role == ROUTES
+
+    def _readable(self, command: str, name: str) -> tuple[StreamLog | None, int]:
+        """The stream ``name`` to read for ``command``, or None and the code to answer.
+
+        The code is `ACCESS_REFUSED` for an internal stream without a grant
+        (logged and counted), `STREAM_DOES_NOT_EXIST` for a missing one.
+        """
+        stream = self.factory.store.get(name)
+        if self._internal(command, name, read=True):
+            return None, ACCESS_REFUSED
+        return stream, OK if stream is not None else STREAM_DOES_NOT_EXIST
 
     def _internal(
         self, command: str, stream: str, reference: str | None = None, *, read: bool = False

@@ -188,13 +188,12 @@ class ServerSubscriptions(StreamServerBase):
     def _on_resolve_offset_spec(self, event: Any) -> None:
         if not self._require_open(event):
             return
-        stream = self.factory.store.get(event.stream)
-        refused = self._internal("resolve an offset in", event.stream, read=True)
-        if stream is None or refused:
+        stream, code = self._readable("resolve an offset in", event.stream)
+        if stream is None:
             self._send(
                 sp.ResolveOffsetSpecResponse(
                     correlation_id=event.correlation_id,
-                    code=ACCESS_REFUSED if refused else STREAM_DOES_NOT_EXIST,
+                    code=code,
                     offset_type=int(sp.OffsetKind.OFFSET),
                     offset=0,
                 )
