@@ -285,7 +285,9 @@ class FleetHub:
 
     def mcast(self, topic: bytes, data: bytes, lines: int = 1) -> None:
         """Queue MCAST events for other nodes: consecutive ones to a topic share a message."""
-        if topic in self._held and self.quiet.holds(topic, lines):
+        held = self._held
+        if topic in held:  # held quiet: counted, not published (QuietTopics.held)
+            held[topic] += lines
             return
         out = self._out
         if out:

@@ -87,14 +87,13 @@ INTEREST_OK: Final = "interest-ok"
 
 
 class _Quiet:
-    """A topic no other node seemed to subscribe to: probing, then ``settled`` (held quiet)."""
+    """A topic no other node seemed to subscribe to: probing, then held quiet (in ``held``)."""
 
-    __slots__ = ("settled", "used")
+    __slots__ = ("used",)
 
     def __init__(self) -> None:
-        self.settled = False
         self.used = True
-        """Published to (or entered) since the last sweep."""
+        """Published to (or entered) since the last sweep, while probing."""
 
 
 class _Round:
@@ -132,12 +131,19 @@ class QuietTopics:
         self._listener = listener
         self._reply = f"n.{backbone.node}"
         self._quiet: dict[bytes, _Quiet] = {}
-        self.held = self._quiet
-        """The topics held quiet or probing (read-only for the hub's seam: `holds`)."""
+        """The topics held quiet or probing."""
+        self.held: dict[bytes, int] = {}
+        """The topics held quiet, each with the MCAST events it kept since the last sweep.
+
+        The hub's seam counts a held topic's events here itself and drops
+        them, before it copies or queues anything: one dictionary lookup
+        per event, no call. Asked when the hub handles them, which is early
+        enough (the ordering argument above: a node handles every MCAST
+        sent after a newcomer's ``200`` after it let go).
+        """
         self._sweep_call: IDelayedCall | None = None
         self._rounds: dict[bytes, _Round] = {}
-        self.unpublished = 0
-        """MCAST events not published: their topic was held quiet."""
+        self._unpublished = 0
         self.waits = 0
         """``interest`` rounds that found a node holding the topic quiet."""
         self.slow = 0
@@ -145,29 +151,20 @@ class QuietTopics:
 
     # --- publishing MCAST runs -----------------------------------------------------------------
 
-    def holds(self, topic: bytes, count: int) -> bool:
-        """Whether ``count`` MCAST events to ``topic`` stay on this node (it is held quiet).
-
-        The hub's seam asks before it queues them, so that a quiet topic's
-        events cost neither a copy nor a turn. Asked when the hub handles
-        them, which is early enough (the ordering argument above: a node
-        handles every MCAST sent after a newcomer's ``200`` after it let go).
-        """
-        quiet = self._quiet.get(topic)
-        if quiet is None or not quiet.settled:
-            return False
-        quiet.used = True
-        self.unpublished += count
-        return True
+    @property
+    def unpublished(self) -> int:
+        """MCAST events not published: their topic was held quiet."""
+        return self._unpublished + sum(self.held.values())
 
     def publish_mcast(self, topic: bytes, body: bytes, count: int) -> None:
         """Publish a run of ``count`` MCAST events to ``topic``, unless it is held quiet."""
+        held = self.held
+        if topic in held:
+            held[topic] += count
+            return
         quiet = self._quiet.get(topic)
         if quiet is not None:
             quiet.used = True
-            if quiet.settled:
-                self.unpublished += count
-                return
         # Mandatory unless probing: coming back unroutable starts a probe.
         self.backbone.publish(
             self.exchange,
@@ -211,20 +208,26 @@ class QuietTopics:
         if self._quiet.get(topic) is not quiet:
             return  # an interest came meanwhile, or the connection went
         if result is Published.UNROUTABLE:
-            quiet.settled = True
+            self.held[topic] = 0
         else:
             self._forget(topic)
 
     def _forget(self, topic: bytes) -> None:
         del self._quiet[topic]
+        self._unpublished += self.held.pop(topic, 0)
         self.backbone.unbind(self.exchange, "s." + topic.decode("ascii"))
 
     def _sweep(self) -> None:
         """Forget the quiet topics not published to since the last sweep."""
         self._sweep_call = None
+        held = self.held
         for topic, quiet in list(self._quiet.items()):
-            if quiet.used:
+            count = held.get(topic, 0)
+            if quiet.used or count:
                 quiet.used = False
+                if count:
+                    self._unpublished += count
+                    held[topic] = 0
             else:
                 self._forget(topic)
         if self._quiet:
@@ -343,6 +346,8 @@ class QuietTopics:
         for topic in self._quiet:
             self.backbone.unbind(self.exchange, "s." + topic.decode("ascii"))
         self._quiet.clear()
+        self._unpublished += sum(self.held.values())
+        self.held.clear()
         rounds, self._rounds = self._rounds, {}
         for round_ in rounds.values():
             _done(round_)
