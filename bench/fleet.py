@@ -30,7 +30,10 @@ Throughput, per round:
   their own stand for ``processes = 2``, because ssmpload cannot choose
   the worker a connection lands on (a pair each on one worker of a shared
   port is 1 chance in 8); the work per process is the same. ssmpload's CPU
-  is shown too: on 2 cores it competes with the gateways.
+  is shown too: on 2 cores it competes with the gateways. The same is done
+  with two gateways without ``[fleet]`` (nothing shared, RabbitMQ unused):
+  their two over one is what this machine allows any two processes, and
+  the fleet's ratio is shown against it.
 
 Failover, per round, on the three-node cluster, with two gateway nodes
 (``gw0``, ``gw1``: backbones on RabbitMQ node 1 first) that consume a
@@ -246,6 +249,11 @@ def declare_rows(table: Table) -> None:
     row("scale_ratio", "  two over one", "x", digits=2, target=">= 1.6",
         met=lambda v: v >= 1.6)  # fmt: skip
     row("scale_gen", "  ssmpload CPU, two pairs (of one core each)", "%")
+    row("plain_one", "scaling without a fleet: one gateway, one pair: msg/s", "k", scale=1000)
+    row("plain_two", "scaling without a fleet: two gateways, a pair each: msg/s", "k",
+        scale=1000)  # fmt: skip
+    row("plain_ratio", "  two over one: what this machine allows", "x", digits=2)
+    row("scale_share", "  the fleet's two over one against that", "x", digits=2)
     row("gap", "SSMP gap when a RabbitMQ node dies", " s", digits=2)
     row("gap_lost", "  MCASTs lost in it (of 1,000/s)", "")
     row("to_404", "time to 404 after a gateway is killed", " s", digits=3)
@@ -401,23 +409,44 @@ def throughput_round(
         table.add("spread", spread(two))
 
     note("scaling")
+    fleet = scaling(ssmpload, directory / "scale", flood, amqp)
+    table.add("scale_one", fleet[0])
+    table.add("scale_two", fleet[1])
+    table.add("scale_ratio", fleet[1] / fleet[0])
+    table.add("scale_gen", fleet[2])
+    note("scaling without a fleet")
+    plain = scaling(ssmpload, directory / "plain", flood, None)
+    table.add("plain_one", plain[0])
+    table.add("plain_two", plain[1])
+    table.add("plain_ratio", plain[1] / plain[0])
+    table.add("scale_share", (fleet[1] / fleet[0]) / (plain[1] / plain[0]))
+
+
+def scaling(
+    ssmpload: Path, directory: Path, flood: Sequence[str], amqp: str | None
+) -> tuple[float, float, float]:
+    """One node with one pair, then two nodes with a pair each at once: msg/s, and ssmpload's CPU.
+
+    Fleet nodes on ``amqp``, or gateways without ``[fleet]`` when it is None.
+    """
+    fleets = ["" if amqp is None else FLEET.format(node=f"scale{index}", endpoints=amqp,
+                                                   processes="") for index in range(2)]  # fmt: skip
     nodes = [
-        GatewayProcess(
-            directory / f"scale{index}",
-            GATEWAY + FLEET.format(node=f"scale{index}", endpoints=amqp, processes="") + HUB,
-        )
-        for index in range(2)
+        GatewayProcess(directory / str(index), GATEWAY + fleet + HUB)
+        for index, fleet in enumerate(fleets)
     ]
     try:
         for node in nodes:
             node.start()
-            node.wait_for_log("connected to RabbitMQ")
+            if amqp is not None:
+                node.wait_for_log("connected to RabbitMQ")
         alone = ssmp(ssmpload, nodes[0].address("hub")[1], nodes[0].pid, *flood, "-topic", "a")
-        table.add("scale_one", alone["deliv_rate"])
         together = pairs(ssmpload, nodes, flood)
-        table.add("scale_two", sum(f["deliv_rate"] for f in together))
-        table.add("scale_ratio", table.rows["scale_two"].values[-1] / alone["deliv_rate"])
-        table.add("scale_gen", sum(f["gen_cpu_pct"] for f in together))
+        return (
+            alone["deliv_rate"],
+            sum(f["deliv_rate"] for f in together),
+            sum(f["gen_cpu_pct"] for f in together),
+        )
     finally:
         for node in nodes:
             node.stop()
