@@ -30,7 +30,6 @@ import base64
 import binascii
 import email.header
 import email.utils
-import re
 from collections.abc import Callable
 from typing import Final
 
@@ -63,21 +62,40 @@ def _unbase64(message: Message, source_address: str) -> bytes:
         raise TransformError(f"body is not base64: {exc}") from None
 
 
-_SUBJECT: Final = re.compile(rb"^subject:[ \t]*(.*(?:\r?\n[ \t].*)*)", re.IGNORECASE | re.MULTILINE)
+def _subject_value(headers: bytes) -> bytes | None:
+    r"""The first Subject field's value in a header block, continuation lines and all.
+
+    What ``^subject:[ \t]*(.*(?:\r?\n[ \t].*)*)`` (case-insensitive,
+    multiline) finds, by finds on the lowered block instead of the regular
+    expression: the field's name at the start of a line, then its line and
+    every following line that starts with a space or a tab.
+    """
+    lowered = headers.lower()
+    if lowered.startswith(b"subject:"):
+        start = 8
+    else:
+        start = lowered.find(b"\nsubject:")
+        if start == -1:
+            return None
+        start += 9
+    end = headers.find(b"\n", start)
+    while end != -1 and headers[end + 1 : end + 2] in (b" ", b"\t"):
+        end = headers.find(b"\n", end + 1)
+    return headers[start:] if end == -1 else headers[start:end]
 
 
 def _subject(message: Message, source_address: str) -> bytes:
     # Only the header block is looked at: up to the first empty line.
     body = message.body
     end = body.find(b"\n\n")
-    crlf_end = body.find(b"\r\n\r\n")
+    # A CRLF blank line counts only before the LF one: look no further.
+    crlf_end = body.find(b"\r\n\r\n", 0, len(body) if end == -1 else end + 3)
     if crlf_end != -1 and (end == -1 or crlf_end < end):
         end = crlf_end
-    headers = body if end == -1 else body[: end + 1]
-    found = _SUBJECT.search(headers)
-    if found is None or not found.group(1).strip():
+    value = _subject_value(body if end == -1 else body[: end + 1])
+    raw = b"" if value is None else b" ".join(value.split())  # unfolds continuation lines
+    if not raw:
         raise TransformError("the message has no Subject to carry")
-    raw = b" ".join(found.group(1).split())  # unfolds continuation lines
     if b"=?" in raw:  # RFC 2047 encoded words
         text = str(
             email.header.make_header(email.header.decode_header(raw.decode("ascii", "replace")))
