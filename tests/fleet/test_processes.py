@@ -13,6 +13,7 @@ import json
 import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from twisted.internet.endpoints import serverFromString
@@ -349,6 +350,21 @@ def test_a_stream_listener_on_port_zero_gives_each_worker_a_free_port(tmp_path: 
     assert listener.settings.worker_port == 0
 
 
+class _ThreadedMemoryReactor(MemoryReactorClock):
+    """A memory reactor the log's writer thread can hand its results to.
+
+    They are kept, not run: the test looks at listeners, not at the log.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.from_threads: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def callFromThread(self, f: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N802
+        """Keep the call (list.append is safe from another thread)."""
+        self.from_threads.append((f, args, kwargs))
+
+
 def test_a_worker_serves_and_advertises_its_own_stream_port(tmp_path: Path) -> None:
     """Built for a worker: the listener listens on both ports, and names its own in Open."""
     config = load_config(
@@ -367,7 +383,7 @@ def test_a_worker_serves_and_advertises_its_own_stream_port(tmp_path: Path) -> N
             """,
         )
     )
-    reactor = MemoryReactorClock()
+    reactor = _ThreadedMemoryReactor()
     gateway = build_gateway(worker_config(config, 1, {"streams": 5552}), reactor, node="gw-1")
     gateway.startService()
     try:
