@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -237,12 +236,20 @@ async def test_acknowledged_in_order_behind_a_commit(tmp_path: Path) -> None:
         await store.close()
 
 
-class SlowWrites:
-    """A ``write_segment`` seam that takes a little while, so appends pile up behind it."""
+class GatedWrites:
+    """A ``write_segment`` seam whose writes each wait for the test's permit."""
+
+    def __init__(self) -> None:
+        self._permits = threading.Semaphore(0)
+
+    def allow(self, count: int = 1) -> None:
+        """Let ``count`` more writes through."""
+        self._permits.release(count)
 
     def __call__(self, fd: int, data: bytes, position: int) -> None:
-        """Wait a millisecond, then write."""
-        time.sleep(0.001)
+        """Wait for a permit, then write."""
+        if not self._permits.acquire(timeout=30):
+            raise RuntimeError("the test gave no permit for a write")
         pwrite_all(fd, data, position)
 
 
@@ -253,13 +260,18 @@ async def test_pipelined_commits_acknowledge_in_order_what_is_written(
 ) -> None:
     """Appends made at random moments, across commits on their way, some duplicates.
 
-    Every append is acknowledged in the order it was made, with offsets
-    that follow on from the one before; when it is, its messages are in the
-    segment file on disk; and the stream ends up holding each stored
-    message once, in order.
+    Every write waits for the test. Between appends, as the seed says,
+    the reactor may turn (a commit starts), or one write is let through
+    and the test waits until that commit is acknowledged (the appends
+    after it go to later commits, some while the next is on its way).
+    Every append is acknowledged in the order it was made, with
+    offsets that follow on from the one before; when it is, its messages
+    are in the segment file on disk; and the stream ends up holding each
+    stored message once, in order.
     """
     rng = random.Random(seed)
-    store = open_store(tmp_path, write_segment=SlowWrites())
+    writes = GatedWrites()
+    store = open_store(tmp_path, write_segment=writes)
     try:
         stream = store.create("s")
         acknowledged: list[int] = []
@@ -267,12 +279,16 @@ async def test_pipelined_commits_acknowledge_in_order_what_is_written(
         expected: list[bytes] = []
         appends = []
         publishing_id = 0
+        progress: list[Deferred[None]] = []
 
         def check(result: AppendResult, number: int, body: bytes) -> AppendResult:
             acknowledged.append(number)
             if result.stored:
                 (segment,) = stream.segments
                 on_disk.append(body in segment.segment_path.read_bytes())
+            waiting, progress[:] = progress[:], []
+            for waiter in waiting:  # on the next turn: not from inside the acknowledgement
+                _reactor().callLater(0, waiter.callback, None)
             return result
 
         for number in range(60):
@@ -285,8 +301,15 @@ async def test_pipelined_commits_acknowledge_in_order_what_is_written(
                 expected.append(body)
             appended.addCallback(check, number, body)
             appends.append(appended)
-            if rng.random() < 0.5:
-                await deferLater(_reactor(), rng.choice([0, 0, 0.0005, 0.002]), lambda: None)
+            choice = rng.random()
+            if choice < 0.3 and len(acknowledged) < len(appends):
+                writes.allow()
+                acknowledged_one: Deferred[None] = Deferred()
+                progress.append(acknowledged_one)
+                await acknowledged_one
+            elif choice < 0.6:
+                await next_turn()
+        writes.allow(1_000)
         results = await gatherResults(appends)
         assert acknowledged == list(range(60))
         assert on_disk and all(on_disk)
@@ -297,6 +320,7 @@ async def test_pipelined_commits_acknowledge_in_order_what_is_written(
         assert messages(stream) == expected
         assert store.stats.commits > 1
     finally:
+        writes.allow(1_000)
         await store.close()
 
 
