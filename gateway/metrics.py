@@ -396,16 +396,19 @@ class GatewayMetrics:
             counters = self._traffic[endpoint] = TrafficCounters()
         return counters
 
-    def qmqp_reply_counter(self, endpoint: str) -> Callable[[bytes], None]:
-        """Count one endpoint's QMQP replies by status byte (each label looked up once)."""
+    def qmqp_reply_counter(self, endpoint: str) -> Callable[[bytes, int], None]:
+        """Count one endpoint's QMQP replies by status byte (each label looked up once).
+
+        The counter takes a status and how many replies had it.
+        """
         children: dict[bytes, Any] = {}
         family = self.qmqp_replies
 
-        def count(status: bytes) -> None:
+        def count(status: bytes, replies: int) -> None:
             child = children.get(status)
             if child is None:
                 child = children[status] = family.labels(endpoint, status.decode("ascii"))
-            child.inc()
+            child.inc(replies)
 
         return count
 

@@ -75,6 +75,7 @@ __all__ = [
     "ServerBlock",
     "Z",
     "encode",
+    "encode_reply",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 32 * 1024 * 1024
@@ -358,6 +359,33 @@ def _auth_reply_block(parts: list[bytes]) -> AuthReplyBlock:
 # --- encoding -----------------------------------------------------------------
 
 
+def encode_reply(ident: bytes, status: bytes, description: bytes, pending: int) -> bytes:
+    """Encode a `ReplyBlock`'s fields as its netstring, without building the block.
+
+    A server answers every message: this is its per-message path (one bytes
+    formatting), and `encode` uses it too. The result equals the general
+    netstring encoding of ``R``, ``ident``, ``status + description`` and the
+    pending count (tests/codecs check it for any fields).
+
+    Raises:
+        QMQPLocalError: ``status`` is not K, Z or D, or ``pending`` is
+            negative or has more than `MAX_PENDING_DIGITS` digits.
+    """
+    if status not in _STATUSES:
+        raise QMQPLocalError(f"reply status {status!r} is not K, Z or D", kind="bad-status")
+    if not 0 <= pending < _PENDING_BOUND:
+        raise QMQPLocalError(
+            f"pending count {pending} is negative or over {MAX_PENDING_DIGITS} digits",
+            kind="bad-pending",
+        )
+    count = b"%d" % pending
+    # "1:R," then the id, the result string and the count, each a netstring.
+    inner = b"1:R,%d:%b,%d:%b%b,%d:%b," % (
+        len(ident), ident, len(status) + len(description), status, description, len(count), count
+    )  # fmt: skip
+    return b"%d:%b," % (len(inner), inner)
+
+
 def encode(block: Block) -> bytes:
     """Encode one block as its netstring.
 
@@ -377,14 +405,7 @@ def encode(block: Block) -> bytes:
             # and so do we. A server refuses a bare block as bad framing.
             return encode_netstrings((_TYPE_M, ident, message, sender, *recipients))
         case ReplyBlock(id=ident, status=status, description=description, pending=pending):
-            if status not in _STATUSES:
-                raise QMQPLocalError(f"reply status {status!r} is not K, Z or D", kind="bad-status")
-            if not 0 <= pending < _PENDING_BOUND:
-                raise QMQPLocalError(
-                    f"pending count {pending} is negative or over {MAX_PENDING_DIGITS} digits",
-                    kind="bad-pending",
-                )
-            return encode_netstrings((_TYPE_R, ident, status + description, b"%d" % pending))
+            return encode_reply(ident, status, description, pending)
         case DoneBlock():
             return DONE_BYTES
         case AuthBlock(username=username, password=password):

@@ -779,6 +779,23 @@ def test_description_is_any_bytes() -> None:
     assert client().receive_data(qmqp.encode(reply)) == [reply]
 
 
+@given(
+    ident=st.binary(max_size=40),
+    status=st.sampled_from([qmqp.K, qmqp.Z, qmqp.D]),
+    description=st.binary(max_size=300),
+    pending=st.integers(min_value=0, max_value=10**qmqp.MAX_PENDING_DIGITS - 1),
+)
+def test_encode_reply_is_the_general_netstring_encoding(
+    ident: bytes, status: bytes, description: bytes, pending: int
+) -> None:
+    """The reply fast path writes what the general netstring encoder writes, and it decodes back."""
+    wire = qmqp.encode_reply(ident, status, description, pending)
+    assert wire == encode_netstrings([b"R", ident, status + description, b"%d" % pending])
+    reply = ReplyBlock(id=ident, status=status, description=description, pending=pending)
+    assert qmqp.encode(reply) == wire
+    assert client().receive_data(wire) == [reply]
+
+
 # --- dead after error, end of input, error family ---------------------------------------
 
 

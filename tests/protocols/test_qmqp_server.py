@@ -463,13 +463,14 @@ _DOMAINS = ("ok.example", "busy.example", "bad.example")
 def test_batch_answers_write_what_single_answers_write(
     answers: list[tuple[str, bool]], order: random.Random
 ) -> None:
-    """Answering a batch at once writes the same replies as answering each message alone.
+    """Answering a batch at once writes and counts the same replies as answering each alone.
 
     Each message goes to the held route (answered in a random order) or to
     the answering one; one listener answers batches with `_answer_batch`,
     the other (its inbox without it) one message at a time.
     """
     written = []
+    counted = []
     for batched in (True, False):
         world = ListenerWorld()
         client = world.connect()
@@ -494,8 +495,12 @@ def test_batch_answers_write_what_single_answers_write(
             deferred.callback(outcome[domain])
         world.clock.advance(0)
         written.append(client.received())
+        counted.append([world.sample("msggateway_qmqp_replies_total", status=s) for s in "KZD"])
         assert client.protocol._outstanding == 0
+        assert client.protocol._in_flight == client.protocol._in_flight_bytes == 0
     assert written[0] == written[1]
+    assert counted[0] == counted[1]
+    assert sum(counted[0]) == len(answers)
 
 
 def test_route_time_out_is_z(world: ListenerWorld) -> None:

@@ -286,7 +286,7 @@ class QMQPUpstream(Upstream[QMQPClientProtocol]):
         """Turn a reply into its message's outcome (or a resend after Z)."""
         job = self._sent.pop(reply.id, None)
         if self._count_reply is not None:
-            self._count_reply(reply.status)
+            self._count_reply(reply.status, 1)
         if job is None or job.cancelled:
             return  # a message the router gave up on, or an id we never sent
         if reply.status == qmqp.Z and job.attempts < self.settings.max_attempts:

@@ -165,7 +165,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             id=block_id, status=status, description=description, pending=self._outstanding
         )
         self._send(qmqp.encode(reply))
-        self.factory.count_reply(status)
+        self.factory.count_reply(status, 1)
         if not self._outstanding:
             # Nothing owed any more: idle from now (a read has noted its own time).
             if not self._in_batch:
@@ -430,19 +430,57 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         same commit, the next read).
         """
         if self._in_batch:
-            for token, outcome in zip(tokens, outcomes, strict=True):
-                self._answer(token, outcome)
+            self._reply_all(tokens, outcomes)
             return
         self._in_batch = True
         try:
-            for token, outcome in zip(tokens, outcomes, strict=True):
-                self._answer(token, outcome)
+            self._reply_all(tokens, outcomes)
         finally:
             self._in_batch = False
         if self._outstanding == 0:
             # `_reply` leaves the idle time to a read; this is no read.
             self._idle_since = self.factory.clock.seconds()
         self.flush()
+
+    def _reply_all(self, tokens: list[tuple[bytes, int]], outcomes: list[Outcome]) -> None:
+        """`_answer` for each message of a batch, each distinct outcome mapped and counted once.
+
+        A route's batch repeats one outcome (a durable route's commit
+        accepts them all): its status and description are worked out once,
+        and each reply is encoded from its fields (`qmqp.encode_reply`).
+        """
+        count = len(tokens)
+        if count != len(outcomes):
+            raise ValueError(f"{count} tokens for {len(outcomes)} outcomes")
+        self._in_flight -= count
+        self._in_flight_bytes -= sum(size for _block_id, size in tokens)
+        if self._closing:
+            return
+        out = self._out
+        outstanding = self._outstanding
+        count_reply = self.factory.count_reply
+        last: Outcome | None = None
+        status = description = b""
+        counted = 0
+        for (block_id, _size), outcome in zip(tokens, outcomes, strict=True):
+            if outcome is not last:
+                if counted:
+                    count_reply(status, counted)
+                last, counted = outcome, 0
+                status, description = result_for(outcome)
+            outstanding -= 1
+            out.append(qmqp.encode_reply(block_id, status, description, outstanding))
+            counted += 1
+        if counted:
+            count_reply(status, counted)
+        self._outstanding = outstanding
+        self._out_count += count
+        if not outstanding:
+            # As `_reply` when nothing is owed any more (only the last reply can owe nothing).
+            if self._idle_call is None and not self._closing:
+                self._watch_idle(self.factory.settings.idle_timeout_seconds)
+            self._maybe_finished()
+        self._resume_reading()
 
 
 class QMQPServerFactory(ListenerFactory[QMQPServerProtocol, QMQPListenerSettings]):
@@ -470,5 +508,5 @@ class QMQPServerFactory(ListenerFactory[QMQPServerProtocol, QMQPListenerSettings
         """Count a reply by its status (K, Z or D)."""
 
 
-def _not_counted(status: bytes) -> None:
+def _not_counted(status: bytes, count: int) -> None:
     """Without metrics, replies are not counted."""
