@@ -115,9 +115,19 @@ class LogCollector(Collector):
         )
         yield _histogram(
             "msggateway_log_fsync_seconds",
-            "Time each segment fsync of a commit took in the writer thread.",
+            "Time each segment fsync of a commit took.",
             stats.fsync_seconds,
         )
+        commits = CounterMetricFamily(
+            "msggateway_log_commits",
+            "Group commits that wrote something, by where they were written: the writer"
+            " thread, or the main thread (small commits under fsync = always, while the"
+            " writer thread is idle and fsyncs are quick).",
+            labels=["thread"],
+        )
+        commits.add_metric(["writer"], stats.commits - stats.inline_commits)
+        commits.add_metric(["main"], stats.inline_commits)
+        yield commits
         yield from self._file_system()
 
     def _file_system(self) -> Iterator[Metric]:

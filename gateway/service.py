@@ -758,6 +758,7 @@ def _log_store(config: GatewayConfig, reactor: Any) -> LogStore:
         reactor,
         fsync=FsyncPolicy[settings.fsync.upper()],
         fsync_interval_seconds=settings.fsync_interval_seconds,
+        inline_max_bytes=settings.inline_commit_max_bytes,
         default_retention=Retention(
             max_bytes=settings.max_bytes,
             max_age_seconds=settings.max_age_seconds,

@@ -963,6 +963,7 @@ def test_stream_listener_and_log_settings(tmp_path: Path) -> None:
         [log]
         fsync = "interval"
         fsync_interval_seconds = 0.5
+        inline_commit_max_bytes = 0
         segment_bytes = 1048576
         max_bytes = 100000000
         max_age_seconds = 86400
@@ -985,6 +986,7 @@ def test_stream_listener_and_log_settings(tmp_path: Path) -> None:
     assert (settings.frame_max, settings.heartbeat_seconds) == (131072, 20)
     assert config.log.fsync == "interval"
     assert config.log.fsync_interval_seconds == 0.5
+    assert config.log.inline_commit_max_bytes == 0
     assert (config.log.max_bytes, config.log.max_age_seconds) == (100000000, 86400)
 
 

@@ -108,6 +108,7 @@ def _everything(directory: Path) -> Path:
         [log]
         fsync = "interval"
         fsync_interval_seconds = 0.5
+        inline_commit_max_bytes = 8192
         segment_bytes = 1048576
         max_bytes = 1073741824
         max_age_seconds = 86400

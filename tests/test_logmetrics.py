@@ -112,6 +112,8 @@ async def test_streams_commits_and_the_file_system_in_a_scrape(store: LogStore) 
     assert sample(samples, "msggateway_log_commit_seconds_sum") > 0
     assert sample(samples, "msggateway_log_fsync_seconds_count") == store.stats.fsyncs == 2
     assert sample(samples, "msggateway_log_fsync_seconds_sum") > 0
+    assert sample(samples, "msggateway_log_commits_total", thread="writer") == 2
+    assert sample(samples, "msggateway_log_commits_total", thread="main") == 0
     usage = os.statvfs(store.directory)
     assert sample(samples, "msggateway_log_filesystem_size_bytes") == (
         usage.f_blocks * usage.f_frsize
@@ -121,6 +123,25 @@ async def test_streams_commits_and_the_file_system_in_a_scrape(store: LogStore) 
         < sample(samples, "msggateway_log_filesystem_free_bytes")
         <= (usage.f_blocks * usage.f_frsize)
     )
+
+
+@pytest_twisted.ensureDeferred
+async def test_commits_by_the_thread_that_wrote_them(tmp_path: Path) -> None:
+    """Small commits written on the main thread are counted apart from the writer thread's."""
+    store = LogStore(tmp_path, _reactor(), inline_max_bytes=16 * 1024)
+    store.open()
+    try:
+        metrics = GatewayMetrics()
+        metrics.durable_log(store, {})
+        stream = store.create("s")
+        await stream.append([b"first"])  # the writer thread is idle once it is acknowledged
+        await stream.append([b"small"])
+        await stream.append([b"x" * 20000])
+        samples = scrape(metrics)
+        assert sample(samples, "msggateway_log_commits_total", thread="main") == 1
+        assert sample(samples, "msggateway_log_commits_total", thread="writer") == 2
+    finally:
+        await store.close()
 
 
 @pytest_twisted.ensureDeferred

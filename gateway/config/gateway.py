@@ -21,6 +21,7 @@ from gateway.config.base import (
     strings,
 )
 from gateway.config.endpoints import check_server_endpoint, with_paths_resolved
+from gateway.core.log.writer import INLINE_MAX_BYTES
 
 __all__ = [
     "ADMIN",
@@ -118,6 +119,10 @@ class LogSettings:
             ``fsync_interval_seconds``) or ``never`` (left to the OS, as a
             single RabbitMQ node does).
         fsync_interval_seconds: See ``fsync``.
+        inline_commit_max_bytes: Under ``fsync = "always"``, a commit up to
+            this size is written and fsynced on the reactor thread while the
+            writer thread is idle and the disk is quick
+            (`gateway.core.log.writer`); 0: never.
         segment_bytes: A stream's segment file is rolled past this size.
         max_bytes: Default retention by size of each stream (None: keep all).
         max_age_seconds: Default retention by age (None: keep all).
@@ -128,6 +133,7 @@ class LogSettings:
 
     fsync: str = "always"
     fsync_interval_seconds: float = 0.2
+    inline_commit_max_bytes: int = INLINE_MAX_BYTES
     segment_bytes: int = 64 * 1024 * 1024
     max_bytes: int | None = None
     max_age_seconds: float | None = None
@@ -144,6 +150,14 @@ FSYNC: Final = choice(
 )
 FSYNC_INTERVAL_SECONDS: Final = positive(
     "fsync_interval_seconds", 0.2, doc='How often the log is fsynced under fsync = "interval".'
+)
+INLINE_COMMIT_MAX_BYTES: Final = integer(
+    "inline_commit_max_bytes",
+    INLINE_MAX_BYTES,
+    doc='Under fsync = "always", a commit of up to this many bytes is written and fsynced by'
+    " the gateway's main thread instead of being handed to the log's writer thread, while"
+    " that thread is idle and recent fsyncs took under 1 ms: the handoff costs more than a"
+    " quick fsync (docs/durability.rst). 0: always hand over.",
 )
 SEGMENT_BYTES: Final = integer(
     "segment_bytes",
@@ -173,7 +187,15 @@ RECORD_OUTCOMES: Final = boolean(
 LOG: Final = TableSchema(
     "Durable log",
     "[log]",
-    (FSYNC, FSYNC_INTERVAL_SECONDS, SEGMENT_BYTES, MAX_BYTES, MAX_AGE_SECONDS, RECORD_OUTCOMES),
+    (
+        FSYNC,
+        FSYNC_INTERVAL_SECONDS,
+        INLINE_COMMIT_MAX_BYTES,
+        SEGMENT_BYTES,
+        MAX_BYTES,
+        MAX_AGE_SECONDS,
+        RECORD_OUTCOMES,
+    ),
     doc="The embedded durable log, opened when a stream listener or a durable route needs it.",
 )
 
@@ -185,6 +207,7 @@ def read_log(section: Section) -> LogSettings:
     settings = LogSettings(
         fsync=section.read(FSYNC),
         fsync_interval_seconds=section.read(FSYNC_INTERVAL_SECONDS),
+        inline_commit_max_bytes=section.read(INLINE_COMMIT_MAX_BYTES),
         segment_bytes=section.read(SEGMENT_BYTES),
         max_bytes=max_bytes or None,
         max_age_seconds=max_age or None,

@@ -295,9 +295,17 @@ class SegmentWrite:
     index_position: int
     chunks: list[PlannedChunk]
 
+    @property
+    def size(self) -> int:
+        """The bytes of its chunks."""
+        return sum(chunk.size for chunk in self.chunks)
+
 
 class SegmentWriter:
-    """The open files of a stream's active segment, for the writer thread only.
+    """The open files of a stream's active segment, for one thread at a time.
+
+    The writer thread's, or the reactor thread's while the writer thread is
+    idle with nothing queued (`gateway.core.log.writer`, small commits).
 
     Args:
         directory: The stream's directory.

@@ -130,6 +130,9 @@ class LogStore:
         clock: Commit timestamps, retention ages and timers (the reactor if None).
         retention_interval_seconds: How often retention runs by itself.
         write_segment: How bytes reach a file: a seam for tests that count writes.
+        inline_max_bytes: Under ``ALWAYS``, the largest commit written on the
+            reactor thread while the writer thread is idle
+            (`gateway.core.log.writer`); 0: none.
     """
 
     _log = Logger()
@@ -145,6 +148,7 @@ class LogStore:
         clock: IReactorTime | None = None,
         retention_interval_seconds: float = DEFAULT_RETENTION_INTERVAL_SECONDS,
         write_segment: WriteSegment = pwrite_all,
+        inline_max_bytes: int = 0,
     ) -> None:
         self.directory = Path(directory)
         self.fsync = fsync
@@ -162,6 +166,7 @@ class LogStore:
             policy=fsync,
             interval_seconds=fsync_interval_seconds,
             stats=self.stats,
+            inline_max_bytes=inline_max_bytes,
         )
         self._streams: dict[str, StreamLog] = {}
         self._retention = LoopingCall(self._retention_tick)

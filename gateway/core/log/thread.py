@@ -81,6 +81,11 @@ class WriterThread:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
+    @property
+    def idle(self) -> bool:
+        """The thread runs, waits for a job, and none is queued: whatever was submitted is done."""
+        return self._thread is not None and self._idle and self._jobs.empty()
+
     def submit(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> Deferred[_T]:
         """Run ``function(*args, **kwargs)`` in the thread, after everything submitted before.
 
@@ -100,8 +105,7 @@ class WriterThread:
         reactor thread to let go of the GIL (module docstring). Only when
         the thread is idle (else at once), at most `_TAKEN_SECONDS`.
         """
-        idle = self._thread is not None and self._idle and self._jobs.empty()
-        return self._submit(function, args, kwargs, wait=idle)
+        return self._submit(function, args, kwargs, wait=self.idle)
 
     def _submit(
         self,

@@ -168,8 +168,10 @@ class CommitStats:
         commit_seconds: How long commit rounds that wrote something took,
             from planning on the reactor thread to the writer thread's
             answer back there (encoding, writing, fsync as the policy says).
-        fsync_seconds: How long each segment fsync of a commit took, in the
-            writer thread (those before a segment roll included).
+        fsync_seconds: How long each segment fsync of a commit took (those
+            before a segment roll included).
+        inline_commits: Of the commits, those written and fsynced on the
+            reactor thread (small ones, `gateway.core.log.writer`).
     """
 
     commits: int = 0
@@ -182,6 +184,7 @@ class CommitStats:
     messages: int = 0
     commit_seconds: Durations = attrs.field(factory=Durations)
     fsync_seconds: Durations = attrs.field(factory=Durations)
+    inline_commits: int = 0
 
 
 class LogError(Exception):

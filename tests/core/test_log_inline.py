@@ -1,0 +1,200 @@
+"""Tests for small commits written on the reactor thread (`gateway.core.log.writer`).
+
+Under ``fsync = "always"`` a commit of at most ``inline_max_bytes`` is
+written and fsynced by the reactor thread while the writer thread is idle
+with nothing queued and recent fsyncs were quick; anything else goes to the
+writer thread. Which thread wrote is seen through the store's
+``write_segment`` seam (pytest-twisted runs the reactor in the main thread).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import pytest_twisted
+from twisted.logger import capturedLogs
+
+from gateway.core.log import FsyncPolicy, LogStore, LogWriteError
+from gateway.core.log import segment as segment_module
+from gateway.core.log.segment import pwrite_all
+from gateway.core.log.writer import INLINE_MAX_BYTES, INLINE_MAX_SYNC_SECONDS
+from tests.core.test_log import messages, next_turn, open_store
+
+INLINE = 16 * 1024
+
+
+class ThreadedWrites:
+    """A ``write_segment`` seam that records, for each write, whether the reactor thread made it."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.on_reactor: list[bool] = []
+        self._fail_at = fail_at
+
+    def __call__(self, fd: int, data: bytes, position: int) -> None:
+        """Note the thread, then write (or fail as a broken disk would, at ``fail_at``)."""
+        self.on_reactor.append(threading.current_thread() is threading.main_thread())
+        if len(self.on_reactor) == self._fail_at:
+            raise OSError(errno.EIO, "Input/output error")
+        pwrite_all(fd, data, position)
+
+
+def inline_store(directory: Path, writes: ThreadedWrites, **options: object) -> LogStore:
+    """A store that writes small commits inline, its writes watched."""
+    return open_store(directory, write_segment=writes, inline_max_bytes=INLINE, **options)
+
+
+@pytest_twisted.ensureDeferred
+async def test_small_commits_are_written_and_synced_on_the_reactor_thread(tmp_path: Path) -> None:
+    """Once the writer thread is idle, each small commit is written inline, fsynced, and kept."""
+    writes = ThreadedWrites()
+    store = inline_store(tmp_path, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])  # after the thread created the files
+        before = store.stats.inline_commits
+        for index in range(5):
+            await stream.append([b"m%d" % index])
+        assert writes.on_reactor[-5:] == [True] * 5
+        assert store.stats.inline_commits == before + 5
+        assert store.stats.synced_commits == store.stats.commits
+        assert store.stats.fsyncs == store.stats.commits
+        # A stored offset alone (not synced) is written inline as well.
+        stream.store_offset("reader", 3)
+        await store._committer.drain()
+        assert writes.on_reactor[-1] is True
+    finally:
+        await store.close()
+    store = open_store(tmp_path)
+    try:
+        again = store.get("s")
+        assert again is not None
+        assert messages(again) == [b"first"] + [b"m%d" % index for index in range(5)]
+        assert again.query_offset("reader") == 3
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_commit_over_the_limit_goes_to_the_writer_thread(tmp_path: Path) -> None:
+    """A commit larger than ``inline_max_bytes`` is written by the writer thread."""
+    writes = ThreadedWrites()
+    store = inline_store(tmp_path, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])
+        inline = store.stats.inline_commits
+        await stream.append([b"x" * (INLINE + 1)])
+        assert writes.on_reactor[-1] is False
+        assert store.stats.inline_commits == inline
+        await stream.append([b"small"])
+        assert writes.on_reactor[-1] is True
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_busy_writer_thread_keeps_the_order(tmp_path: Path) -> None:
+    """With a job queued or running in the writer thread, a small commit waits behind it there."""
+    writes = ThreadedWrites()
+    store = inline_store(tmp_path, writes)
+    release = threading.Event()
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])
+        held = store._thread.submit(release.wait, 30)
+        appended = stream.append([b"second"])
+        await next_turn()
+        await next_turn()
+        assert not appended.called  # behind the job
+        release.set()
+        await held
+        await appended
+        assert writes.on_reactor[-1] is False
+        assert messages(stream) == [b"first", b"second"]
+    finally:
+        release.set()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_slow_fsyncs_send_commits_back_to_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the fsyncs' moving average passes the bound, commits go to the writer thread."""
+    ticks = iter(range(10**6))
+    step = INLINE_MAX_SYNC_SECONDS * 5  # each fsync seems to take five times the bound
+    slow = SimpleNamespace(perf_counter=lambda: next(ticks) * step)
+    writes = ThreadedWrites()
+    store = inline_store(tmp_path, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])
+        monkeypatch.setattr(segment_module, "time", slow)
+        for index in range(6):
+            await stream.append([b"m%d" % index])
+        # 0.1 of each 5 ms fsync: the average passes 1 ms after the third.
+        assert writes.on_reactor[-6:] == [True, True, True, False, False, False]
+    finally:
+        monkeypatch.undo()
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_off_by_default_in_the_store_and_not_under_other_policies(tmp_path: Path) -> None:
+    """``inline_max_bytes`` 0 (the store's default), or INTERVAL / NEVER: the writer thread."""
+    for options in (
+        {},
+        {"inline_max_bytes": INLINE, "fsync": FsyncPolicy.INTERVAL},
+        {"inline_max_bytes": INLINE, "fsync": FsyncPolicy.NEVER},
+    ):
+        writes = ThreadedWrites()
+        directory = tmp_path / str(len(list(tmp_path.iterdir())))
+        store = open_store(directory, write_segment=writes, **options)
+        try:
+            stream = store.create("s")
+            for index in range(3):
+                await stream.append([b"m%d" % index])
+            assert True not in writes.on_reactor, options
+            assert store.stats.inline_commits == 0
+        finally:
+            await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_inline_write_failure_is_what_a_writer_thread_failure_is(tmp_path: Path) -> None:
+    """A failed inline write fails its appends and stops the stream; reopening recovers it."""
+    writes = ThreadedWrites(fail_at=3)
+    store = inline_store(tmp_path, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"a"])
+        await stream.append([b"b"])
+        assert writes.on_reactor[-1] is True
+        with capturedLogs() as events, pytest.raises(LogWriteError):
+            await stream.append([b"c"])
+        assert writes.on_reactor[-1] is True  # the failing write was made inline
+        assert any(e.get("log_failure") is not None for e in events)
+        with pytest.raises(LogWriteError):
+            await stream.append([b"d"])
+        assert messages(stream) == [b"a", b"b"]
+    finally:
+        await store.close()
+    store = open_store(tmp_path)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert (await stream.append([b"e"])).first_offset == 2
+        assert messages(stream) == [b"a", b"b", b"e"]
+    finally:
+        await store.close()
+
+
+def test_the_gateway_default_is_the_module_default() -> None:
+    """``[log] inline_commit_max_bytes`` defaults to the writer's limit, which is small."""
+    from gateway.config.gateway import LogSettings
+
+    assert LogSettings().inline_commit_max_bytes == INLINE_MAX_BYTES == 16 * 1024
