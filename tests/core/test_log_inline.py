@@ -1,9 +1,9 @@
 """Tests for small commits written on the reactor thread (`gateway.core.log.writer`).
 
-Under ``fsync = "always"`` a commit of at most ``inline_max_bytes`` is
-written and fsynced by the reactor thread while the writer thread is idle
-with nothing queued and recent fsyncs were quick; anything else goes to the
-writer thread. Which thread wrote is seen through the store's
+Under ``fsync = "always"`` a commit of at most ``inline_max_bytes`` and
+`INLINE_MAX_ENTRIES` entries is written and fsynced by the reactor thread
+while the writer thread is idle with nothing queued and recent fsyncs were
+quick; anything else goes to the writer thread. Which thread wrote is seen through the store's
 ``write_segment`` seam (pytest-twisted runs the reactor in the main thread).
 """
 
@@ -21,7 +21,11 @@ from twisted.logger import capturedLogs
 from gateway.core.log import FsyncPolicy, LogStore, LogWriteError
 from gateway.core.log import segment as segment_module
 from gateway.core.log.segment import pwrite_all
-from gateway.core.log.writer import INLINE_MAX_BYTES, INLINE_MAX_SYNC_SECONDS
+from gateway.core.log.writer import (
+    INLINE_MAX_BYTES,
+    INLINE_MAX_ENTRIES,
+    INLINE_MAX_SYNC_SECONDS,
+)
 from tests.core.test_log import messages, next_turn, open_store
 
 INLINE = 16 * 1024
@@ -92,6 +96,22 @@ async def test_a_commit_over_the_limit_goes_to_the_writer_thread(tmp_path: Path)
         assert store.stats.inline_commits == inline
         await stream.append([b"small"])
         assert writes.on_reactor[-1] is True
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_commit_of_many_entries_goes_to_the_writer_thread(tmp_path: Path) -> None:
+    """More than `INLINE_MAX_ENTRIES` entries, however small, is a busy reactor: the thread."""
+    writes = ThreadedWrites()
+    store = inline_store(tmp_path, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])
+        await stream.append([b"e"] * INLINE_MAX_ENTRIES)
+        assert writes.on_reactor[-1] is True
+        await stream.append([b"e"] * (INLINE_MAX_ENTRIES + 1))
+        assert writes.on_reactor[-1] is False
     finally:
         await store.close()
 

@@ -300,6 +300,11 @@ class SegmentWrite:
         """The bytes of its chunks."""
         return sum(chunk.size for chunk in self.chunks)
 
+    @property
+    def entries(self) -> int:
+        """The entries of its chunks (a sub-batch is one)."""
+        return sum(len(chunk.messages) for chunk in self.chunks)
+
 
 class SegmentWriter:
     """The open files of a stream's active segment, for one thread at a time.

@@ -17,27 +17,27 @@ the reactor answers the senders of the last commit and wakes its readers,
 which (for a durable route) deliver what it held. Appends made by those
 callbacks go into the commit after.
 
-Under ``ALWAYS``, a small commit (at most ``inline_max_bytes``, into the
-open segments) is written and fsynced on the reactor thread itself, when the
-writer thread has nothing to do and the recent fsyncs were quick
-(`INLINE_MAX_SYNC_SECONDS`). Handing a commit to another thread and back
-costs two thread wake-ups and the GIL's back and forth: with a QMQP
-durable route at 10,000 messages a second, 0.9 ms at the median with
-``fsync = "never"`` (the commit itself a tenth of that), more than the
-fsync it waits for (0.2-0.3 ms on this project's machines). Written
-inline, the reactor waits for the fsync instead (docs/performance.rst).
-A commit that creates a segment, a large one (a burst: the reactor has
-reading to do meanwhile), or one while the disk is slow goes to the
-writer thread. Nothing else can use the files meanwhile: the writer
-thread is idle with nothing queued, and the reactor, which would queue
-its next job, is busy with the commit.
+Under ``ALWAYS``, a small commit (at most ``inline_max_bytes`` and
+`INLINE_MAX_ENTRIES` entries, into the open segments) is written and
+fsynced on the reactor thread itself, when the writer thread has nothing
+to do and the recent fsyncs were quick (`INLINE_MAX_SYNC_SECONDS`).
+Handing a commit to another thread and back costs two thread wake-ups and
+the GIL's back and forth: traced with a QMQP durable route at 10,000
+messages a second, a commit took 1.2 ms at the median from its planning to
+its acknowledgement through the writer thread, of which the fsync (GIL
+wait included) 0.55 ms; written inline, 0.3 ms, the fsync 0.23 ms. The
+reactor waits for the fsync instead. A commit that creates a segment, a
+large one (a busy gateway: the reactor has reading to do meanwhile), or
+one while the disk is slow goes to the writer thread. Nothing else can
+use the files meanwhile: the writer thread is idle with nothing queued,
+and the reactor, which would queue its next job, is busy with the commit.
 
 Under ``INTERVAL`` a commit fsyncs when the last fsync is at least the
 interval old; otherwise a timer on the clock asks for a sync-only commit
 when the interval has passed, so nothing stays unsynced for much longer.
 
 Each commit that writes is timed from its planning to its answer on the
-reactor thread, and each fsync in the writer thread (`CommitStats`): a few
+reactor thread, and each fsync (`CommitStats`): a few
 clock reads per commit, none per message.
 """
 
@@ -93,6 +93,11 @@ _Planned = tuple[CommittingStream, "StreamCommit"]
 
 INLINE_MAX_BYTES: Final = 16 * 1024
 """The default largest commit written and fsynced on the reactor thread (module docstring)."""
+
+INLINE_MAX_ENTRIES: Final = 32
+"""Nor more entries than this: a commit of many small messages means a busy reactor, whose
+reading would wait for the fsync (a QMQP durable route storing subjects, at full speed, kept
+making small commits inline and lost a quarter of its rate)."""
 
 INLINE_MAX_SYNC_SECONDS: Final = 0.001
 """Commits are written inline only while the recent fsyncs average at most this long."""
@@ -288,13 +293,14 @@ class GroupCommitter:
             or not self._thread.idle
         ):
             return False
-        size = 0
+        size = entries = 0
         for _writer, writes in jobs:
             for write in writes:
                 if write.create:
                     return False
                 size += write.size
-        return size <= self._inline_max_bytes
+                entries += write.entries
+        return size <= self._inline_max_bytes and entries <= INLINE_MAX_ENTRIES
 
     def _run_inline(
         self,
