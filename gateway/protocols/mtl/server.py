@@ -35,20 +35,10 @@ message answers the worst of its readers' answers, a reader found gone
 meanwhile not counting; no reader left: retry later.
 
 Slow readers (DESIGN.md, "Back-pressure before loss"; the listener's
-``flow``): ZeroMQ queues at most ``max_backlog_messages`` commands for a
-data peer (the data socket's SNDHWM); past that it refuses them (EAGAIN).
-Under ``pause-producers`` (the default) that peer is congested: what ZeroMQ
-refused for it, and everything sent to it after, is held for it in order
-and offered again every 20 ms while anything is held (ZeroMQ
-says nothing when a queue has room again), and while any peer is congested
-the data socket is not read at all: every writer shares it, so the writers'
-own ZeroMQ queues fill and their sends wait. A routed copy held for a
-reader without confirmations is answered once ZeroMQ took it. A congested
-peer ZeroMQ takes nothing more for during ``slow_consumer_seconds``, or
-holding more than ``max_backlog_bytes``, is a slow consumer: forgotten as a
-dead peer is (what waited on it retry later), counted
-(``msggateway_slow_consumer_disconnects``) and logged, and reading resumes.
-Writers whose Contents are routed elsewhere wait too: past
+``flow``): under ``pause-producers`` (the default) what ZeroMQ refuses for
+a congested data peer waits for it, reading holds meanwhile, and a slow
+consumer is cut, as `gateway.protocols.mtl.backlog` says (counted in
+``msggateway_slow_consumer_disconnects`` and logged). Past
 ``max_in_flight`` routed Contents unanswered (a destination that answers
 once its consumer drained, such as a congested reader of another MTL
 listener or SSMP subscriber) the data socket is not read until half are.
