@@ -463,6 +463,35 @@ class ListenerConnection(Protocol, Generic[F]):
                 return
         self.transport.write(data)
 
+    def flush_now(self) -> None:
+        """`flush`, then have the socket take what the transport holds now, not a turn later.
+
+        A transport writes what it is given when the reactor next polls: after
+        whatever else this turn does. An answer made outside a read (a durable
+        route's commit, acknowledged in a timed call that goes on to deliver
+        what it stored) need not wait for that: at 10,000 QMQP messages a
+        second it took 0.17 ms off the median reply (docs/performance.rst).
+        Only for a TCP connection (TLS over one included) that is neither
+        closing nor holding its producer back; otherwise the reactor writes,
+        as usual.
+        """
+        if not self._out:
+            return
+        self.flush()
+        transport: Any = self.transport
+        if transport is not None and not hasattr(transport, "doWrite"):
+            transport = getattr(transport, "transport", None)  # TLS: the TCP connection under it
+        if (
+            transport is None
+            or not hasattr(transport, "doWrite")
+            or not transport.connected
+            or transport.disconnecting
+            or getattr(transport, "producerPaused", False)
+        ):
+            return
+        # A failed send stays with the transport: the reactor's next write reports it.
+        transport.doWrite()
+
     def _write(self, data: bytes, messages: int = 0) -> None:
         """Write ``data`` (``messages`` messages) now, after anything queued, in one write."""
         self._out.append(data)

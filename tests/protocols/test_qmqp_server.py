@@ -12,17 +12,20 @@ docstring and docs/protocols/qmqp.rst.
 from __future__ import annotations
 
 import random
+import select
+import socket
 from collections.abc import Iterable, Sequence
 
 import attrs
 import pytest
+import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionLost
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
@@ -152,6 +155,8 @@ class HeldDestination:
         self.name = name
         self.messages: list[Message] = []
         self.outcomes: list[Deferred[Outcome]] = []
+        self.arrived: Deferred[None] | None = None
+        """Fired (once) when the next message arrives, if the test sets it."""
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Deliver a batch, one message at a time."""
@@ -162,6 +167,9 @@ class HeldDestination:
         outcome: Deferred[Outcome] = Deferred()
         self.messages.append(message)
         self.outcomes.append(outcome)
+        arrived, self.arrived = self.arrived, None
+        if arrived is not None:
+            arrived.callback(None)
         return outcome
 
 
@@ -435,6 +443,64 @@ def test_a_batch_answered_outside_a_read_is_written_at_once(world: ListenerWorld
     assert client.received() == b""
     world.held.outcomes[1].callback(Outcome.retry("later"))
     assert client.received() == reply("m1", b"K", 1) + reply("m2", b"Zlater", 0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_batch_answered_outside_a_read_is_in_the_socket_at_once() -> None:
+    """Over real TCP the replies reach the client's socket as the batch is answered.
+
+    Not when the reactor next polls: a durable route answers in a timed call
+    that goes on to other work (`ListenerProtocol.flush_now`).
+    """
+    from twisted.internet import reactor
+
+    world = ListenerWorld()
+    arrived: Deferred[None] = Deferred()
+    world.held.arrived = arrived
+    port = reactor.listenTCP(0, world.factory, interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        client.sendall(mail("m1", "a@held.example"))
+        await arrived  # fired inside the read
+        await deferLater(reactor, 0, lambda: None)  # the read is over
+        world.held.outcomes[0].callback(Outcome.accepted())
+        readable, _, _ = select.select([client], [], [], 0)  # no reactor turn since
+        assert readable == [client]
+        assert client.recv(4096) == reply("m1", b"K", 0)
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+class WritingTransport(StringTransport):
+    """A StringTransport with the parts of a TCP connection `flush_now` looks at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connected = True
+        self.disconnecting = False
+        self.producerPaused = False
+        self.pushed = 0
+
+    def doWrite(self) -> None:  # noqa: N802 (IWriteDescriptor's name)
+        """Count the pushes."""
+        self.pushed += 1
+
+
+@pytest.mark.parametrize("state", ["open", "disconnecting", "producer paused", "not connected"])
+def test_replies_are_pushed_only_on_an_open_unpaused_connection(state: str) -> None:
+    """`flush_now` hands the write to the socket only when the reactor would anyway, at once."""
+    world = ListenerWorld()
+    transport = WritingTransport()
+    protocol = world.factory.buildProtocol(IPv4Address("TCP", "192.0.2.1", 40000))
+    protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
+    protocol.dataReceived(mail("m1", "a@held.example"))
+    transport.disconnecting = state == "disconnecting"
+    transport.producerPaused = state == "producer paused"
+    transport.connected = state != "not connected"
+    world.held.outcomes[0].callback(Outcome.accepted())
+    assert transport.value() == reply("m1", b"K", 0)  # written either way
+    assert transport.pushed == (1 if state == "open" else 0)
 
 
 def test_single_answers_outside_a_read_wait_for_the_next_reactor_turn(

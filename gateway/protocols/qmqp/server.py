@@ -423,11 +423,11 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
     def _answer_batch(self, tokens: list[tuple[bytes, int]], outcomes: list[Outcome]) -> None:
         """Reply to a route's batch, in order, and write the replies now, in one write.
 
-        As `_answer` for each message, but outside a read the replies go out
-        at once instead of on the next reactor turn: a durable route answers
-        here as the log acknowledges a commit, and its senders should not
-        wait for what else that turn does (the forwarder's delivery of the
-        same commit, the next read).
+        As `_answer` for each message, but outside a read the replies go to
+        the socket at once (`flush_now`) instead of on the next reactor turn:
+        a durable route answers here as the log acknowledges a commit, and
+        its senders should not wait for what else that turn does (the
+        forwarder's delivery of the same commit, the next read).
         """
         if self._in_batch:
             self._reply_all(tokens, outcomes)
@@ -440,7 +440,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         if self._outstanding == 0:
             # `_reply` leaves the idle time to a read; this is no read.
             self._idle_since = self.factory.clock.seconds()
-        self.flush()
+        self.flush_now()
 
     def _reply_all(self, tokens: list[tuple[bytes, int]], outcomes: list[Outcome]) -> None:
         """`_answer` for each message of a batch, each distinct outcome mapped and counted once.
