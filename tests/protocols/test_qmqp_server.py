@@ -41,7 +41,11 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.qmqp.server import QMQPServerFactory, QMQPServerProtocol
+from gateway.protocols.qmqp.server import (
+    PUSH_MAX_REPLIES,
+    QMQPServerFactory,
+    QMQPServerProtocol,
+)
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
 from tests.doubles import NO_LOGIN_WAIT, deliver_each
 
@@ -450,7 +454,7 @@ async def test_a_batch_answered_outside_a_read_is_in_the_socket_at_once() -> Non
     """Over real TCP the replies reach the client's socket as the batch is answered.
 
     Not when the reactor next polls: a durable route answers in a timed call
-    that goes on to other work (`ListenerProtocol.flush_now`).
+    that goes on to other work (`ListenerConnection.flush_now`).
     """
     from twisted.internet import reactor
 
@@ -501,6 +505,20 @@ def test_replies_are_pushed_only_on_an_open_unpaused_connection(state: str) -> N
     world.held.outcomes[0].callback(Outcome.accepted())
     assert transport.value() == reply("m1", b"K", 0)  # written either way
     assert transport.pushed == (1 if state == "open" else 0)
+
+
+def test_a_large_batch_is_left_to_the_reactor_to_write() -> None:
+    """Past `PUSH_MAX_REPLIES` replies, the batch is written but not pushed to the socket."""
+    for count, pushed in ((PUSH_MAX_REPLIES, 1), (PUSH_MAX_REPLIES + 1, 0)):
+        world = ListenerWorld()
+        transport = WritingTransport()
+        protocol = world.factory.buildProtocol(IPv4Address("TCP", "192.0.2.1", 40000))
+        protocol.makeConnection(transport)  # type: ignore[no-untyped-call]
+        protocol.dataReceived(b"".join(mail(f"m{i}", "a@held.example") for i in range(count)))
+        for outcome in world.held.outcomes:
+            outcome.callback(Outcome.accepted())
+        assert len(qmqp.QMQPCodec(qmqp.Role.CLIENT).receive_data(transport.value())) == count
+        assert transport.pushed == pushed, count
 
 
 def test_single_answers_outside_a_read_wait_for_the_next_reactor_turn(
