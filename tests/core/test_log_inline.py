@@ -1,10 +1,11 @@
 """Tests for small commits written on the reactor thread (`gateway.core.log.writer`).
 
-Under ``fsync = "always"`` a commit of at most ``inline_max_bytes`` and
-`INLINE_MAX_ENTRIES` entries is written and fsynced by the reactor thread
-while the writer thread is idle with nothing queued and recent fsyncs were
-quick; anything else goes to the writer thread. Which thread wrote is seen through the store's
-``write_segment`` seam (pytest-twisted runs the reactor in the main thread).
+Under ``fsync = "always"`` a commit of at most ``inline_max_bytes`` is
+written and fsynced by the reactor thread while commits average at most
+`INLINE_MAX_ENTRIES` entries, the writer thread is idle with nothing queued
+and recent fsyncs were quick; anything else goes to the writer thread.
+Which thread wrote is seen through the store's ``write_segment`` seam
+(pytest-twisted runs the reactor in the main thread).
 """
 
 from __future__ import annotations
@@ -101,17 +102,26 @@ async def test_a_commit_over_the_limit_goes_to_the_writer_thread(tmp_path: Path)
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_commit_of_many_entries_goes_to_the_writer_thread(tmp_path: Path) -> None:
-    """More than `INLINE_MAX_ENTRIES` entries, however small, is a busy reactor: the thread."""
+async def test_commits_of_many_entries_go_to_the_writer_thread(tmp_path: Path) -> None:
+    """Once commits average more than `INLINE_MAX_ENTRIES` entries (a busy reactor): the thread.
+
+    One large commit after small ones (what follows a pause) stays inline.
+    """
     writes = ThreadedWrites()
     store = inline_store(tmp_path, writes)
     try:
         stream = store.create("s")
-        await stream.append([b"first"])
-        await stream.append([b"e"] * INLINE_MAX_ENTRIES)
-        assert writes.on_reactor[-1] is True
-        await stream.append([b"e"] * (INLINE_MAX_ENTRIES + 1))
-        assert writes.on_reactor[-1] is False
+        for _ in range(3):
+            await stream.append([b"one"])
+        await stream.append([b"e"] * (INLINE_MAX_ENTRIES * 2))
+        assert writes.on_reactor[-1] is True  # the average is about 16
+        for _ in range(3):
+            await stream.append([b"e"] * (INLINE_MAX_ENTRIES * 3))
+        # The average passes 32 with the first of these (about 36), and stays above.
+        assert writes.on_reactor[-3:] == [False, False, False]
+        for _ in range(12):
+            await stream.append([b"one"])
+        assert writes.on_reactor[-1] is True  # back under, small commits are inline again
     finally:
         await store.close()
 

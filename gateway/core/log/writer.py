@@ -17,8 +17,9 @@ the reactor answers the senders of the last commit and wakes its readers,
 which (for a durable route) deliver what it held. Appends made by those
 callbacks go into the commit after.
 
-Under ``ALWAYS``, a small commit (at most ``inline_max_bytes`` and
-`INLINE_MAX_ENTRIES` entries, into the open segments) is written and
+Under ``ALWAYS``, a small commit (at most ``inline_max_bytes``, into the
+open segments, while commits average at most `INLINE_MAX_ENTRIES`
+entries) is written and
 fsynced on the reactor thread itself, when the writer thread has nothing
 to do and the recent fsyncs were quick (`INLINE_MAX_SYNC_SECONDS`).
 Handing a commit to another thread and back costs two thread wake-ups and
@@ -95,9 +96,15 @@ INLINE_MAX_BYTES: Final = 16 * 1024
 """The default largest commit written and fsynced on the reactor thread (module docstring)."""
 
 INLINE_MAX_ENTRIES: Final = 32
-"""Nor more entries than this: a commit of many small messages means a busy reactor, whose
-reading would wait for the fsync (a QMQP durable route storing subjects, at full speed, kept
-making small commits inline and lost a quarter of its rate)."""
+"""Nor while commits have averaged more entries than this: commits of many small messages
+mean a busy reactor, whose reading would wait for the fsync (a QMQP durable route storing
+subjects, at full speed, kept making small commits inline and lost a quarter of its rate).
+An average, not each commit's count: after a pause (a large commit of outcome records in
+the writer thread) the next commit is larger, and sending it to the thread too made the
+one after larger still."""
+
+_ENTRIES_AVERAGE_WEIGHT: Final = 0.25
+"""The weight of each commit's entries in the moving average `INLINE_MAX_ENTRIES` limits."""
 
 INLINE_MAX_SYNC_SECONDS: Final = 0.001
 """Commits are written inline only while the recent fsyncs average at most this long."""
@@ -167,6 +174,8 @@ class GroupCommitter:
         self._reactor = reactor
         self._inline_max_bytes = inline_max_bytes
         self._sync_average = 0.0
+        self._entries_average = 0.0
+        """A moving average of the entries of the commits that sync (ALWAYS)."""
         """A moving average of the fsyncs' durations (seconds)."""
         self._clock = clock
         self._thread = thread
@@ -287,20 +296,25 @@ class GroupCommitter:
 
     def _inline(self, jobs: list[tuple[SegmentWriter, list[SegmentWrite]]]) -> bool:
         """Whether this commit is written on the reactor thread (module docstring)."""
-        if (
-            not self._inline_max_bytes
-            or self._sync_average > INLINE_MAX_SYNC_SECONDS
-            or not self._thread.idle
-        ):
+        if not self._inline_max_bytes:
             return False
         size = entries = 0
+        create = False
         for _writer, writes in jobs:
             for write in writes:
-                if write.create:
-                    return False
+                create = create or write.create
                 size += write.size
                 entries += write.entries
-        return size <= self._inline_max_bytes and entries <= INLINE_MAX_ENTRIES
+        average = self._entries_average
+        average += (entries - average) * _ENTRIES_AVERAGE_WEIGHT
+        self._entries_average = average
+        return (
+            not create
+            and size <= self._inline_max_bytes
+            and average <= INLINE_MAX_ENTRIES
+            and self._sync_average <= INLINE_MAX_SYNC_SECONDS
+            and self._thread.idle
+        )
 
     def _run_inline(
         self,
