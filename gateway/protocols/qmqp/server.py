@@ -167,13 +167,14 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
 
     def _reply(self, block_id: bytes, status: bytes, description: bytes) -> None:
         self._outstanding -= 1
-        reply = qmqp.ReplyBlock(
-            id=block_id, status=status, description=description, pending=self._outstanding
-        )
-        self._send(qmqp.encode(reply))
+        self._send(qmqp.encode_reply(block_id, status, description, self._outstanding))
         self.factory.count_reply(status, 1)
+        self._replied()
+
+    def _replied(self) -> None:
+        """After replies: owing nothing any more, the connection is idle from now; it may close."""
         if not self._outstanding:
-            # Nothing owed any more: idle from now (a read has noted its own time).
+            # A read has noted its own time.
             if not self._in_batch:
                 self._idle_since = self.factory.clock.seconds()
             if self._idle_call is None and not self._closing:
@@ -486,11 +487,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
             count_reply(status, counted)
         self._outstanding = outstanding
         self._out_count += count
-        if not outstanding:
-            # As `_reply` when nothing is owed any more (only the last reply can owe nothing).
-            if self._idle_call is None and not self._closing:
-                self._watch_idle(self.factory.settings.idle_timeout_seconds)
-            self._maybe_finished()
+        self._replied()  # only the last reply can owe nothing
         self._resume_reading()
 
 
