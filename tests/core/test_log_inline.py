@@ -10,8 +10,10 @@ Which thread wrote is seen through the store's ``write_segment`` seam
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +21,7 @@ import pytest
 import pytest_twisted
 from twisted.logger import capturedLogs
 
-from gateway.core.log import FsyncPolicy, LogStore, LogWriteError
+from gateway.core.log import FsyncPolicy, LogStore, LogWriteError, StreamLog
 from gateway.core.log import segment as segment_module
 from gateway.core.log.segment import pwrite_all
 from gateway.core.log.writer import (
@@ -52,14 +54,29 @@ def inline_store(directory: Path, writes: ThreadedWrites, **options: object) -> 
     return open_store(directory, write_segment=writes, inline_max_bytes=INLINE, **options)
 
 
+@contextlib.asynccontextmanager
+async def first_acknowledged(
+    directory: Path,
+) -> AsyncIterator[tuple[LogStore, StreamLog, ThreadedWrites]]:
+    """An inline store, its stream ``s`` and its writes, once ``first`` is acknowledged.
+
+    The stream's files are the writer thread's first job; from that
+    acknowledgement on, the thread is idle. The store is closed afterwards.
+    """
+    writes = ThreadedWrites()
+    store = inline_store(directory, writes)
+    try:
+        stream = store.create("s")
+        await stream.append([b"first"])
+        yield store, stream, writes
+    finally:
+        await store.close()
+
+
 @pytest_twisted.ensureDeferred
 async def test_small_commits_are_written_and_synced_on_the_reactor_thread(tmp_path: Path) -> None:
     """Once the writer thread is idle, each small commit is written inline, fsynced, and kept."""
-    writes = ThreadedWrites()
-    store = inline_store(tmp_path, writes)
-    try:
-        stream = store.create("s")
-        await stream.append([b"first"])  # after the thread created the files
+    async with first_acknowledged(tmp_path) as (store, stream, writes):
         before = store.stats.inline_commits
         for index in range(5):
             await stream.append([b"m%d" % index])
@@ -71,8 +88,6 @@ async def test_small_commits_are_written_and_synced_on_the_reactor_thread(tmp_pa
         stream.store_offset("reader", 3)
         await store._committer.drain()
         assert writes.on_reactor[-1] is True
-    finally:
-        await store.close()
     store = open_store(tmp_path)
     try:
         again = store.get("s")
@@ -86,19 +101,13 @@ async def test_small_commits_are_written_and_synced_on_the_reactor_thread(tmp_pa
 @pytest_twisted.ensureDeferred
 async def test_a_commit_over_the_limit_goes_to_the_writer_thread(tmp_path: Path) -> None:
     """A commit larger than ``inline_max_bytes`` is written by the writer thread."""
-    writes = ThreadedWrites()
-    store = inline_store(tmp_path, writes)
-    try:
-        stream = store.create("s")
-        await stream.append([b"first"])
+    async with first_acknowledged(tmp_path) as (store, stream, writes):
         inline = store.stats.inline_commits
         await stream.append([b"x" * (INLINE + 1)])
         assert writes.on_reactor[-1] is False
         assert store.stats.inline_commits == inline
         await stream.append([b"small"])
         assert writes.on_reactor[-1] is True
-    finally:
-        await store.close()
 
 
 @pytest_twisted.ensureDeferred
@@ -107,11 +116,8 @@ async def test_commits_of_many_entries_go_to_the_writer_thread(tmp_path: Path) -
 
     One large commit after small ones (what follows a pause) stays inline.
     """
-    writes = ThreadedWrites()
-    store = inline_store(tmp_path, writes)
-    try:
-        stream = store.create("s")
-        for _ in range(3):
+    async with first_acknowledged(tmp_path) as (_store, stream, writes):
+        for _ in range(2):
             await stream.append([b"one"])
         await stream.append([b"e"] * (INLINE_MAX_ENTRIES * 2))
         assert writes.on_reactor[-1] is True  # the average is about 16
@@ -122,32 +128,25 @@ async def test_commits_of_many_entries_go_to_the_writer_thread(tmp_path: Path) -
         for _ in range(12):
             await stream.append([b"one"])
         assert writes.on_reactor[-1] is True  # back under, small commits are inline again
-    finally:
-        await store.close()
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_busy_writer_thread_keeps_the_order(tmp_path: Path) -> None:
     """With a job queued or running in the writer thread, a small commit waits behind it there."""
-    writes = ThreadedWrites()
-    store = inline_store(tmp_path, writes)
     release = threading.Event()
-    try:
-        stream = store.create("s")
-        await stream.append([b"first"])
+    async with first_acknowledged(tmp_path) as (store, stream, writes):
         held = store._thread.submit(release.wait, 30)
         appended = stream.append([b"second"])
-        await next_turn()
-        await next_turn()
-        assert not appended.called  # behind the job
-        release.set()
+        try:
+            await next_turn()
+            await next_turn()
+            assert not appended.called  # behind the job
+        finally:
+            release.set()  # else closing would wait for the job
         await held
         await appended
         assert writes.on_reactor[-1] is False
         assert messages(stream) == [b"first", b"second"]
-    finally:
-        release.set()
-        await store.close()
 
 
 @pytest_twisted.ensureDeferred
@@ -158,19 +157,13 @@ async def test_slow_fsyncs_send_commits_back_to_the_writer_thread(
     ticks = iter(range(10**6))
     step = INLINE_MAX_SYNC_SECONDS * 5  # each fsync seems to take five times the bound
     slow = SimpleNamespace(perf_counter=lambda: next(ticks) * step)
-    writes = ThreadedWrites()
-    store = inline_store(tmp_path, writes)
-    try:
-        stream = store.create("s")
-        await stream.append([b"first"])
+    async with first_acknowledged(tmp_path) as (_store, stream, writes):
         monkeypatch.setattr(segment_module, "time", slow)
         for index in range(6):
             await stream.append([b"m%d" % index])
         # 0.1 of each 5 ms fsync: the average passes 1 ms after the third.
         assert writes.on_reactor[-6:] == [True, True, True, False, False, False]
-    finally:
         monkeypatch.undo()
-        await store.close()
 
 
 @pytest_twisted.ensureDeferred
