@@ -87,6 +87,7 @@ __all__ = [
     "Response",
     "Summon",
     "confirm_fields",
+    "content_fields",
     "decode_boolean",
     "decode_data",
     "decode_integer",
@@ -452,8 +453,16 @@ def _new_content(
     return content
 
 
-def _fast_content(header: bytes, body: bytes) -> Content | None:
-    if len(header) < 14:  # type, sequence, resource length, table length
+def content_fields(header: bytes) -> tuple[int, str, dict[str, FieldValue]] | None:
+    """The sequence, resource and properties of a Content's header frame; None if not read here.
+
+    For a command of two frames whose header this reads,
+    ``decode_data([header, body])`` is ``Content(sequence, resource,
+    properties, body)``: a writer's Contents without the command built.
+    None for any other header, and for a Content it leaves to the general
+    decoder (which then decodes it, or says why it is ill-formed).
+    """
+    if len(header) < 14 or header[0] != CONTENT:  # type, sequence, resource and table lengths
         return None
     _kind, sequence, size = _NAMED.unpack_from(header)
     stop = 10 + size
@@ -462,7 +471,7 @@ def _fast_content(header: bytes, body: bytes) -> Content | None:
     except UnicodeDecodeError:
         return None
     if len(header) == stop + 4 and header[stop:] == _EMPTY_TABLE:
-        return _new_content(sequence, resource, {}, body)
+        return sequence, resource, {}
     if len(header) < stop + 4:
         return None
     try:
@@ -471,7 +480,12 @@ def _fast_content(header: bytes, body: bytes) -> Content | None:
         return None
     if end != len(header):
         return None
-    return _new_content(sequence, resource, properties, body)
+    return sequence, resource, properties
+
+
+def _fast_content(header: bytes, body: bytes) -> Content | None:
+    fields = content_fields(header)
+    return None if fields is None else _new_content(*fields, body)
 
 
 _set_confirm_sequence, _set_confirm_multiple = (

@@ -390,6 +390,44 @@ def test_confirm_fields_are_the_decoded_confirm(header: bytes, body: bytes) -> N
         assert decoded == ("result", mtl.Confirm(*fields))
 
 
+def _content_header(sequence: int, resource: bytes, table: bytes, kind: int = mtl.CONTENT) -> bytes:
+    return mtl._NAMED.pack(kind, sequence, len(resource)) + resource + table
+
+
+@given(
+    st.builds(
+        _content_header,
+        st.integers(0, 2**64 - 1),
+        st.binary(max_size=4) | st.text(max_size=4).map(str.encode) | st.just(b"\xff\xfe"),
+        st.just(b"\0\0\0\0")
+        | st.dictionaries(
+            st.text(max_size=4), st.text(max_size=4) | st.integers(-(2**31), 2**31), max_size=3
+        ).map(fieldtable.encode_table)
+        | st.binary(max_size=8),
+        st.just(mtl.CONTENT) | st.integers(0, 255),  # the same layout under another type
+    )
+    | st.binary(max_size=20).map(lambda tail: bytes([mtl.CONTENT]) + tail)
+    | st.binary(max_size=20),
+    st.binary(max_size=3),
+)
+def test_content_fields_are_the_decoded_content(header: bytes, body: bytes) -> None:
+    """Property: any header: content_fields reads a Content as decode_data decodes it."""
+    fields = mtl.content_fields(header)
+    decoded = _outcome(lambda: mtl.decode_data([header, body]))
+    if fields is None:
+        assert decoded[0] != "result" or not isinstance(decoded[1], mtl.Content)
+    else:
+        assert decoded == ("result", mtl.Content(*fields, body))
+
+
+def test_content_fields_of_the_spec_example() -> None:
+    """A Content with an empty table, and one with a property, read without the command built."""
+    assert mtl.content_fields(_content_header(7, b"orders", b"\0\0\0\0")) == (7, "orders", {})
+    table = fieldtable.encode_table({"message-id": "m1"})
+    assert mtl.content_fields(_content_header(8, b"", table)) == (8, "", {"message-id": "m1"})
+    assert mtl.content_fields(mtl._CONFIRM.pack(mtl.CONFIRM, 1, 0)) is None
+
+
 def test_confirms_made_through_the_slots_are_the_dataclass() -> None:
     """The decoder's Confirm constructor sets every field there is: equal to the dataclass's."""
     assert tuple(field.name for field in dataclasses.fields(mtl.Confirm)) == (

@@ -10,11 +10,13 @@ frame first, and the end of a read burst as the socket would say it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from gateway.codecs import mtl
@@ -809,3 +811,43 @@ def test_a_writer_gone_after_its_last_contents_still_has_them_routed() -> None:
     burst(listener, [(b"w", mtl.Content(n, "resource", {}, b"m%d" % n)) for n in range(1, 4)])
     assert [c.body for c in contents(sent, b"r")] == [b"m1", b"m2", b"m3"]
     assert not [c for c in sent.commands(b"w") if isinstance(c, mtl.Reject)]
+
+
+@implementer(IDestination)
+class Recording:
+    """A route destination that accepts every message and keeps it."""
+
+    name = "rec"
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
+        """Keep the batch; accept all of it."""
+        self.messages.extend(messages)
+        return succeed([Outcome.accepted()] * len(messages))
+
+
+def test_a_read_burst_shares_its_read_time() -> None:
+    """One burst's messages arrive at its start, its peers heard then; the next reads anew."""
+    clock = Clock()
+    router = Router(bind_routes([], {}), clock)
+    writers, _, control, _sent = server("mtl", router, clock)
+    recording = Recording()
+    route = Route(name="in", source="mtl", pattern=AddressPattern("#"), destination="rec")
+    router.replace_table(bind_routes([route], {"mtl": writers, "rec": recording}))
+    writer_lease = lease(writers, control, "Writer", "full", ["news"])
+    data(writers, b"w", mtl.Lease(1, writer_lease))
+    clock.advance(2)  # within the 12 s a silent peer is kept
+    started = clock.seconds()
+    writers._on_data([b"w", *mtl.encode_data(mtl.Content(2, "news", {}, b"one"))])
+    clock.advance(3)  # a long burst: the clock moves while it is handled
+    writers._on_data([b"w", *mtl.encode_data(mtl.Content(3, "news", {}, b"two"))])
+    writers._drained()
+    clock.advance(0)
+    assert [m.timestamp for m in recording.messages] == [started, started]
+    deaf = writers._backlogs.deaf_seconds
+    assert writers.peers.by_identity[b"w"].heard == started - deaf
+    burst(writers, [(b"w", mtl.Content(4, "news", {}, b"three"))])
+    assert recording.messages[-1].timestamp == started + 3
+    assert writers.peers.by_identity[b"w"].heard == started + 3 - deaf

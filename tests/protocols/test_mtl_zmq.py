@@ -165,6 +165,32 @@ def test_without_the_compiled_class_the_sockets_own_send(
     assert compiled_send(other) == other.send
 
 
+def test_read_now_asks_before_it_reads(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing waiting: no read tried (pyzmq's Again costs more); a message waiting: read whole."""
+    connection = world.router._connection
+    reads: list[None] = []
+    real_read = connection._read
+
+    def counted() -> list[bytes]:
+        reads.append(None)
+        frames: list[bytes] = real_read()
+        return frames
+
+    monkeypatch.setattr(connection, "_read", counted)
+    world.router.read_now()
+    assert reads == []
+    assert world.seen.bursts == []
+    dealer = world.peer(b"a")
+    dealer.send_multipart([b"head", b"body"])
+    world.router.read_now()
+    assert world.seen.messages == [[b"a", b"head", b"body"]]
+    assert world.seen.bursts == [1]
+    assert len(reads) == 2  # the message, then the read that found nothing (Again)
+    dealer.send_multipart([b"again", b""])
+    world.router.read_now()  # what arrives after an empty look is seen at the next
+    assert world.seen.messages[-1] == [b"a", b"again", b""]
+
+
 def test_a_long_burst_yields_to_the_reactor(world: World) -> None:
     """Past MAX_READ_BURST the burst is handed on and the rest read on the next reactor turn."""
     dealer = world.peer(b"a")

@@ -111,20 +111,23 @@ class DataPeers:
         self._reap_on_resume = False
         """The reaper came while the data socket was not read: look again once it is."""
 
-    def heard(self, identity: bytes, connection: str | None, source_fd: Any) -> DataPeer:
-        """The peer a message under ``identity`` came from, on ``connection``; heard now.
+    def heard(
+        self, identity: bytes, connection: str | None, source_fd: Any, now: float
+    ) -> DataPeer:
+        """The peer a message under ``identity`` came from, on ``connection``; heard at ``now``.
 
         Args:
             identity: Its routing id.
             connection: Its connection's number (None: not known).
             source_fd: Gives the connection's file descriptor (or None), for a new peer.
+            now: When it was read (the clock's time of its read burst).
         """
         peer = self.by_identity.get(identity)
         if peer is None or peer.connection != connection:
             if peer is not None:
                 self._taken(peer)
             peer = self._new(identity, connection, source_fd)
-        peer.heard = self._clock.seconds() - self._backlogs.deaf_seconds
+        peer.heard = now - self._backlogs.deaf_seconds
         return peer
 
     def readers(self, resource: str, profile: str) -> list[DataPeer]:

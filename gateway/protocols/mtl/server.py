@@ -63,6 +63,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl
+from gateway.codecs.fieldtable import FieldValue
 from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy
@@ -150,6 +151,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """The data peers: their connections, and when they are forgotten."""
         self._peers = self.peers.by_identity
         self._in_flight = 0
+        self._burst_time = 0.0
+        """When the data socket's read burst being handled began (`_heard`)."""
         self._answers_due = Congestion()
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         replies = WriterReplies(self._peers, self._send, self._answered, self.count_error)
@@ -228,16 +231,15 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if len(frames) < 2:
             return
         identity = frames[0]
-        if len(frames) == 3:  # a reader's Confirm, one per Content: not built
-            confirmed = mtl.confirm_fields(frames[1])
+        if len(frames) == 3:  # a reader's Confirm or a writer's Content: not built
+            header = frames[1]
+            confirmed = mtl.confirm_fields(header)
             if confirmed is not None:
-                self.traffic.messages_in += 1
-                self._outbox.reading = True
-                data = self._data
-                peer = self.peers.heard(
-                    identity, getattr(data, "connection", None), getattr(data, "source_fd", None)
-                )
-                settle_confirm(peer.unconfirmed, *confirmed)
+                settle_confirm(self._heard(identity).unconfirmed, *confirmed)
+                return
+            content = mtl.content_fields(header)
+            if content is not None:
+                self._content(self._heard(identity), *content, frames[2])
                 return
         try:
             command = mtl.decode_data(frames[1:])
@@ -247,15 +249,12 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             if known is not None:  # it may have been a Content: its number is unknown
                 known.answers.lapse()
             return  # the spec: drop it silently
-        self.traffic.messages_in += 1
-        self._outbox.reading = True  # answers go out when the burst is drained
-        data = self._data
-        peer = self.peers.heard(
-            identity, getattr(data, "connection", None), getattr(data, "source_fd", None)
-        )
+        peer = self._heard(identity)
         # The commands of the data path first: they are nearly all there is.
         if isinstance(command, mtl.Content):
-            self._content(peer, command)
+            self._content(
+                peer, command.sequence, command.resource, command.properties, command.body
+            )
         elif isinstance(command, mtl.Confirm | mtl.Reject):
             settle(peer.unconfirmed, command, self._reader_who)
         elif isinstance(command, mtl.Lease):
@@ -270,6 +269,26 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         elif isinstance(command, mtl.Ping):
             self._send(peer, mtl.Pong())
         # Pong and stray Responses: being heard is all.
+
+    def _heard(self, identity: bytes) -> DataPeer:
+        """The peer a well-formed data command came from, heard now; counted.
+
+        A read burst's first command notes the time, which its others
+        share (the peers' last hearing and the messages' arrival), and
+        holds the answers until the burst is drained.
+        """
+        self.traffic.messages_in += 1
+        outbox = self._outbox
+        if not outbox.reading:
+            outbox.reading = True  # answers go out when the burst is drained
+            self._burst_time = self.clock.seconds()
+        data = self._data
+        return self.peers.heard(
+            identity,
+            getattr(data, "connection", None),
+            getattr(data, "source_fd", None),
+            self._burst_time,
+        )
 
     def _drained(self) -> None:
         """The data socket's read burst is over: route its Contents, send its answers.
@@ -315,42 +334,47 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             peer.summoned.discard(command.resource)
         self._send(peer, mtl.Response(command.sequence, 200 if ok else 400))
 
-    def _content(self, peer: DataPeer, content: mtl.Content) -> None:
+    def _content(
+        self,
+        peer: DataPeer,
+        sequence: int,
+        resource: str,
+        properties: dict[str, FieldValue],
+        body: bytes,
+    ) -> None:
+        """A Content, by its fields (the hot path does not build the command)."""
         lease = peer.lease
         if lease is None or lease.kind != "writer":
             self.count_error("content-without-writer-lease")
-            self._reject_at_once(peer, content.sequence)
+            self._reject_at_once(peer, sequence)
             return
-        resource = content.resource
         if not resource and len(lease.resources) == 1:
             resource = lease.resources[0]
         if not resource or (lease.resources and resource not in lease.resources):
             # Invalid but well-formed: answered (spec, "Data Flow Error Handling"),
             # with a Reject even on a flow without confirmations.
             self.count_error("bad-resource")
-            self._reject_at_once(peer, content.sequence)
+            self._reject_at_once(peer, sequence)
             return
         if (
             self.authorization.restricted
             and not lease.resources
             and not self._authorized(Action.PUBLISH, lease.identity, resource)
         ):  # a lease for "any and all" resources: checked content by content
-            self._reject_at_once(peer, content.sequence)
+            self._reject_at_once(peer, sequence)
             return
         if lease.profile == "test":
             for reader in self.peers.readers(resource, "test"):
                 self._send(
                     reader,
-                    mtl.Content(next(reader.sequence), resource, content.properties, content.body),
+                    mtl.Content(next(reader.sequence), resource, properties, body),
                 )
             return
-        message = message_from_content(
-            resource, content.properties, content.body, self.clock.seconds()
-        )
+        message = message_from_content(resource, properties, body, self._burst_time)
         # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
         if lease.confirm == "full":
-            peer.answers.routed(content.sequence)
-            self._inbox.add(message, (peer, content.sequence))
+            peer.answers.routed(sequence)
+            self._inbox.add(message, (peer, sequence))
         else:
             self._inbox.add(message, None)
 
