@@ -383,18 +383,29 @@ def encode_content_with_id(
     try:
         raw = resource.encode()
         value = message_id.encode()
-        return [
-            _NAMED.pack(CONTENT, sequence, len(raw))
-            + raw
-            + _U32.pack(len(value) + 16)  # the entry: name, type octet, length, value
-            + _ID_FIELD
-            + _U32.pack(len(value))
-            + value,
-            body,
-        ]
+        named, size = len(raw), len(value)
+        layout = _WITH_ID.get((named, size))
+        if layout is None:
+            layout = _with_id_layout(named, size)
+        # After the resource, the table: its size, then the entry's name, type octet, length, value.
+        return [layout.pack(CONTENT, sequence, named, raw, size + 16, _ID_FIELD, size, value), body]
     except _GIVE_WAY:
         pass
     return _encode_data_general(Content(sequence, resource, {"message-id": message_id}, body))
+
+
+_WITH_ID: Final[dict[tuple[int, int], struct.Struct]] = {}
+"""`encode_content_with_id`'s header layouts, by the lengths of resource and id."""
+
+
+def _with_id_layout(resource: int, message_id: int) -> struct.Struct:
+    """The header of a Content whose table is its id alone, for these lengths, as one struct."""
+    if len(_WITH_ID) >= 256:  # ids of one length each, a few resources: rarely many
+        _WITH_ID.clear()
+    layout = _WITH_ID[resource, message_id] = struct.Struct(
+        f">BQB{resource}sI{len(_ID_FIELD)}sI{message_id}s"
+    )
+    return layout
 
 
 def confirm_fields(header: bytes) -> tuple[int, bool] | None:

@@ -390,6 +390,16 @@ def test_confirm_fields_are_the_decoded_confirm(header: bytes, body: bytes) -> N
         assert decoded == ("result", mtl.Confirm(*fields))
 
 
+def test_encode_content_with_id_past_its_layouts_cache() -> None:
+    """More lengths than the layouts kept: each still encodes as encode_content does."""
+    for length in range(300):
+        message_id = "i" * length
+        assert mtl.encode_content_with_id(length, "news", message_id, b"b") == mtl.encode_content(
+            length, "news", {"message-id": message_id}, b"b"
+        )
+    assert 0 < len(mtl._WITH_ID) <= 256
+
+
 def _content_header(sequence: int, resource: bytes, table: bytes, kind: int = mtl.CONTENT) -> bytes:
     return mtl._NAMED.pack(kind, sequence, len(resource)) + resource + table
 

@@ -188,9 +188,14 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                         same.append(position)
                         continue
                 try:
-                    for part in message[:-1]:
-                        send(part, more)
-                    send(message[-1], last)
+                    if len(message) == 3:  # identity, header, body: a data command's shape
+                        send(message[0], more)
+                        send(message[1], more)
+                        send(message[2], last)
+                    else:
+                        for part in message[:-1]:
+                            send(part, more)
+                        send(message[-1], last)
                 except zmq.ZMQError as exc:
                     # ROUTER_MANDATORY refuses the identity frame, so nothing of it went out.
                     why = gone if exc.errno == unroutable else full
