@@ -39,6 +39,7 @@ import attrs
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from gateway.codecs import mtl
 from gateway.core.message import Outcome
 from gateway.protocols.mtl.backlog import Backlog, Backlogs
 from gateway.protocols.mtl.confirms import WriterAnswers
@@ -73,6 +74,32 @@ class DataPeer:
     """Its connection is gone: nothing is sent to it; its lease covers what it sent before."""
     answers: WriterAnswers = attrs.Factory(WriterAnswers)
     """As a confirm=full writer: what it was answered, and when one Confirm may cover several."""
+
+    def summon(self, command: mtl.Summon | mtl.Dismiss, authorized: Callable[[], bool]) -> int:
+        """Take a Summon or Dismiss; the Response's code (200, 400 or 403).
+
+        403 without a lease; 400 for what its reader lease does not cover,
+        a resource summoned twice or dismissed unsummoned. ``authorized``
+        says whether the listener's authorization lets it consume the
+        resource: asked of a Summon under a lease for "any and all"
+        resources, whose resources are checked one by one.
+        """
+        lease = self.lease
+        if lease is None:
+            return 403
+        allowed = lease.kind == "reader" and (
+            not lease.resources or command.resource in lease.resources
+        )
+        if isinstance(command, mtl.Dismiss):
+            ok = command.resource in self.summoned
+            self.summoned.discard(command.resource)
+            return 200 if ok else 400
+        if allowed and not lease.resources and not authorized():
+            return 403
+        ok = allowed and command.resource not in self.summoned
+        if ok:
+            self.summoned.add(command.resource)
+        return 200 if ok else 400
 
 
 class DataPeers:

@@ -122,9 +122,9 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         """Its sockets, the ZAP handler and the watches of their connections, once started."""
         self._timer: IDelayedCall | None = None
         self.authorization: Authorization = UNRESTRICTED
+        """Who may write and read which resources; the assembly sets it from ``authorize``."""
         self.backlog = DEFAULT_LISTEN_BACKLOG
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
-        """Who may write and read which resources; the assembly sets it from ``authorize``."""
         self._reader_who = f"an MTL reader of {name}"
         self._not_confirming = Outcome.retry(
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
@@ -310,29 +310,16 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     def _summon(self, peer: DataPeer, command: mtl.Summon | mtl.Dismiss) -> None:
         lease = peer.lease
-        if lease is None:
-            self._send(peer, mtl.Response(command.sequence, 403))
-            return
-        allowed = lease.kind == "reader" and (
-            not lease.resources or command.resource in lease.resources
+        code = peer.summon(
+            command,
+            lambda: (
+                not self.authorization.restricted
+                or self._authorized(
+                    Action.CONSUME, lease.identity if lease else None, command.resource
+                )
+            ),
         )
-        if (
-            allowed
-            and isinstance(command, mtl.Summon)
-            and self.authorization.restricted
-            and not lease.resources  # a lease for "any and all": checked resource by resource
-            and not self._authorized(Action.CONSUME, lease.identity, command.resource)
-        ):
-            self._send(peer, mtl.Response(command.sequence, 403))
-            return
-        if isinstance(command, mtl.Summon):
-            ok = allowed and command.resource not in peer.summoned
-            if ok:
-                peer.summoned.add(command.resource)
-        else:
-            ok = command.resource in peer.summoned
-            peer.summoned.discard(command.resource)
-        self._send(peer, mtl.Response(command.sequence, 200 if ok else 400))
+        self._send(peer, mtl.Response(command.sequence, code))
 
     def _content(
         self,
@@ -365,10 +352,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             return
         if lease.profile == "test":
             for reader in self.peers.readers(resource, "test"):
-                self._send(
-                    reader,
-                    mtl.Content(next(reader.sequence), resource, properties, body),
-                )
+                self._send(reader, mtl.Content(next(reader.sequence), resource, properties, body))
             return
         message = message_from_content(resource, properties, body, self._burst_time)
         # Routed with the rest of the read burst (`_inbox.dispatch` once it is drained).
