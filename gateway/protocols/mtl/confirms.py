@@ -29,20 +29,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from gateway.codecs import mtl
 from gateway.core.inbox import Result
 from gateway.core.message import Outcome, Status
 from gateway.core.router import Unrouted
 
-if TYPE_CHECKING:
-    from gateway.protocols.mtl.peers import DataPeer
-
-__all__ = ["WriterAnswers", "WriterReplies"]
-
-Token = tuple["DataPeer", int] | None
-"""A routed Content's writer and sequence, when its writer wants an answer (None: it does not)."""
+__all__ = ["Writer", "WriterAnswers", "WriterReplies"]
 
 
 class WriterAnswers:
@@ -130,8 +124,26 @@ class WriterAnswers:
         return max(covered), alone
 
 
-class WriterReplies:
+class Writer(Protocol):
+    """What `WriterReplies` reads of a writer peer (`gateway.protocols.mtl.peers.DataPeer`)."""
+
+    @property
+    def identity(self) -> bytes:
+        """Its routing id."""
+
+    @property
+    def answers(self) -> WriterAnswers:
+        """What it was answered."""
+
+
+W = TypeVar("W", bound=Writer)
+
+
+class WriterReplies(Generic[W]):
     """Tells writers what became of their routed Contents: a listener's inbox's answers.
+
+    Each routed Content's token is its writer and sequence when its writer
+    wants an answer, None when it does not.
 
     Args:
         peers: The listener's data peers by routing id (a writer forgotten
@@ -145,8 +157,8 @@ class WriterReplies:
 
     def __init__(
         self,
-        peers: Mapping[bytes, DataPeer],
-        send: Callable[[DataPeer, mtl.DataCommand], None],
+        peers: Mapping[bytes, W],
+        send: Callable[[W, mtl.DataCommand], None],
         answered: Callable[[int], None],
         count_error: Callable[[str], None],
     ) -> None:
@@ -155,7 +167,7 @@ class WriterReplies:
         self._answered = answered
         self._count_error = count_error
 
-    def one(self, token: Token, result: Result) -> None:
+    def one(self, token: tuple[W, int] | None, result: Result) -> None:
         """Tell a writer what became of one Content: Confirm, or Reject (recycle: retry later)."""
         self._answered(1)
         if token is None:  # confirm=none: the writer hears nothing
@@ -173,7 +185,7 @@ class WriterReplies:
         else:
             self._send(peer, mtl.Reject(sequence, False, result.status is Status.RETRY))
 
-    def batch(self, tokens: list[Token], outcomes: list[Outcome]) -> None:
+    def batch(self, tokens: list[tuple[W, int] | None], outcomes: list[Outcome]) -> None:
         """Tell writers what became of a route's batch of their Contents, in few commands.
 
         Rejects go one by one, first; a writer's accepted Contents are
@@ -183,7 +195,7 @@ class WriterReplies:
         self._answered(len(tokens))
         peers = self._peers
         send = self._send
-        accepted: dict[DataPeer, list[int]] = {}
+        accepted: dict[W, list[int]] = {}
         for token, outcome in zip(tokens, outcomes, strict=True):
             if token is None:  # confirm=none: the writer hears nothing
                 continue
