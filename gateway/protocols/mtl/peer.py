@@ -27,7 +27,7 @@ from gateway.core.message import Outcome
 from gateway.core.router import Router
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.mtl.mapping import Copy, PendingBatch
-from gateway.protocols.mtl.zmq import Outbox
+from gateway.protocols.mtl.outbox import Outbox
 
 __all__ = ["MTLPeer", "MTLPeerArgs"]
 

@@ -12,10 +12,10 @@ of work"). txzmq's own read loop is replaced for that, and because it asks
 ZeroMQ for the socket's events and wraps a logging context around every
 message, which cost more than the read itself.
 
-Writing: an `Outbox` gathers the commands of a burst (its answers, or the
-answers a batch's outcomes give) and sends them together at the end of the
-burst or on the next reactor turn: ZeroMQ then wakes its I/O thread once
-for them instead of once per message. Frames go straight to the send of
+Writing: a socket sends several messages in one call (`ZmqSocket.send_many`,
+`ZmqSocket.send_routed`), which `gateway.protocols.mtl.outbox.Outbox` gathers
+from a burst: ZeroMQ then wakes its I/O thread once for them instead of once
+per message. Frames go straight to the send of
 pyzmq's compiled socket (``zmq.backend.Socket.send``), bound once per
 socket: pyzmq's Python ``Socket.send`` in front of it only adds the
 routing-id and group arguments of draft socket types, which MTL's ROUTER
@@ -55,14 +55,12 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import Any, Final
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 __all__ = [
     "CONNECTION_PROPERTY",
     "DEFAULT_HIGH_WATER_MARK",
     "MAX_READ_BURST",
-    "Outbox",
     "ZmqSocket",
     "compiled_send",
     "zmq_factory",
@@ -535,78 +533,3 @@ class ZmqSocket:
     def close(self) -> None:
         """Close the socket."""
         self._connection.shutdown()
-
-
-class Outbox:
-    """Multipart messages waiting to be sent together.
-
-    They go out when the read burst that made them is drained (`flush`), or,
-    for those made outside a burst (outcomes arriving, timers), on the next
-    reactor turn. Something sent at once on the same socket calls `flush`
-    first, so that the order of a peer's commands is kept.
-
-    Args:
-        clock: For the next reactor turn.
-        send_many: Sends a list of multipart messages.
-
-    Attributes:
-        reading: Set while a read burst is handled: its end flushes.
-    """
-
-    __slots__ = ("_call", "_clock", "_latest", "_messages", "_send_many", "reading")
-
-    def __init__(
-        self, clock: IReactorTime, send_many: Callable[[list[list[bytes]]], object]
-    ) -> None:
-        self._clock = clock
-        self._send_many = send_many
-        self._messages: list[list[bytes]] = []
-        self._call: IDelayedCall | None = None
-        self._latest: dict[bytes, int] = {}
-        """Where a peer's waiting message that a later one may replace is (`add_latest`)."""
-        self.reading = False
-
-    def add(self, frames: list[bytes]) -> None:
-        """Send one multipart message with the others of this burst or reactor turn."""
-        if self._latest:
-            self._latest.pop(frames[0], None)  # it is no longer the peer's last
-        self._messages.append(frames)
-        if self._call is None and not self.reading:
-            self._call = self._clock.callLater(0, self.flush)
-
-    def add_latest(self, frames: list[bytes]) -> None:
-        """`add` a ROUTER's message (identity first) that makes its peer's previous one needless.
-
-        If the last message waiting for that peer was added this way too, it
-        is replaced by this one, in its place (nothing for that peer comes
-        between): a Confirm with ``multiple`` that covers everything the one
-        before it covered, and more.
-        """
-        latest = self._latest
-        identity = frames[0]
-        position = latest.get(identity)
-        if position is not None:
-            self._messages[position] = frames
-            return
-        self.add(frames)
-        latest[identity] = len(self._messages) - 1
-
-    def flush(self) -> None:
-        """Send everything waiting now (what ZeroMQ refuses is dropped, as a lone send's is)."""
-        call, self._call = self._call, None
-        if call is not None and call.active():
-            call.cancel()
-        messages = self._messages
-        if messages:
-            self._messages = []
-            self._latest = {}
-            self._send_many(messages)
-
-    def clear(self) -> None:
-        """Drop everything waiting (the socket is going away, perhaps mid-burst)."""
-        call, self._call = self._call, None
-        if call is not None and call.active():
-            call.cancel()
-        self._messages = []
-        self._latest = {}
-        self.reading = False
