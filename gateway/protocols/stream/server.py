@@ -50,28 +50,26 @@ Open), `.serveradmin` (Create, Delete, Metadata, StreamStats),
 `.serverpublish` (publishers, Publish and its confirms) and
 `.serverconsume` (subscriptions, deliveries, offsets). This module keeps
 the connection's life, reading and dispatch, Tune, heartbeats and close,
-what a fleet asks of a connection, and the factory.
+what a fleet asks of a connection, and the factory that builds it (over
+`.serverbase.StreamListenerFactory`, the listener's shared state).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Unpack, cast
+from typing import Any, Final, cast
 
-from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
 from gateway.codecs import stream as sp
-from gateway.core.log import LogStore
-from gateway.protocols.listener import ListenerArgs, ListenerFactory
 from gateway.protocols.stream.fleetlogin import RelayIdentity
-from gateway.protocols.stream.relay import StreamFleet, StreamRelays
+from gateway.protocols.stream.relay import StreamRelays
 from gateway.protocols.stream.serveradmin import ServerStreams
 from gateway.protocols.stream.serverauth import ServerLogin
-from gateway.protocols.stream.serverbase import OK, UNKNOWN_FRAME
+from gateway.protocols.stream.serverbase import OK, UNKNOWN_FRAME, StreamListenerFactory
 from gateway.protocols.stream.serverconsume import ServerSubscriptions
 from gateway.protocols.stream.serverpublish import ServerPublishers
-from gateway.protocols.stream.settings import StreamListenerSettings
 
 __all__ = ["StreamServerFactory", "StreamServerProtocol"]
 
@@ -404,60 +402,7 @@ _HANDLERS: Final[dict[type, Callable[[StreamServerProtocol, Any], None]]] = {
 }
 
 
-class StreamServerFactory(ListenerFactory[StreamServerProtocol, StreamListenerSettings]):
-    """Builds connections for one stream listener.
-
-    Args:
-        name: The listener's name.
-        settings: Its validated settings.
-        store: The embedded log.
-        secrets: For SASL PLAIN.
-        clock: Timers.
-        metrics: Counters, or None.
-    """
+class StreamServerFactory(StreamListenerFactory):
+    """Builds connections for one stream listener (`StreamListenerFactory`'s state)."""
 
     protocol = StreamServerProtocol
-    kind = "stream"
-
-    def __init__(
-        self, *, store: LogStore, **common: Unpack[ListenerArgs[StreamListenerSettings]]
-    ) -> None:
-        super().__init__(**common)
-        self.store = store
-        self._bound: tuple[str, int] = ("127.0.0.1", 0)
-        self.on_stream_created: list[Callable[[str], None]] = []
-        self.fleet: StreamFleet | None = None
-        """In a fleet: who owns each stream, and how to relay to its owner (`join_fleet`)."""
-
-    def join_fleet(self, fleet: StreamFleet) -> None:
-        """Act as one node of a fleet: streams owned elsewhere are relayed or refused there."""
-        self.fleet = fleet
-        fleet.placement.on_change(self._owners_changed)
-
-    def _owners_changed(self) -> None:
-        for connection in list(self.connections):
-            connection.owners_changed()
-
-    def listening_on(self, address: IAddress) -> None:
-        """Learn the address the listener got (port 0 in tests) to advertise it."""
-        host = getattr(address, "host", "127.0.0.1")
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        self._bound = (host, int(getattr(address, "port", 0)))
-
-    def advertised(self) -> tuple[str, int]:
-        """The host and port clients are told to connect to."""
-        return (
-            self.settings.advertised_host or self._bound[0],
-            self.settings.advertised_port or self._bound[1],
-        )
-
-    def stream_created(self, name: str) -> None:
-        """A client created a stream (routes from this listener may start on it)."""
-        for callback in self.on_stream_created:
-            callback(name)
-
-    def stream_deleted(self, name: str) -> None:
-        """Tell every connection using the stream that it is gone."""
-        for connection in list(self.connections):
-            connection.stream_gone(name)

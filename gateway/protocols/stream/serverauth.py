@@ -14,7 +14,7 @@ node, or the relaying node's routes.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final
 
 from twisted.internet.interfaces import IAddress, IDelayedCall
 
@@ -41,9 +41,6 @@ from gateway.protocols.stream.serverbase import (
     StreamServerBase,
 )
 from gateway.tls import external_identity, peer_identities
-
-if TYPE_CHECKING:
-    from gateway.protocols.stream.server import StreamServerProtocol
 
 __all__ = ["ServerLogin"]
 
@@ -74,11 +71,6 @@ class ServerLogin(StreamServerBase):
     _held: tuple[list[sp.Event], sp.StreamError | None]
     _waited: bool
     _relay_nonces: tuple[str, str] | None
-
-    if TYPE_CHECKING:
-
-        def _handle_events(self, events: list[sp.Event], error: sp.StreamError | None) -> bool:
-            """Handle a read's frames, then its error (`StreamServerProtocol`)."""
 
     # --- handshake ----------------------------------------------------------------------------
 
@@ -141,9 +133,7 @@ class ServerLogin(StreamServerBase):
             return
         code = AUTHENTICATION_FAILURE if wait > 0 else self._authenticate(event.mechanism, data)
         why = UNCHECKED if wait > 0 else _REFUSALS.get(code, f"code {code}")
-        if code == OK and not self.factory.admit(
-            cast("StreamServerProtocol", self), self._principal
-        ):
+        if code == OK and not self.factory.admit(self, self._principal):
             assert self._principal is not None
             why = self.factory.per_identity_refusal(self._principal)
             code = AUTHENTICATION_FAILURE

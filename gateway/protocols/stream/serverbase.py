@@ -1,5 +1,9 @@
 """What the stream listener's rooms share: reply codes, output, the open check, allow-lists.
 
+And the listener itself, `StreamListenerFactory`: what its connections
+share (the log, settings, the fleet, created and deleted streams); its
+subclass in `gateway.protocols.stream.server` builds the connections.
+
 `gateway.protocols.stream.server.StreamServerProtocol` is put together from
 mixins of one concern each: the login (`gateway.protocols.stream.serverauth`),
 stream management (`.serveradmin`), publishers (`.serverpublish`) and
@@ -12,17 +16,20 @@ to the mixin's method directly: no call goes through here that did not before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, Unpack
 
 from gateway.codecs import stream as sp
 from gateway.core.authorization import Action, check_internal
-from gateway.protocols.listener import ListenerConnection
+from gateway.protocols.listener import ListenerArgs, ListenerConnection, ListenerFactory
 from gateway.protocols.stream.fleetlogin import ROUTES, RelayIdentity
-from gateway.protocols.stream.relay import StreamRelays
+from gateway.protocols.stream.relay import StreamFleet, StreamRelays
+from gateway.protocols.stream.settings import StreamListenerSettings
 
 if TYPE_CHECKING:
-    from gateway.core.log import StreamLog
-    from gateway.protocols.stream.server import StreamServerFactory
+    from twisted.internet.interfaces import IAddress
+
+    from gateway.core.log import LogStore, StreamLog
 
 __all__ = [
     "ACCESS_REFUSED",
@@ -41,6 +48,7 @@ __all__ = [
     "SUBSCRIPTION_ID_DOES_NOT_EXIST",
     "UNKNOWN_FRAME",
     "VIRTUAL_HOST_ACCESS_FAILURE",
+    "StreamListenerFactory",
     "StreamServerBase",
 ]
 
@@ -63,10 +71,10 @@ PUBLISHER_DOES_NOT_EXIST: Final = 18
 NO_OFFSET: Final = 19
 
 
-class StreamServerBase(ListenerConnection["StreamServerFactory"]):
+class StreamServerBase(ListenerConnection["StreamListenerFactory"]):
     """What every part of a stream listener's connection uses (`StreamServerProtocol`)."""
 
-    factory: StreamServerFactory
+    factory: StreamListenerFactory
     _codec: sp.StreamCodec
     _state: str
     identity: str | None
@@ -76,6 +84,17 @@ class StreamServerBase(ListenerConnection["StreamServerFactory"]):
     _unconfirmed: int
     _in_batch: bool
     _sent_since: bool
+
+    if TYPE_CHECKING:  # the connection's own (`StreamServerProtocol`)
+
+        def _handle_events(self, events: list[sp.Event], error: sp.StreamError | None) -> bool:
+            """Handle a read's frames, then its error."""
+
+        def stream_gone(self, name: str) -> None:
+            """A stream this connection uses was deleted."""
+
+        def owners_changed(self) -> None:
+            """Streams may have moved to other nodes of the fleet."""
 
     # --- output ------------------------------------------------------------------------
 
@@ -140,3 +159,61 @@ class StreamServerBase(ListenerConnection["StreamServerFactory"]):
             peer=self._peer(),
             shown_identity=self.identity,
         )
+
+
+class StreamListenerFactory(ListenerFactory[StreamServerBase, StreamListenerSettings]):
+    """One stream listener: what its connections share (its subclass in `.server` builds them).
+
+    Args:
+        name: The listener's name.
+        settings: Its validated settings.
+        store: The embedded log.
+        secrets: For SASL PLAIN.
+        clock: Timers.
+        metrics: Counters, or None.
+    """
+
+    kind = "stream"
+
+    def __init__(
+        self, *, store: LogStore, **common: Unpack[ListenerArgs[StreamListenerSettings]]
+    ) -> None:
+        super().__init__(**common)
+        self.store = store
+        self._bound: tuple[str, int] = ("127.0.0.1", 0)
+        self.on_stream_created: list[Callable[[str], None]] = []
+        self.fleet: StreamFleet | None = None
+        """In a fleet: who owns each stream, and how to relay to its owner (`join_fleet`)."""
+
+    def join_fleet(self, fleet: StreamFleet) -> None:
+        """Act as one node of a fleet: streams owned elsewhere are relayed or refused there."""
+        self.fleet = fleet
+        fleet.placement.on_change(self._owners_changed)
+
+    def _owners_changed(self) -> None:
+        for connection in list(self.connections):
+            connection.owners_changed()
+
+    def listening_on(self, address: IAddress) -> None:
+        """Learn the address the listener got (port 0 in tests) to advertise it."""
+        host = getattr(address, "host", "127.0.0.1")
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        self._bound = (host, int(getattr(address, "port", 0)))
+
+    def advertised(self) -> tuple[str, int]:
+        """The host and port clients are told to connect to."""
+        return (
+            self.settings.advertised_host or self._bound[0],
+            self.settings.advertised_port or self._bound[1],
+        )
+
+    def stream_created(self, name: str) -> None:
+        """A client created a stream (routes from this listener may start on it)."""
+        for callback in self.on_stream_created:
+            callback(name)
+
+    def stream_deleted(self, name: str) -> None:
+        """Tell every connection using the stream that it is gone."""
+        for connection in list(self.connections):
+            connection.stream_gone(name)
