@@ -15,7 +15,7 @@ answered. `gateway.protocols.dmp.server` says what each refusal is.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar, cast
+from typing import Final, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred
 
@@ -28,9 +28,6 @@ from gateway.protocols.dmp.serverbase import DMPServerBase
 from gateway.protocols.dmp.settings import LeaseGrant
 from gateway.protocols.logins import UNCHECKED
 from gateway.tls import external_identity, peer_identities
-
-if TYPE_CHECKING:
-    from gateway.protocols.dmp.server import DMPServerProtocol
 
 __all__ = ["DIALECT", "ServerLease"]
 
@@ -46,17 +43,6 @@ class ServerLease(DMPServerBase):
     _held_error: dmp.DMPError | None
     _waited: bool
     _revocations_waited: bool
-
-    if TYPE_CHECKING:
-
-        def _handle_all(self, events: list[dmp.Event]) -> None:
-            """Handle a read's events (`DMPServerProtocol`)."""
-
-        def _check_idle(self) -> None:
-            """Close a sink writer silent for too long (`DMPServerProtocol`)."""
-
-        def _beat(self) -> None:
-            """Write a feed reader its null message (`DMPServerProtocol`)."""
 
     # --- the header ------------------------------------------------------------------------
 
@@ -240,7 +226,7 @@ class ServerLease(DMPServerBase):
                 dmp.Response(403, f"not allowed to {action.value} {grant.target!r}"),
             )
             return
-        if not factory.admit(cast("DMPServerProtocol", self), identity):
+        if not factory.admit(self, identity):
             assert identity is not None
             why = factory.per_identity_refusal(identity)
             self._close_with(why, dmp.Response(403, "too many connections for this identity"))
@@ -256,7 +242,7 @@ class ServerLease(DMPServerBase):
             return
         if grant.kind == "feed" and factory.fleet is not None:
             # The lease is answered once the fleet says whether another node reads the feed.
-            factory.claiming[target] = cast("DMPServerProtocol", self)
+            factory.claiming[target] = self
             self._claiming = target
             self._suspend(
                 factory.fleet.claim(target), lambda refusal: self._claimed(grant, refusal)
@@ -287,7 +273,7 @@ class ServerLease(DMPServerBase):
             self._timer.cancel()
         self._timer = None
         if grant.kind == "feed":
-            factory.readers[grant.target] = cast("DMPServerProtocol", self)
+            factory.readers[grant.target] = self
             self._write(
                 dmp.encode_response(dmp.Response(200, f'Ready to read from "{self.target}"'))
             )
