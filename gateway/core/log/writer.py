@@ -277,7 +277,14 @@ class GroupCommitter:
         begun = time.perf_counter()
         jobs = [(stream.writer, commit.writes) for stream, commit in written]
         if self._policy is FsyncPolicy.ALWAYS and self._inline(jobs):
-            self._run_inline(jobs, also_sync, commits, written, sync, now, begun)
+            # Written and fsynced here, then on as when the writer thread is done.
+            try:
+                result = _run_commit(jobs, also_sync, sync=sync, sync_rolls=True)
+            except Exception:
+                self._crashed(Failure(), commits)
+            else:
+                self._stats.inline_commits += 1
+                self._written(result, commits, written, sync, now, begun)
             return None
         done = self._thread.submit_now(
             _run_commit,
@@ -315,25 +322,6 @@ class GroupCommitter:
             and self._sync_average <= INLINE_MAX_SYNC_SECONDS
             and self._thread.idle
         )
-
-    def _run_inline(
-        self,
-        jobs: list[tuple[SegmentWriter, list[SegmentWrite]]],
-        also_sync: list[SegmentWriter],
-        commits: list[_Planned],
-        written: list[_Planned],
-        sync: bool,
-        started: float,
-        begun: float,
-    ) -> None:
-        """Write (and fsync) the commit here, then go on as when the writer thread is done."""
-        try:
-            result = _run_commit(jobs, also_sync, sync=sync, sync_rolls=True)
-        except Exception:
-            self._crashed(Failure(), commits)
-            return
-        self._stats.inline_commits += 1
-        self._written(result, commits, written, sync, started, begun)
 
     def _written(
         self,
