@@ -959,46 +959,60 @@ async def test_close(tmp_path: Path) -> None:
     assert store.close() is closing
 
 
-class FailingWrites:
-    """A ``write_segment`` seam whose second write fails as a broken disk would.
+class NotedWrites:
+    """A ``write_segment`` seam that notes which thread made each write; it may fail one.
 
-    (A full disk, ENOSPC, passes by itself: tests/core/test_log_disk_full.py.)
+    ``on_reactor`` says, write by write, whether the reactor thread made it
+    (pytest-twisted runs the reactor in the main thread). The write number
+    ``fail_at`` fails as a broken disk would. (A full disk, ENOSPC, passes
+    by itself: tests/core/test_log_disk_full.py.)
     """
 
-    def __init__(self) -> None:
-        self.calls = 0
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.on_reactor: list[bool] = []
+        self._fail_at = fail_at
 
     def __call__(self, fd: int, data: bytes, position: int) -> None:
-        """Write, except the second time."""
-        self.calls += 1
-        if self.calls == 2:
+        """Note the thread, then write (or fail, at ``fail_at``)."""
+        self.on_reactor.append(threading.current_thread() is threading.main_thread())
+        if len(self.on_reactor) == self._fail_at:
             raise OSError(errno.EIO, "Input/output error")
         pwrite_all(fd, data, position)
+
+
+async def failed_write_stops(stream: StreamLog, kept: list[bytes]) -> None:
+    """Append ``kept`` (written), then one whose write fails: it and the next fail, logged."""
+    for body in kept:
+        await stream.append([body])
+    with capturedLogs() as events, pytest.raises(LogWriteError):
+        await stream.append([b"failed"])
+    assert any(e.get("log_failure") is not None for e in events)
+    with pytest.raises(LogWriteError):
+        await stream.append([b"after"])
+    assert messages(stream) == kept
+
+
+async def reopened_goes_on(directory: Path, kept: list[bytes]) -> None:
+    """Reopened, stream ``s`` holds ``kept`` and appends after it."""
+    store = open_store(directory)
+    try:
+        stream = store.get("s")
+        assert stream is not None
+        assert (await stream.append([b"again"])).first_offset == len(kept)
+        assert messages(stream) == [*kept, b"again"]
+    finally:
+        await store.close()
 
 
 @pytest_twisted.ensureDeferred
 async def test_write_failure_stops_the_stream(tmp_path: Path) -> None:
     """A failed write fails its appends and later ones; reopening recovers the stream."""
-    store = open_store(tmp_path, write_segment=FailingWrites())
+    store = open_store(tmp_path, write_segment=NotedWrites(fail_at=2))
     try:
-        stream = store.create("s")
-        await stream.append([b"a"])
-        with capturedLogs() as events, pytest.raises(LogWriteError):
-            await stream.append([b"b"])
-        assert any(e.get("log_failure") is not None for e in events)
-        with pytest.raises(LogWriteError):
-            await stream.append([b"c"])
-        assert messages(stream) == [b"a"]
+        await failed_write_stops(store.create("s"), [b"a"])
     finally:
         await store.close()
-    store = open_store(tmp_path)
-    try:
-        stream = store.get("s")
-        assert stream is not None
-        assert (await stream.append([b"d"])).first_offset == 1
-        assert messages(stream) == [b"a", b"d"]
-    finally:
-        await store.close()
+    await reopened_goes_on(tmp_path, [b"a"])
 
 
 @pytest_twisted.ensureDeferred

@@ -11,7 +11,6 @@ Which thread wrote is seen through the store's ``write_segment`` seam
 from __future__ import annotations
 
 import contextlib
-import errno
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,37 +18,27 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from twisted.logger import capturedLogs
 
-from gateway.core.log import FsyncPolicy, LogStore, LogWriteError, StreamLog
+from gateway.core.log import FsyncPolicy, LogStore, StreamLog
 from gateway.core.log import segment as segment_module
-from gateway.core.log.segment import pwrite_all
 from gateway.core.log.writer import (
     INLINE_MAX_BYTES,
     INLINE_MAX_ENTRIES,
     INLINE_MAX_SYNC_SECONDS,
 )
-from tests.core.test_log import messages, next_turn, open_store
+from tests.core.test_log import (
+    NotedWrites,
+    failed_write_stops,
+    messages,
+    next_turn,
+    open_store,
+    reopened_goes_on,
+)
 
 INLINE = 16 * 1024
 
 
-class ThreadedWrites:
-    """A ``write_segment`` seam that records, for each write, whether the reactor thread made it."""
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.on_reactor: list[bool] = []
-        self._fail_at = fail_at
-
-    def __call__(self, fd: int, data: bytes, position: int) -> None:
-        """Note the thread, then write (or fail as a broken disk would, at ``fail_at``)."""
-        self.on_reactor.append(threading.current_thread() is threading.main_thread())
-        if len(self.on_reactor) == self._fail_at:
-            raise OSError(errno.EIO, "Input/output error")
-        pwrite_all(fd, data, position)
-
-
-def inline_store(directory: Path, writes: ThreadedWrites, **options: object) -> LogStore:
+def inline_store(directory: Path, writes: NotedWrites, **options: object) -> LogStore:
     """A store that writes small commits inline, its writes watched."""
     return open_store(directory, write_segment=writes, inline_max_bytes=INLINE, **options)
 
@@ -57,13 +46,13 @@ def inline_store(directory: Path, writes: ThreadedWrites, **options: object) -> 
 @contextlib.asynccontextmanager
 async def first_acknowledged(
     directory: Path,
-) -> AsyncIterator[tuple[LogStore, StreamLog, ThreadedWrites]]:
+) -> AsyncIterator[tuple[LogStore, StreamLog, NotedWrites]]:
     """An inline store, its stream ``s`` and its writes, once ``first`` is acknowledged.
 
     The stream's files are the writer thread's first job; from that
     acknowledgement on, the thread is idle. The store is closed afterwards.
     """
-    writes = ThreadedWrites()
+    writes = NotedWrites()
     store = inline_store(directory, writes)
     try:
         stream = store.create("s")
@@ -174,14 +163,14 @@ async def test_off_by_default_in_the_store_and_not_under_other_policies(tmp_path
         {"inline_max_bytes": INLINE, "fsync": FsyncPolicy.INTERVAL},
         {"inline_max_bytes": INLINE, "fsync": FsyncPolicy.NEVER},
     ):
-        writes = ThreadedWrites()
+        writes = NotedWrites()
         directory = tmp_path / str(len(list(tmp_path.iterdir())))
         store = open_store(directory, write_segment=writes, **options)
         try:
             stream = store.create("s")
             for index in range(3):
                 await stream.append([b"m%d" % index])
-            assert True not in writes.on_reactor, options
+            assert writes.on_reactor == [False] * 3, options  # each append, by the thread
             assert store.stats.inline_commits == 0
         finally:
             await store.close()
@@ -190,34 +179,34 @@ async def test_off_by_default_in_the_store_and_not_under_other_policies(tmp_path
 @pytest_twisted.ensureDeferred
 async def test_an_inline_write_failure_is_what_a_writer_thread_failure_is(tmp_path: Path) -> None:
     """A failed inline write fails its appends and stops the stream; reopening recovers it."""
-    writes = ThreadedWrites(fail_at=3)
+    writes = NotedWrites(fail_at=3)
     store = inline_store(tmp_path, writes)
     try:
-        stream = store.create("s")
-        await stream.append([b"a"])
-        await stream.append([b"b"])
-        assert writes.on_reactor[-1] is True
-        with capturedLogs() as events, pytest.raises(LogWriteError):
-            await stream.append([b"c"])
-        assert writes.on_reactor[-1] is True  # the failing write was made inline
-        assert any(e.get("log_failure") is not None for e in events)
-        with pytest.raises(LogWriteError):
-            await stream.append([b"d"])
-        assert messages(stream) == [b"a", b"b"]
+        await failed_write_stops(store.create("s"), [b"a", b"b"])
+        assert writes.on_reactor[1:] == [True, True]  # the failing write was made inline
     finally:
         await store.close()
-    store = open_store(tmp_path)
+    await reopened_goes_on(tmp_path, [b"a", b"b"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_gateway_without_the_key_writes_small_commits_inline(tmp_path: Path) -> None:
+    """No ``[log] inline_commit_max_bytes`` in the config: the gateway's store inlines (16 KiB)."""
+    from twisted.internet import reactor
+
+    from gateway.config.loader import load_config
+    from gateway.service import _log_store
+
+    main = tmp_path / "gateway.toml"
+    main.write_text('[gateway]\ndata_dir = "state"\n', encoding="utf-8")
+    config = load_config(main)
+    assert config.log.inline_commit_max_bytes == INLINE_MAX_BYTES == 16 * 1024
+    store = _log_store(config, reactor)
+    store.open()
     try:
-        stream = store.get("s")
-        assert stream is not None
-        assert (await stream.append([b"e"])).first_offset == 2
-        assert messages(stream) == [b"a", b"b", b"e"]
+        stream = store.create("s")
+        await stream.append([b"first"])  # the stream's files: the writer thread's job
+        await stream.append([b"x" * (INLINE_MAX_BYTES - 1024)])
+        assert store.stats.inline_commits == 1
     finally:
         await store.close()
-
-
-def test_the_gateway_default_is_the_module_default() -> None:
-    """``[log] inline_commit_max_bytes`` defaults to the writer's limit, which is small."""
-    from gateway.config.gateway import LogSettings
-
-    assert LogSettings().inline_commit_max_bytes == INLINE_MAX_BYTES == 16 * 1024
