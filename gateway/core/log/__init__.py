@@ -13,6 +13,7 @@ from gateway.core.log.store import LogStore
 from gateway.core.log.stream import OffsetSpec, StreamLog
 from gateway.core.log.values import (
     AppendResult,
+    ChunkSpan,
     CommitStats,
     FsyncPolicy,
     ILogReactor,
@@ -28,6 +29,7 @@ from gateway.core.log.values import (
 
 __all__ = [
     "AppendResult",
+    "ChunkSpan",
     "CommitStats",
     "FsyncPolicy",
     "ILogReactor",

@@ -20,9 +20,9 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from typing import Final
 
-from gateway.codecs.osiris import USER, ChunkHeader, delivery_payload
+from gateway.codecs.osiris import HEADER_BYTES, USER, ChunkHeader, delivery_payload
 from gateway.core.log.segment import Segment
-from gateway.core.log.values import LogError, StoredChunk
+from gateway.core.log.values import ChunkSpan, LogError, StoredChunk
 
 __all__ = ["MAX_OPEN_READ_FILES", "SegmentReads", "first_chunk_id"]
 
@@ -105,6 +105,55 @@ class SegmentReads:
                 continue
             index, budget = self._read_span(segment, index, max_chunks, budget, chunks)
         return chunks
+
+    def read_spans(
+        self, segments: Sequence[Segment], chunk_id: int, max_chunks: int, max_bytes: int
+    ) -> list[ChunkSpan] | None:
+        """Where user chunks from ``chunk_id`` on lie (see `StreamLog.read_spans`).
+
+        From one segment only: the cache may close another segment's
+        descriptor on the way, and the spans must stay usable together.
+        """
+        number, index = _start(segments, chunk_id)
+        while number < len(segments):
+            segment = segments[number]
+            index = segment.types.find(USER, index)
+            if index >= 0:
+                break
+            number, index = number + 1, 0
+        else:
+            return []
+        fd = self._file(segment)
+        types = segment.types
+        spans: list[ChunkSpan] = []
+        budget = max_bytes
+        while index < len(segment) and len(spans) < max_chunks and (budget > 0 or not spans):
+            if types[index] != USER:
+                index += 1
+                continue
+            position = segment.positions[index]
+            head = os.pread(fd, HEADER_BYTES, position)
+            if len(head) != HEADER_BYTES:
+                raise LogError(f"{segment.segment_path} is shorter than its index")
+            header = ChunkHeader.unpack(head)
+            if header.bloom_size:
+                break  # its payload is not one span: `read_chunks` reads it
+            length = HEADER_BYTES + header.data_length
+            if position + length > segment.chunk_end(index):
+                raise LogError(f"{segment.segment_path}: a chunk's data runs past its end")
+            spans.append(
+                ChunkSpan(
+                    chunk_id=header.first_offset,
+                    next_chunk_id=header.next_offset,
+                    records=header.num_records,
+                    fd=fd,
+                    position=position,
+                    length=length,
+                )
+            )
+            budget -= length
+            index += 1
+        return spans or None
 
     def user_chunk_at(self, segments: Sequence[Segment], chunk_id: int) -> tuple[int, int] | None:
         """Id and next chunk id of the first user chunk at or after ``chunk_id``, if any.

@@ -39,6 +39,7 @@ from gateway.core.log.segment import CommitWriteError, Segment, SegmentWriter
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
     AppendResult,
+    ChunkSpan,
     LogError,
     LogWriteError,
     Retention,
@@ -541,6 +542,16 @@ class StreamLog:
         if max_chunks <= 0 or self._error is not None or chunk_id >= self._next_id:
             return []
         return self._reads.read_chunks(self._segments, chunk_id, max_chunks, max_bytes)
+
+    def read_spans(self, chunk_id: int, max_chunks: int, max_bytes: int) -> list[ChunkSpan] | None:
+        """Where `read_chunks`' chunks lie in the files, to send them with ``os.sendfile``.
+
+        From one segment (the next call goes on). [] at the end of the stream; None
+        when the next chunk is not one span (a bloom filter before its data): read it.
+        """
+        if max_chunks <= 0 or self._error is not None or chunk_id >= self._next_id:
+            return []
+        return self._reads.read_spans(self._segments, chunk_id, max_chunks, max_bytes)
 
     def user_chunk_at(self, chunk_id: int) -> tuple[int, int] | None:
         """Id and next chunk id of the chunk `read_chunks` would return first, from the index.

@@ -16,6 +16,7 @@ __all__ = [
     "DURATION_BUCKETS_SECONDS",
     "MAX_SEGMENT_BYTES_LIMIT",
     "AppendResult",
+    "ChunkSpan",
     "CommitStats",
     "Durations",
     "FsyncPolicy",
@@ -131,6 +132,33 @@ class StoredChunk:
     next_chunk_id: int
     header: ChunkHeader
     payload: bytes
+
+
+@attrs.frozen
+class ChunkSpan:
+    """Where a committed user chunk's Deliver payload lies in its segment file.
+
+    The bytes ``length`` from ``position`` in ``fd`` are exactly a
+    `StoredChunk`'s ``payload``: the header, then the data entries (the
+    chunk has no bloom filter; its trailer comes after them). ``fd`` is the
+    stream's read descriptor, open until the reactor's next turn at least:
+    use it at once (``os.sendfile``), never keep it.
+
+    Attributes:
+        chunk_id: The chunk's id, the offset of its first record.
+        next_chunk_id: Where the next read starts: ``chunk_id`` plus its records.
+        records: The records it holds.
+        fd: The segment file's read descriptor.
+        position: Where the chunk starts in the file.
+        length: The payload's bytes.
+    """
+
+    chunk_id: int
+    next_chunk_id: int
+    records: int
+    fd: int
+    position: int
+    length: int
 
 
 @attrs.define

@@ -63,6 +63,7 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
 from gateway.codecs import stream as sp
+from gateway.protocols.sendfile import FileSender
 from gateway.protocols.stream.fleetlogin import RelayIdentity
 from gateway.protocols.stream.relay import StreamRelays
 from gateway.protocols.stream.serveradmin import ServerStreams
@@ -99,6 +100,7 @@ class StreamServerProtocol(ServerLogin, ServerStreams, ServerPublishers, ServerS
         """The identity the allow-lists see: None for ANONYMOUS (it authenticates nobody)."""
         self._publishers = {}
         self._subscriptions = {}
+        self._file_sender = FileSender()
         self._unconfirmed = 0
         self._in_batch = False
         self._heartbeat = 0

@@ -17,11 +17,13 @@ chunk past that buffer, nothing is dropped and no one is disconnected for it.
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Final
 
 from gateway.codecs import stream as sp
 from gateway.core.authorization import Action
-from gateway.core.log import StreamLog
+from gateway.core.log import ChunkSpan, StreamLog
+from gateway.protocols.sendfile import FileSender
 from gateway.protocols.stream.serverbase import (
     ACCESS_REFUSED,
     MAX_REFERENCE_BYTES,
@@ -56,6 +58,7 @@ class ServerSubscriptions(StreamServerBase):
     """Subscribe, Credit, Unsubscribe, deliveries; StoreOffset, QueryOffset, ResolveOffsetSpec."""
 
     _subscriptions: dict[int, _Subscription]
+    _file_sender: FileSender
 
     # --- consumers -------------------------------------------------------------------------------
 
@@ -117,7 +120,10 @@ class ServerSubscriptions(StreamServerBase):
     def _deliver(self, subscription: _Subscription) -> None:
         """Send chunks while the subscription has credit and the client keeps up.
 
-        The transport pauses us (``_congested``) from inside a write once its
+        On a plain TCP connection with nothing unsent, chunks go from the
+        log's file to the socket (`FileSender`) until it is full; what it
+        does not take, and the chunks after, go through the transport. The
+        transport pauses us (``_congested``) from inside a write once its
         buffer is full: the chunks read after that one wait in the log.
         """
         if self._closing or self._congested or subscription.waiting is not None:
@@ -125,16 +131,20 @@ class ServerSubscriptions(StreamServerBase):
         transport = self.transport
         assert transport is not None
         traffic = self.factory.traffic
+        stream = subscription.stream
         while subscription.credit > 0 and not self._congested:
-            chunks = subscription.stream.read_chunks(
-                subscription.next_chunk, subscription.credit, DELIVER_MAX_BYTES
-            )
+            self.flush()
+            sock = self._file_sender.idle_socket(transport)
+            spans = None if sock is None else stream.read_spans(*self._wanted(subscription))
+            if sock is not None and spans:
+                self._send_spans(subscription, sock, spans)
+                continue
+            chunks = stream.read_chunks(*self._wanted(subscription)) if spans is None else []
             if not chunks:
-                waiting = subscription.stream.wait_for(subscription.next_chunk)
+                waiting = stream.wait_for(subscription.next_chunk)
                 subscription.waiting = waiting
                 waiting.addCallbacks(self._more_data, lambda _f: None, callbackArgs=(subscription,))
                 return
-            self.flush()
             for chunk in chunks:
                 if self._congested:
                     break  # the rest of this read is sent again from the log on resume
@@ -146,6 +156,29 @@ class ServerSubscriptions(StreamServerBase):
                 subscription.credit -= 1
                 subscription.next_chunk = chunk.next_chunk_id
             self._sent_since = True
+
+    @staticmethod
+    def _wanted(subscription: _Subscription) -> tuple[int, int, int]:
+        """Where a read for ``subscription`` starts, and its most chunks and bytes."""
+        return subscription.next_chunk, subscription.credit, DELIVER_MAX_BYTES
+
+    def _send_spans(
+        self, subscription: _Subscription, sock: socket.socket, spans: list[ChunkSpan]
+    ) -> None:
+        """Send chunks from the log's file (`FileSender`) until the socket is full."""
+        transport = self.transport
+        traffic = self.factory.traffic
+        send = self._file_sender.send
+        for span in spans:
+            prefix = sp.deliver_prefix(subscription.id, span.length)
+            whole = send(transport, sock, prefix, span.fd, span.position, span.length)
+            traffic.bytes_out += len(prefix) + span.length
+            traffic.messages_out += span.records
+            subscription.credit -= 1
+            subscription.next_chunk = span.next_chunk_id
+            if not whole:
+                break  # the transport holds the rest: the next chunks go through it
+        self._sent_since = True
 
     def _more_data(self, _: object, subscription: _Subscription) -> None:
         subscription.waiting = None

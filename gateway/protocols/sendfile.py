@@ -1,0 +1,134 @@
+"""Frames whose body lies in a file, sent from the file to the socket (``os.sendfile``).
+
+A stream consumer's Deliver frame carries a chunk exactly as the log stored
+it. Read into memory and written through the transport, every chunk is
+copied three times in the process (the read, Twisted's buffer, the send),
+and waits for the reactor's next poll, with the transport's producer
+paused and resumed around it. On a plain TCP connection whose transport
+holds nothing unsent, `FileSender` sends the frame's head at once and the
+chunk from the file with ``os.sendfile``: the kernel takes it from its page
+cache, and nothing passes through Python. What the socket does not take is
+read and written to the transport, after what went: from there the
+transport's own writing, back-pressure and error reporting go on as for
+any write. TLS connections, and transports holding data, are written as
+usual (`FileSender.idle_socket` says None).
+
+Measured on a stream consumer reading 2 million 100-byte messages (chunks of
+1,000) from the gateway's stream listener: the profiled Python calls per
+chunk went from 212 to 103, and the socket and file calls from about 55 to
+10 µs a chunk (docs/performance.rst).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import Any, Final
+
+from twisted.internet.interfaces import ISSLTransport
+
+__all__ = ["FileSender"]
+
+_MSG_MORE: Final = getattr(socket, "MSG_MORE", 0)
+"""Hold the head for the data that follows it (Linux), instead of a packet of its own."""
+_UNSUPPORTED: Final = frozenset(
+    {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSOCK, errno.ESPIPE}
+)
+"""``sendfile`` errors that mean it cannot be used here (this file system, this socket, a
+source that cannot seek)."""
+
+
+def _unsent(transport: Any) -> bool:
+    """Whether a Twisted transport holds bytes it has not sent; False for any other.
+
+    What write() took, and what doWrite() has not sent of its current buffer.
+    """
+    unsent = len(getattr(transport, "dataBuffer", b"")) - getattr(transport, "offset", 0)
+    return bool(unsent or getattr(transport, "_tempDataLen", 0))
+
+
+def _read_exactly(fd: int, length: int, position: int) -> bytes:
+    """``length`` bytes of ``fd`` from ``position``.
+
+    Raises:
+        EOFError: The file ends first.
+    """
+    data = os.pread(fd, length, position)
+    if len(data) != length:
+        raise EOFError(f"the file ends {length - len(data)} bytes before the span to send")
+    return data
+
+
+class FileSender:
+    """Sends frames whose body lies in a file straight to a plain TCP transport's socket.
+
+    One per connection: after ``sendfile`` says it cannot be used there, it
+    is not tried again (`usable`). ``whole`` counts the frames that went to
+    the socket whole.
+    """
+
+    __slots__ = ("usable", "whole")
+
+    def __init__(self) -> None:
+        self.usable = hasattr(os, "sendfile")
+        self.whole = 0
+
+    def idle_socket(self, transport: Any) -> socket.socket | None:
+        """The socket under ``transport`` if it is plain TCP (no TLS), open, holding nothing."""
+        # Only twisted.internet.abstract.FileDescriptor's have these buffers (a
+        # test's transport has none); a TCP connection says whether it is TLS
+        # (``listenSSL``, ``startTLS``), as is a TLS wrapper, with no socket.
+        if not self.usable or getattr(transport, "_tempDataLen", None) is None:
+            return None
+        sock = getattr(transport, "socket", None)
+        if (
+            not isinstance(sock, socket.socket)
+            or getattr(transport, "TLS", True)
+            or ISSLTransport.providedBy(transport)
+            or _unsent(transport)
+            or not transport.connected
+            or transport.disconnecting
+            or transport.producerPaused
+            or transport._writeDisconnected
+        ):
+            return None
+        return sock
+
+    def send(
+        self, transport: Any, sock: socket.socket, head: bytes, fd: int, position: int, length: int
+    ) -> bool:
+        """Send ``head``, then ``length`` bytes of ``fd`` from ``position``.
+
+        ``sock`` is what `idle_socket` returned for ``transport`` this turn. What
+        the socket does not take now (it is full, or broken: the transport's
+        write reports that) goes to the transport, in order; and once the
+        transport holds something, everything goes after it there.
+
+        Returns:
+            True when it all went to the socket, False when the transport holds the rest.
+
+        Raises:
+            EOFError: The file ends before the span (what was sent is a frame cut short).
+        """
+        if _unsent(transport):
+            sent = 0
+        else:
+            try:
+                sent = sock.send(head, _MSG_MORE)
+            except OSError:  # full (BlockingIOError) or broken
+                sent = 0
+        if sent < len(head):
+            transport.write(head[sent:] + _read_exactly(fd, length, position))
+            return False
+        try:
+            done = os.sendfile(sock.fileno(), fd, position, length)
+        except OSError as exc:
+            if exc.errno in _UNSUPPORTED:
+                self.usable = False
+            done = 0
+        if done == length:
+            self.whole += 1
+            return True
+        transport.write(_read_exactly(fd, length - done, position + done))
+        return False

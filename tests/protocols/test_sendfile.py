@@ -1,0 +1,247 @@
+"""Tests for `gateway.protocols.sendfile`: frames sent from a file straight to a socket.
+
+Real TCP connections on loopback and real files. `FileSender.send` is
+given a `StringTransport` as the transport: what the socket does not take
+must arrive there, after what went, whatever the socket took. `idle_socket`
+is asked about a real Twisted TCP connection on the real reactor.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.ssl import PrivateCertificate
+from twisted.internet.testing import StringTransport
+
+from gateway.protocols.sendfile import FileSender
+from tests.certs import make_pki
+
+DATA = bytes(range(256)) * 64 * 64
+"""1 MiB the file holds: every span is checked byte for byte."""
+HEAD = b"HEAD-of-the-frame"
+
+
+@pytest.fixture
+def connection() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A TCP connection on loopback: (sender, non-blocking as Twisted's; receiver)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        receiver = socket.create_connection(server.getsockname())
+        sender, _ = server.accept()
+    sender.setblocking(False)
+    try:
+        yield sender, receiver
+    finally:
+        sender.close()
+        receiver.close()
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Iterator[int]:
+    """A read descriptor of a file holding `DATA`."""
+    path = tmp_path / "segment"
+    path.write_bytes(DATA)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def received(sock: socket.socket, count: int) -> bytes:
+    """Exactly ``count`` bytes from a blocking socket."""
+    sock.settimeout(10)
+    parts = []
+    while count:
+        part = sock.recv(min(count, 1 << 20))
+        assert part, "the connection closed"
+        parts.append(part)
+        count -= len(part)
+    return b"".join(parts)
+
+
+def fill(sock: socket.socket) -> int:
+    """Write to a non-blocking socket until it takes no more; the bytes written."""
+    written = 0
+    block = b"f" * 65536
+    while True:
+        try:
+            written += sock.send(block)
+        except BlockingIOError:
+            return written
+
+
+def test_a_frame_with_room_goes_whole_to_the_socket(
+    connection: tuple[socket.socket, socket.socket], data_file: int
+) -> None:
+    """Head and span in the socket, in order; the transport is given nothing."""
+    sender, receiver = connection
+    transport = StringTransport()
+    assert FileSender().send(transport, sender, HEAD, data_file, 1000, 5000)
+    assert received(receiver, len(HEAD) + 5000) == HEAD + DATA[1000:6000]
+    assert transport.value() == b""
+
+
+def test_what_the_socket_does_not_take_goes_to_the_transport_after_it(
+    connection: tuple[socket.socket, socket.socket], data_file: int
+) -> None:
+    """A span larger than the socket's buffers: the rest is in the transport, in order."""
+    sender, receiver = connection
+    sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    transport = StringTransport()
+    assert not FileSender().send(transport, sender, HEAD, data_file, 7, len(DATA) - 7)
+    rest = transport.value()
+    assert 0 < len(rest) < len(DATA)
+    went = received(receiver, len(HEAD) + len(DATA) - 7 - len(rest))
+    assert went + rest == HEAD + DATA[7:]
+
+
+def test_a_full_socket_leaves_head_and_span_to_the_transport(
+    connection: tuple[socket.socket, socket.socket], data_file: int
+) -> None:
+    """Not even the head fits: all of it goes to the transport, nothing is sent."""
+    sender, receiver = connection
+    filled = fill(sender)
+    transport = StringTransport()
+    assert not FileSender().send(transport, sender, HEAD, data_file, 0, 3000)
+    assert transport.value() == HEAD + DATA[:3000]
+    assert received(receiver, filled) == b"f" * filled
+    receiver.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        receiver.recv(1)
+
+
+def test_a_broken_connection_leaves_it_to_the_transport(
+    connection: tuple[socket.socket, socket.socket], data_file: int
+) -> None:
+    """A socket that cannot send: the transport gets it all, and its write reports the error."""
+    sender, _receiver = connection
+    sender.shutdown(socket.SHUT_WR)
+    transport = StringTransport()
+    sending = FileSender()
+    assert not sending.send(transport, sender, HEAD, data_file, 10, 20)
+    assert transport.value() == HEAD + DATA[10:30]
+    assert sending.usable
+
+
+def test_a_span_past_the_end_of_the_file_is_an_error(
+    connection: tuple[socket.socket, socket.socket], data_file: int
+) -> None:
+    """The file ends before the span: EOFError, never a frame quietly cut short."""
+    sender, _receiver = connection
+    with pytest.raises(EOFError, match="100 bytes before"):
+        FileSender().send(StringTransport(), sender, HEAD, data_file, len(DATA) - 50, 150)
+
+
+def test_a_descriptor_sendfile_cannot_read_turns_it_off(
+    connection: tuple[socket.socket, socket.socket],
+) -> None:
+    """``sendfile`` refusing the file (a socket as the source: ESPIPE): not tried again."""
+    sender, _receiver = connection
+    source, other = socket.socketpair()
+    sending = FileSender()
+    try:
+        with pytest.raises(OSError):  # the rest cannot be read from it either
+            sending.send(StringTransport(), sender, HEAD, source.fileno(), 0, 10)
+    finally:
+        source.close()
+        other.close()
+    assert not sending.usable
+    assert sending.idle_socket(object()) is None
+
+
+def test_transports_other_than_plain_tcp_have_no_idle_socket() -> None:
+    """A test's transport, or anything without Twisted's TCP buffers, is written as usual."""
+    assert FileSender().idle_socket(StringTransport()) is None
+    assert FileSender().idle_socket(None) is None
+
+
+class _Held(Protocol):
+    """A server-side connection the test looks at."""
+
+    def __init__(self, made: Deferred[Protocol]) -> None:
+        self._made = made
+
+    def connectionMade(self) -> None:
+        self._made.callback(self)
+
+
+@pytest_twisted.ensureDeferred
+async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
+    """Its socket while nothing is unsent; None while the transport holds data or closes."""
+    from twisted.internet import reactor
+
+    made: Deferred[Protocol] = Deferred()
+    factory = Factory.forProtocol(lambda: _Held(made))
+    port: Any = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        server = await made
+        transport: Any = server.transport
+        sending = FileSender()
+        assert sending.idle_socket(transport) is transport.socket
+        transport.write(b"unsent until the reactor polls")
+        assert sending.idle_socket(transport) is None
+        transport.doWrite()  # sent: nothing held again
+        assert sending.idle_socket(transport) is transport.socket
+        transport.loseConnection()
+        assert sending.idle_socket(transport) is None
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tls_connection_has_no_idle_socket(tmp_path: Path) -> None:
+    """Under TLS (``listenSSL``, the ``ssl:`` and ``mtls:`` endpoints) the bytes must be sealed."""
+    from twisted.internet import reactor
+
+    pki = make_pki(tmp_path)
+    certificate = PrivateCertificate.loadPEM(pki.server.certificate_pem() + pki.server.key_pem())
+    made: Deferred[Protocol] = Deferred()
+    factory = Factory.forProtocol(lambda: _Held(made))
+    port: Any = reactor.listenSSL(0, factory, certificate.options(), interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        server = await made
+        assert hasattr(server.transport, "socket")  # a TCP connection, TLS inside
+        assert FileSender().idle_socket(server.transport) is None
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_nothing_goes_past_what_the_transport_holds(data_file: int) -> None:
+    """A frame sent while the transport holds data goes after it, never ahead on the socket."""
+    from twisted.internet import reactor
+
+    made: Deferred[Protocol] = Deferred()
+    port: Any = reactor.listenTCP(
+        0, Factory.forProtocol(lambda: _Held(made)), interface="127.0.0.1"
+    )
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        server = await made
+        transport: Any = server.transport
+        sending = FileSender()
+        sock = sending.idle_socket(transport)
+        assert sock is not None
+        transport.write(b"first")  # held until the reactor polls
+        assert not sending.send(transport, sock, HEAD, data_file, 0, 100)
+        transport.doWrite()
+        assert received(client, 5 + len(HEAD) + 100) == b"first" + HEAD + DATA[:100]
+        assert sending.whole == 0
+        assert sending.send(transport, sock, HEAD, data_file, 100, 100)
+        assert received(client, len(HEAD) + 100) == HEAD + DATA[100:200]
+        assert sending.whole == 1
+    finally:
+        client.close()
+        await port.stopListening()
