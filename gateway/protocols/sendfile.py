@@ -1,34 +1,40 @@
-"""Frames whose body lies in a file, sent from the file to the socket (``os.sendfile``).
+"""Frames whose body lies in a file, sent to the socket at once (``os.sendfile`` to remote peers).
 
 A stream consumer's Deliver frame carries a chunk exactly as the log stored
 it. Read into memory and written through the transport, every chunk is
 copied three times in the process (the read, Twisted's buffer, the send),
 and waits for the reactor's next poll, with the transport's producer
 paused and resumed around it. On a plain TCP connection whose transport
-holds nothing unsent, `FileSender` sends the frame's head at once and the
-chunk from the file with ``os.sendfile``: the kernel takes it from its page
-cache, and nothing passes through Python. What the socket does not take is
-read and written to the transport, after what went: from there the
-transport's own writing, back-pressure and error reporting go on as for
-any write. TLS connections, and transports holding data, are written as
-usual (`FileSender.idle_socket` says None).
+holds nothing unsent, `FileSender` sends the frame at once instead:
 
-Measured on a stream consumer reading 2 million 100-byte messages (chunks of
-1,000) from the gateway's stream listener: the profiled Python calls per
-chunk went from 212 to 103, and the socket and file calls from about 55 to
-10 µs a chunk (docs/performance.rst).
+* to a peer on another host, the head, then the chunk from the file with
+  ``os.sendfile``: the kernel hands its page cache to the network card, and
+  nothing passes through Python;
+* to a peer on this host (loopback, or our own address), the chunk read
+  and sent with the head in one ``sendmsg``. Over loopback the file's pages
+  travel to the consumer's process as they are, and the consumer pays for
+  reading them from memory: measured with one rstream consumer, ``sendfile``
+  halved the gateway's CPU per message but cost the consumer 5% more and
+  its rate 4%.
+
+What the socket does not take is written to the transport, after what went:
+from there the transport's own writing, back-pressure and error reporting
+go on as for any write. TLS connections, and transports holding data, are
+written as usual (`FileSender.idle_socket` says None). docs/performance.rst
+has the measurements.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 from typing import Any, Final
 
 from twisted.internet.interfaces import ISSLTransport
 
-__all__ = ["FileSender"]
+__all__ = ["FileSender", "same_host"]
 
 _MSG_MORE: Final = getattr(socket, "MSG_MORE", 0)
 """Hold the head for the data that follows it (Linux), instead of a packet of its own."""
@@ -37,6 +43,19 @@ _UNSUPPORTED: Final = frozenset(
 )
 """``sendfile`` errors that mean it cannot be used here (this file system, this socket, a
 source that cannot seek)."""
+
+
+def same_host(transport: Any) -> bool:
+    """Whether a connection's peer is on this host: loopback, or our own address.
+
+    Anything but an IP connection (a UNIX socket) is on this host.
+    """
+    try:
+        peer = transport.getPeer().host
+        local = transport.getHost().host
+        return peer == local or ipaddress.ip_address(peer).is_loopback
+    except (AttributeError, ValueError):
+        return True
 
 
 def _unsent(transport: Any) -> bool:
@@ -63,15 +82,16 @@ def _read_exactly(fd: int, length: int, position: int) -> bytes:
 class FileSender:
     """Sends frames whose body lies in a file straight to a plain TCP transport's socket.
 
-    One per connection: after ``sendfile`` says it cannot be used there, it
-    is not tried again (`usable`). ``whole`` counts the frames that went to
-    the socket whole.
+    One per connection. ``sendfile`` says whether the body goes with
+    ``os.sendfile`` (None: decided by the first transport, `same_host`); once
+    ``sendfile`` says it cannot be used there, it is read and sent instead.
+    ``whole`` counts the frames that went to the socket whole.
     """
 
-    __slots__ = ("usable", "whole")
+    __slots__ = ("sendfile", "whole")
 
-    def __init__(self) -> None:
-        self.usable = hasattr(os, "sendfile")
+    def __init__(self, sendfile: bool | None = None) -> None:
+        self.sendfile = sendfile if hasattr(os, "sendfile") else False
         self.whole = 0
 
     def idle_socket(self, transport: Any) -> socket.socket | None:
@@ -79,7 +99,7 @@ class FileSender:
         # Only twisted.internet.abstract.FileDescriptor's have these buffers (a
         # test's transport has none); a TCP connection says whether it is TLS
         # (``listenSSL``, ``startTLS``), as is a TLS wrapper, with no socket.
-        if not self.usable or getattr(transport, "_tempDataLen", None) is None:
+        if getattr(transport, "_tempDataLen", None) is None:
             return None
         sock = getattr(transport, "socket", None)
         if (
@@ -93,6 +113,8 @@ class FileSender:
             or transport._writeDisconnected
         ):
             return None
+        if self.sendfile is None:
+            self.sendfile = not same_host(transport)
         return sock
 
     def send(
@@ -112,12 +134,14 @@ class FileSender:
             EOFError: The file ends before the span (what was sent is a frame cut short).
         """
         if _unsent(transport):
+            transport.write(head + _read_exactly(fd, length, position))
+            return False
+        if not self.sendfile:
+            return self._send_read(transport, sock, head, _read_exactly(fd, length, position))
+        try:
+            sent = sock.send(head, _MSG_MORE)
+        except OSError:  # full (BlockingIOError) or broken
             sent = 0
-        else:
-            try:
-                sent = sock.send(head, _MSG_MORE)
-            except OSError:  # full (BlockingIOError) or broken
-                sent = 0
         if sent < len(head):
             transport.write(head[sent:] + _read_exactly(fd, length, position))
             return False
@@ -125,10 +149,25 @@ class FileSender:
             done = os.sendfile(sock.fileno(), fd, position, length)
         except OSError as exc:
             if exc.errno in _UNSUPPORTED:
-                self.usable = False
+                self.sendfile = False
             done = 0
         if done == length:
             self.whole += 1
             return True
         transport.write(_read_exactly(fd, length - done, position + done))
+        return False
+
+    def _send_read(self, transport: Any, sock: socket.socket, head: bytes, data: bytes) -> bool:
+        """`send` for a body already read: one ``sendmsg``, the rest to the transport."""
+        try:
+            sent = sock.sendmsg([head, data])
+        except OSError:  # full (BlockingIOError) or broken
+            sent = 0
+        if sent == len(head) + len(data):
+            self.whole += 1
+            return True
+        if sent < len(head):
+            transport.write(head[sent:] + data)
+        else:
+            transport.write(data[sent - len(head) :])
         return False

@@ -1,9 +1,11 @@
 """Tests for `gateway.protocols.sendfile`: frames sent from a file straight to a socket.
 
-Real TCP connections on loopback and real files. `FileSender.send` is
-given a `StringTransport` as the transport: what the socket does not take
-must arrive there, after what went, whatever the socket took. `idle_socket`
-is asked about a real Twisted TCP connection on the real reactor.
+Real TCP connections on loopback and real files, each way of sending
+(``os.sendfile``, as to a remote peer; read and ``sendmsg``, as on this
+host). `FileSender.send` is given a `StringTransport` as the transport:
+what the socket does not take must arrive there, after what went, whatever
+the socket took. `idle_socket` is asked about real Twisted TCP connections
+on the real reactor.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import PrivateCertificate
 from twisted.internet.testing import StringTransport
 
-from gateway.protocols.sendfile import FileSender
+from gateway.protocols.sendfile import FileSender, same_host
 from tests.certs import make_pki
 
+SENDFILE = pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-send"])
+"""Each way of sending the body."""
 DATA = bytes(range(256)) * 64 * 64
 """1 MiB the file holds: every span is checked byte for byte."""
 HEAD = b"HEAD-of-the-frame"
@@ -78,39 +83,42 @@ def fill(sock: socket.socket) -> int:
             return written
 
 
+@SENDFILE
 def test_a_frame_with_room_goes_whole_to_the_socket(
-    connection: tuple[socket.socket, socket.socket], data_file: int
+    connection: tuple[socket.socket, socket.socket], data_file: int, sendfile: bool
 ) -> None:
     """Head and span in the socket, in order; the transport is given nothing."""
     sender, receiver = connection
     transport = StringTransport()
-    assert FileSender().send(transport, sender, HEAD, data_file, 1000, 5000)
+    assert FileSender(sendfile).send(transport, sender, HEAD, data_file, 1000, 5000)
     assert received(receiver, len(HEAD) + 5000) == HEAD + DATA[1000:6000]
     assert transport.value() == b""
 
 
+@SENDFILE
 def test_what_the_socket_does_not_take_goes_to_the_transport_after_it(
-    connection: tuple[socket.socket, socket.socket], data_file: int
+    connection: tuple[socket.socket, socket.socket], data_file: int, sendfile: bool
 ) -> None:
     """A span larger than the socket's buffers: the rest is in the transport, in order."""
     sender, receiver = connection
     sender.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
     transport = StringTransport()
-    assert not FileSender().send(transport, sender, HEAD, data_file, 7, len(DATA) - 7)
+    assert not FileSender(sendfile).send(transport, sender, HEAD, data_file, 7, len(DATA) - 7)
     rest = transport.value()
     assert 0 < len(rest) < len(DATA)
     went = received(receiver, len(HEAD) + len(DATA) - 7 - len(rest))
     assert went + rest == HEAD + DATA[7:]
 
 
+@SENDFILE
 def test_a_full_socket_leaves_head_and_span_to_the_transport(
-    connection: tuple[socket.socket, socket.socket], data_file: int
+    connection: tuple[socket.socket, socket.socket], data_file: int, sendfile: bool
 ) -> None:
     """Not even the head fits: all of it goes to the transport, nothing is sent."""
     sender, receiver = connection
     filled = fill(sender)
     transport = StringTransport()
-    assert not FileSender().send(transport, sender, HEAD, data_file, 0, 3000)
+    assert not FileSender(sendfile).send(transport, sender, HEAD, data_file, 0, 3000)
     assert transport.value() == HEAD + DATA[:3000]
     assert received(receiver, filled) == b"f" * filled
     receiver.setblocking(False)
@@ -118,26 +126,28 @@ def test_a_full_socket_leaves_head_and_span_to_the_transport(
         receiver.recv(1)
 
 
+@SENDFILE
 def test_a_broken_connection_leaves_it_to_the_transport(
-    connection: tuple[socket.socket, socket.socket], data_file: int
+    connection: tuple[socket.socket, socket.socket], data_file: int, sendfile: bool
 ) -> None:
     """A socket that cannot send: the transport gets it all, and its write reports the error."""
     sender, _receiver = connection
     sender.shutdown(socket.SHUT_WR)
     transport = StringTransport()
-    sending = FileSender()
+    sending = FileSender(sendfile)
     assert not sending.send(transport, sender, HEAD, data_file, 10, 20)
     assert transport.value() == HEAD + DATA[10:30]
-    assert sending.usable
+    assert sending.sendfile is sendfile
 
 
+@SENDFILE
 def test_a_span_past_the_end_of_the_file_is_an_error(
-    connection: tuple[socket.socket, socket.socket], data_file: int
+    connection: tuple[socket.socket, socket.socket], data_file: int, sendfile: bool
 ) -> None:
     """The file ends before the span: EOFError, never a frame quietly cut short."""
     sender, _receiver = connection
     with pytest.raises(EOFError, match="100 bytes before"):
-        FileSender().send(StringTransport(), sender, HEAD, data_file, len(DATA) - 50, 150)
+        FileSender(sendfile).send(StringTransport(), sender, HEAD, data_file, len(DATA) - 50, 150)
 
 
 def test_a_descriptor_sendfile_cannot_read_turns_it_off(
@@ -146,21 +156,44 @@ def test_a_descriptor_sendfile_cannot_read_turns_it_off(
     """``sendfile`` refusing the file (a socket as the source: ESPIPE): not tried again."""
     sender, _receiver = connection
     source, other = socket.socketpair()
-    sending = FileSender()
+    sending = FileSender(sendfile=True)
     try:
         with pytest.raises(OSError):  # the rest cannot be read from it either
             sending.send(StringTransport(), sender, HEAD, source.fileno(), 0, 10)
     finally:
         source.close()
         other.close()
-    assert not sending.usable
-    assert sending.idle_socket(object()) is None
+    assert sending.sendfile is False
 
 
 def test_transports_other_than_plain_tcp_have_no_idle_socket() -> None:
     """A test's transport, or anything without Twisted's TCP buffers, is written as usual."""
     assert FileSender().idle_socket(StringTransport()) is None
     assert FileSender().idle_socket(None) is None
+
+
+class _Ends(StringTransport):
+    """A transport between two addresses."""
+
+    def __init__(self, host: Any, peer: Any) -> None:
+        super().__init__(hostAddress=host, peerAddress=peer)
+
+
+@pytest.mark.parametrize(
+    ("host", "peer", "same"),
+    [
+        (IPv4Address("TCP", "127.0.0.1", 5552), IPv4Address("TCP", "127.0.0.1", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "127.0.0.2", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "10.0.0.1", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "10.0.0.2", 40000), False),
+        (IPv6Address("TCP", "::1", 5552), IPv6Address("TCP", "::1", 40000), True),
+        (IPv6Address("TCP", "2001:db8::1", 5552), IPv6Address("TCP", "2001:db8::2", 1), False),
+        (UNIXAddress(b"/run/gw.sock"), UNIXAddress(None), True),
+    ],
+)
+def test_same_host(host: Any, peer: Any, same: bool) -> None:
+    """Loopback or our own address is this host (read and sent); anything else is remote."""
+    assert same_host(_Ends(host, peer)) is same
 
 
 class _Held(Protocol):
@@ -187,6 +220,7 @@ async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
         transport: Any = server.transport
         sending = FileSender()
         assert sending.idle_socket(transport) is transport.socket
+        assert sending.sendfile is False  # decided: the peer is on this host
         transport.write(b"unsent until the reactor polls")
         assert sending.idle_socket(transport) is None
         transport.doWrite()  # sent: nothing held again
@@ -218,8 +252,9 @@ async def test_a_tls_connection_has_no_idle_socket(tmp_path: Path) -> None:
         await port.stopListening()
 
 
+@SENDFILE
 @pytest_twisted.ensureDeferred
-async def test_nothing_goes_past_what_the_transport_holds(data_file: int) -> None:
+async def test_nothing_goes_past_what_the_transport_holds(data_file: int, sendfile: bool) -> None:
     """A frame sent while the transport holds data goes after it, never ahead on the socket."""
     from twisted.internet import reactor
 
@@ -231,7 +266,7 @@ async def test_nothing_goes_past_what_the_transport_holds(data_file: int) -> Non
     try:
         server = await made
         transport: Any = server.transport
-        sending = FileSender()
+        sending = FileSender(sendfile)
         sock = sending.idle_socket(transport)
         assert sock is not None
         transport.write(b"first")  # held until the reactor polls

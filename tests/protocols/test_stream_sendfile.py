@@ -1,8 +1,10 @@
 """The stream listener's deliveries over real TCP, where chunks go from the log's file.
 
 On a plain TCP connection `ServerSubscriptions` sends chunks with
-`gateway.protocols.sendfile.FileSender`; with a `StringTransport` (the rest
-of the listener's tests) it writes them through the transport. Here the
+`gateway.protocols.sendfile.FileSender` (read and sent on this host,
+``os.sendfile`` to remote peers: both are run here); with a
+`StringTransport` (the rest of the listener's tests) it writes them through
+the transport. Here the
 listener is on the real reactor, on loopback, with a client that speaks our
 client codec: every Deliver must carry exactly what `StreamLog.read_chunks`
 gives, in order, whether the socket takes everything or fills up (a client
@@ -15,6 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ClientFactory, Protocol
@@ -134,9 +137,11 @@ def subscribe(credit: int) -> sp.Subscribe:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-send"])
 @pytest_twisted.ensureDeferred
 async def test_deliveries_come_from_the_file_with_what_read_chunks_gives(
     listener: Listener,  # noqa: F811 (the fixture imported above)
+    sendfile: bool,
 ) -> None:
     """Small and large chunks, all credit at once: the same bytes, in order, from the file."""
     stream = await listener.fill(
@@ -144,6 +149,7 @@ async def test_deliveries_come_from_the_file_with_what_read_chunks_gives(
     )
     expected = [bytes(chunk.payload) for chunk in stream.read_chunks(0, 100, 10**9)]
     client, server, port = await connected(listener)
+    server._file_sender.sendfile = sendfile
     try:
         client.send(subscribe(credit=100))
         await client.until(lambda: len(client.of(sp.Deliver)) == len(expected))
@@ -154,14 +160,17 @@ async def test_deliveries_come_from_the_file_with_what_read_chunks_gives(
         await port.stopListening()
 
 
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-send"])
 @pytest_twisted.ensureDeferred
 async def test_a_client_that_stops_reading_gets_the_rest_in_order_once_it_reads(
     listener: Listener,  # noqa: F811 (the fixture imported above)
+    sendfile: bool,
 ) -> None:
     """The socket fills: the transport holds the rest and pauses the listener; nothing is lost."""
     stream = await listener.fill("s", *[[b"%04d" % n + b"y" * CHUNK_BYTES] for n in range(60)])
     expected = [bytes(chunk.payload) for chunk in stream.read_chunks(0, 100, 10**9)]
     client, server, port = await connected(listener)
+    server._file_sender.sendfile = sendfile
     try:
         client.send(subscribe(credit=0))
         await client.until(lambda: bool(client.of(sp.Response)))
