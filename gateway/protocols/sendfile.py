@@ -84,7 +84,9 @@ class FileSender:
         """The socket under ``transport`` if it is plain TCP (no TLS), open, holding nothing."""
         # Only twisted.internet.abstract.FileDescriptor's have these buffers (a
         # test's transport has none); a TCP connection says whether it is TLS
-        # (``listenSSL``, ``startTLS``), as is a TLS wrapper, with no socket.
+        # (``listenSSL``, ``startTLS``). Twisted's TLS wrapper passes the TCP
+        # connection's attributes through (``TLS`` False, its socket): it says
+        # it is TLS by providing ISSLTransport.
         if getattr(transport, "_tempDataLen", None) is None:
             return None
         sock = getattr(transport, "socket", None)

@@ -57,6 +57,18 @@ def _start(segments: Sequence[Segment], chunk_id: int) -> tuple[int, int]:
     return number, index
 
 
+def _first_user(segments: Sequence[Segment], chunk_id: int) -> tuple[Segment, int] | None:
+    """The segment and index of the first user chunk a read from ``chunk_id`` gives, if any."""
+    number, index = _start(segments, chunk_id)
+    while number < len(segments):
+        segment = segments[number]
+        found = segment.types.find(USER, index)
+        if found >= 0:
+            return segment, found
+        number, index = number + 1, 0
+    return None
+
+
 class SegmentReads:
     """Seeks and chunk reads over a stream's segments, with its read descriptors."""
 
@@ -114,15 +126,10 @@ class SegmentReads:
         From one segment only: the cache may close another segment's
         descriptor on the way, and the spans must stay usable together.
         """
-        number, index = _start(segments, chunk_id)
-        while number < len(segments):
-            segment = segments[number]
-            index = segment.types.find(USER, index)
-            if index >= 0:
-                break
-            number, index = number + 1, 0
-        else:
+        found = _first_user(segments, chunk_id)
+        if found is None:
             return []
+        segment, index = found
         fd = self._file(segment)
         types = segment.types
         spans: list[ChunkSpan] = []
@@ -160,14 +167,11 @@ class SegmentReads:
 
         From the index alone (see `StreamLog.user_chunk_at`).
         """
-        number, index = _start(segments, chunk_id)
-        while number < len(segments):
-            segment = segments[number]
-            found = segment.types.find(USER, index)
-            if found >= 0:
-                return segment.chunk_ids[found], segment.chunk_next_id(found)
-            number, index = number + 1, 0
-        return None
+        found = _first_user(segments, chunk_id)
+        if found is None:
+            return None
+        segment, index = found
+        return segment.chunk_ids[index], segment.chunk_next_id(index)
 
     def forget(self, segment: Segment) -> None:
         """Close the descriptor of a segment that is gone (retired), if one is open."""
