@@ -1,10 +1,10 @@
 """Tests for `gateway.protocols.sendfile`: frames sent from a file straight to a socket.
 
 Real TCP connections on loopback and real files, each way of sending
-(``os.sendfile``; read and ``sendmsg``, where ``sendfile`` is refused).
-`FileSender.send` is given a `StringTransport` as the transport: what the
-socket does not take must arrive there, after what went, whatever the
-socket took. `idle_socket` is asked about real Twisted TCP connections
+(``os.sendfile``, as to a remote peer; read and ``sendmsg``, as on this
+host). `FileSender.send` is given a `StringTransport` as the transport:
+what the socket does not take must arrive there, after what went, whatever
+the socket took. `idle_socket` is asked about real Twisted TCP connections
 on the real reactor.
 """
 
@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import PrivateCertificate
 from twisted.internet.testing import StringTransport
 
-from gateway.protocols.sendfile import FileSender
+from gateway.protocols.sendfile import FileSender, same_host
 from tests.certs import make_pki
 
 SENDFILE = pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-send"])
@@ -171,6 +172,30 @@ def test_transports_other_than_plain_tcp_have_no_idle_socket() -> None:
     assert FileSender().idle_socket(None) is None
 
 
+class _Ends(StringTransport):
+    """A transport between two addresses."""
+
+    def __init__(self, host: Any, peer: Any) -> None:
+        super().__init__(hostAddress=host, peerAddress=peer)
+
+
+@pytest.mark.parametrize(
+    ("host", "peer", "same"),
+    [
+        (IPv4Address("TCP", "127.0.0.1", 5552), IPv4Address("TCP", "127.0.0.1", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "127.0.0.2", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "10.0.0.1", 40000), True),
+        (IPv4Address("TCP", "10.0.0.1", 5552), IPv4Address("TCP", "10.0.0.2", 40000), False),
+        (IPv6Address("TCP", "::1", 5552), IPv6Address("TCP", "::1", 40000), True),
+        (IPv6Address("TCP", "2001:db8::1", 5552), IPv6Address("TCP", "2001:db8::2", 1), False),
+        (UNIXAddress(b"/run/gw.sock"), UNIXAddress(None), True),
+    ],
+)
+def test_same_host(host: Any, peer: Any, same: bool) -> None:
+    """Loopback or our own address is this host (read and sent); anything else is remote."""
+    assert same_host(_Ends(host, peer)) is same
+
+
 class _Held(Protocol):
     """A server-side connection the test looks at."""
 
@@ -195,6 +220,7 @@ async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
         transport: Any = server.transport
         sending = FileSender()
         assert sending.idle_socket(transport) is transport.socket
+        assert sending.sendfile is False  # decided: the peer is on this host
         transport.write(b"unsent until the reactor polls")
         assert sending.idle_socket(transport) is None
         transport.doWrite()  # sent: nothing held again

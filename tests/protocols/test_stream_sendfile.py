@@ -1,8 +1,8 @@
 """The stream listener's deliveries over real TCP, where chunks go from the log's file.
 
 On a plain TCP connection `ServerSubscriptions` sends chunks with
-`gateway.protocols.sendfile.FileSender` (``os.sendfile``, or read and
-sent where that is refused: both are run here); with a
+`gateway.protocols.sendfile.FileSender` (read and sent on this host,
+``os.sendfile`` to remote peers: both are run here); with a
 `StringTransport` (the rest of the listener's tests) it writes them through
 the transport. Here the
 listener is on the real reactor, on loopback, with a client that speaks our
