@@ -65,6 +65,7 @@ __all__ = [
     "USER",
     "Buffer",
     "ChunkHeader",
+    "FrozenEntries",
     "IndexRecord",
     "OsirisError",
     "OsirisLocalError",
@@ -303,6 +304,19 @@ class ChunkHeader:
             trailer_length=fields[9],
             bloom_size=fields[10],
         )
+
+
+class FrozenEntries(list[bytes | memoryview]):
+    """Entries that cannot change under whoever keeps them: ``bytes``, or views into ``bytes``.
+
+    A decoder that slices a message frame held as ``bytes`` hands its entries
+    over as this list: the log then keeps them as they are (they can be
+    written later, by its writer thread) without asking each entry what it
+    is and what it views (`gateway.core.log.stream.StreamLog.append`).
+    Nothing else distinguishes it from a list; only such entries may go in.
+    """
+
+    __slots__ = ()
 
 
 def encode_entries(messages: Sequence[bytes | memoryview]) -> bytes:

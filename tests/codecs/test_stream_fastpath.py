@@ -125,3 +125,44 @@ def test_uniform_publish_v1_reads_ids_and_views() -> None:
     assert [bytes(m) for m in event.messages] == messages
     assert all(isinstance(m, memoryview) and m.obj is frame for m in event.messages)
     assert event == fastpath._decode_publish_v1_general(frame)
+
+
+def _v1_frame(messages: list[bytes]) -> bytes:
+    body = b"".join(_ENTRY.pack(i, len(m)) + m for i, m in enumerate(messages))
+    return struct.pack(">HHBI", 2, 1, 4, len(messages)) + body
+
+
+def _v2_frame(messages: list[bytes]) -> bytes:
+    body = b"".join(struct.pack(">QhI", i, -1, len(m)) + m for i, m in enumerate(messages))
+    return struct.pack(">HHBI", 2, 2, 4, len(messages)) + body
+
+
+def test_publish_entries_of_a_bytes_frame_are_frozen() -> None:
+    """Each fast path hands the views of a ``bytes`` frame over as FrozenEntries."""
+    uniform = _v1_frame([b"abc", b"def"])
+    mixed = _v1_frame([b"abc", b"de"])
+    for frame, decode in [
+        (uniform, fastpath._decode_publish_v1),
+        (mixed, fastpath._decode_publish_v1),
+        (_v2_frame([b"abc", b"de"]), fastpath._decode_publish_v2),
+    ]:
+        messages = decode(frame).messages
+        assert type(messages) is osiris.FrozenEntries
+        assert [bytes(m) for m in messages] in ([b"abc", b"def"], [b"abc", b"de"])
+
+
+@given(_publish_v1_frames() | _uniform_publish_v1_frames())
+def test_frozen_entries_are_views_of_the_bytes_frame_only(frame: bytes) -> None:
+    """FrozenEntries hold nothing but views of a ``bytes`` frame.
+
+    A frame in a buffer that may change decodes to a plain list (the log
+    copies that one's views).
+    """
+    for buffer in (frame, bytearray(frame)):
+        try:
+            messages = fastpath._decode_publish_v1(buffer).messages  # type: ignore[arg-type]
+        except Exception:  # malformed: compared with the general code above
+            continue
+        if type(messages) is osiris.FrozenEntries:
+            assert type(buffer) is bytes
+            assert all(isinstance(m, memoryview) and m.obj is buffer for m in messages)

@@ -1,8 +1,9 @@
 """The hot paths: Publish, PublishConfirm, PublishError and Deliver.
 
 A Publish decodes to lists of ids and of `memoryview` slices of its frame
-without copying a message; a Deliver is written as a small prefix before the
-stored chunk (`deliver_prefix`).
+without copying a message (an `osiris.FrozenEntries` when the frame is
+``bytes``: the log keeps them without asking each); a Deliver is written
+as a small prefix before the stored chunk (`deliver_prefix`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
+from gateway.codecs.osiris import FrozenEntries
 from gateway.codecs.stream.events import (
     Deliver,
     Publish,
@@ -89,7 +91,7 @@ def _decode_publish_v1(frame: bytes) -> Publish:
             return _decode_uniform_publish_v1(frame, publisher_id, count, stride)
     view = memoryview(frame)
     ids: list[int] = []
-    messages: list[memoryview] = []
+    messages: list[bytes | memoryview] = FrozenEntries() if type(frame) is bytes else []
     # Locals, not globals, in the loop that runs once per message.
     add_id, add_message, unpack = ids.append, messages.append, _ENTRY.unpack_from
     entry_bytes = _ENTRY_BYTES
@@ -132,7 +134,9 @@ def _decode_uniform_publish_v1(frame: bytes, publisher_id: int, count: int, stri
     view = memoryview(frame)
     size = stride - _ENTRY_BYTES
     first = _BODY_START + _ENTRY_BYTES
-    messages = [view[at : at + size] for at in range(first, first + count * stride, stride)]
+    messages = FrozenEntries(
+        [view[at : at + size] for at in range(first, first + count * stride, stride)]
+    )
     return Publish(
         publisher_id=publisher_id, publishing_ids=_u64_list(ids_be, 0), messages=messages
     )
@@ -205,7 +209,7 @@ def _decode_publish_v2(frame: bytes) -> Publish:
     view = memoryview(frame)
     ids: list[int] = []
     filters: list[str | None] = []
-    messages: list[memoryview] = []
+    messages: list[bytes | memoryview] = FrozenEntries() if type(frame) is bytes else []
     pos = _BODY_START
     for _ in range(count):
         publishing_id, length = _ENTRY_V2.unpack_from(frame, pos)

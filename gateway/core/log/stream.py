@@ -25,14 +25,18 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from gateway.codecs.osiris import (
-    MAX_ENTRIES_PER_CHUNK,
-    MAX_ENTRY_BYTES,
     MAX_TRACKING_ID_BYTES,
     USER,
     SubBatch,
     entry_bytes,
 )
-from gateway.core.log.commit import CommitPlanner, Entry, PendingAppend, StreamCommit
+from gateway.core.log.commit import (
+    CommitPlanner,
+    Entry,
+    PendingAppend,
+    StreamCommit,
+    kept_entries,
+)
 from gateway.core.log.full import FULL_RETRY_INITIAL_SECONDS, FULL_RETRY_MAX_SECONDS, FullDisk
 from gateway.core.log.reads import SegmentReads, first_chunk_id
 from gateway.core.log.segment import CommitWriteError, Segment, SegmentWriter
@@ -60,25 +64,6 @@ _U64_MAX: Final = 2**64 - 1
 
 OffsetSpec = tuple[str] | tuple[str, int]
 """``("first",)``, ``("last",)``, ``("next",)``, ``("offset", n)`` or ``("timestamp", ms)``."""
-
-
-def _immutable(message: bytes | memoryview) -> bool:
-    return type(message) is bytes or (
-        isinstance(message, memoryview) and type(message.obj) is bytes
-    )
-
-
-def _kept(entry: Entry) -> Entry:
-    """An entry as the writer thread may read it later (copied unless immutable)."""
-    if isinstance(entry, SubBatch):
-        return (
-            entry
-            if _immutable(entry.entry)
-            else SubBatch(bytes(entry.entry), entry.records, entry.compression)
-        )
-    if len(entry) > MAX_ENTRY_BYTES:
-        raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
-    return entry if _immutable(entry) else bytes(entry)
 
 
 def _check_reference(reference: str) -> None:
@@ -227,21 +212,7 @@ class StreamLog:
             reference = None
         if (reference is None) != (publishing_ids is None):
             raise ValueError("a reference and publishing ids go together")
-        # Views into immutable bytes (the stream codec's frames) are kept as
-        # they are; anything that may change under us is copied now.
-        if sub_batches:
-            stored = [_kept(entry) for entry in messages]
-            if len(stored) > MAX_ENTRIES_PER_CHUNK:
-                raise ValueError(
-                    f"an append with sub-batches holds at most {MAX_ENTRIES_PER_CHUNK}"
-                )
-        else:
-            stored = [
-                message if _immutable(message) else bytes(message)  # type: ignore[arg-type]
-                for message in messages
-            ]
-            if stored and max(map(len, stored)) > MAX_ENTRY_BYTES:  # type: ignore[arg-type]
-                raise ValueError(f"a message holds at most {MAX_ENTRY_BYTES} bytes")
+        stored = kept_entries(messages, sub_batches=sub_batches)
         if reference is not None and publishing_ids is not None:
             _check_reference(reference)
             if len(publishing_ids) != len(stored):
