@@ -114,17 +114,44 @@ def test_delivery_payload_of_a_whole_chunk_is_the_read_itself(
 
 
 def test_uniform_publish_v1_reads_ids_and_views() -> None:
-    """Entries of one size decode without the loop: ids in order, views of the frame."""
+    """Entries of one size decode without the loop: ids in order.
+
+    Small bodies are copied out by one struct, large ones are views of the frame.
+    """
     ids = [1, 2**64 - 1, 0x0102030405060708]
-    messages = [b"abc", b"def", b"ghi"]
-    frame = struct.pack(">HHBI", 2, 1, 4, 3) + b"".join(
-        _ENTRY.pack(i, 3) + m for i, m in zip(ids, messages, strict=True)
+    for size, copied in [(3, True), (fastpath._COPY_MAX_BYTES, True), (1025, False)]:
+        messages = [bytes([n]) * size for n in range(3)]
+        frame = struct.pack(">HHBI", 2, 1, 4, 3) + b"".join(
+            _ENTRY.pack(i, size) + m for i, m in zip(ids, messages, strict=True)
+        )
+        event = fastpath._decode_publish_v1(frame)
+        assert event.publishing_ids == ids
+        assert [bytes(m) for m in event.messages] == messages
+        if copied:
+            assert all(type(m) is bytes for m in event.messages)
+        else:
+            assert all(isinstance(m, memoryview) and m.obj is frame for m in event.messages)
+        assert event == fastpath._decode_publish_v1_general(frame)
+
+
+@given(
+    st.sampled_from([0, 1, 100, fastpath._COPY_MAX_BYTES, fastpath._COPY_MAX_BYTES + 1]),
+    st.integers(1, 200),
+    st.randoms(use_true_random=False),
+)
+def test_uniform_blocks_match_the_general_code(size: int, count: int, rng: object) -> None:
+    """Any count (blocks of 64, 32, ... 1) and sizes either side of the copy limit."""
+    import random
+
+    assert isinstance(rng, random.Random)
+    ids = [rng.getrandbits(64) for _ in range(count)]
+    frame = struct.pack(">HHBI", 2, 1, 9, count) + b"".join(
+        _ENTRY.pack(i, size) + rng.randbytes(size) for i in ids
     )
     event = fastpath._decode_publish_v1(frame)
-    assert event.publishing_ids == ids
-    assert [bytes(m) for m in event.messages] == messages
-    assert all(isinstance(m, memoryview) and m.obj is frame for m in event.messages)
+    assert type(event.messages) is osiris.FrozenEntries
     assert event == fastpath._decode_publish_v1_general(frame)
+    assert event.publishing_ids == ids
 
 
 def _v1_frame(messages: list[bytes]) -> bytes:
@@ -153,7 +180,7 @@ def test_publish_entries_of_a_bytes_frame_are_frozen() -> None:
 
 @given(_publish_v1_frames() | _uniform_publish_v1_frames())
 def test_frozen_entries_are_views_of_the_bytes_frame_only(frame: bytes) -> None:
-    """FrozenEntries hold nothing but views of a ``bytes`` frame.
+    """FrozenEntries hold nothing but bytes and views of a ``bytes`` frame.
 
     A frame in a buffer that may change decodes to a plain list (the log
     copies that one's views).
@@ -165,4 +192,7 @@ def test_frozen_entries_are_views_of_the_bytes_frame_only(frame: bytes) -> None:
             continue
         if type(messages) is osiris.FrozenEntries:
             assert type(buffer) is bytes
-            assert all(isinstance(m, memoryview) and m.obj is buffer for m in messages)
+            assert all(
+                type(m) is bytes or (isinstance(m, memoryview) and m.obj is buffer)
+                for m in messages
+            )

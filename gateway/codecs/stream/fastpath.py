@@ -124,15 +124,30 @@ def _same_sizes(frame: bytes, stride: int, count: int) -> bool:
 def _decode_uniform_publish_v1(frame: bytes, publisher_id: int, count: int, stride: int) -> Publish:
     """A v1 Publish whose entries all have one size (checked): no loop over the entries.
 
-    The ids are gathered by eight strided copies and read as one array, the
-    messages are one slice each: fixed-size records cost about a third of
-    `_decode_publish_v1`'s loop per message.
+    Small entries (`_COPY_MAX_BYTES`) are read by a compiled `struct` for
+    blocks of up to `_UNIFORM_BLOCK` entries, ids and bodies together, the
+    bodies as ``bytes`` copies: about 45 ns a message against 155 for a
+    view each (100-byte messages, 200 a frame). Larger ones are one view
+    each, the ids gathered by eight strided copies and read as one array.
     """
+    size = stride - _ENTRY_BYTES
+    if size <= _COPY_MAX_BYTES:
+        ids: list[int] = []
+        bodies = FrozenEntries()
+        pos, left, block = _BODY_START, count, _UNIFORM_BLOCK
+        while left:
+            while block > left:
+                block //= 2
+            fields = _uniform_struct(size, block).unpack_from(frame, pos)
+            ids += fields[0::2]
+            bodies += fields[1::2]
+            pos += block * stride
+            left -= block
+        return Publish(publisher_id=publisher_id, publishing_ids=ids, messages=bodies)
     ids_be = bytearray(8 * count)
     for i in range(8):
         ids_be[i::8] = frame[_BODY_START + i :: stride]
     view = memoryview(frame)
-    size = stride - _ENTRY_BYTES
     first = _BODY_START + _ENTRY_BYTES
     messages = FrozenEntries(
         [view[at : at + size] for at in range(first, first + count * stride, stride)]
@@ -140,6 +155,25 @@ def _decode_uniform_publish_v1(frame: bytes, publisher_id: int, count: int, stri
     return Publish(
         publisher_id=publisher_id, publishing_ids=_u64_list(ids_be, 0), messages=messages
     )
+
+
+_COPY_MAX_BYTES: Final = 1024
+"""Uniform entries up to this size are copied out by `struct` (faster than a view each)."""
+_UNIFORM_BLOCK: Final = 64
+"""The most entries one `_uniform_struct` reads; a frame takes blocks of 64, 32, ... 1."""
+_UNIFORM_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+_UNIFORM_STRUCTS_MAX: Final = 1024
+"""Compiled formats kept (by entry size and block): cleared when full."""
+
+
+def _uniform_struct(size: int, block: int) -> struct.Struct:
+    """The format of ``block`` entries of ``size`` bytes: (id, body) each, the size skipped."""
+    compiled = _UNIFORM_STRUCTS.get((size, block))
+    if compiled is None:
+        if len(_UNIFORM_STRUCTS) >= _UNIFORM_STRUCTS_MAX:
+            _UNIFORM_STRUCTS.clear()
+        compiled = _UNIFORM_STRUCTS[size, block] = struct.Struct(">" + f"Q4x{size}s" * block)
+    return compiled
 
 
 def _decode_publish_v1_general(frame: bytes) -> Publish:
