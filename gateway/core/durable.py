@@ -151,7 +151,7 @@ class DurableDelivery:
         self,
         route: Route,
         stream: object,
-        encode: Callable[[Sequence[Message]], list[bytes]],
+        encode: Callable[[Sequence[Message]], Sequence[bytes | memoryview]],
         *,
         clock: IReactorTime | None = None,
         forwarder: LogForwarder | None = None,
@@ -289,7 +289,7 @@ class DurableRoutes:
         self,
         store: _Log,
         clock: IReactorTime,
-        encode: Callable[[Sequence[Message]], list[bytes]],
+        encode: Callable[[Sequence[Message]], Sequence[bytes | memoryview]],
         decode: Callable[[bytes, int, float], Message],
         dead_letter: Callable[[str, str], Callable[[Message, Outcome], Deferred[object]]],
     ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.codecs import osiris
 from gateway.codecs.amqp import (
     AMQPMessage,
     AMQPSequence,
@@ -602,7 +603,8 @@ def test_durable_entries_write_durable_entry_bytes(
 ) -> None:
     """`mapping.durable_entries` of a batch is `durable_entry` of each message, byte for byte.
 
-    Messages that a consumer read (with an origin) among them or not.
+    Messages that a consumer read (with an origin) among them or not. They
+    are frozen entries (the log keeps them without asking each): all bytes.
     """
     batch = [
         attrs.evolve(message, origin=Origin("reader@stream", index))
@@ -610,4 +612,7 @@ def test_durable_entries_write_durable_entry_bytes(
         else message
         for index, (message, _hops) in enumerate(run)
     ]
-    assert mapping.durable_entries(batch) == [durable_entry(message) for message in batch]
+    entries = mapping.durable_entries(batch)
+    assert entries == [durable_entry(message) for message in batch]
+    assert type(entries) is osiris.FrozenEntries
+    assert all(type(entry) is bytes for entry in entries)

@@ -101,6 +101,7 @@ from gateway.codecs.amqp import (
     encode_value,
     looks_like_amqp,
 )
+from gateway.codecs.osiris import FrozenEntries
 from gateway.core.internal import HOPS_HEADER
 from gateway.core.message import HeaderValue, Message, Origin, new_message_id
 
@@ -334,18 +335,21 @@ def durable_entry(message: Message) -> bytes:
     return entry_from_message(message, origin=True)
 
 
-def durable_entries(messages: Sequence[Message]) -> list[bytes]:
+def durable_entries(messages: Sequence[Message]) -> FrozenEntries:
     """The entries a durable route commits for a batch: `durable_entry` of each.
 
     A batch (one read) usually shares all but its messages' ids and bodies:
     an `EntryEncoder` writes what they share once. Messages with an origin
-    (what a consumer read) are written one by one.
+    (what a consumer read) are written one by one. All are ``bytes``: the
+    log keeps them without asking each (`FrozenEntries`).
     """
     encoder = EntryEncoder()
-    return [
-        encoder.entry(message) if message.origin is None else durable_entry(message)
-        for message in messages
-    ]
+    return FrozenEntries(
+        [
+            encoder.entry(message) if message.origin is None else durable_entry(message)
+            for message in messages
+        ]
+    )
 
 
 _NULL: Final = b"\x40"
