@@ -81,7 +81,7 @@ def kept_entries(
     under us is copied now.
 
     Raises:
-        ValueError: A message of `MAX_ENTRY_BYTES` or more, or more than
+        ValueError: A message over `MAX_ENTRY_BYTES` bytes, or more than
             `MAX_ENTRIES_PER_CHUNK` entries with sub-batches.
     """
     if sub_batches:
