@@ -9,6 +9,7 @@ as a small prefix before the stored chunk (`deliver_prefix`).
 from __future__ import annotations
 
 import array
+import functools
 import struct
 import sys
 from collections.abc import Sequence
@@ -161,19 +162,12 @@ _COPY_MAX_BYTES: Final = 1024
 """Uniform entries up to this size are copied out by `struct` (faster than a view each)."""
 _UNIFORM_BLOCK: Final = 64
 """The most entries one `_uniform_struct` reads; a frame takes blocks of 64, 32, ... 1."""
-_UNIFORM_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
-_UNIFORM_STRUCTS_MAX: Final = 1024
-"""Compiled formats kept (by entry size and block): cleared when full."""
 
 
+@functools.lru_cache(maxsize=1024)
 def _uniform_struct(size: int, block: int) -> struct.Struct:
     """The format of ``block`` entries of ``size`` bytes: (id, body) each, the size skipped."""
-    compiled = _UNIFORM_STRUCTS.get((size, block))
-    if compiled is None:
-        if len(_UNIFORM_STRUCTS) >= _UNIFORM_STRUCTS_MAX:
-            _UNIFORM_STRUCTS.clear()
-        compiled = _UNIFORM_STRUCTS[size, block] = struct.Struct(">" + f"Q4x{size}s" * block)
-    return compiled
+    return struct.Struct(">" + f"Q4x{size}s" * block)
 
 
 def _decode_publish_v1_general(frame: bytes) -> Publish:
