@@ -141,3 +141,53 @@ def test_answered_contents_are_not_kept() -> None:
         answers.answered(sequence)
     assert answers.exact
     assert not answers._waiting and not answers._answered
+
+
+def _general_confirm(
+    waiting: list[int], answered: set[int], sequences: list[int]
+) -> tuple[int | None, list[int]]:
+    """`WriterAnswers.confirm`'s general rule, on plain copies of its state (changed in place)."""
+    answered.update(sequences)
+    while waiting and waiting[0] in answered:
+        answered.remove(waiting.pop(0))
+    lowest = waiting[0] if waiting else None
+    covered = [s for s in sequences if lowest is None or s < lowest]
+    alone = [s for s in sequences if lowest is not None and s > lowest]
+    if len(covered) < 2:
+        return None, covered + alone
+    return max(covered), alone
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(1, 30),
+    first=st.integers(1, 3),
+    data=st.data(),
+)
+def test_confirm_matches_the_general_rule(count: int, first: int, data: st.DataObject) -> None:
+    """Whole batches in order (the fast path) or anything else: as the general rule says."""
+    answers = WriterAnswers()
+    for sequence in range(1, first):  # a Lease and so on, on the shared count
+        answers.numbered(sequence)
+    for sequence in range(first, first + count):
+        answers.routed(sequence)
+    waiting = list(range(first, first + count))
+    answered: set[int] = set()
+    left = list(waiting)
+    while left:
+        if data.draw(st.booleans()):  # the oldest ones, in order: a route's whole batch
+            size = data.draw(st.integers(1, len(left)))
+            chosen = left[:size]
+        else:
+            chosen = sorted(data.draw(st.lists(st.sampled_from(left), min_size=1, unique=True)))
+        left = [s for s in left if s not in chosen]
+        if data.draw(st.integers(0, 4)) == 0:  # a Reject's, told alone
+            for sequence in chosen:
+                answers.answered(sequence)
+                answered.add(sequence)
+                while waiting and waiting[0] in answered:
+                    answered.remove(waiting.pop(0))
+            continue
+        assert answers.confirm(chosen) == _general_confirm(waiting, answered, chosen)
+        assert list(answers._waiting) == waiting
+        assert answers._answered == answered

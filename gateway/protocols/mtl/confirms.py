@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Generic, Protocol, TypeVar
 
 from gateway.codecs import mtl
@@ -108,9 +109,20 @@ class WriterAnswers:
         """
         if self._next_content is None and self._next_any is None:
             return None, sequences
+        waiting = self._waiting
+        count = len(sequences)
+        if (
+            not self._answered
+            and 0 < count <= len(waiting)
+            and waiting[count - 1] == sequences[-1]
+            and list(islice(waiting, count)) == sequences
+        ):  # the oldest waiting, in order (a route's whole batch): what follows, at C speed
+            pop = waiting.popleft
+            for _ in range(count):
+                pop()
+            return (None, sequences) if count < 2 else (sequences[-1], [])
         answered = self._answered
         answered.update(sequences)
-        waiting = self._waiting
         while waiting and waiting[0] in answered:
             answered.remove(waiting.popleft())
         if not waiting:  # everything read is answered
@@ -200,19 +212,19 @@ class WriterReplies(Generic[W]):
             if token is None:  # confirm=none: the writer hears nothing
                 continue
             peer, sequence = token
-            if peers.get(peer.identity) is not peer:
-                continue  # forgotten since: nobody to tell
             status = outcome.status
-            if status is Status.ACCEPTED:
+            if status is Status.ACCEPTED:  # a writer forgotten since is told nothing (below)
                 run = accepted.get(peer)
                 if run is None:
                     accepted[peer] = [sequence]
                 else:
                     run.append(sequence)
-            else:
+            elif peers.get(peer.identity) is peer:  # not forgotten since: somebody to tell
                 peer.answers.answered(sequence)
                 send(peer, mtl.Reject(sequence, False, status is Status.RETRY))
         for peer, sequences in accepted.items():
+            if peers.get(peer.identity) is not peer:
+                continue  # forgotten since: nobody to tell
             upto, alone = peer.answers.confirm(sequences)
             if upto is not None:
                 send(peer, mtl.Confirm(upto, True))

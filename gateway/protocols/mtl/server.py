@@ -392,7 +392,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         # What readers were told before goes first; a reader that congests meanwhile
         # holds what follows.
         self._outbox.flush()
-        readers_of: dict[str, list[DataPeer]] = {}
+        readers_of: dict[str, list[tuple[DataPeer, bool, bool]]] = {}
         frames: list[list[bytes]] = []
         targets: list[DataPeer] = []
         copies: list[Copy] = []
@@ -404,7 +404,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             address = message.address
             readers = readers_of.get(address)
             if readers is None:
-                readers = readers_of[address] = self.peers.readers(address, "gateway")
+                readers = readers_of[address] = self.peers.deliveries(address)
             if not readers:
                 batch.settle(
                     index, Outcome.retry(f"no MTL reader of {self.name} summoned {address!r}")
@@ -414,9 +414,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
             # The common case, the id alone: its table written without a dict.
             properties = content_properties(message) if message.headers or message.sender else None
             body = message.body
-            for reader in readers:
-                lease = reader.lease
-                confirms = lease is not None and lease.confirm == "full"
+            for reader, confirms, held in readers:
                 if confirms:
                     # A reader that reads but does not confirm holds what it read here.
                     # Past the limit: retry later, not held (holding would stop reading
@@ -438,7 +436,7 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
                 copy = (reader.unconfirmed if confirms else None, sequence, index)
-                if reader.backlog:
+                if held:
                     waiting.append((reader, [reader.identity, *command], copy))
                 else:
                     frames.append([reader.identity, *command])
