@@ -149,6 +149,39 @@ def test_a_data_peer_under_a_taken_routing_id_has_no_lease() -> None:
     assert gone == 1
 
 
+def test_a_routing_id_taken_within_one_read_burst_is_not_the_old_peer() -> None:
+    """Connection 4's Content, then connection 5's under the same routing id, in one burst."""
+    listener, control, data, _metrics = guarded()
+    token = log_in(listener, control, "1", 11)
+    data.connection, data.fd = "4", 21
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
+    listener._drained()
+    old = listener._peers[ROUTING_ID]
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
+    data.connection, data.fd = "5", 22
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(3, "news", {}, b"y"))])
+    listener._drained()
+    peer = listener._peers[ROUTING_ID]
+    assert peer is not old and old.forgotten
+    assert peer.lease is None and peer.connection == "5"
+    assert mtl.Reject(3, False, False) in data.commands(ROUTING_ID)
+
+
+def test_a_peer_forgotten_within_a_read_burst_is_not_heard_again() -> None:
+    """A peer forgotten between two of its commands in one burst: the second starts a new one."""
+    listener, control, data, _metrics = guarded()
+    token = log_in(listener, control, "1", 11)
+    data.connection, data.fd = "4", 21
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
+    old = listener._peers[ROUTING_ID]
+    listener.peers.forget(old, "a slow consumer")
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
+    listener._drained()
+    peer = listener._peers[ROUTING_ID]
+    assert peer is not old and peer.lease is None
+    assert data.commands(ROUTING_ID)[-1] == mtl.Reject(2, False, False)
+
+
 def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
     """A reader whose data connection closed is forgotten at once: what it held is retry later."""
     listener, control, data, _metrics = guarded()

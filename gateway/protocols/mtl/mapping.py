@@ -161,6 +161,8 @@ class PendingBatch:
                 (`settle`, `withdraw`): nothing is done for them here.
         """
         refused = set(failed)
+        several = self._copies  # a message with one copy is answered by its answer alone
+        answers = self.answers
         for position, (unconfirmed, sequence, index) in enumerate(copies):
             if elsewhere and position in elsewhere:
                 continue
@@ -169,20 +171,24 @@ class PendingBatch:
             elif unconfirmed is None:
                 self.settle(index, _ACCEPTED)
             else:
-                unconfirmed[sequence] = (self, index)
+                unconfirmed[sequence] = (self if several and index in several else answers, index)
         self._sent = copies
 
     def _cancelled(self, _answers: Answers) -> None:
         for unconfirmed, sequence, _index in self._sent:
             if unconfirmed is not None:
                 entry = unconfirmed.get(sequence)
-                if entry is not None and entry[0] is self:
+                if entry is not None and (entry[0] is self or entry[0] is self.answers):
                     del unconfirmed[sequence]
         self._sent = ()
 
 
-Unconfirmed: TypeAlias = dict[int, tuple[PendingBatch, int]]
-"""A peer's Contents waiting for Confirm or Reject: sequence to (batch, index)."""
+Unconfirmed: TypeAlias = dict[int, tuple[PendingBatch | Answers, int]]
+"""A peer's Contents waiting for Confirm or Reject: sequence to (batch, index).
+
+The batch's `Answers` itself for a message sent once (one call less per
+Confirm), the `PendingBatch` for one sent to several readers.
+"""
 
 Copy: TypeAlias = tuple[Unconfirmed | None, int, int]
 """One Content sent: its peer's `Unconfirmed` (None: no confirmations), sequence, index."""

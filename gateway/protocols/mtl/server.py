@@ -54,45 +54,40 @@ confirm) gets no more until it confirms: retry later, counted ``not-sent``
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any, Unpack
+from typing import Any, Final, Unpack
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from gateway.codecs import mtl
 from gateway.codecs.fieldtable import FieldValue
+from gateway.codecs.mtl import confirm_fields, content_fields
 from gateway.core.auth import DEFAULT_LOGIN_FAILURES, LoginFailurePolicy
 from gateway.core.authorization import UNRESTRICTED, Action, Authorization, check
-from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy
+from gateway.core.flow import Congestion
 from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
-from gateway.core.message import Message, Outcome
+from gateway.core.message import Outcome
 from gateway.protocols.listener import DEFAULT_LISTEN_BACKLOG
 from gateway.protocols.logins import LoginRefusals
 from gateway.protocols.mtl.backlog import Backlogs
 from gateway.protocols.mtl.confirms import WriterReplies
 from gateway.protocols.mtl.control import ControlFlow
-from gateway.protocols.mtl.mapping import (
-    Copy,
-    PendingBatch,
-    content_properties,
-    message_from_content,
-    settle,
-    settle_confirm,
-)
-from gateway.protocols.mtl.peer import MTLPeer, MTLPeerArgs
+from gateway.protocols.mtl.delivery import ReaderDelivery
+from gateway.protocols.mtl.mapping import message_from_content, settle, settle_confirm
+from gateway.protocols.mtl.peer import MTLPeerArgs
 from gateway.protocols.mtl.peers import DataPeer, DataPeers
 from gateway.protocols.mtl.settings import MTLListenerSettings
 from gateway.protocols.mtl.sockets import ListenerSockets
 
 __all__ = ["MTLServer"]
 
+_ACCEPTED: Final = Outcome.accepted()
+
 
 @implementer(IDestination)
-class MTLServer(MTLPeer[MTLListenerSettings]):
+class MTLServer(ReaderDelivery):
     """One MTL listener: its two sockets, sessions, leases and data peers.
 
     Built with `MTLPeerArgs`: both sockets bind to ``host``, the control
@@ -102,8 +97,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
 
     _log = Logger()
 
-    flow: FlowPolicy = DEFAULT_FLOW
-    """How a reader slower than its writers is treated; the assembly sets the listener's."""
     login_failures: LoginFailurePolicy = DEFAULT_LOGIN_FAILURES
     """How refused logins are slowed down and cut off; the assembly sets the listener's."""
 
@@ -153,6 +146,8 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         self._in_flight = 0
         self._burst_time = 0.0
         """When the data socket's read burst being handled began (`_heard`)."""
+        self._burst_peer: DataPeer | None = None
+        """The peer of the burst's last well-formed command (`_heard`)."""
         self._answers_due = Congestion()
         # Each routed Content's writer and sequence when its writer wants a confirmation.
         replies = WriterReplies(self._peers, self._send, self._answered, self.count_error)
@@ -233,11 +228,18 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         identity = frames[0]
         if len(frames) == 3:  # a reader's Confirm or a writer's Content: not built
             header = frames[1]
-            confirmed = mtl.confirm_fields(header)
+            confirmed = confirm_fields(header)
             if confirmed is not None:
-                settle_confirm(self._heard(identity).unconfirmed, *confirmed)
+                sequence, multiple = confirmed
+                unconfirmed = self._heard(identity).unconfirmed
+                if multiple:
+                    settle_confirm(unconfirmed, sequence, True)
+                else:  # one Content's Confirm: a reader's usual answer
+                    entry = unconfirmed.pop(sequence, None)
+                    if entry is not None:
+                        entry[0].settle(entry[1], _ACCEPTED)
                 return
-            content = mtl.content_fields(header)
+            content = content_fields(header)
             if content is not None:
                 self._content(self._heard(identity), *content, frames[2])
                 return
@@ -282,13 +284,21 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         if not outbox.reading:
             outbox.reading = True  # answers go out when the burst is drained
             self._burst_time = self.clock.seconds()
+            self._burst_peer = None
         data = self._data
-        return self.peers.heard(
-            identity,
-            getattr(data, "connection", None),
-            getattr(data, "source_fd", None),
-            self._burst_time,
+        connection = getattr(data, "connection", None)
+        peer = self._burst_peer
+        if (
+            peer is not None
+            and peer.identity == identity
+            and peer.connection == connection
+            and not peer.forgotten
+        ):  # heard already in this burst, at its time
+            return peer
+        peer = self._burst_peer = self.peers.heard(
+            identity, connection, getattr(data, "source_fd", None), self._burst_time
         )
+        return peer
 
     def _drained(self) -> None:
         """The data socket's read burst is over: route its Contents, send its answers.
@@ -373,126 +383,6 @@ class MTLServer(MTLPeer[MTLListenerSettings]):
         due = self._answers_due
         if due.congested and self._in_flight <= self.settings.max_in_flight // 2:
             due.drained()
-
-    def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
-        """Send a batch to the gateway-profile readers that summoned each message's address.
-
-        All of the batch's Contents go out together. A confirm=full reader's
-        Confirm or Reject answers its copy; a reader without confirmations
-        accepts its copy once ZeroMQ took it; a message goes to every reader
-        of its address and answers the worst of their answers. A reader
-        ZeroMQ no longer has a connection with is forgotten and its copy
-        does not count. No reader, or a confirm=full reader with
-        ``max_backlog_messages`` Contents unconfirmed: retry later. A copy
-        ZeroMQ refuses because the reader's queue is full waits for it under
-        the ``pause-producers`` policy (`_hold`), and is retry later under
-        ``disconnect``.
-        """
-        batch = PendingBatch(len(messages))
-        # What readers were told before goes first; a reader that congests meanwhile
-        # holds what follows.
-        self._outbox.flush()
-        readers_of: dict[str, list[tuple[DataPeer, bool, bool]]] = {}
-        frames: list[list[bytes]] = []
-        targets: list[DataPeer] = []
-        copies: list[Copy] = []
-        waiting: list[tuple[DataPeer, list[bytes], Copy]] = []  # for congested readers
-        limit = self.settings.max_backlog_messages
-        added: dict[DataPeer, int] = {}  # confirm=full readers' copies in this batch
-        held_back = 0
-        for index, message in enumerate(messages):
-            address = message.address
-            readers = readers_of.get(address)
-            if readers is None:
-                readers = readers_of[address] = self.peers.deliveries(address)
-            if not readers:
-                batch.settle(
-                    index, Outcome.retry(f"no MTL reader of {self.name} summoned {address!r}")
-                )
-                continue
-            batch.copies(index, len(readers))
-            # The common case, the id alone: its table written without a dict.
-            properties = content_properties(message) if message.headers or message.sender else None
-            body = message.body
-            for reader, confirms, held in readers:
-                if confirms:
-                    # A reader that reads but does not confirm holds what it read here.
-                    # Past the limit: retry later, not held (holding would stop reading
-                    # the data socket, which its Confirms come on).
-                    unconfirmed = len(reader.unconfirmed) + added.get(reader, 0)
-                    if unconfirmed >= limit:
-                        batch.settle(index, self._not_confirming)
-                        held_back += 1
-                        continue
-                    added[reader] = added.get(reader, 0) + 1
-                sequence = next(reader.sequence)
-                try:
-                    command = (
-                        mtl.encode_content_with_id(sequence, address, message.id, body)
-                        if properties is None
-                        else mtl.encode_content(sequence, address, properties, body)
-                    )
-                except mtl.MTLLocalError as exc:
-                    batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
-                    continue
-                copy = (reader.unconfirmed if confirms else None, sequence, index)
-                if held:
-                    waiting.append((reader, [reader.identity, *command], copy))
-                else:
-                    frames.append([reader.identity, *command])
-                    targets.append(reader)
-                    copies.append(copy)
-        if held_back:
-            self._count_not_sent(held_back)
-        if frames or waiting:
-            self.traffic.messages_out += len(frames) + len(waiting)
-            self._send_contents(batch, frames, targets, copies, waiting)
-        return batch.deferred
-
-    def _send_contents(
-        self,
-        batch: PendingBatch,
-        frames: list[list[bytes]],
-        targets: list[DataPeer],
-        copies: list[Copy],
-        waiting: list[tuple[DataPeer, list[bytes], Copy]],
-    ) -> None:
-        """Send a batch's Contents in one go; hold, withdraw or answer what ZeroMQ refused."""
-        full, gone = self._data.send_routed(frames) if frames else ([], [])
-        elsewhere: set[int] = set(gone)
-        grown: dict[DataPeer, None] = {}
-        hold = self._backlogs.hold
-        if full and self.flow.pauses_producers:
-            for position in full:
-                unconfirmed, _sequence, index = copies[position]
-                reader = targets[position]
-                if unconfirmed is None:  # accepted once ZeroMQ takes it
-                    elsewhere.add(position)
-                    hold(reader, reader.backlog, frames[position], batch, index)
-                else:  # answered by its Confirm, as if sent now
-                    hold(reader, reader.backlog, frames[position])
-                grown[reader] = None
-            full = []
-        elif full:
-            self._count_not_sent(len(full))
-        for reader, routed, copy in waiting:
-            unconfirmed, _sequence, index = copy
-            if unconfirmed is None:
-                hold(reader, reader.backlog, routed, batch, index)
-            else:
-                copies.append(copy)
-                hold(reader, reader.backlog, routed)
-            grown[reader] = None
-        not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
-        batch.sent(copies, full, not_reading, elsewhere)
-        if gone:
-            went = Outcome.retry(f"an MTL reader of {self.name} went away (its connection is gone)")
-            for position in gone:
-                batch.withdraw(copies[position][2], went)
-            self._count_not_sent(len(gone))
-            self.peers.gone(targets[position] for position in gone)
-        for reader in grown:
-            self._backlogs.check(reader, reader.backlog)
 
     # --- back-pressure -----------------------------------------------------------------
 
