@@ -88,6 +88,7 @@ __all__ = [
     "Summon",
     "confirm_fields",
     "content_fields",
+    "content_header_with_id",
     "decode_boolean",
     "decode_data",
     "decode_integer",
@@ -380,6 +381,15 @@ def encode_content_with_id(
     Raises:
         MTLLocalError: As `encode_content`.
     """
+    return [content_header_with_id(sequence, resource, message_id), body]
+
+
+def content_header_with_id(sequence: int, resource: str, message_id: str) -> bytes:
+    """The header frame of `encode_content_with_id` (whatever the body).
+
+    Raises:
+        MTLLocalError: As `encode_content`.
+    """
     try:
         raw = resource.encode()
         value = message_id.encode()
@@ -388,14 +398,14 @@ def encode_content_with_id(
         if layout is None:
             layout = _with_id_layout(named, size)
         # After the resource, the table: its size, then the entry's name, type octet, length, value.
-        return [layout.pack(CONTENT, sequence, named, raw, size + 16, _ID_FIELD, size, value), body]
+        return layout.pack(CONTENT, sequence, named, raw, size + 16, _ID_FIELD, size, value)
     except _GIVE_WAY:
         pass
-    return _encode_data_general(Content(sequence, resource, {"message-id": message_id}, body))
+    return _encode_data_general(Content(sequence, resource, {"message-id": message_id}, b""))[0]
 
 
 _WITH_ID: Final[dict[tuple[int, int], struct.Struct]] = {}
-"""`encode_content_with_id`'s header layouts, by the lengths of resource and id."""
+"""`content_header_with_id`'s layouts, by the lengths of resource and id."""
 
 
 def _with_id_layout(resource: int, message_id: int) -> struct.Struct:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from twisted.internet.defer import Deferred
 
 from gateway.codecs import mtl
-from gateway.codecs.mtl import encode_content_with_id
+from gateway.codecs.mtl import content_header_with_id
 from gateway.core.flow import DEFAULT_FLOW, FlowPolicy
 from gateway.core.message import Message, Outcome
 from gateway.protocols.mtl.backlog import Backlogs
@@ -56,19 +56,34 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
         # What readers were told before goes first; a reader that congests meanwhile
         # holds what follows.
         self._outbox.flush()
-        readers_of: dict[str, list[tuple[DataPeer, bool, bool]]] = {}
+        # Per address, its readers: each, whether it confirms, whether it holds a backlog,
+        # and (shared by its addresses) how many more Contents it may have unconfirmed.
+        readers_of: dict[str, list[tuple[DataPeer, bool, bool, list[int]]]] = {}
+        rooms: dict[DataPeer, list[int]] = {}
         frames: list[list[bytes]] = []
         targets: list[DataPeer] = []
         copies: list[Copy] = []
         waiting: list[tuple[DataPeer, list[bytes], Copy]] = []  # for congested readers
         limit = self.settings.max_backlog_messages
-        added: dict[DataPeer, int] = {}  # confirm=full readers' copies in this batch
         held_back = 0
+        last_address = None
+        readers: list[tuple[DataPeer, bool, bool, list[int]]] = []
         for index, message in enumerate(messages):
             address = message.address
-            readers = readers_of.get(address)
-            if readers is None:
-                readers = readers_of[address] = self.peers.deliveries(address)
+            if address != last_address:
+                last_address = address
+                found = readers_of.get(address)
+                if found is None:
+                    found = readers_of[address] = [
+                        (
+                            reader,
+                            confirms,
+                            held,
+                            rooms.setdefault(reader, [limit - len(reader.unconfirmed)]),
+                        )
+                        for reader, confirms, held in self.peers.deliveries(address)
+                    ]
+                readers = found
             if not readers:
                 batch.settle(
                     index, Outcome.retry(f"no MTL reader of {self.name} summoned {address!r}")
@@ -79,32 +94,32 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
             # The common case, the id alone: its table written without a dict.
             properties = content_properties(message) if message.headers or message.sender else None
             body = message.body
-            for reader, confirms, held in readers:
+            for reader, confirms, held, room in readers:
                 if confirms:
                     # A reader that reads but does not confirm holds what it read here.
                     # Past the limit: retry later, not held (holding would stop reading
                     # the data socket, which its Confirms come on).
-                    before = added.get(reader, 0)
-                    if len(reader.unconfirmed) + before >= limit:
+                    if room[0] <= 0:
                         batch.settle(index, self._not_confirming)
                         held_back += 1
                         continue
-                    added[reader] = before + 1
+                    room[0] -= 1
                 sequence = next(reader.sequence)
                 try:
-                    command = (
-                        encode_content_with_id(sequence, address, message.id, body)
-                        if properties is None
-                        else mtl.encode_content(sequence, address, properties, body)
-                    )
+                    if properties is None:
+                        header = content_header_with_id(sequence, address, message.id)
+                        routed = [reader.identity, header, body]
+                    else:
+                        encoded = mtl.encode_content(sequence, address, properties, body)
+                        routed = [reader.identity, *encoded]
                 except mtl.MTLLocalError as exc:
                     batch.settle(index, Outcome.rejected(f"MTL cannot carry it: {exc.reason}"))
                     continue
                 copy = (reader.unconfirmed if confirms else None, sequence, index)
                 if held:
-                    waiting.append((reader, [reader.identity, *command], copy))
+                    waiting.append((reader, routed, copy))
                 else:
-                    frames.append([reader.identity, *command])
+                    frames.append(routed)
                     targets.append(reader)
                     copies.append(copy)
         if held_back:
