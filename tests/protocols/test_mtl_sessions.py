@@ -21,6 +21,7 @@ from gateway.codecs import mtl
 from gateway.core.auth import LoginFailurePolicy, Secrets
 from gateway.core.message import Message, Outcome, Status
 from gateway.metrics import GatewayMetrics
+from gateway.protocols.mtl.peers import DataPeer
 from gateway.protocols.mtl.server import MTLServer
 from gateway.protocols.mtl.settings import MTLListenerSettings
 from tests.protocols.test_mtl_server import Sent, server
@@ -127,14 +128,19 @@ def test_a_closed_descriptor_reused_later_ends_only_the_newer_session_once() -> 
     assert listener.control._sessions == {}
 
 
-def test_a_data_peer_under_a_taken_routing_id_has_no_lease() -> None:
-    """Alice's writer on data connection 1; connection 2 under her routing id is refused."""
-    listener, control, data, metrics = guarded()
+def leased_writer(listener: MTLServer, control: Connected, data: Connected) -> DataPeer:
+    """Alice's writer leased on data connection 4 (descriptor 21), its burst over; its peer."""
     token = log_in(listener, control, "1", 11)
     data.connection, data.fd = "4", 21
     listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
     listener._drained()
-    assert listener._peers[ROUTING_ID].lease is not None
+    return listener._peers[ROUTING_ID]
+
+
+def test_a_data_peer_under_a_taken_routing_id_has_no_lease() -> None:
+    """Alice's writer on data connection 1; connection 2 under her routing id is refused."""
+    listener, control, data, metrics = guarded()
+    assert leased_writer(listener, control, data).lease is not None
     data.connection, data.fd = "5", 22
     with capturedLogs() as events:
         listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
@@ -152,11 +158,7 @@ def test_a_data_peer_under_a_taken_routing_id_has_no_lease() -> None:
 def test_a_routing_id_taken_within_one_read_burst_is_not_the_old_peer() -> None:
     """Connection 4's Content, then connection 5's under the same routing id, in one burst."""
     listener, control, data, _metrics = guarded()
-    token = log_in(listener, control, "1", 11)
-    data.connection, data.fd = "4", 21
-    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
-    listener._drained()
-    old = listener._peers[ROUTING_ID]
+    old = leased_writer(listener, control, data)
     listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
     data.connection, data.fd = "5", 22
     listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(3, "news", {}, b"y"))])
@@ -168,18 +170,16 @@ def test_a_routing_id_taken_within_one_read_burst_is_not_the_old_peer() -> None:
 
 
 def test_a_peer_forgotten_within_a_read_burst_is_not_heard_again() -> None:
-    """A peer forgotten between two of its commands in one burst: the second starts a new one."""
+    """A peer forgotten between two of its Contents in one burst: the second starts a new one."""
     listener, control, data, _metrics = guarded()
-    token = log_in(listener, control, "1", 11)
-    data.connection, data.fd = "4", 21
-    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Lease(1, token))])
-    old = listener._peers[ROUTING_ID]
-    listener.peers.forget(old, "a slow consumer")
+    old = leased_writer(listener, control, data)
     listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(2, "news", {}, b"x"))])
+    listener.peers.forget(old, "a slow consumer")
+    listener._on_data([ROUTING_ID, *mtl.encode_data(mtl.Content(3, "news", {}, b"y"))])
     listener._drained()
     peer = listener._peers[ROUTING_ID]
     assert peer is not old and peer.lease is None
-    assert data.commands(ROUTING_ID)[-1] == mtl.Reject(2, False, False)
+    assert data.commands(ROUTING_ID)[-1] == mtl.Reject(3, False, False)
 
 
 def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
