@@ -37,6 +37,7 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
     peers: DataPeers
     _backlogs: Backlogs[DataPeer]
     _not_confirming: Outcome
+    _not_reading: Outcome
 
     def deliver(self, messages: Sequence[Message]) -> Deferred[list[Outcome]]:
         """Send a batch to the gateway-profile readers that summoned each message's address.
@@ -139,6 +140,9 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
     ) -> None:
         """Send a batch's Contents in one go; hold, withdraw or answer what ZeroMQ refused."""
         full, gone = self._data.send_routed(frames) if frames else ([], [])
+        if not (full or gone or waiting):  # ZeroMQ took them all: the usual case
+            batch.sent(copies, (), self._not_reading)
+            return
         elsewhere: set[int] = set(gone)
         grown: dict[DataPeer, None] = {}
         hold = self._backlogs.hold
@@ -163,8 +167,7 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
                 copies.append(copy)
                 hold(reader, reader.backlog, routed)
             grown[reader] = None
-        not_reading = Outcome.retry(f"an MTL reader of {self.name} is not reading")
-        batch.sent(copies, full, not_reading, elsewhere)
+        batch.sent(copies, full, self._not_reading, elsewhere)
         if gone:
             went = Outcome.retry(f"an MTL reader of {self.name} went away (its connection is gone)")
             for position in gone:

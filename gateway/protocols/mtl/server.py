@@ -119,6 +119,7 @@ class MTLServer(ReaderDelivery):
         self.backlog = DEFAULT_LISTEN_BACKLOG
         """Connections the kernel holds for each socket before ZeroMQ accepts them (ZMQ_BACKLOG)."""
         self._reader_who = f"an MTL reader of {name}"
+        self._not_reading = Outcome.retry(f"an MTL reader of {name} is not reading")
         self._not_confirming = Outcome.retry(
             f"an MTL reader of {name} has {self.settings.max_backlog_messages} Contents"
             " unconfirmed (max_backlog_messages)"
