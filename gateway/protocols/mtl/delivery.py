@@ -57,8 +57,9 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
         # What readers were told before goes first; a reader that congests meanwhile
         # holds what follows.
         self._outbox.flush()
-        # Per address, its readers: each, whether it confirms, whether it holds a backlog,
-        # and (shared by its addresses) how many more Contents it may have unconfirmed.
+        # Per address, its readers: each, whether it confirms, whether it holds a backlog
+        # (neither changes while the batch is encoded), and (shared by its addresses)
+        # how many more Contents it may have unconfirmed.
         readers_of: dict[str, list[tuple[DataPeer, bool, bool, list[int]]]] = {}
         rooms: dict[DataPeer, list[int]] = {}
         frames: list[list[bytes]] = []
@@ -78,11 +79,11 @@ class ReaderDelivery(MTLPeer[MTLListenerSettings]):
                     found = readers_of[address] = [
                         (
                             reader,
-                            confirms,
-                            held,
+                            reader.lease is not None and reader.lease.confirm == "full",
+                            bool(reader.backlog),
                             rooms.setdefault(reader, [limit - len(reader.unconfirmed)]),
                         )
-                        for reader, confirms, held in self.peers.deliveries(address)
+                        for reader in self.peers.readers(address, "gateway")
                     ]
                 readers = found
             if not readers:

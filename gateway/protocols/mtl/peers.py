@@ -168,17 +168,6 @@ class DataPeers:
             and resource in peer.summoned
         ]
 
-    def deliveries(self, resource: str) -> list[tuple[DataPeer, bool, bool]]:
-        """The gateway-profile readers of ``resource``: each, if it confirms, if it holds a backlog.
-
-        What a batch's delivery reads once per address: neither changes while
-        the batch is encoded.
-        """
-        return [
-            (peer, peer.lease is not None and peer.lease.confirm == "full", bool(peer.backlog))
-            for peer in self.readers(resource, "gateway")
-        ]
-
     def closed(self, fd: int) -> None:
         """ZeroMQ says the data connection with file descriptor ``fd`` closed: forget its peer."""
         peer = self._by_fd.pop(fd, None)
