@@ -8,6 +8,7 @@ wake-up reads is exactly what was sent before it.
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator
 from typing import Any
 
@@ -198,6 +199,30 @@ def test_a_long_burst_yields_to_the_reactor(world: World) -> None:
     world.reactor.advance(0)
     assert world.seen.bursts == [MAX_READ_BURST, 3]
     assert len(world.seen.messages) == MAX_READ_BURST + 3
+
+
+def test_a_send_reads_again_only_when_something_waits(world: World) -> None:
+    """A send may take the descriptor's wake-up (ZeroMQ's descriptor is edge-triggered).
+
+    After each send ZeroMQ is asked what waits: nothing, and no read is
+    scheduled (the descriptor signals the next arrival); a message, and it
+    is read on the next reactor turn.
+    """
+    dealer = world.peer(b"a")
+    dealer.send_multipart([b"hello"])
+    world.wake()
+    world.router.send_routed([[b"a", b"1", b""]])
+    assert world.reactor.getDelayedCalls() == []
+    dealer.send_multipart([b"next"])
+    descriptor = world.router._connection.fileno()
+    assert select.select([descriptor], [], [], 0)[0] == [descriptor]  # a wake-up will come
+    dealer.send_multipart([b"more"])
+    world.router.send_many([[b"a", b"2", b""]])  # before the reactor woke for them
+    assert len(world.reactor.getDelayedCalls()) == 1
+    world.reactor.advance(0)
+    assert world.seen.messages[1:] == [[b"a", b"next"], [b"a", b"more"]]
+    assert world.seen.bursts == [1, 2]
+    assert [dealer.recv_multipart() for _ in range(2)] == [[b"1", b""], [b"2", b""]]
 
 
 def test_send_many_says_which_were_refused(world: World) -> None:

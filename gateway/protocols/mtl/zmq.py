@@ -152,7 +152,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
             for part in message[:-1]:
                 send(part, more)
             send(message[-1], last)
-            self._read_soon()
+            self._sent()
 
         def send_many(self, messages: Sequence[list[bytes]]) -> list[int]:
             """Send each message; the positions of those ZeroMQ would not take."""
@@ -165,7 +165,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     send(message[-1], last)
                 except zmq.ZMQError:  # zmq.Again too: a full queue, a peer gone
                     failed.append(position)
-            self._read_soon()
+            self._sent()
             return failed
 
         def send_routed(self, messages: Sequence[list[bytes]]) -> tuple[list[int], list[int]]:
@@ -199,7 +199,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     why = gone if exc.errno == unroutable else full
                     why.append(position)
                     refused[message[0]] = why
-            self._read_soon()
+            self._sent()
             return full, gone
 
         def send_in_order(self, messages: Iterable[list[bytes]]) -> tuple[int, bool]:
@@ -215,7 +215,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                     taken += 1
             except zmq.ZMQError as exc:
                 gone = exc.errno == unroutable
-            self._read_soon()
+            self._sent()
             return taken, gone
 
         reading_paused = False
@@ -236,6 +236,18 @@ def _classes() -> tuple[Any, Any, Any, Any]:
             # A send may take the wake-up meant for incoming messages (ZeroMQ's
             # descriptor is edge-triggered): read once more on the next turn.
             if self.read_scheduled is None:
+                self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+
+        def _sent(self) -> None:
+            # A send may have taken the wake-up meant for incoming messages (ZeroMQ's
+            # descriptor is edge-triggered). Asking ZeroMQ's events processes what
+            # it was told meanwhile, so the descriptor signals whatever comes next
+            # (zmq_getsockopt(3), ZMQ_FD); what already waits is read on the next turn.
+            if (
+                self.read_scheduled is None
+                and self.factory is not None
+                and self._events(events) & pollin
+            ):
                 self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
 
         def read_waiting(self) -> None:
