@@ -203,6 +203,47 @@ def test_a_data_peer_is_forgotten_when_its_connection_closes() -> None:
     assert outcome.status is Status.RETRY and "went away" in outcome.reason
 
 
+def test_a_closed_connection_is_taken_in_before_a_data_peer_not_known_yet() -> None:
+    """The reader's connection (descriptor 21) closed unseen; a new one reuses descriptor 21.
+
+    The listener takes in the connections that closed before it makes the
+    new connection's peer (not before each read burst): the old reader is
+    gone and the new peer keeps descriptor 21. A peer already known on its
+    connection does not look.
+    """
+    listener, control, data, _metrics = guarded()
+    log_in(listener, control, "1", 11)
+    status, reply = ask(
+        listener, control, "1", 11, "Connection.Reader", {"resources": ["news"], "confirm": "full"}
+    )
+    assert status == 202
+    closed: list[int] = []
+    looks: list[int] = []
+
+    def look() -> None:  # what the watches report when asked
+        looks.append(len(closed))
+        while closed:
+            listener.peers.closed(closed.pop())
+
+    listener.peers.look_first = look
+    data.connection, data.fd = "4", 21
+    listener._on_data([b"reader", *mtl.encode_data(mtl.Lease(1, reply["lease"]))])
+    listener._drained()
+    listener._on_data([b"reader", *mtl.encode_data(mtl.Summon(2, "news"))])
+    listener._drained()
+    assert looks == [0]  # once, for the new connection
+    reader = listener._peers[b"reader"]
+    closed.append(21)
+    data.connection = "6"
+    listener._on_data([b"other", *mtl.encode_data(mtl.Ping())])
+    listener._drained()
+    assert looks == [0, 1] and reader.departed
+    newer = listener._peers[b"other"]
+    assert listener.peers._by_fd == {21: newer}
+    listener.peers.closed(21)
+    assert newer.departed
+
+
 def test_a_held_back_answer_is_not_sent_once_its_connection_is_gone() -> None:
     """A refused login's answer waits; its connection closes meanwhile: nothing is sent."""
     listener, control, _data, _metrics = guarded()

@@ -117,6 +117,8 @@ class DataPeers:
     """
 
     _log = Logger()
+    look_first: Callable[[], None] | None = None
+    """Takes in the connections that closed (`ListenerSockets.look_at_connections`), if set."""
 
     def __init__(
         self,
@@ -151,6 +153,11 @@ class DataPeers:
         """
         peer = self.by_identity.get(identity)
         if peer is None or peer.connection != connection:
+            if self.look_first is not None:
+                # A connection that closed is known first: its routing id, or its file
+                # descriptor reused, is not taken for this connection's.
+                self.look_first()
+                peer = self.by_identity.get(identity)
             if peer is not None:
                 self._taken(peer)
             peer = self._new(identity, connection, source_fd)

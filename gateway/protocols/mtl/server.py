@@ -179,6 +179,7 @@ class MTLServer(ReaderDelivery):
         )
         self._sockets = sockets
         self._control, self._data = sockets.control, sockets.data
+        self.peers.look_first = sockets.look_at_connections
         if settings.curve_secret_key is not None:
             self._log.info(
                 "MTL listener {listener}: CURVE on, server public key {public_key}",

@@ -12,9 +12,11 @@ peer gets in unasked:
   every peer of both sockets: the allow-lists, and a number for each
   connection, read from every message (`ZmqSocket.track_connection`);
 * a `HandshakeWatch` on each socket: handshakes libzmq refused before ZAP,
-  and connections that closed, taken in before each read burst and each
-  ZAP reply (so a closed connection is known before anything under its
-  routing id is read);
+  and connections that closed, taken in before each read burst of the
+  control socket, before a data message from a connection not known yet
+  (`ListenerSockets.look_at_connections`) and before each ZAP reply, so a
+  closed connection is known before anything under its routing id, or on
+  its file descriptor reused, is taken as another connection's;
 * CURVE on both, with the listener's secret key, if it has one;
 * the control socket reads each message's Peer-Address (where refused
   logins count) and, with ``curve_identities``, its ZAP User-Id (SASL
@@ -42,6 +44,8 @@ class ListenerSockets:
     data: Any
     zap: Any
     watches: tuple[Any, ...]
+    look_at_connections: Callable[[], None]
+    """Take in what the watches saw (before a data peer not known yet is made)."""
 
 
 def listener_sockets(
@@ -126,10 +130,12 @@ def listener_sockets(
                 on_closed=closed,
             )
         )
-        # Connections that closed before a read are known before it: a routing id
-        # another connection took reads as that connection's.
-        socket.read_first(look_at_connections)
         if secret_key is not None:
             socket.set_option(zmq.CURVE_SERVER, 1)
             socket.set_option(zmq.CURVE_SECRETKEY, secret_key)
-    return ListenerSockets(control_socket, data_socket, zap, tuple(watches))
+    # Connections that closed before a control read are known before it: a routing
+    # id another connection took reads as that connection's. The data socket looks
+    # only when a message comes from a connection it does not know (`DataPeers`):
+    # a look before each read burst cost more than the rest of a small burst.
+    control_socket.read_first(look_at_connections)
+    return ListenerSockets(control_socket, data_socket, zap, tuple(watches), look_at_connections)
