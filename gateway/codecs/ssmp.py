@@ -63,6 +63,8 @@ __all__ = [
     "encode",
     "is_valid_id",
     "mcast_event",
+    "mcast_head",
+    "mcast_line",
     "response_line",
 ]
 
@@ -504,12 +506,32 @@ def mcast_event(source: bytes, topic: bytes, payload: bytes) -> bytes:
     Raises:
         SSMPLocalError: As `encode` would.
     """
+    return mcast_line(mcast_head(source, topic), payload)
+
+
+def mcast_head(source: bytes, topic: bytes) -> bytes:
+    """``000 <source> MCAST <topic> ``: how every MCAST event from ``source`` to ``topic`` starts.
+
+    A batch's events that share their source and topic share it (`mcast_line`).
+
+    Raises:
+        SSMPLocalError: The source or the topic is not a valid SSMP id.
+    """
     if _ID.match(source) is None:
         raise SSMPLocalError(f"event source {_show(source)} is not a valid SSMP id", kind="bad-id")
     if _ID.match(topic) is None:
         raise SSMPLocalError(f"topic {_show(topic)} is not a valid SSMP id", kind="bad-id")
+    return b"000 " + source + b" MCAST " + topic + b" "
+
+
+def mcast_line(head: bytes, payload: bytes) -> bytes:
+    """The MCAST event that starts with ``head`` (from `mcast_head`) and carries ``payload``.
+
+    Raises:
+        SSMPLocalError: The payload is empty or has an LF, or the line is too long.
+    """
     _payload(payload, "payload")
-    line = b"000 " + source + b" MCAST " + topic + b" " + payload + b"\n"
+    line = head + payload + b"\n"
     if len(line) > MAX_LINE_BYTES:
         raise SSMPLocalError(
             f"line of {len(line)} bytes is over SSMP's {MAX_LINE_BYTES}-byte limit",

@@ -1007,3 +1007,25 @@ def test_mcast_fast_path_parses_as_the_general_parser(lines: list[bytes]) -> Non
         expected = expected[len(got) :]
     assert reason is None
     assert expected == []
+
+
+_IDS = st.sampled_from([b"alice", b"news", b".", b"a@b.example", b"", b"bad id", b"x" * 1020])
+
+
+@given(
+    source=_IDS,
+    topic=_IDS,
+    payload=st.sampled_from([b"hello", b"", b"two\nlines", b"p" * 1000, b"q" * 1100]),
+)
+def test_mcast_event_is_encode(source: bytes, topic: bytes, payload: bytes) -> None:
+    """The hub's direct MCAST event (`mcast_head` then `mcast_line`) is `encode`'s, refusals too."""
+    event = Event(source=source, message=ssmp.Mcast(topic=topic, payload=payload))
+    try:
+        expected: bytes | str = ssmp.encode(event)
+    except ssmp.SSMPLocalError as exc:
+        expected = exc.kind
+    try:
+        got: bytes | str = ssmp.mcast_event(source, topic, payload)
+    except ssmp.SSMPLocalError as exc:
+        got = exc.kind
+    assert got == expected

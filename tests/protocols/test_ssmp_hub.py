@@ -10,9 +10,12 @@ events.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.codecs import ssmp
 from gateway.core.message import Message, Outcome, Status
+from gateway.protocols.ssmp.mapping import EventLines, event_line
 from tests.protocols.test_ssmp_server import CountingTransport, HubWorld, Peer, fired
 
 
@@ -260,3 +263,23 @@ def test_recipients_in_several_forms(world: HubWorld) -> None:
     assert outcome.code == "404"
     world.clock.advance(0)
     assert carol.received() == b""
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([None, "alice", "bench@example.com", "not an id", ""]),
+            st.sampled_from(["news", "mail", "bad topic", "", "t" * 1020]),
+            st.sampled_from([b"hello", b"", b"two\nlines", b"p" * 1000]),
+        ),
+        max_size=12,
+    )
+)
+def test_a_batchs_event_lines_are_each_messages_own(
+    batch: list[tuple[str | None, str, bytes]],
+) -> None:
+    """Sharing an event's head over a batch (`EventLines`) never changes a line nor a refusal."""
+    lines = EventLines()
+    for sender, topic, body in batch:
+        message = Message(body=body, address=topic, sender=sender)
+        assert lines.line(message, topic) == event_line(message, topic)

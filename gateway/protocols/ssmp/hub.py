@@ -50,8 +50,8 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.protocols.ssmp.mapping import (
     BCAST_ADDRESS,
+    EventLines,
     bcast_event,
-    event_line,
     ucast_event,
     ucast_peer,
 )
@@ -344,12 +344,13 @@ class Hub:
         run_topic = b""
         run: list[bytes] = []
         events: Sequence[tuple[_Target, bytes]] | Outcome
+        lines = EventLines()
         for message in messages:
             if not message.recipients and message.address[:1] != "!":
-                encoded = event_line(message, message.address)  # the common case: one topic
+                encoded = lines.line(message, message.address)  # the common case: one topic
                 events = encoded if isinstance(encoded, Outcome) else (encoded,)
             else:
-                events = self._events(message)
+                events = self._events(message, lines)
             if isinstance(events, Outcome):
                 outcomes.append(events)
                 continue
@@ -396,8 +397,8 @@ class Hub:
             return succeed(outcomes)
         return answer_when_drained(consumers, outcomes)
 
-    def _events(self, message: Message) -> list[tuple[_Target, bytes]] | Outcome:
-        """A message's events, each with whom it goes to (see `_Target`).
+    def _events(self, message: Message, lines: EventLines) -> list[tuple[_Target, bytes]] | Outcome:
+        """A message's events, each with whom it goes to (see `_Target`); MCASTs from ``lines``.
 
         Returns the refusal instead when any of its addresses cannot be delivered.
         """
@@ -423,7 +424,7 @@ class Hub:
                     return bcast
                 events.append((_Everyone(bcast[0]), bcast[1]))
             else:
-                mcast = event_line(message, address)
+                mcast = lines.line(message, address)
                 if isinstance(mcast, Outcome):
                     return mcast
                 events.append(mcast)

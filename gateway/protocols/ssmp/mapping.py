@@ -27,6 +27,7 @@ __all__ = [
     "BCAST_ADDRESS",
     "UCAST_PREFIX",
     "VERB_HEADER",
+    "EventLines",
     "bcast_event",
     "event_line",
     "mcast_message",
@@ -163,11 +164,40 @@ def event_line(message: Message, topic: str) -> tuple[bytes, bytes] | Outcome:
     Returns:
         The topic and the encoded event line, or why it cannot be carried.
     """
-    encoded_topic = topic.encode("ascii", "replace")
-    try:
-        return encoded_topic, ssmp.mcast_event(_sender(message), encoded_topic, message.body)
-    except ssmp.SSMPLocalError as exc:
-        return _refusal(exc, topic, "cannot deliver over SSMP")
+    return EventLines().line(message, topic)
+
+
+class EventLines:
+    """`event_line` for a batch's messages: the event's head made once per sender and topic.
+
+    A batch's messages mostly share both (one route, one address), and
+    checking and encoding them cost more than the rest of the line.
+    """
+
+    __slots__ = ("_head", "_sender", "_topic")
+
+    def __init__(self) -> None:
+        self._sender: str | None = None
+        self._topic: str | None = None
+        self._head: tuple[bytes, bytes] | Outcome = (b"", b"")  # made by the first `line`
+        """The encoded topic and the events' head, or why that topic cannot be carried."""
+
+    def line(self, message: Message, topic: str) -> tuple[bytes, bytes] | Outcome:
+        """`event_line`: the topic and the encoded event line, or why it cannot be carried."""
+        if topic != self._topic or message.sender != self._sender:
+            self._sender, self._topic = message.sender, topic
+            encoded_topic = topic.encode("ascii", "replace")
+            try:
+                self._head = encoded_topic, ssmp.mcast_head(_sender(message), encoded_topic)
+            except ssmp.SSMPLocalError as exc:
+                self._head = _refusal(exc, topic, "cannot deliver over SSMP")
+        head = self._head
+        if isinstance(head, Outcome):
+            return head
+        try:
+            return head[0], ssmp.mcast_line(head[1], message.body)
+        except ssmp.SSMPLocalError as exc:
+            return _refusal(exc, topic, "cannot deliver over SSMP")
 
 
 def ucast_event(message: Message, peer: str) -> tuple[bytes, bytes] | Outcome:
