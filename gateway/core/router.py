@@ -439,9 +439,23 @@ class Router:
         last_address: str | None = None
         last_sender: str | None = None
         by_sender = table.filters_senders
+        # Likewise for recipients (QMQP): the same recipients, the same routes.
+        spread: list[tuple[BoundRoute, list[str]]] | Unrouted = []
+        last_recipients: tuple[str, ...] = ()
+        recipients_sender: str | None = None
         for index, message in enumerate(messages):
-            if message.recipients:
-                self._plan_recipients(table, source, plan, index, message, refused, answer)
+            recipients = message.recipients
+            if recipients:
+                if recipients != last_recipients or (
+                    by_sender and message.sender != recipients_sender
+                ):
+                    last_recipients, recipients_sender = recipients, message.sender
+                    spread = self._spread(table, source, message)
+                if isinstance(spread, Unrouted):
+                    answer(index, spread)
+                    continue
+                for bound, addresses in spread:
+                    self._plan(plan, bound, index, message, addresses, refused)
                 continue
             address = message.address
             if address != last_address or (by_sender and message.sender != last_sender):
@@ -484,17 +498,13 @@ class Router:
             self, source, tapped
         )
 
-    def _plan_recipients(
-        self,
-        table: RouteTable,
-        source: str,
-        plan: dict[BoundRoute, tuple[list[int], list[Message]]],
-        index: int,
-        message: Message,
-        refused: dict[int, list[tuple[int, Outcome]]],
-        answer: Callable[[int, Result], None],
-    ) -> None:
-        """Plan a message routed by its recipients (QMQP): all of them routed, or none."""
+    def _spread(
+        self, table: RouteTable, source: str, message: Message
+    ) -> list[tuple[BoundRoute, list[str]]] | Unrouted:
+        """The routes of a message routed by its recipients (QMQP), each with its addresses there.
+
+        All of them routed, or none: `Unrouted` naming those without a route.
+        """
         per_route: dict[BoundRoute, list[str]] = {}
         unrouted: list[str] = []
         for address in message.recipients:
@@ -506,10 +516,8 @@ class Router:
                     bound.route.destination_address(address, captures)
                 )
         if unrouted:
-            answer(index, Unrouted(tuple(unrouted)))
-            return
-        for bound, addresses in per_route.items():
-            self._plan(plan, bound, index, message, addresses, refused)
+            return Unrouted(tuple(unrouted))
+        return list(per_route.items())
 
     # --- a clean stop ---------------------------------------------------------------
 

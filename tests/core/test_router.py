@@ -823,6 +823,53 @@ def test_plain_routes_translate_as_the_general_code(
 
 
 @given(
+    routes=_plain_routes(),
+    batch=st.lists(
+        st.builds(
+            Message,
+            body=st.binary(max_size=8),
+            address=_ADDRESSES,
+            sender=_SENDERS,
+            # Few enough that a batch's messages often share them.
+            recipients=st.sampled_from([("a.b",), ("wx",), ("a.paris", "wx"), ("x@y",)]),
+        ),
+        max_size=12,
+    ),
+)
+def test_a_batch_by_recipients_is_routed_as_each_message_alone(
+    routes: list[Route], batch: list[Message]
+) -> None:
+    """Messages routed by their recipients (QMQP) share their routes' lookup within a batch.
+
+    Routed as one batch, or each alone, every message gets the same result
+    and each destination the same messages, in the same order, with the
+    same fields (sender filters included).
+    """
+    results = []
+    received = []
+    for together in (True, False):
+        destinations = [_AnsweringDestination(f"d{n}") for n in range(len(routes))]
+        router, _, _ = _router(routes, *destinations)
+        answers: dict[int, object] = {}
+        if together:
+            router.route("hub", batch, answers.__setitem__)
+        else:
+            for index, message in enumerate(batch):
+                alone: dict[int, object] = {}
+                router.route("hub", [message], alone.__setitem__)
+                answers[index] = alone[0]
+        results.append(answers)
+        received.append(
+            [
+                [(attrs.astuple(m, recurse=False), m.origin) for m in d.received]
+                for d in destinations
+            ]
+        )
+    assert results[0] == results[1]
+    assert received[0] == received[1]
+
+
+@given(
     st.lists(
         st.sampled_from(
             [
