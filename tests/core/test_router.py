@@ -7,7 +7,7 @@ Destinations here are small real implementations of `IDestination`; time is a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import pytest
@@ -777,18 +777,26 @@ def _plain_routes(draw: st.DrawFn) -> list[Route]:
     return routes
 
 
-@given(
-    routes=_plain_routes(),
-    batch=st.lists(
+def _batches(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Message]]:
+    """Batches of up to 12 messages of the plain routes' addresses and senders, and ``fields``."""
+    return st.lists(
         st.builds(
-            Message,
-            body=st.binary(max_size=8),
-            address=_ADDRESSES,
-            sender=_SENDERS,
-            headers=st.sampled_from([{}, {"ssmp.verb": "MCAST"}]),
-            timestamp=st.sampled_from([0.0, 1.5]),
+            Message, body=st.binary(max_size=8), address=_ADDRESSES, sender=_SENDERS, **fields
         ),
         max_size=12,
+    )
+
+
+def _delivered(destinations: list[_AnsweringDestination]) -> list[list[object]]:
+    """What each destination received: every message's fields and origin, in order."""
+    return [[(attrs.astuple(m, recurse=False), m.origin) for m in d.received] for d in destinations]
+
+
+@given(
+    routes=_plain_routes(),
+    batch=_batches(
+        headers=st.sampled_from([{}, {"ssmp.verb": "MCAST"}]),
+        timestamp=st.sampled_from([0.0, 1.5]),
     ),
 )
 def test_plain_routes_translate_as_the_general_code(
@@ -812,29 +820,15 @@ def test_plain_routes_translate_as_the_general_code(
         answers: dict[int, object] = {}
         router.route("hub", batch, answers.__setitem__)
         results.append(answers)
-        received.append(
-            [
-                [(attrs.astuple(m, recurse=False), m.origin) for m in d.received]
-                for d in destinations
-            ]
-        )
+        received.append(_delivered(destinations))
     assert results[0] == results[1]
     assert received[0] == received[1]
 
 
 @given(
     routes=_plain_routes(),
-    batch=st.lists(
-        st.builds(
-            Message,
-            body=st.binary(max_size=8),
-            address=_ADDRESSES,
-            sender=_SENDERS,
-            # Few enough that a batch's messages often share them.
-            recipients=st.sampled_from([("a.b",), ("wx",), ("a.paris", "wx"), ("x@y",)]),
-        ),
-        max_size=12,
-    ),
+    # Few recipients, so that a batch's messages often share them.
+    batch=_batches(recipients=st.sampled_from([("a.b",), ("wx",), ("a.paris", "wx"), ("x@y",)])),
 )
 def test_a_batch_by_recipients_is_routed_as_each_message_alone(
     routes: list[Route], batch: list[Message]
@@ -859,12 +853,7 @@ def test_a_batch_by_recipients_is_routed_as_each_message_alone(
                 router.route("hub", [message], alone.__setitem__)
                 answers[index] = alone[0]
         results.append(answers)
-        received.append(
-            [
-                [(attrs.astuple(m, recurse=False), m.origin) for m in d.received]
-                for d in destinations
-            ]
-        )
+        received.append(_delivered(destinations))
     assert results[0] == results[1]
     assert received[0] == received[1]
 
