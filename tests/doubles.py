@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.testing import StringTransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -19,7 +20,7 @@ from gateway.core.batch import UNANSWERED
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Result, Router, Unrouted
 
-__all__ = ["NO_LOGIN_WAIT", "deliver_each", "dispatch_one"]
+__all__ = ["NO_LOGIN_WAIT", "WritingTransport", "deliver_each", "dispatch_one"]
 
 _log = Logger(namespace="tests.doubles")
 
@@ -72,3 +73,18 @@ def dispatch_one(router: Router, source: str, message: Message) -> Deferred[Outc
 
     router.route(source, (message,), answer)
     return unrouted[0] if unrouted else d
+
+
+class WritingTransport(StringTransport):
+    """A StringTransport with the parts of a TCP connection `flush_now` looks at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connected = True
+        self.disconnecting = False
+        self.producerPaused = False
+        self.pushed = 0
+
+    def doWrite(self) -> None:  # noqa: N802 (IWriteDescriptor's name)
+        """Count the pushes."""
+        self.pushed += 1

@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_FRAME_TIMEOUT_SECONDS",
     "DEFAULT_LISTEN_BACKLOG",
     "DEFAULT_MAX_CONNECTIONS",
+    "PUSH_MAX_ANSWERS",
     "ListenerArgs",
     "ListenerConnection",
     "ListenerFactory",
@@ -70,10 +71,16 @@ DEFAULT_FRAME_TIMEOUT_SECONDS: Final = 30.0
 last, unless the listener's config says otherwise (issue 18: a half-sent frame after
 the handshake was held open for ever)."""
 _PRUNE_TIMERS_PAST: Final = 8
+"""Timers a connection remembers before it forgets those that fired or were cancelled."""
 STOP_QUIET_SECONDS: Final = 0.5
 """As the gateway stops, a half-closed connection whose peer sent nothing for this long is
 closed: with nothing unread, closing it is no reset, and the answers still go out."""
-"""Timers a connection remembers before it forgets those that fired or were cancelled."""
+PUSH_MAX_ANSWERS: Final = 32
+"""A batch answered outside a read with at most this many answers goes to the socket at once
+(`ListenerConnection.push_answers`). A larger one means a busy connection whose answers the
+next poll writes soon anyway, together with others: pushed at once, they let the client send
+sooner and a durable log commit smaller (a QMQP durable route at full speed lost 4% of its
+rate)."""
 
 P = TypeVar("P", bound=Protocol)
 S = TypeVar("S")
@@ -462,6 +469,20 @@ class ListenerConnection(Protocol, Generic[F]):
                 )
                 return
         self.transport.write(data)
+
+    def push_answers(self, count: int) -> None:
+        """Write ``count`` answers queued outside a read: a few at once (`flush_now`), more now.
+
+        A route answers outside a read when its destination confirms (a
+        durable route's commit, a broker's confirm), in a call that goes on
+        to other work; its senders need not wait for the reactor's next
+        poll. Past `PUSH_MAX_ANSWERS` the connection is busy, and the next
+        poll writes soon anyway.
+        """
+        if count <= PUSH_MAX_ANSWERS:
+            self.flush_now()
+        else:
+            self.flush()
 
     def flush_now(self) -> None:
         """`flush`, then have the socket take what the transport holds now, not a turn later.

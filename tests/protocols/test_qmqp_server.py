@@ -41,13 +41,10 @@ from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Route, Router, bind_routes
 from gateway.metrics import GatewayMetrics
-from gateway.protocols.qmqp.server import (
-    PUSH_MAX_REPLIES,
-    QMQPServerFactory,
-    QMQPServerProtocol,
-)
+from gateway.protocols.listener import PUSH_MAX_ANSWERS
+from gateway.protocols.qmqp.server import QMQPServerFactory, QMQPServerProtocol
 from gateway.protocols.qmqp.settings import QMQPListenerSettings
-from tests.doubles import NO_LOGIN_WAIT, deliver_each
+from tests.doubles import NO_LOGIN_WAIT, WritingTransport, deliver_each
 
 LISTENER = "mail-in"
 ANSWERS = "answers"
@@ -476,21 +473,6 @@ async def test_a_batch_answered_outside_a_read_is_in_the_socket_at_once() -> Non
         await port.stopListening()
 
 
-class WritingTransport(StringTransport):
-    """A StringTransport with the parts of a TCP connection `flush_now` looks at."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.connected = True
-        self.disconnecting = False
-        self.producerPaused = False
-        self.pushed = 0
-
-    def doWrite(self) -> None:  # noqa: N802 (IWriteDescriptor's name)
-        """Count the pushes."""
-        self.pushed += 1
-
-
 @pytest.mark.parametrize("state", ["open", "disconnecting", "producer paused", "not connected"])
 def test_replies_are_pushed_only_on_an_open_unpaused_connection(state: str) -> None:
     """`flush_now` hands the write to the socket only when the reactor would anyway, at once."""
@@ -508,8 +490,8 @@ def test_replies_are_pushed_only_on_an_open_unpaused_connection(state: str) -> N
 
 
 def test_a_large_batch_is_left_to_the_reactor_to_write() -> None:
-    """Past `PUSH_MAX_REPLIES` replies, the batch is written but not pushed to the socket."""
-    for count, pushed in ((PUSH_MAX_REPLIES, 1), (PUSH_MAX_REPLIES + 1, 0)):
+    """Past `PUSH_MAX_ANSWERS` replies, the batch is written but not pushed to the socket."""
+    for count, pushed in ((PUSH_MAX_ANSWERS, 1), (PUSH_MAX_ANSWERS + 1, 0)):
         world = ListenerWorld()
         transport = WritingTransport()
         protocol = world.factory.buildProtocol(IPv4Address("TCP", "192.0.2.1", 40000))

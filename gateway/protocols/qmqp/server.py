@@ -45,12 +45,6 @@ from gateway.tls import external_identity
 __all__ = ["QMQPServerFactory", "QMQPServerProtocol"]
 
 _DONE: Final = qmqp.encode(qmqp.DoneBlock())
-PUSH_MAX_REPLIES: Final = 32
-"""A batch answered outside a read with at most this many replies goes to the socket at once
-(`flush_now`). A larger one means a busy connection whose replies the next poll writes
-soon anyway, together with others: pushed at once, they let the client send sooner and the
-durable log commit smaller (a QMQP durable route at full speed lost 4% of its rate)."""
-
 RESUME_FRACTION: Final = 0.75
 """Reading resumes once in-flight work falls to this share of its limits."""
 
@@ -432,7 +426,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
 
         As `_answer` for each message, but outside a read the replies are
         written at once, in one write, and a small batch's go to the socket
-        at once too (`flush_now`, `PUSH_MAX_REPLIES`) instead of when the
+        at once too (`push_answers`) instead of when the
         reactor next polls: a durable route answers here as the log
         acknowledges a commit, and its senders should not wait for what else
         that turn does (the forwarder's delivery of the same commit, the next
@@ -449,10 +443,7 @@ class QMQPServerProtocol(ListenerConnection["QMQPServerFactory"]):
         if self._outstanding == 0:
             # `_reply` leaves the idle time to a read; this is no read.
             self._idle_since = self.factory.clock.seconds()
-        if len(tokens) <= PUSH_MAX_REPLIES:
-            self.flush_now()
-        else:
-            self.flush()
+        self.push_answers(len(tokens))
 
     def _reply_all(self, tokens: list[tuple[bytes, int]], outcomes: list[Outcome]) -> None:
         """`_answer` for each message of a batch, each distinct outcome mapped and counted once.

@@ -187,6 +187,8 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._waited = False
         """The LOGIN waited once: if a wait is still owed, it is refused unchecked."""
         self._held: tuple[list[ssmp.Line], ssmp.SSMPError | None] = ([], None)
+        self._dispatching = False
+        """Set while a read's batch is handed to the router: its answers go with the read's."""
         """That LOGIN, what came after it in its read, and that read's error."""
 
     # --- connection life ----------------------------------------------------
@@ -279,7 +281,11 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
                 self._held = (lines[index:], error)
                 error = None
                 break
-        self._inbox.dispatch()  # the read's routed MCASTs, one batch
+        self._dispatching = True
+        try:
+            self._inbox.dispatch()  # the read's routed MCASTs, one batch
+        finally:
+            self._dispatching = False
         if error is not None and not self._finishing:
             self._protocol_error(error)
 
@@ -335,7 +341,11 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._fill(slot, line)
 
     def _answer_batch(self, slots: list[_Pending], outcomes: list[Outcome]) -> None:
-        """A route's batch answered: fill its slots, then write what is in order, once."""
+        """A route's batch answered: fill its slots, then write what is in order, once.
+
+        Answered outside a read (a broker's confirm), the responses go to the
+        socket at once (`push_answers`), not a reactor turn or two later.
+        """
         for slot, outcome in zip(slots, outcomes, strict=True):
             # Accepted is 200 for a UCAST too (`ucast_response`).
             if outcome.status is Status.ACCEPTED:
@@ -343,6 +353,8 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
             else:
                 slot.line = ucast_response(outcome) if slot.ucast else outcome_response(outcome)
         self._write_ready()
+        if not self._dispatching:
+            self.push_answers(len(slots))
 
     def _fill(self, slot: _Pending, line: bytes) -> None:
         """Give a slot its response; write the responses now in order."""
