@@ -1009,6 +1009,24 @@ def test_mcast_fast_path_parses_as_the_general_parser(lines: list[bytes]) -> Non
     assert expected == []
 
 
+def test_mcast_event_bytes_and_refusals() -> None:
+    """The hub's direct MCAST event, byte for byte, and each refusal by its kind."""
+    assert ssmp.mcast_event(b"alice", b"news", b"3 apples") == b"000 alice MCAST news 3 apples\n"
+    head = ssmp.mcast_head(b".", b"news")
+    assert head == b"000 . MCAST news "
+    assert ssmp.mcast_line(head, b"x") == b"000 . MCAST news x\n"
+    for source, topic, payload, kind in [
+        (b"bad id", b"news", b"x", "bad-id"),
+        (b"alice", b"bad topic", b"x", "bad-id"),
+        (b"alice", b"news", b"", "empty-payload"),
+        (b"alice", b"news", b"two\nlines", "lf-in-payload"),
+        (b"alice", b"news", b"p" * LIMIT, "line-too-long"),
+    ]:
+        with pytest.raises(ssmp.SSMPLocalError) as caught:
+            ssmp.mcast_event(source, topic, payload)
+        assert caught.value.kind == kind
+
+
 _IDS = st.sampled_from([b"alice", b"news", b".", b"a@b.example", b"", b"bad id", b"x" * 1020])
 
 

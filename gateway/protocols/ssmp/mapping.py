@@ -164,7 +164,11 @@ def event_line(message: Message, topic: str) -> tuple[bytes, bytes] | Outcome:
     Returns:
         The topic and the encoded event line, or why it cannot be carried.
     """
-    return EventLines().line(message, topic)
+    encoded_topic = topic.encode("ascii", "replace")
+    try:
+        return encoded_topic, ssmp.mcast_event(_sender(message), encoded_topic, message.body)
+    except ssmp.SSMPLocalError as exc:
+        return _refusal(exc, topic, "cannot deliver over SSMP")
 
 
 class EventLines:
