@@ -248,7 +248,7 @@ def _classes() -> tuple[Any, Any, Any, Any]:
                 and self.factory is not None
                 and self._events(events) & pollin
             ):
-                self.read_scheduled = self.factory.reactor.callLater(0, self.doRead)
+                self._read_soon()
 
         def read_waiting(self) -> None:
             """`doRead` if a message waits: asking costs a third of a read that finds none."""

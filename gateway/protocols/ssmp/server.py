@@ -187,9 +187,9 @@ class SSMPServerProtocol(ListenerConnection["SSMPServerFactory"]):
         self._waited = False
         """The LOGIN waited once: if a wait is still owed, it is refused unchecked."""
         self._held: tuple[list[ssmp.Line], ssmp.SSMPError | None] = ([], None)
+        """That LOGIN, what came after it in its read, and that read's error."""
         self._dispatching = False
         """Set while a read's batch is handed to the router: its answers go with the read's."""
-        """That LOGIN, what came after it in its read, and that read's error."""
 
     # --- connection life ----------------------------------------------------
 
