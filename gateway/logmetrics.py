@@ -43,8 +43,9 @@ _BOUNDS: Final = [repr(float(bound)) for bound in DURATION_BUCKETS_SECONDS] + ["
 
 
 def disk_bytes(stream: StreamLog) -> int:
-    """Bytes the stream's segment and index files hold."""
-    return sum(segment.size + segment.index_position() for segment in stream.segments)
+    """Bytes the stream's segment and index files hold, the zeros written ahead included."""
+    held = sum(segment.size + segment.index_position() for segment in stream.segments)
+    return held + stream.writer.ahead_bytes
 
 
 def forwarder_lag(forwarder: LogForwarder) -> int:
@@ -90,7 +91,7 @@ class LogCollector(Collector):
         )
         disk = GaugeMetricFamily(
             "msggateway_log_disk_bytes",
-            "Bytes a stream's segment and index files hold.",
+            "Bytes a stream's segment and index files hold (zeros written ahead included).",
             labels=["stream"],
         )
         segments = GaugeMetricFamily(

@@ -32,6 +32,7 @@ import pytest
 from gateway.codecs import osiris, qmqp
 from gateway.core.log.directory import directory_name
 from gateway.core.log.recovery import read_index
+from gateway.core.log.segment import PREALLOCATE_BYTES
 from gateway.protocols.stream.mapping import message_from_entry
 from tests.integration.harness import (
     GatewayProcess,
@@ -279,9 +280,19 @@ def test_full_disk_refuses_then_resumes_without_a_restart(tmp_path: Path, disk: 
             b"400 retry: route kept: the log could not store the message: its file system"
             b" is full; writing resumes by itself once there is room"
         )
-        # A stream publisher is refused (PublishError, internal error); the message
-        # is larger than what the stream's last page of tmpfs may have left.
-        assert run(publish(gateway, b"while full" * 8000)) == 15
+        # A stream publisher is refused (PublishError, internal error), once the
+        # zeros its segment had written ahead (`PREALLOCATE_BYTES`) are taken;
+        # each message is larger than what a last page of tmpfs may have left.
+        confirmed: list[bytes] = []
+        for number in range(PREALLOCATE_BYTES // 80_000 + 2):
+            body = b"%02d while full" % number + b"." * 80_000
+            code = run(publish(gateway, body))
+            if code:
+                break
+            confirmed.append(body)
+        else:
+            pytest.fail(f"{len(confirmed)} stream messages of 80 KB fit on a full disk")
+        assert code == 15
         # Routes that do not touch the log keep working: QMQP to the hub, and the hub.
         assert send_one(session, "direct-1", "ops@direct.example").status == qmqp.K
         watcher.expect("000 app@example.org MCAST mail.direct direct-1")
@@ -319,7 +330,7 @@ def test_full_disk_refuses_then_resumes_without_a_restart(tmp_path: Path, disk: 
     assert [e for e in entries if "Traceback" in e] == []
     # Every message answered K or confirmed is in the log, and every chunk is whole.
     assert bodies(data, DURABLE_STREAM) == [ident.encode() for ident in accepted]
-    assert bodies(data, STREAM) == [b"before", b"after"]
+    assert bodies(data, STREAM) == [b"before", *confirmed, b"after"]
     assert bodies(data, KEPT_STREAM) == kept
     for name in ("msggateway.outcomes", STREAM, DURABLE_STREAM, KEPT_STREAM):
         stream_entries(data, name)

@@ -10,7 +10,9 @@ For each segment (docs/stream-protocol-notes.md, 10.1 to 10.3):
 3. Scan on from the end of that chunk: every following chunk must have the
    magic byte, fit in the file, pass its CRC and carry the expected id (the
    previous id plus its record count). The segment is truncated at the first
-   chunk that does not (a warning names the file and byte offset).
+   chunk that does not (a warning names the file and byte offset). Zeros
+   alone past the last good chunk are what the writer writes ahead under
+   fsync ``always`` (`gateway.core.log.segment`): they are cut off quietly.
 4. Rewrite the index when it was missing, malformed, ahead of the segment
    or shorter than it.
 
@@ -193,6 +195,22 @@ def _scan(
     return found, position, expected, None
 
 
+_ZEROS_STEP = 1 << 20
+"""Bytes compared at a time by `_zeros_from`."""
+
+
+def _zeros_from(buf: mmap.mmap, position: int) -> bool:
+    """Whether the file holds nothing but zeros from ``position`` to its end."""
+    size = len(buf)
+    zeros = bytes(min(_ZEROS_STEP, size - position))
+    while position < size:
+        step = min(_ZEROS_STEP, size - position)
+        if buf[position : position + step] != zeros[:step]:
+            return False
+        position += step
+    return True
+
+
 def _write_index(path: Path, records: Sequence[IndexRecord]) -> None:
     """Rewrite an index file from scratch."""
     with path.open("wb") as file:
@@ -225,7 +243,10 @@ def _recover_segment(directory: Path, first_id: int) -> Segment:
         with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             kept, resume, expected = _trust_point(buf, records, first_id)
             found, end, next_id, problem = _scan(buf, resume, expected)
-        if problem is not None:
+            written_ahead = problem is not None and _zeros_from(buf, end)
+        if written_ahead:
+            file.truncate(end)
+        elif problem is not None:
             _log.warn(
                 "Truncating {path} at byte {position}: {reason} ({dropped} bytes dropped)",
                 path=str(path),

@@ -7,6 +7,18 @@ only committed chunks, kept in arrays for bisection. `SegmentWriter` holds
 the active segment's open files and is used only from the writer thread (and
 at start-up); `write_stream` is what a commit does there.
 
+Under fsync ``ALWAYS`` the writer writes zeros ahead of the active
+segment's data (`PREALLOCATE_BYTES` at a time), so that most commits
+overwrite blocks the file already has. An fsync of a file that grew must
+also commit the file system's journal (its new size and blocks); of one
+overwritten in place, only the data. On this project's machines (ext4),
+an fdatasync after a 3 KB commit (and its index record) took 0.23 ms at
+the median appending, 0.155 ms overwriting zeros; 0.26 against 0.175 ms
+on average, the commits that write the next zeros included
+(docs/performance.rst). The zeros past the data are never read: readers go by the index, recovery
+cuts a tail of zeros off quietly, and a segment is cut back to its data
+when the writer closes it or rolls away from it.
+
 A commit whose writing fails is taken back before it is reported: the
 segment and index are cut back to their committed ends, a segment the commit
 created is removed, and the writer is left on the segment it started on, so
@@ -46,6 +58,7 @@ from gateway.core.log.directory import fsync_directory
 __all__ = [
     "EPOCH",
     "FULL_ERRNOS",
+    "PREALLOCATE_BYTES",
     "CommitWriteError",
     "PlannedChunk",
     "Segment",
@@ -66,6 +79,12 @@ FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 """Errors of a file system without room (or of a quota): writing may work again later."""
 
 _datasync: Final[Callable[[int], None]] = getattr(os, "fdatasync", os.fsync)
+
+PREALLOCATE_BYTES: Final = 1 << 20
+"""Zeros written ahead of the active segment's data at a time under fsync ``ALWAYS``
+(module docstring). Each commit that reaches past them pays the journal and writes this
+many more bytes; 4 MiB at a time made the slowest fsyncs slower (the whole step flushed by
+one commit's fsync) for no gain at the median."""
 
 WriteSegment = Callable[[int, bytes, int], None]
 """Writes all of ``data`` to file descriptor ``fd`` at ``position``: how chunks reach
@@ -315,15 +334,27 @@ class SegmentWriter:
     Args:
         directory: The stream's directory.
         write: How chunks reach the segment file (`pwrite_all`, or a test double).
+        preallocate_bytes: Zeros written ahead of the data at a time
+            (`PREALLOCATE_BYTES` under fsync ``ALWAYS``); 0: none.
     """
 
-    def __init__(self, directory: Path, write: WriteSegment) -> None:
+    def __init__(self, directory: Path, write: WriteSegment, *, preallocate_bytes: int = 0) -> None:
         self.directory = directory
         self._write = write
+        self._preallocate = preallocate_bytes
         self._segment_fd: int | None = None
         self._index_fd: int | None = None
         self.first_id: int | None = None
         self._sync_seconds: list[float] = []
+        self._end = 0
+        """Where the open segment's data ends."""
+        self._allocated = 0
+        """The open segment file's size: its data, then the zeros written ahead of it."""
+
+    @property
+    def ahead_bytes(self) -> int:
+        """Zeros the open segment file holds past its data (read from any thread: a gauge)."""
+        return self._allocated - self._end
 
     def segment_path(self, first_id: int | None = None) -> Path:
         """The segment file ``first_id`` (the open one by default)."""
@@ -341,6 +372,8 @@ class SegmentWriter:
         self._segment_fd = os.open(self.segment_path(first_id), os.O_RDWR)
         self._index_fd = os.open(self.index_path(first_id), os.O_RDWR)
         self.first_id = first_id
+        # Recovery has cut off any zeros a crash left past the data.
+        self._end = self._allocated = os.fstat(self._segment_fd).st_size
 
     def create(self, first_id: int, *, sync_directory: bool) -> None:
         """Create segment ``first_id`` (and its index) with their headers, and open them."""
@@ -357,6 +390,7 @@ class SegmentWriter:
             pwrite_all(self._index_fd, INDEX_HEADER, 0)
         except OSError as exc:
             raise _named(exc, self.index_path()) from None
+        self._end = self._allocated = FILE_HEADER_BYTES
         if sync_directory:
             _datasync(self._segment_fd)
             fsync_directory(self.directory)
@@ -373,10 +407,31 @@ class SegmentWriter:
             self._write(self._segment_fd, data, position)
         except OSError as exc:
             raise _named(exc, self.segment_path()) from None
+        end = position + len(data)
+        self._end = max(self._end, end)
+        if end > self._allocated:
+            self._allocated = end
+            if self._preallocate:
+                self._zero_ahead(self._segment_fd)
         try:
             pwrite_all(self._index_fd, index_data, index_position)
         except OSError as exc:
             raise _named(exc, self.index_path()) from None
+
+    def _zero_ahead(self, fd: int) -> None:
+        """Write zeros past the data, for the next commits to overwrite (module docstring).
+
+        Best effort: where they cannot be written (the file system is full),
+        the file is cut back to its data, and the next write tries again.
+        """
+        start = self._allocated
+        try:
+            pwrite_all(fd, bytes(self._preallocate), start)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            return
+        self._allocated = start + self._preallocate
 
     def sync(self) -> None:
         """Flush the segment file to disk (the index can be rebuilt, so it is not).
@@ -407,6 +462,7 @@ class SegmentWriter:
         if self._segment_fd is None or self._index_fd is None:
             raise OSError(f"no segment open for writing in {self.directory}")
         os.ftruncate(self._segment_fd, size)
+        self._end = self._allocated = size
         os.ftruncate(self._index_fd, index_size)
 
     def discard(self, first_ids: Sequence[int], *, sync_directory: bool) -> None:
@@ -420,7 +476,12 @@ class SegmentWriter:
             fsync_directory(self.directory)
 
     def close(self) -> None:
-        """Close the open files, if any."""
+        """Close the open files, if any, the segment cut back to its data."""
+        if self._segment_fd is not None and self._allocated > self._end:
+            # Best effort: recovery cuts off zeros left behind too.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._segment_fd, self._end)
+        self._end = self._allocated = 0
         for fd in (self._segment_fd, self._index_fd):
             if fd is not None:
                 os.close(fd)
