@@ -7,17 +7,23 @@ only committed chunks, kept in arrays for bisection. `SegmentWriter` holds
 the active segment's open files and is used only from the writer thread (and
 at start-up); `write_stream` is what a commit does there.
 
-Under fsync ``ALWAYS`` the writer writes zeros ahead of the active
-segment's data (`PREALLOCATE_BYTES` at a time), so that most commits
-overwrite blocks the file already has. An fsync of a file that grew must
-also commit the file system's journal (its new size and blocks); of one
-overwritten in place, only the data. On this project's machines (ext4),
-an fdatasync after a 3 KB commit (and its index record) took 0.23 ms at
-the median appending, 0.155 ms overwriting zeros; 0.26 against 0.175 ms
-on average, the commits that write the next zeros included
-(docs/performance.rst). The zeros past the data are never read: readers go by the index, recovery
-cuts a tail of zeros off quietly, and a segment is cut back to its data
-when the writer closes it or rolls away from it.
+A commit written on the reactor thread (small, under fsync ``ALWAYS``:
+`gateway.core.log.writer`) writes zeros ahead of the active segment's data
+(`PREALLOCATE_BYTES` at a time) when it reaches past the last ones, so that the
+commits after overwrite blocks the file already has. An fsync of a file that
+grew must also commit the file system's journal (its new size and blocks); of
+one overwritten in place, only the data. On this project's machines (ext4), an
+fdatasync after a 3 KB commit (and its index record) took 0.23 ms at the median
+appending, 0.155 ms overwriting zeros; 0.26 against 0.175 ms on average, the
+commits that write the next zeros included (docs/performance.rst). Commits
+through the writer thread come from a busy gateway: they write none, since a
+quicker fsync there only makes the next commits smaller, and each costs the
+reactor as much (with zeros for every commit, a QMQP durable route at full
+speed made a third to a half more commits, lost a tenth of its rate and spent
+1.5 µs more CPU a message).
+The zeros past the data are never read: readers go by the index, recovery cuts
+a tail of zeros off quietly, and a segment is cut back to its data when the
+writer closes it or rolls away from it.
 
 A commit whose writing fails is taken back before it is reported: the
 segment and index are cut back to their committed ends, a segment the commit
@@ -80,11 +86,12 @@ FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 _datasync: Final[Callable[[int], None]] = getattr(os, "fdatasync", os.fsync)
 
-PREALLOCATE_BYTES: Final = 1 << 20
-"""Zeros written ahead of the active segment's data at a time under fsync ``ALWAYS``
-(module docstring). Each commit that reaches past them pays the journal and writes this
-many more bytes; 4 MiB at a time made the slowest fsyncs slower (the whole step flushed by
-one commit's fsync) for no gain at the median."""
+PREALLOCATE_BYTES: Final = 128 * 1024
+"""Zeros written ahead of the active segment's data at a time (module docstring). The commit
+that writes them fsyncs them too, on the reactor thread: 1 MiB at a time took about 1 ms
+(against 0.15 for the commits between), ten such waits a second for a QMQP durable route at
+10,000 messages a second, which its p99 showed; 128 KiB took 0.35 ms, and the commits
+averaged the same (0.18 ms, the zeros' commits included)."""
 
 WriteSegment = Callable[[int, bytes, int], None]
 """Writes all of ``data`` to file descriptor ``fd`` at ``position``: how chunks reach
@@ -334,14 +341,11 @@ class SegmentWriter:
     Args:
         directory: The stream's directory.
         write: How chunks reach the segment file (`pwrite_all`, or a test double).
-        preallocate_bytes: Zeros written ahead of the data at a time
-            (`PREALLOCATE_BYTES` under fsync ``ALWAYS``); 0: none.
     """
 
-    def __init__(self, directory: Path, write: WriteSegment, *, preallocate_bytes: int = 0) -> None:
+    def __init__(self, directory: Path, write: WriteSegment) -> None:
         self.directory = directory
         self._write = write
-        self._preallocate = preallocate_bytes
         self._segment_fd: int | None = None
         self._index_fd: int | None = None
         self.first_id: int | None = None
@@ -395,8 +399,13 @@ class SegmentWriter:
             _datasync(self._segment_fd)
             fsync_directory(self.directory)
 
-    def write(self, position: int, data: bytes, index_position: int, index_data: bytes) -> None:
+    def write(
+        self, position: int, data: bytes, index_position: int, index_data: bytes, *, ahead: bool
+    ) -> None:
         """Write chunks at ``position``, then their index records.
+
+        With ``ahead``, a write that reaches past the zeros written ahead of
+        the data writes the next (module docstring).
 
         Raises:
             OSError: A write failed; its ``filename`` names the file.
@@ -411,7 +420,7 @@ class SegmentWriter:
         self._end = max(self._end, end)
         if end > self._allocated:
             self._allocated = end
-            if self._preallocate:
+            if ahead:
                 self._zero_ahead(self._segment_fd)
         try:
             pwrite_all(self._index_fd, index_data, index_position)
@@ -426,12 +435,12 @@ class SegmentWriter:
         """
         start = self._allocated
         try:
-            pwrite_all(fd, bytes(self._preallocate), start)
+            pwrite_all(fd, bytes(PREALLOCATE_BYTES), start)
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)
             return
-        self._allocated = start + self._preallocate
+        self._allocated = start + PREALLOCATE_BYTES
 
     def sync(self) -> None:
         """Flush the segment file to disk (the index can be rebuilt, so it is not).
@@ -490,7 +499,12 @@ class SegmentWriter:
 
 
 def write_stream(
-    writer: SegmentWriter, writes: Sequence[SegmentWrite], *, sync: bool, sync_rolls: bool
+    writer: SegmentWriter,
+    writes: Sequence[SegmentWrite],
+    *,
+    sync: bool,
+    sync_rolls: bool,
+    ahead: bool = False,
 ) -> int:
     """Encode and write one stream's share of a commit: runs in the writer thread.
 
@@ -504,6 +518,8 @@ def write_stream(
         sync: Fsync the active segment once everything is written.
         sync_rolls: Fsync a segment before rolling away from it, and the
             directory after creating a file (false only under NEVER).
+        ahead: Write zeros ahead of the data when past the last ones (a
+            commit on the reactor thread: module docstring).
 
     Returns:
         How many segment writes were made.
@@ -519,7 +535,7 @@ def write_stream(
                 if sync_rolls:
                     _sync(writer)
                 writer.create(write.first_id, sync_directory=sync_rolls)
-            _write_chunks(writer, write)
+            _write_chunks(writer, write, ahead)
         if sync:
             _sync(writer)
     except _SyncError as exc:
@@ -556,7 +572,7 @@ def _sync(writer: SegmentWriter) -> None:
         raise _SyncError(exc) from exc
 
 
-def _write_chunks(writer: SegmentWriter, write: SegmentWrite) -> None:
+def _write_chunks(writer: SegmentWriter, write: SegmentWrite, ahead: bool) -> None:
     """Encode one `SegmentWrite`'s chunks and write them and their index records."""
     encoded = [
         encode_chunk(
@@ -578,7 +594,7 @@ def _write_chunks(writer: SegmentWriter, write: SegmentWrite) -> None:
         pack_index_record(chunk.chunk_id, chunk.timestamp, EPOCH, chunk.position, chunk.chunk_type)
         for chunk in write.chunks
     )
-    writer.write(write.position, data, write.index_position, index)
+    writer.write(write.position, data, write.index_position, index, ahead=ahead)
 
 
 def roll_back(

@@ -42,7 +42,6 @@ from gateway.core.log.directory import (
 from gateway.core.log.recovery import recover_stream
 from gateway.core.log.segment import (
     FULL_ERRNOS,
-    PREALLOCATE_BYTES,
     Segment,
     SegmentWriter,
     WriteSegment,
@@ -218,11 +217,6 @@ class LogStore:
         self._shutdown_trigger = None
         return self.close()
 
-    def _segment_writer(self, path: Path) -> SegmentWriter:
-        """A stream's files; under ``ALWAYS`` zeros go ahead of its data (`PREALLOCATE_BYTES`)."""
-        preallocate = PREALLOCATE_BYTES if self.fsync is FsyncPolicy.ALWAYS else 0
-        return SegmentWriter(path, self._write_segment, preallocate_bytes=preallocate)
-
     def _open_stream(self, path: Path) -> None:
         """Recover one stream directory, or set it aside if it is not one."""
         try:
@@ -234,7 +228,7 @@ class LogStore:
             self._set_aside(path, f"a second directory for stream {name!r}")
             return
         segments, tracking = recover_stream(path)
-        writer = self._segment_writer(path)
+        writer = SegmentWriter(path, self._write_segment)
         writer.open_existing(segments[-1].first_id)
         stream = StreamLog(name, path, retention, segments, tracking, writer, self._committer)
         self._streams[name] = stream
@@ -332,7 +326,7 @@ class LogStore:
             raise StreamExistsError(f"stream {name!r} exists")
         retention = self.default_retention if retention is None else retention
         path = self.directory / directory_name(name)
-        writer = self._segment_writer(path)
+        writer = SegmentWriter(path, self._write_segment)
         stream = StreamLog(
             name, path, retention, [Segment(path, 0)], TrackingState(), writer, self._committer
         )

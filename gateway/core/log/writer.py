@@ -17,21 +17,22 @@ the reactor answers the senders of the last commit and wakes its readers,
 which (for a durable route) deliver what it held. Appends made by those
 callbacks go into the commit after.
 
-Under ``ALWAYS``, a small commit (at most ``inline_max_bytes``, into the
-open segments, while commits average at most `INLINE_MAX_ENTRIES`
-entries) is written and
-fsynced on the reactor thread itself, when the writer thread has nothing
-to do and the recent fsyncs were quick (`INLINE_MAX_SYNC_SECONDS`).
-Handing a commit to another thread and back costs two thread wake-ups and
-the GIL's back and forth: traced with a QMQP durable route at 10,000
-messages a second, a commit took 1.2 ms at the median from its planning to
-its acknowledgement through the writer thread, of which the fsync (GIL
-wait included) 0.55 ms; written inline, 0.3 ms, the fsync 0.23 ms. The
-reactor waits for the fsync instead. A commit that creates a segment, a
-large one (a busy gateway: the reactor has reading to do meanwhile), or
-one while the disk is slow goes to the writer thread. Nothing else can
-use the files meanwhile: the writer thread is idle with nothing queued,
-and the reactor, which would queue its next job, is busy with the commit.
+Under ``ALWAYS``, a small commit (at most ``inline_max_bytes``, into the open
+segments, while commits average at most `INLINE_MAX_ENTRIES` entries) is
+written and fsynced on the reactor thread itself, when the writer thread has
+nothing to do and the recent fsyncs were quick (`INLINE_MAX_SYNC_SECONDS`).
+Handing a commit to another thread and back costs two thread wake-ups and the
+GIL's back and forth: traced with a QMQP durable route at 10,000 messages a
+second, a commit took 1.2 ms at the median from its planning to its
+acknowledgement through the writer thread, of which the fsync (GIL wait
+included) 0.55 ms; written inline, 0.3 ms, the fsync 0.23 ms. The reactor waits
+for the fsync instead. An inline commit also writes zeros ahead of the
+segment's data, so that the next ones overwrite in place and their fsyncs skip
+the file system's journal (`gateway.core.log.segment`). A commit that creates a
+segment, a large one (a busy gateway: the reactor has reading to do meanwhile),
+or one while the disk is slow goes to the writer thread. Nothing else can use
+the files meanwhile: the writer thread is idle with nothing queued, and the
+reactor, which would queue its next job, is busy with the commit.
 
 Under ``INTERVAL`` a commit fsyncs when the last fsync is at least the
 interval old; otherwise a timer on the clock asks for a sync-only commit
@@ -119,10 +120,13 @@ def _run_commit(
     *,
     sync: bool,
     sync_rolls: bool,
+    ahead: bool = False,
 ) -> tuple[list[_Outcome], int, list[float]]:
     """Write (and sync) every stream of a commit: runs in the writer thread.
 
     One stream's failure does not stop the others: each gets its outcome.
+    With ``ahead`` (a commit on the reactor thread) a write past the zeros
+    written ahead of a segment's data writes the next (`gateway.core.log.segment`).
 
     Returns:
         Each stream's outcome, how many fsyncs ended the commit, and the
@@ -131,7 +135,9 @@ def _run_commit(
     outcomes: list[_Outcome] = []
     for writer, writes in jobs:
         try:
-            outcomes.append(write_stream(writer, writes, sync=sync, sync_rolls=sync_rolls))
+            outcomes.append(
+                write_stream(writer, writes, sync=sync, sync_rolls=sync_rolls, ahead=ahead)
+            )
         except CommitWriteError as exc:
             outcomes.append(exc)
     for writer in also_sync:
@@ -279,7 +285,7 @@ class GroupCommitter:
         if self._policy is FsyncPolicy.ALWAYS and self._inline(jobs):
             # Written and fsynced here, then on as when the writer thread is done.
             try:
-                result = _run_commit(jobs, also_sync, sync=sync, sync_rolls=True)
+                result = _run_commit(jobs, also_sync, sync=sync, sync_rolls=True, ahead=True)
             except Exception:
                 self._crashed(Failure(), commits)
             else:
