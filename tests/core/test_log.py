@@ -39,7 +39,7 @@ from gateway.core.log import (
     StreamLog,
     StreamMissingError,
 )
-from gateway.core.log.segment import pwrite_all
+from gateway.core.log.files import pwrite_all
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Tests for the zeros a segment writer writes ahead of the data (`gateway.core.log.segment`).
+"""Tests for the zeros a segment writer writes ahead of the data (`gateway.core.log.files`).
 
 A small commit written on the reactor thread (under ``fsync = "always"``)
 that reaches past the zeros ahead of its segment's data writes the next
@@ -22,8 +22,9 @@ import pytest_twisted
 from twisted.logger import LogLevel, capturedLogs
 
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
-from gateway.core.log import segment as segment_module
-from gateway.core.log.segment import PREALLOCATE_BYTES, Segment
+from gateway.core.log import files as files_module
+from gateway.core.log.files import PREALLOCATE_BYTES
+from gateway.core.log.segment import Segment
 from tests.core.test_log import (
     fill,
     messages,
@@ -214,7 +215,7 @@ async def test_zeros_that_cannot_be_written_leave_the_commit_alone(
     store = inline_store(tmp_path)
     try:
         stream = store.create("s")
-        write = segment_module.pwrite_all
+        write = files_module.pwrite_all
 
         def refuse_zeros(fd: int, data: bytes, position: int) -> None:
             if len(data) == PREALLOCATE_BYTES and not any(data):
@@ -222,7 +223,7 @@ async def test_zeros_that_cannot_be_written_leave_the_commit_alone(
                 raise OSError(errno.ENOSPC, "No space left on device")
             write(fd, data, position)
 
-        monkeypatch.setattr(segment_module, "pwrite_all", refuse_zeros)
+        monkeypatch.setattr(files_module, "pwrite_all", refuse_zeros)
         await stream.append([b"first"])
         (segment,) = stream.segments
         assert file_size(segment) == segment.size

@@ -38,7 +38,7 @@ from gateway.core.log import (
     LogWriteError,
     Retention,
 )
-from gateway.core.log import segment as segment_module
+from gateway.core.log import files as files_module
 from gateway.core.log.recovery import read_index
 from gateway.core.log.stream import FULL_RETRY_INITIAL_SECONDS, FULL_RETRY_MAX_SECONDS
 from gateway.core.message import Message, Outcome, Status
@@ -73,13 +73,13 @@ class FullDisk:
     def __call__(self, fd: int, data: bytes, position: int) -> None:
         """Write all, or half and fail."""
         if not self.full:
-            segment_module.pwrite_all(fd, data, position)
+            files_module.pwrite_all(fd, data, position)
             return
         self.failures += 1
         if self.gate is not None:
             _reactor().callFromThread(self.started.callback, None)
             self.gate.wait(timeout=30)
-        segment_module.pwrite_all(fd, bytes(data[: len(data) // 2]), position)
+        files_module.pwrite_all(fd, bytes(data[: len(data) // 2]), position)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -340,7 +340,7 @@ async def test_a_failed_index_write_is_taken_back_too(
     """The chunk written before its index record failed is cut off with it: never half stored."""
     stream = store.create("s")
     await stream.append([b"a"])
-    real = segment_module.pwrite_all
+    real = files_module.pwrite_all
     full_index = {"on": True}
 
     def index_fails(fd: int, data: bytes, position: int) -> None:
@@ -349,7 +349,7 @@ async def test_a_failed_index_write_is_taken_back_too(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data, position)
 
-    monkeypatch.setattr(segment_module, "pwrite_all", index_fails)
+    monkeypatch.setattr(files_module, "pwrite_all", index_fails)
     error = await refused(stream.append([b"b"]))
     assert error.path == str(stream.segments[-1].index_path)
     assert assert_intact(tmp_path / "s") == [0]
@@ -403,7 +403,7 @@ async def test_a_failed_fsync_still_stops_the_stream(
         def no_sync(fd: int) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        monkeypatch.setattr(segment_module, "_datasync", no_sync)
+        monkeypatch.setattr(files_module, "_datasync", no_sync)
         with capturedLogs():
             with pytest.raises(LogWriteError) as caught:
                 await stream.append([b"b"])
@@ -423,12 +423,12 @@ async def test_a_stream_created_on_a_full_disk_can_be_created_again(
     store: LogStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its appends fail, it is forgotten and its directory removed; later it is created anew."""
-    real = segment_module.pwrite_all
+    real = files_module.pwrite_all
 
     def no_room(fd: int, data: bytes, position: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(segment_module, "pwrite_all", no_room)
+    monkeypatch.setattr(files_module, "pwrite_all", no_room)
     with capturedLogs() as events:
         stream = store.create("new")
         with pytest.raises(LogWriteError, match="can be created again once there is room"):
@@ -436,7 +436,7 @@ async def test_a_stream_created_on_a_full_disk_can_be_created_again(
     assert not [e for e in events if "log_failure" in e]
     assert store.get("new") is None
     await next_turn()
-    monkeypatch.setattr(segment_module, "pwrite_all", real)
+    monkeypatch.setattr(files_module, "pwrite_all", real)
     again = store.create("new")
     await again.append([b"b"])
     assert messages(again) == [b"b"]

@@ -20,7 +20,7 @@ import pytest
 import pytest_twisted
 
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
-from gateway.core.log import segment as segment_module
+from gateway.core.log import files as files_module
 from gateway.core.log.writer import (
     INLINE_MAX_BYTES,
     INLINE_MAX_ENTRIES,
@@ -150,7 +150,7 @@ async def test_slow_fsyncs_send_commits_back_to_the_writer_thread(
         # From nothing: the real fsyncs before (the first commit's wrote the zeros
         # ahead too, `PREALLOCATE_BYTES`) take the average wherever this disk puts it.
         store._committer._sync_average = 0.0
-        monkeypatch.setattr(segment_module, "time", slow)
+        monkeypatch.setattr(files_module, "time", slow)
         for index in range(6):
             await stream.append([b"m%d" % index])
         # 0.1 of each 5 ms fsync: the average passes 1 ms after the third.

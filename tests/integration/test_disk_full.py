@@ -31,8 +31,8 @@ import pytest
 
 from gateway.codecs import osiris, qmqp
 from gateway.core.log.directory import directory_name
+from gateway.core.log.files import PREALLOCATE_BYTES
 from gateway.core.log.recovery import read_index
-from gateway.core.log.segment import PREALLOCATE_BYTES
 from gateway.protocols.stream.mapping import message_from_entry
 from tests.integration.harness import (
     GatewayProcess,

@@ -19,7 +19,7 @@ from typing import Final
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from gateway.core.log.segment import CommitWriteError
+from gateway.core.log.files import CommitWriteError
 from gateway.core.log.values import LogFullError
 
 __all__ = ["FULL_RETRY_INITIAL_SECONDS", "FULL_RETRY_MAX_SECONDS", "FullDisk"]

@@ -12,7 +12,7 @@ For each segment (docs/stream-protocol-notes.md, 10.1 to 10.3):
    previous id plus its record count). The segment is truncated at the first
    chunk that does not (a warning names the file and byte offset). Zeros
    alone past the last good chunk are what the writer writes ahead under
-   fsync ``always`` (`gateway.core.log.segment`): they are cut off quietly.
+   fsync ``always`` (`gateway.core.log.files`): they are cut off quietly.
 4. Rewrite the index when it was missing, malformed, ahead of the segment
    or shorter than it.
 

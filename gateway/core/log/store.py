@@ -39,14 +39,9 @@ from gateway.core.log.directory import (
     fsync_directory,
     write_meta,
 )
+from gateway.core.log.files import FULL_ERRNOS, SegmentWriter, WriteSegment, pwrite_all
 from gateway.core.log.recovery import recover_stream
-from gateway.core.log.segment import (
-    FULL_ERRNOS,
-    Segment,
-    SegmentWriter,
-    WriteSegment,
-    pwrite_all,
-)
+from gateway.core.log.segment import Segment
 from gateway.core.log.stream import StreamLog
 from gateway.core.log.thread import WriterThread
 from gateway.core.log.tracking import TrackingState

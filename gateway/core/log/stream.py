@@ -37,9 +37,10 @@ from gateway.core.log.commit import (
     StreamCommit,
     kept_entries,
 )
+from gateway.core.log.files import CommitWriteError, SegmentWriter
 from gateway.core.log.full import FULL_RETRY_INITIAL_SECONDS, FULL_RETRY_MAX_SECONDS, FullDisk
 from gateway.core.log.reads import SegmentReads, first_chunk_id
-from gateway.core.log.segment import CommitWriteError, Segment, SegmentWriter
+from gateway.core.log.segment import Segment
 from gateway.core.log.tracking import TrackingState
 from gateway.core.log.values import (
     AppendResult,

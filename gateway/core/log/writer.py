@@ -28,7 +28,7 @@ acknowledgement through the writer thread, of which the fsync (GIL wait
 included) 0.55 ms; written inline, 0.3 ms, the fsync 0.23 ms. The reactor waits
 for the fsync instead. An inline commit also writes zeros ahead of the
 segment's data, so that the next ones overwrite in place and their fsyncs skip
-the file system's journal (`gateway.core.log.segment`). A commit that creates a
+the file system's journal (`gateway.core.log.files`). A commit that creates a
 segment, a large one (a busy gateway: the reactor has reading to do meanwhile),
 or one while the disk is slow goes to the writer thread. Nothing else can use
 the files meanwhile: the writer thread is idle with nothing queued, and the
@@ -54,7 +54,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from gateway.core.log.segment import CommitWriteError, SegmentWrite, SegmentWriter, write_stream
+from gateway.core.log.files import CommitWriteError, SegmentWriter, write_stream
+from gateway.core.log.segment import SegmentWrite
 from gateway.core.log.thread import WriterThread
 from gateway.core.log.values import CommitStats, FsyncPolicy, ILogReactor
 
@@ -126,7 +127,7 @@ def _run_commit(
 
     One stream's failure does not stop the others: each gets its outcome.
     With ``ahead`` (a commit on the reactor thread) a write past the zeros
-    written ahead of a segment's data writes the next (`gateway.core.log.segment`).
+    written ahead of a segment's data writes the next (`gateway.core.log.files`).
 
     Returns:
         Each stream's outcome, how many fsyncs ended the commit, and the
