@@ -173,8 +173,11 @@ class SegmentWriter:
 
     @property
     def ahead_bytes(self) -> int:
-        """Zeros the open segment file holds past its data (read from any thread: a gauge)."""
-        return self._allocated - self._end
+        """Zeros the open segment file holds past its data (read from any thread: a gauge).
+
+        Read while the writer thread writes, its two ends may be a write apart.
+        """
+        return max(0, self._allocated - self._end)
 
     def segment_path(self, first_id: int | None = None) -> Path:
         """The segment file ``first_id`` (the open one by default)."""
