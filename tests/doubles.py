@@ -76,7 +76,12 @@ def dispatch_one(router: Router, source: str, message: Message) -> Deferred[Outc
 
 
 class WritingTransport(StringTransport):
-    """A StringTransport with the parts of a TCP connection `flush_now` looks at."""
+    """A StringTransport with the parts of a TCP connection `flush_now` looks at.
+
+    It has no socket (`gateway.protocols.sendnow` writes to it as usual), and
+    holds what it was given until the reactor, or a push, writes it
+    (``_tempDataLen``, as Twisted's transports count it).
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,7 +89,14 @@ class WritingTransport(StringTransport):
         self.disconnecting = False
         self.producerPaused = False
         self.pushed = 0
+        self._tempDataLen = 0
+
+    def write(self, data: bytes) -> None:
+        """Keep the bytes, as not yet sent."""
+        super().write(data)
+        self._tempDataLen += len(data)
 
     def doWrite(self) -> None:  # noqa: N802 (IWriteDescriptor's name)
-        """Count the pushes."""
+        """Count the pushes; the bytes are sent."""
         self.pushed += 1
+        self._tempDataLen = 0

@@ -48,6 +48,7 @@ from gateway.core.authorization import UNRESTRICTED, Action, Authorization, chec
 from gateway.core.flow import DEFAULT_FLOW, Congestion, FlowPolicy, Throttle
 from gateway.metrics import GatewayMetrics, TrafficCounters
 from gateway.protocols.logins import LoginRefusals
+from gateway.protocols.sendnow import send_now, unsent
 from gateway.protocols.tcp import RefusedConnection, disable_nagle
 from gateway.tls import DEFAULT_CERT_IDENTITY, tls_failure_reason
 
@@ -448,8 +449,14 @@ class ListenerConnection(Protocol, Generic[F]):
 
     # --- output ---------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Write everything queued in ``_out`` in one write, counted; a slow consumer is aborted."""
+    def flush(self, *, at_once: bool = False) -> None:
+        """Write everything queued in ``_out`` in one write, counted; a slow consumer is aborted.
+
+        The transport sends it when the reactor next polls, with whatever else
+        this turn writes to it. With ``at_once`` (`flush_now`), on plain TCP
+        it goes to the socket now when the transport holds nothing
+        (`gateway.protocols.sendnow`).
+        """
         out = self._out
         if not out or self.transport is None:
             return
@@ -468,7 +475,10 @@ class ListenerConnection(Protocol, Generic[F]):
                     f" and not emptied since (max_backlog_bytes {limit})"
                 )
                 return
-        self.transport.write(data)
+        if at_once:
+            send_now(self.transport, data)
+        else:
+            self.transport.write(data)
 
     def push_answers(self, count: int) -> None:
         """Write ``count`` answers queued outside a read: a few at once (`flush_now`), more now.
@@ -492,19 +502,22 @@ class ListenerConnection(Protocol, Generic[F]):
         route's commit, acknowledged in a timed call that goes on to deliver
         what it stored) need not wait for that: at 10,000 QMQP messages a
         second it took 0.17 ms off the median reply (docs/performance.rst).
-        Only for a TCP connection (TLS over one included) that is neither
-        closing nor holding its producer back; otherwise the reactor writes,
-        as usual.
+        On plain TCP the socket takes it at once, past the transport's buffer
+        (`gateway.protocols.sendnow`); what a transport still holds (TLS: the
+        TCP connection under it holds the encrypted bytes) is handed to the
+        socket now, on a TCP connection that is neither closing nor holding
+        its producer back; otherwise the reactor writes, as usual.
         """
         if not self._out:
             return
-        self.flush()
+        self.flush(at_once=True)
         transport: Any = self.transport
         if transport is not None and not hasattr(transport, "doWrite"):
             transport = getattr(transport, "transport", None)  # TLS: the TCP connection under it
         if (
             transport is None
             or not hasattr(transport, "doWrite")
+            or not unsent(transport)
             or not transport.connected
             or transport.disconnecting
             or getattr(transport, "producerPaused", False)

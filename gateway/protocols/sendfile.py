@@ -24,7 +24,8 @@ holds nothing unsent, `FileSender` sends the frame at once instead:
 What the socket does not take is written to the transport, after what went:
 from there the transport's own writing, back-pressure and error reporting
 go on as for any write. TLS connections, and transports holding data, are
-written as usual (`FileSender.idle_socket` says None). docs/performance.rst
+written as usual (`FileSender.idle_socket` says None), as other writes are
+(`gateway.protocols.sendnow`). docs/performance.rst
 has the measurements.
 """
 
@@ -36,7 +37,7 @@ import os
 import socket
 from typing import Any, Final
 
-from twisted.internet.interfaces import ISSLTransport
+from gateway.protocols.sendnow import idle_socket, unsent
 
 __all__ = ["FileSender", "same_host"]
 
@@ -60,15 +61,6 @@ def same_host(transport: Any) -> bool:
         return peer == local or ipaddress.ip_address(peer).is_loopback
     except (AttributeError, ValueError):
         return True
-
-
-def _unsent(transport: Any) -> bool:
-    """Whether a Twisted transport holds bytes it has not sent; False for any other.
-
-    What write() took, and what doWrite() has not sent of its current buffer.
-    """
-    unsent = len(getattr(transport, "dataBuffer", b"")) - getattr(transport, "offset", 0)
-    return bool(unsent or getattr(transport, "_tempDataLen", 0))
 
 
 def _read_exactly(fd: int, length: int, position: int) -> bytes:
@@ -100,26 +92,8 @@ class FileSender:
 
     def idle_socket(self, transport: Any) -> socket.socket | None:
         """The socket under ``transport`` if it is plain TCP (no TLS), open, holding nothing."""
-        # Only twisted.internet.abstract.FileDescriptor's have these buffers (a
-        # test's transport has none); a TCP connection says whether it is TLS
-        # (``listenSSL``, ``startTLS``). Twisted's TLS wrapper passes the TCP
-        # connection's attributes through (``TLS`` False, its socket): it says
-        # it is TLS by providing ISSLTransport.
-        if getattr(transport, "_tempDataLen", None) is None:
-            return None
-        sock = getattr(transport, "socket", None)
-        if (
-            not isinstance(sock, socket.socket)
-            or getattr(transport, "TLS", True)
-            or ISSLTransport.providedBy(transport)
-            or _unsent(transport)
-            or not transport.connected
-            or transport.disconnecting
-            or transport.producerPaused
-            or transport._writeDisconnected
-        ):
-            return None
-        if self.sendfile is None:
+        sock = idle_socket(transport)
+        if sock is not None and self.sendfile is None:
             self.sendfile = not same_host(transport)
         return sock
 
@@ -139,7 +113,7 @@ class FileSender:
         Raises:
             EOFError: The file ends before the span (what was sent is a frame cut short).
         """
-        if _unsent(transport):
+        if unsent(transport):
             transport.write(head + _read_exactly(fd, length, position))
             return False
         if not self.sendfile:
