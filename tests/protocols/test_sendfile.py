@@ -1,4 +1,4 @@
-"""Tests for `gateway.protocols.sendfile`: frames sent from a file straight to a socket.
+"""Tests for `gateway.protocols.sendfile` and `.sendnow`: bytes sent straight to a socket.
 
 Real TCP connections on loopback and real files, each way of sending
 (``os.sendfile``, as to a remote peer; read and ``sendmsg``, as on this
@@ -25,6 +25,7 @@ from twisted.internet.ssl import PrivateCertificate
 from twisted.internet.testing import StringTransport
 
 from gateway.protocols.sendfile import FileSender, same_host
+from gateway.protocols.sendnow import send_now, unsent
 from tests.certs import make_pki
 
 SENDFILE = pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile", "read-send"])
@@ -280,3 +281,58 @@ async def test_nothing_goes_past_what_the_transport_holds(data_file: int, sendfi
     finally:
         client.close()
         await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_send_now_goes_to_the_socket_and_the_rest_after_what_the_transport_holds() -> None:
+    """`send_now`: at once, the reactor not asked to watch; behind held bytes, in order."""
+    from twisted.internet import reactor
+
+    made: Deferred[Protocol] = Deferred()
+    factory = Factory.forProtocol(lambda: _Held(made))
+    port: Any = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    try:
+        server = await made
+        transport: Any = server.transport
+        send_now(transport, b"first ")
+        assert transport not in reactor.getWriters()  # nothing held: no epoll_ctl
+        assert received(client, 6) == b"first "
+        transport.write(b"held ")  # until the reactor polls
+        send_now(transport, b"then")
+        assert unsent(transport)
+        transport.doWrite()
+        assert received(client, 9) == b"held then"
+        held = StringTransport()  # no socket: written as usual
+        send_now(held, b"as usual")
+        assert held.value() == b"as usual"
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+def test_send_now_hands_what_a_full_socket_does_not_take_to_the_transport(
+    connection: tuple[socket.socket, socket.socket],
+) -> None:
+    """A full socket (``BlockingIOError``): the bytes go to the transport, none lost."""
+    sender, receiver = connection
+    filled = fill(sender)
+    transport = _SocketTransport(sender)
+    send_now(transport, b"x" * 100_000)
+    assert transport.value() == b"x" * 100_000  # the socket was full: all of it held
+    assert received(receiver, filled) == b"f" * filled
+
+
+class _SocketTransport(StringTransport):
+    """A StringTransport over a real socket, holding nothing, as `idle_socket` wants it."""
+
+    TLS = False
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.socket = sock
+        self.connected = True
+        self.disconnecting = False
+        self.producerPaused = False
+        self._writeDisconnected = False
+        self._tempDataLen = 0
