@@ -10,9 +10,10 @@ on the real reactor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,9 +208,9 @@ class _Held(Protocol):
         self._made.callback(self)
 
 
-@pytest_twisted.ensureDeferred
-async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
-    """Its socket while nothing is unsent; None while the transport holds data or closes."""
+@contextlib.asynccontextmanager
+async def twisted_connection() -> AsyncIterator[tuple[Any, socket.socket]]:
+    """A Twisted TCP connection on the real reactor: (its server-side transport, the client)."""
     from twisted.internet import reactor
 
     made: Deferred[Protocol] = Deferred()
@@ -218,7 +219,16 @@ async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
     client = socket.create_connection(("127.0.0.1", port.getHost().port))
     try:
         server = await made
-        transport: Any = server.transport
+        yield server.transport, client
+    finally:
+        client.close()
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
+    """Its socket while nothing is unsent; None while the transport holds data or closes."""
+    async with twisted_connection() as (transport, _client):
         sending = FileSender()
         assert sending.idle_socket(transport) is transport.socket
         assert sending.sendfile is False  # decided: the peer is on this host
@@ -228,9 +238,6 @@ async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
         assert sending.idle_socket(transport) is transport.socket
         transport.loseConnection()
         assert sending.idle_socket(transport) is None
-    finally:
-        client.close()
-        await port.stopListening()
 
 
 @pytest_twisted.ensureDeferred
@@ -288,13 +295,7 @@ async def test_send_now_goes_to_the_socket_and_the_rest_after_what_the_transport
     """`send_now`: at once, the reactor not asked to watch; behind held bytes, in order."""
     from twisted.internet import reactor
 
-    made: Deferred[Protocol] = Deferred()
-    factory = Factory.forProtocol(lambda: _Held(made))
-    port: Any = reactor.listenTCP(0, factory, interface="127.0.0.1")
-    client = socket.create_connection(("127.0.0.1", port.getHost().port))
-    try:
-        server = await made
-        transport: Any = server.transport
+    async with twisted_connection() as (transport, client):
         send_now(transport, b"first ")
         assert transport not in reactor.getWriters()  # nothing held: no epoll_ctl
         assert received(client, 6) == b"first "
@@ -306,9 +307,6 @@ async def test_send_now_goes_to_the_socket_and_the_rest_after_what_the_transport
         held = StringTransport()  # no socket: written as usual
         send_now(held, b"as usual")
         assert held.value() == b"as usual"
-    finally:
-        client.close()
-        await port.stopListening()
 
 
 def test_send_now_hands_what_a_full_socket_does_not_take_to_the_transport(
