@@ -79,8 +79,8 @@ PREALLOCATE_BYTES: Final = 128 * 1024
 """Zeros written ahead of the active segment's data at a time (module docstring). The commit
 that writes them fsyncs them too, on the reactor thread: 1 MiB at a time took about 1 ms
 (against 0.15 for the commits between), ten such waits a second for a QMQP durable route at
-10,000 messages a second, which its p99 showed; 128 KiB took 0.35 ms, and the commits
-averaged the same (0.18 ms, the zeros' commits included)."""
+10,000 messages a second; 128 KiB took 0.35 ms, and the commits averaged the same (0.18 ms,
+the zeros' commits included)."""
 
 WriteSegment = Callable[[int, bytes, int], None]
 """Writes all of ``data`` to file descriptor ``fd`` at ``position``: how chunks reach
