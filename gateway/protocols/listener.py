@@ -481,13 +481,13 @@ class ListenerConnection(Protocol, Generic[F]):
             self.transport.write(data)
 
     def push_answers(self, count: int) -> None:
-        """Write ``count`` answers queued outside a read: a few at once (`flush_now`), more now.
+        """Write ``count`` answers made outside a read: a few at once (`flush_now`), more later.
 
         A route answers outside a read when its destination confirms (a
         durable route's commit, a broker's confirm), in a call that goes on
         to other work; its senders need not wait for the reactor's next
-        poll. Past `PUSH_MAX_ANSWERS` the connection is busy, and the next
-        poll writes soon anyway.
+        poll. Past `PUSH_MAX_ANSWERS` the connection is busy: the answers go
+        when the reactor next polls, which is soon anyway.
         """
         if count <= PUSH_MAX_ANSWERS:
             self.flush_now()

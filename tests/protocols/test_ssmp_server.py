@@ -938,13 +938,8 @@ def test_a_routed_batch_answered_outside_a_read_is_pushed_to_the_socket(routed: 
 
 def test_a_routed_batch_answered_within_its_read_goes_with_the_reads_write() -> None:
     """A route that answers at once (to the hub itself): no push of its own."""
-    loop = Route(
-        name="loop",
-        source=LISTENER,
-        pattern=AddressPattern("orders.#"),
-        destination=LISTENER,
-        target=AddressTemplate("copy.{address}"),
-        timeout_seconds=10.0,
+    loop = attrs.evolve(
+        ORDERS, name="loop", destination=LISTENER, target=AddressTemplate("copy.{address}")
     )
     world = HubWorld(routes=[loop])
     transport = WritingTransport()

@@ -201,14 +201,10 @@ _ZEROS_STEP = 1 << 20
 
 def _zeros_from(buf: mmap.mmap, position: int) -> bool:
     """Whether the file holds nothing but zeros from ``position`` to its end."""
-    size = len(buf)
-    zeros = bytes(min(_ZEROS_STEP, size - position))
-    while position < size:
-        step = min(_ZEROS_STEP, size - position)
-        if buf[position : position + step] != zeros[:step]:
-            return False
-        position += step
-    return True
+    return not any(
+        buf[start : start + _ZEROS_STEP].strip(b"\0")
+        for start in range(position, len(buf), _ZEROS_STEP)
+    )
 
 
 def _write_index(path: Path, records: Sequence[IndexRecord]) -> None:
