@@ -11,6 +11,14 @@ the batch's Deferred; `Answers` then fires at once with the outcomes it
 knows and `UNANSWERED` for the rest, so a message the destination did
 confirm is never reported as failed (the router words `UNANSWERED` as its
 own time-out).
+
+An `Answers` forgets its ``on_cancel`` once it has fired (as a Deferred
+forgets its canceller): a destination's batch usually holds its `Answers`
+and is that callback's owner, and a finished batch must leave no
+reference circle. Reference counting then frees it at once; circles wait
+for the cyclic garbage collector, whose collections, at paced rates (one
+message a batch), came every few thousand batches and held the reactor
+for about 2 ms each.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class Answers:
         count: Messages in the batch.
         on_cancel: Called when the batch is cancelled before it was
             complete (to forget the batch's open messages), if given.
+            Dropped once the batch has fired.
     """
 
     __slots__ = ("_on_cancel", "deferred", "open", "outcomes")
@@ -54,7 +63,7 @@ class Answers:
         self._on_cancel = on_cancel
         self.deferred: Deferred[list[Outcome]] = Deferred(self._cancelled)
         if not count:
-            self.deferred.callback([])
+            self._fire()
 
     def settle(self, index: int, outcome: Outcome) -> None:
         """Give message ``index`` its outcome (a second outcome is ignored)."""
@@ -64,7 +73,7 @@ class Answers:
         outcomes[index] = outcome
         self.open -= 1
         if not self.open and not self.deferred.called:
-            self.deferred.callback(outcomes)  # type: ignore[arg-type]  # no None left
+            self._fire()
 
     def settle_all(self, indices: list[int], outcome: Outcome) -> None:
         """Give messages ``indices`` the same outcome (`settle` for each, in one call)."""
@@ -76,7 +85,7 @@ class Answers:
                 settled += 1
         self.open -= settled
         if settled and not self.open and not self.deferred.called:
-            self.deferred.callback(outcomes)  # type: ignore[arg-type]  # no None left
+            self._fire()
 
     def settle_rest(self, outcome: Outcome) -> None:
         """Give every message still open the same outcome (the destination went away)."""
@@ -88,9 +97,13 @@ class Answers:
                 outcomes[index] = outcome
         self.open = 0
         if not self.deferred.called:
-            self.deferred.callback(outcomes)  # type: ignore[arg-type]
+            self._fire()
 
     def _cancelled(self, deferred: Deferred[list[Outcome]]) -> None:
         if self._on_cancel is not None:
             self._on_cancel(self)
         self.settle_rest(UNANSWERED)
+
+    def _fire(self) -> None:
+        self._on_cancel = None  # usually a bound method of what holds this batch
+        self.deferred.callback(self.outcomes)  # type: ignore[arg-type]  # no None left

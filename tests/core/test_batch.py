@@ -7,7 +7,8 @@ deadline, lost when the destination's connection drops mid-batch, a body
 the route cannot transform) are drawn at random, and compares every
 message's result with what the same message gets when it is routed alone.
 Destinations are small real `IDestination` implementations built on
-`Answers`; time is a `Clock`.
+`Answers`; time is a `Clock`. A finished batch must leave no reference
+circles behind (`tests.garbage`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gateway.core.inbox import Inbox
 from gateway.core.interfaces import IDestination
 from gateway.core.message import Message, Outcome
 from gateway.core.router import Result, Route, Router, Unrouted, bind_routes
+from tests.garbage import no_circles_left
 
 SOURCE = "in"
 TIMEOUT_SECONDS = 5.0
@@ -278,3 +280,60 @@ def test_a_cancelled_batch_is_not_an_error() -> None:
     failures: list[object] = []
     answers.deferred.addErrback(lambda f: failures.append(f.check(CancelledError)))
     assert failures == []
+
+
+# --- no circles: a finished batch is freed by reference counting -------------------------
+
+
+class _Destination:
+    """Holds its open batch, and forgets it when cancelled: a destination's usual shape."""
+
+    def __init__(self, count: int) -> None:
+        self.open: Answers | None = Answers(count, self._forget)
+        self.forgotten = 0
+
+    def _forget(self, _answers: Answers) -> None:
+        self.forgotten += 1
+        self.open = None
+
+
+@pytest.mark.parametrize("finish", ["settle", "settle_all", "settle_rest", "cancel", "empty"])
+def test_a_finished_batch_leaves_no_circles(finish: str) -> None:
+    """Answered however it ends, a batch and its destination's side are freed at once.
+
+    A Deferred holding a bound method of what holds it, or an ``on_cancel``
+    kept after the batch fired, would leave them to the cyclic collector.
+    """
+    with no_circles_left():
+        destination = _Destination(0 if finish == "empty" else 3)
+        answers = destination.open
+        assert answers is not None
+        fired: list[list[Outcome]] = []
+        answers.deferred.addCallback(fired.append)
+        if finish == "settle":
+            for index in range(3):
+                answers.settle(index, Outcome.accepted())
+        elif finish == "settle_all":
+            answers.settle_all([0, 1, 2], Outcome.accepted())
+        elif finish == "settle_rest":
+            answers.settle(1, Outcome.accepted())
+            answers.settle_rest(LOST)
+        elif finish == "cancel":
+            answers.deferred.cancel()
+            assert destination.forgotten == 1
+        assert len(fired) == 1
+        del destination, answers
+
+
+def test_routed_batches_leave_no_circles() -> None:
+    """Through the router, answered, timed out or dropped: nothing waits for the collector."""
+    router, clock = _world()
+    messages = [_message(i, address, fate) for i, (address, fate) in enumerate(
+        [("a.y", "accepted"), ("a.x", "retry"), ("b.y", "accepted"), ("c.y", "accepted"),
+         ("a.y", "hang"), ("c.x", "lost"), ("b.y", "untransformable")]
+    )]  # fmt: skip
+    _settled(router, clock, messages)  # the first batch builds each route's plan: kept
+    with no_circles_left():
+        results = _settled(router, clock, messages)
+        assert len(results) == len(messages)
+        del results

@@ -165,6 +165,8 @@ class Bridge:
     writers_sent: Sent
     readers: MTLServer
     readers_sent: Sent
+    readers_control: Sent
+    """The readers' REQ side: where another reader's lease is answered (`lease`)."""
 
 
 def bridge(metrics: GatewayMetrics | None = None, reader_confirms: str = "full") -> Bridge:
@@ -187,7 +189,7 @@ def bridge(metrics: GatewayMetrics | None = None, reader_confirms: str = "full")
     reader_lease = lease(readers, readers_control, "Reader", reader_confirms, ["out"])
     data(readers, b"r", mtl.Lease(1, reader_lease))
     data(readers, b"r", mtl.Summon(2, "out"))
-    return Bridge(router, clock, writers, writers_sent, readers, readers_sent)
+    return Bridge(router, clock, writers, writers_sent, readers, readers_sent, readers_control)
 
 
 def lease(
