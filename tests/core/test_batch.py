@@ -301,8 +301,8 @@ class _Destination:
 def test_a_finished_batch_leaves_no_circles(finish: str) -> None:
     """Answered however it ends, a batch and its destination's side are freed at once.
 
-    A Deferred holding a bound method of what holds it, or an ``on_cancel``
-    kept after the batch fired, would leave them to the cyclic collector.
+    An ``on_cancel`` (here a bound method of the destination that holds the
+    batch) kept after the batch fired would leave both to the cyclic collector.
     """
     with no_circles_left():
         destination = _Destination(0 if finish == "empty" else 3)
