@@ -209,13 +209,23 @@ class _Held(Protocol):
 
 
 @contextlib.asynccontextmanager
-async def twisted_connection() -> AsyncIterator[tuple[Any, socket.socket]]:
-    """A Twisted TCP connection on the real reactor: (its server-side transport, the client)."""
+async def twisted_connection(
+    tls: Any = None,
+) -> AsyncIterator[tuple[Any, socket.socket]]:
+    """A Twisted TCP connection on the real reactor: (its server-side transport, the client).
+
+    With ``tls`` (a context factory) the server listens with ``listenSSL``;
+    the client only connects, so the handshake never runs.
+    """
     from twisted.internet import reactor
 
     made: Deferred[Protocol] = Deferred()
     factory = Factory.forProtocol(lambda: _Held(made))
-    port: Any = reactor.listenTCP(0, factory, interface="127.0.0.1")
+    port: Any = (
+        reactor.listenTCP(0, factory, interface="127.0.0.1")
+        if tls is None
+        else reactor.listenSSL(0, factory, tls, interface="127.0.0.1")
+    )
     client = socket.create_connection(("127.0.0.1", port.getHost().port))
     try:
         server = await made
@@ -243,37 +253,18 @@ async def test_idle_socket_of_a_twisted_tcp_connection() -> None:
 @pytest_twisted.ensureDeferred
 async def test_a_tls_connection_has_no_idle_socket(tmp_path: Path) -> None:
     """Under TLS (``listenSSL``, the ``ssl:`` and ``mtls:`` endpoints) the bytes must be sealed."""
-    from twisted.internet import reactor
-
     pki = make_pki(tmp_path)
     certificate = PrivateCertificate.loadPEM(pki.server.certificate_pem() + pki.server.key_pem())
-    made: Deferred[Protocol] = Deferred()
-    factory = Factory.forProtocol(lambda: _Held(made))
-    port: Any = reactor.listenSSL(0, factory, certificate.options(), interface="127.0.0.1")
-    client = socket.create_connection(("127.0.0.1", port.getHost().port))
-    try:
-        server = await made
-        assert hasattr(server.transport, "socket")  # a TCP connection, TLS inside
-        assert FileSender().idle_socket(server.transport) is None
-    finally:
-        client.close()
-        await port.stopListening()
+    async with twisted_connection(certificate.options()) as (transport, _client):
+        assert hasattr(transport, "socket")  # a TCP connection, TLS inside
+        assert FileSender().idle_socket(transport) is None
 
 
 @SENDFILE
 @pytest_twisted.ensureDeferred
 async def test_nothing_goes_past_what_the_transport_holds(data_file: int, sendfile: bool) -> None:
     """A frame sent while the transport holds data goes after it, never ahead on the socket."""
-    from twisted.internet import reactor
-
-    made: Deferred[Protocol] = Deferred()
-    port: Any = reactor.listenTCP(
-        0, Factory.forProtocol(lambda: _Held(made)), interface="127.0.0.1"
-    )
-    client = socket.create_connection(("127.0.0.1", port.getHost().port))
-    try:
-        server = await made
-        transport: Any = server.transport
+    async with twisted_connection() as (transport, client):
         sending = FileSender(sendfile)
         sock = sending.idle_socket(transport)
         assert sock is not None
@@ -285,9 +276,6 @@ async def test_nothing_goes_past_what_the_transport_holds(data_file: int, sendfi
         assert sending.send(transport, sock, HEAD, data_file, 100, 100)
         assert received(client, len(HEAD) + 100) == HEAD + DATA[100:200]
         assert sending.whole == 1
-    finally:
-        client.close()
-        await port.stopListening()
 
 
 @pytest_twisted.ensureDeferred
