@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +22,7 @@ import pytest_twisted
 from gateway.core.log import FsyncPolicy, LogStore, StreamLog
 from gateway.core.log import files as files_module
 from gateway.core.log.writer import (
+    HANDOVER_WAIT_MAX_ENTRIES,
     INLINE_MAX_BYTES,
     INLINE_MAX_ENTRIES,
     INLINE_MAX_SYNC_SECONDS,
@@ -117,6 +118,43 @@ async def test_commits_of_many_entries_go_to_the_writer_thread(tmp_path: Path) -
         for _ in range(12):
             await stream.append([b"one"])
         assert writes.on_reactor[-1] is True  # back under, small commits are inline again
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_reactor_waits_for_the_thread_to_take_a_commit_unless_commits_are_large(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large commits are handed to the idle writer thread without waiting for it.
+
+    They go with ``submit_now`` until commits average more than
+    `HANDOVER_WAIT_MAX_ENTRIES` entries (a flood), then with ``submit``; back
+    under the bound, with ``submit_now`` again. Every one is written by the
+    thread and kept.
+    """
+    async with first_acknowledged(tmp_path) as (store, stream, writes):
+        thread = store._thread
+        handed: list[str] = []
+
+        def noted(name: str) -> Callable[..., object]:
+            method = getattr(thread, name)
+
+            def call(*args: object, **kwargs: object) -> object:
+                handed.append(name)
+                return method(*args, **kwargs)
+
+            return call
+
+        monkeypatch.setattr(thread, "submit_now", noted("submit_now"))
+        monkeypatch.setattr(thread, "submit", noted("submit"))
+        large = [b"e"] * (HANDOVER_WAIT_MAX_ENTRIES * 2)
+        for _ in range(3):
+            await stream.append(large)
+        # The average (weight 1/4) is about 64, 112, then 148: past the bound.
+        assert handed == ["submit_now", "submit_now", "submit"]
+        await stream.append(large[:50])  # about 124: under it again
+        assert handed[-1] == "submit_now"
+        assert writes.on_reactor[-4:] == [False] * 4
+        assert len(messages(stream)) == 1 + 3 * len(large) + 50
 
 
 @pytest_twisted.ensureDeferred
