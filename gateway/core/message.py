@@ -137,13 +137,23 @@ class Message:
 
     def with_address(self, address: str) -> Message:
         """Return this message bound for another address (same id and body)."""
-        # Its slots set directly: no keyword call, no headers to freeze again.
+        return self.translated(self.body, address, self.sender, self.recipients)
+
+    def translated(
+        self, body: bytes, address: str, sender: str | None, recipients: tuple[str, ...]
+    ) -> Message:
+        """Return this message as a route delivers it: same id, headers, time and origin.
+
+        The same message as ``attrs.evolve`` would make, at a third of the
+        cost of the keyword constructor: its slots are set directly, and the
+        headers (read-only already) are not frozen again.
+        """
         moved: Message = _new_object(Message)
-        moved.body = self.body
+        moved.body = body
         moved.address = address
         moved.id = self.id
-        moved.sender = self.sender
-        moved.recipients = self.recipients
+        moved.sender = sender
+        moved.recipients = recipients
         moved.headers = self.headers
         moved.timestamp = self.timestamp
         moved.origin = self.origin

@@ -778,14 +778,4 @@ def _translate(route: Route, message: Message, addresses: list[str]) -> Message:
         and body is message.body
     ):
         return message
-    # One constructor call: attrs.evolve costs several times more.
-    return Message(
-        body=body,
-        address=destinations[0],
-        id=message.id,
-        sender=sender,
-        recipients=recipients,
-        headers=message.headers,
-        timestamp=message.timestamp,
-        origin=message.origin,
-    )
+    return message.translated(body, destinations[0], sender, recipients)

@@ -90,20 +90,21 @@ def test_with_address_keeps_everything_else() -> None:
     assert message.address == "weather.paris"
 
 
-@given(
-    st.builds(
-        Message,
-        body=st.binary(max_size=8),
-        address=st.text(max_size=8),
-        id=st.text(max_size=8),
-        sender=st.none() | st.text(max_size=8),
-        recipients=st.lists(st.text(max_size=4), max_size=2).map(tuple),
-        headers=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
-        timestamp=st.floats(allow_nan=False),
-        origin=st.none() | st.builds(Origin, st.text(max_size=4), st.integers(0, 9)),
-    ),
-    st.text(max_size=8),
+_recipients = st.lists(st.text(max_size=4), max_size=2).map(tuple)
+_messages = st.builds(
+    Message,
+    body=st.binary(max_size=8),
+    address=st.text(max_size=8),
+    id=st.text(max_size=8),
+    sender=st.none() | st.text(max_size=8),
+    recipients=_recipients,
+    headers=st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    timestamp=st.floats(allow_nan=False),
+    origin=st.none() | st.builds(Origin, st.text(max_size=4), st.integers(0, 9)),
 )
+
+
+@given(_messages, st.text(max_size=8))
 def test_with_address_is_evolve_with_the_address(message: Message, address: str) -> None:
     """`with_address` (which sets the copy's slots itself) copies every field, origin too."""
     moved = message.with_address(address)
@@ -111,6 +112,30 @@ def test_with_address_is_evolve_with_the_address(message: Message, address: str)
     for field in attrs.fields(Message):
         assert getattr(moved, field.name) == getattr(expected, field.name), field.name
         if field.name != "address":
+            assert getattr(moved, field.name) is getattr(message, field.name), field.name
+
+
+@given(
+    _messages,
+    st.binary(max_size=8),
+    st.text(max_size=8),
+    st.none() | st.text(max_size=8),
+    _recipients,
+)
+def test_translated_is_evolve_with_the_route_s_fields(
+    message: Message, body: bytes, address: str, sender: str | None, recipients: tuple[str, ...]
+) -> None:
+    """`Message.translated` (which sets the copy's slots itself) is ``attrs.evolve``.
+
+    The four fields a route changes are the ones given; the id, headers,
+    timestamp and origin are the message's own (the same objects).
+    """
+    moved = message.translated(body, address, sender, recipients)
+    changed = {"body": body, "address": address, "sender": sender, "recipients": recipients}
+    expected = attrs.evolve(message, **changed)
+    for field in attrs.fields(Message):
+        assert getattr(moved, field.name) == getattr(expected, field.name), field.name
+        if field.name not in changed:
             assert getattr(moved, field.name) is getattr(message, field.name), field.name
 
 
