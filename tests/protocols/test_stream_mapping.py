@@ -559,7 +559,8 @@ def _runs(draw: st.DrawFn) -> list[tuple[Message, int | None]]:
         "sender": st.sampled_from([None, "alice", "bob", "ö"]),
         "recipients": st.sampled_from([(), ("a@b",), ("a,b", "c%d")]),
         "headers": st.sampled_from(shared) | st.sampled_from(_SHARED_HEADERS),
-        "timestamp": st.sampled_from([0.0, -0.0, 1.5, 1700000000.25, 1e300, float("nan")]),
+        "timestamp": st.sampled_from([0.0, -0.0, 1.5, 1700000000.25, 1e300, float("nan")])
+        | st.floats(),
         "hops": st.sampled_from([None, 0, 1, 2, 127, 128]),
     }
     fields = {name: draw(pool) for name, pool in pools.items()}
@@ -594,6 +595,44 @@ def test_entry_encoder_writes_entry_from_message_bytes(
     encoder = mapping.EntryEncoder()
     for message, hops in run:
         assert encoder.entry(message, hops) == entry_from_message(message, hops)
+
+
+def test_entry_encoder_rewrites_only_the_time_of_a_paced_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Messages alike but for their id, body and time: the kept middle is restamped.
+
+    The encoder works its parts out once (`_ascii_tail`); each entry is
+    still `entry_from_message`'s, byte for byte, and so is the entry after a
+    time that cannot be a creation-time (zero, NaN, too large).
+    """
+    headers = Message(body=b"", address="a", headers={"ssmp.verb": "MCAST"}).headers
+    times = [1700000000.0 + index / 10_000 for index in range(20)]
+    times += [0.0, 1700000001.5, float("nan"), 1700000002.5, 1e300, 1700000003.5]
+    run = [
+        Message(
+            body=b"m%d" % index,
+            address="bench",
+            id=f"gw-{index}",
+            sender="peer",
+            headers=headers,
+            timestamp=timestamp,
+        )
+        for index, timestamp in enumerate(times)
+    ]
+    expected = [entry_from_message(message) for message in run]
+    worked_out: list[float] = []
+    general = mapping._ascii_tail
+
+    def noted(message: Message, hops: int | None) -> object:
+        worked_out.append(message.timestamp)
+        return general(message, hops)
+
+    monkeypatch.setattr(mapping, "_ascii_tail", noted)
+    encoder = mapping.EntryEncoder()
+    assert [encoder.entry(message) for message in run] == expected
+    # Once for the run, then for each time without a creation-time and the one after it.
+    assert len(worked_out) == 1 + 2 * 3
 
 
 @given(_runs(), st.lists(st.booleans(), max_size=12))
