@@ -4,7 +4,7 @@ The bridges table's SSMP to RabbitMQ row (`bench.bridges`) compares the
 bridge's p99 at 10,000 messages a second with rstream's own, straight into
 the same node, in the same pass. rstream's pass runs on an otherwise idle
 machine; the bridge's runs beside the gateway, which at that rate keeps
-about half a core busy (some 55 µs of CPU a message: each message is a
+over half a core busy (55 to 62 µs of CPU a message: each message is a
 batch of its own, a read, a Publish, a confirm and a 200). On a 2-core
 machine that shares the cores with RabbitMQ's VM and the client.
 
