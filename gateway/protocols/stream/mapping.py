@@ -576,7 +576,7 @@ class EntryEncoder:
             does not fit a creation-time: then it is worked out again.
         """
         middle, at = self._middle, self._stamp_at
-        milliseconds = _milliseconds(timestamp) if timestamp else None
+        milliseconds = _milliseconds(timestamp)  # None for zero too
         if middle is None or at < 0 or milliseconds is None:
             return False
         self._middle = b"".join((
